@@ -1,0 +1,268 @@
+"""Shared by bench_ag_matmul.py and bench_matmul_rs.py: the run, timing, baselines, results files.
+
+Columns, all measured in the same run on the same GPU:
+  fused     jax_overlap with algorithm="fused" inside shard_map (world 1 on one GPU)
+  xla       the reference path (algorithm="xla": XLA all_gather/psum_scatter + dot)
+  cublas    the GEMM alone through torch.matmul (cuBLAS), when torch is present
+  kernel    the fused kernel's own span, from its trace (first tile start to last tile end)
+  overhead  fused - kernel: FFI dispatch, launch and gaps per call
+Each JAX variant runs UNROLL calls in one executable (inputs chained, so XLA cannot
+hoist them); times are medians over REPEATS executions, divided by UNROLL.
+Emulated ranks: N ranks on the one GPU (jax_overlap._native.SimGroup, each rank its own
+workspace and stream, SMs split N ways) running the full protocol; this measures
+protocol overhead against one GEMM of the same total size, not a multi-GPU speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+import jax_overlap as jo
+from jax_overlap import config, native
+
+UNROLL = 20
+REPEATS = 7
+
+
+def progress(i: int, total: int, label: str) -> None:
+  done = int(30 * i / total)
+  sys.stderr.write(f"\r[{'#' * done}{'.' * (30 - done)}] {i}/{total} {label:<40}")
+  sys.stderr.flush()
+  if i == total:
+    sys.stderr.write("\n")
+
+
+def wall_us(fn, *args) -> float:
+  """Median wall time of fn(*args) (which runs UNROLL calls), per call, in us."""
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(REPEATS):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times) / UNROLL * 1e6
+
+
+def chained(op):
+  """UNROLL calls of op(x, w) in one executable; each call's input depends on the previous output."""
+  def run(x, w):
+    for _ in range(UNROLL):
+      y = op(x, w)
+      x = x.at[(0,) * x.ndim].set(y[(0,) * y.ndim].astype(x.dtype))
+    return x
+  return jax.jit(run)
+
+
+def one_gpu_mesh():
+  return Mesh(np.array(jax.devices()[:1]), ("tp",))
+
+
+def cublas_us(m: int, n: int, k: int) -> float | None:
+  try:
+    import torch
+  except ImportError:
+    return None
+  a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+  b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+  for _ in range(3):
+    torch.matmul(a, b)
+  times = []
+  for _ in range(20):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    torch.matmul(a, b)
+    e.record()
+    e.synchronize()
+    times.append(s.elapsed_time(e) * 1e3)
+  return statistics.median(times)
+
+
+def kernel_span_us(fn, *args) -> float:
+  """Median span of the fused kernel per call, from its trace events."""
+  jo.initialize(trace=True)
+  try:
+    jax.block_until_ready(fn(*args))
+    jo.tracing.events(0)  # discard
+    jax.block_until_ready(fn(*args))
+    ev, ticks_per_us = jo.tracing.events(0)
+  finally:
+    jo.initialize(trace=False)
+  ev = ev[ev["kind"] == 0]  # GEMM tiles
+  order = np.argsort(ev["start"])
+  starts, ends = ev["start"][order].astype(np.int64), ev["end"][order].astype(np.int64)
+  # Calls run back to back: split where a gap exceeds 5 us.
+  gaps = np.where(starts[1:] - np.maximum.accumulate(ends)[:-1] > 5 * ticks_per_us)[0]
+  bounds = np.split(np.arange(len(starts)), gaps + 1)
+  spans = [(ends[b].max() - starts[b].min()) / ticks_per_us for b in bounds if len(b)]
+  return float(np.median(spans))
+
+
+def git_commit() -> str:
+  try:
+    return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                   cwd=os.path.dirname(__file__)).strip()
+  except (OSError, subprocess.CalledProcessError):
+    return os.environ.get("JAX_OVERLAP_COMMIT", "unknown")
+
+
+def write_results(name: str, rows: list[dict], out_dir: str, command: str) -> str:
+  os.makedirs(out_dir, exist_ok=True)
+  stamp = datetime.date.today().isoformat()
+  meta = {"date": stamp, "device": jax.devices()[0].device_kind, "commit": git_commit(), "command": command,
+          "jax": jax.__version__, "build": jo.build_info()}
+  path = os.path.join(out_dir, f"{name}_{stamp}")
+  with open(path + ".json", "w") as f:
+    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+  _svg_bars(path + ".svg", f"{name} on {meta['device']} ({stamp}, {meta['commit']})", rows)
+  return path
+
+
+def _svg_bars(path: str, title: str, rows: list[dict]) -> None:
+  """A dependency-free grouped bar chart of TFLOP/s per shape."""
+  series = [("fused", "#d62728"), ("xla", "#1f77b4"), ("cublas", "#7f7f7f")]
+  groups = [r for r in rows if r.get("world", 1) == 1]
+  top = max([r.get(f"{s}_tflops") or 0 for r in groups for s, _ in series] + [1])
+  width, height, pad = 160 * max(len(groups), 1) + 80, 320, 40
+  parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+           f'font-size="11"><text x="10" y="18" font-size="13">{title}</text>']
+  for gi, r in enumerate(groups):
+    x0 = pad + gi * 160
+    for si, (s, color) in enumerate(series):
+      v = r.get(f"{s}_tflops") or 0
+      h = (height - 90) * v / top
+      parts.append(f'<rect x="{x0 + si * 40}" y="{height - 50 - h:.1f}" width="34" height="{h:.1f}" '
+                   f'fill="{color}"/><text x="{x0 + si * 40}" y="{height - 54 - h:.1f}">{v:.0f}</text>')
+    parts.append(f'<text x="{x0}" y="{height - 32}">M={r["m"]} N={r["n"]} K={r["k"]}</text>')
+  for si, (s, color) in enumerate(series):
+    parts.append(f'<rect x="{pad + si * 90}" y="{height - 18}" width="10" height="10" fill="{color}"/>'
+                 f'<text x="{pad + si * 90 + 14}" y="{height - 9}">{s} TFLOP/s</text>')
+  parts.append("</svg>")
+  with open(path, "w") as f:
+    f.write("".join(parts))
+
+
+def print_table(rows: list[dict]) -> None:
+  cols = ["world", "m", "n", "k", "fused_us", "xla_us", "cublas_us", "kernel_us", "overhead_us", "fused_tflops",
+          "cublas_tflops", "fused_vs_cublas", "emulated_us", "single_gemm_us", "protocol_overhead"]
+  present = [c for c in cols if any(r.get(c) is not None for r in rows)]
+  print(" ".join(f"{c:>14}" for c in present))
+  for r in rows:
+    print(" ".join(f"{_fmt(r.get(c)):>14}" for c in present))
+
+
+def _fmt(v) -> str:
+  if v is None:
+    return "-"
+  if isinstance(v, float):
+    return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+  return str(v)
+
+
+def tflops(m: int, n: int, k: int, us: float | None) -> float | None:
+  return None if not us else 2.0 * m * n * k / us / 1e6
+
+
+def random_bf16(shape, seed):
+  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.bfloat16)
+
+
+def sim_group_us(world: int, op: str, m_total: int, n: int, k: int) -> float:
+  """Median wall time of one emulated call of `world` ranks on this GPU (all ranks, synced)."""
+  g = native.module().SimGroup(0, world, bytes_per_rank=2 << 30)
+  rng = np.random.default_rng(0)
+  dev = jax.devices()[0]
+
+  def put(shape, scale=1.0):
+    return jax.device_put((rng.standard_normal(shape) * scale).astype(jnp.bfloat16), dev)
+
+  if op == "ag_matmul":
+    m = m_total // world
+    xs = [put((m, k)) for _ in range(world)]
+    ws = [put((k, n // world), k ** -0.5) for _ in range(world)]
+    ys = [jnp.zeros((m_total, n // world), jnp.bfloat16) for _ in range(world)]
+    gs = [jnp.zeros((m_total, k), jnp.bfloat16) for _ in range(world)]
+    plan, _ = config.plan_ag_matmul(dtype_name="bfloat16", rows=m, k=k, n=n // world, world=world,
+                                       device=_sim_props(world), tiles=native.tile_shapes(), algorithm="fused")
+    call = dict(dtype="bfloat16", tile=plan.tile, workers=plan.workers, chunk_k=plan.chunk_k, w_kmajor=False,
+                batch=1, m=m, k=k, n=n // world, x=[a.unsafe_buffer_pointer() for a in xs],
+                w=[a.unsafe_buffer_pointer() for a in ws], bias=[0] * world,
+                out=[a.unsafe_buffer_pointer() for a in ys], gathered=[a.unsafe_buffer_pointer() for a in gs])
+    launch = lambda: g.ag_matmul(call)
+  else:
+    xs = [put((m_total, k // world)) for _ in range(world)]
+    ws = [put((k // world, n), k ** -0.5) for _ in range(world)]
+    outs = [jnp.zeros((m_total // world, n), jnp.bfloat16) for _ in range(world)]
+    plan, _ = config.plan_matmul_rs(dtype_name="bfloat16", rows=m_total, k=k // world, n=n, world=world,
+                                       device=_sim_props(world), tiles=native.tile_shapes(), algorithm="fused")
+    call = dict(dtype="bfloat16", tile=plan.tile, workers=plan.workers, w_kmajor=False, batch=1, m=m_total,
+                k=k // world, n=n, x=[a.unsafe_buffer_pointer() for a in xs],
+                w=[a.unsafe_buffer_pointer() for a in ws], bias=[0] * world,
+                out=[a.unsafe_buffer_pointer() for a in outs])
+    launch = lambda: g.matmul_rs(call)
+  jax.block_until_ready([xs, ws])
+  launch()
+  times = []
+  for _ in range(5):
+    t0 = time.perf_counter()
+    launch()
+    times.append(time.perf_counter() - t0)
+  if g.errors():
+    raise RuntimeError(g.errors())
+  return statistics.median(times) * 1e6
+
+
+def _sim_props(world: int) -> config.DeviceProps:
+  info = native.module().device_info(0)
+  return config.DeviceProps(sm_count=info["sm_count"], smem_per_block=info["smem_per_block"],
+                               ranks_per_gpu=world)
+
+
+EMULATED_WORLDS = [2, 4, 8]
+
+
+def run(op_name: str, make_op, default_shapes, argv=None) -> None:
+  """The benchmark of one op: world 1 (fused, xla, cublas, kernel span) and emulated ranks per shape.
+
+  make_op(algorithm) returns a function (x, w) -> y calling the op inside shard_map on one GPU;
+  x is [M, K] and w [K, N] as that function expects them.
+  """
+  ap = argparse.ArgumentParser(description=f"{op_name} benchmark (benchmarks/_harness.py)")
+  ap.add_argument("--out", default="benchmarks/results")
+  ap.add_argument("--shapes", nargs="*", default=[",".join(map(str, s)) for s in default_shapes],
+                  help="M,N,K per shape")
+  args = ap.parse_args(argv)
+  shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes]
+  total = len(shapes) * (1 + len(EMULATED_WORLDS))
+  rows, i = [], 0
+  for m, n, k in shapes:
+    progress(i, total, f"world 1 M={m}")
+    x, w = random_bf16((m, k), 0), random_bf16((k, n), 1) * (k ** -0.5)
+    fused, xla = chained(make_op("fused")), chained(make_op("xla"))
+    f_us, x_us = wall_us(fused, x, w), wall_us(xla, x, w)
+    kernel = kernel_span_us(fused, x, w)
+    c_us = cublas_us(m, n, k)
+    rows.append(dict(world=1, m=m, n=n, k=k, fused_us=f_us, xla_us=x_us, cublas_us=c_us, kernel_us=kernel,
+                     overhead_us=f_us - kernel, fused_tflops=tflops(m, n, k, f_us), xla_tflops=tflops(m, n, k, x_us),
+                     cublas_tflops=tflops(m, n, k, c_us), fused_vs_cublas=(c_us / f_us) if c_us else None))
+    i += 1
+    for world in EMULATED_WORLDS:
+      progress(i, total, f"emulated {world} ranks M={m}")
+      em = sim_group_us(world, op_name, m, n, k)
+      rows.append(dict(world=world, m=m, n=n, k=k, emulated_us=em, single_gemm_us=f_us, protocol_overhead=em / f_us))
+      i += 1
+  progress(total, total, "done")
+  path = write_results(op_name, rows, args.out, "python " + " ".join(sys.argv))
+  print_table(rows)
+  print(f"results: {path}.json, {path}.svg")

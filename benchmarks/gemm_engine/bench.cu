@@ -1,0 +1,165 @@
+// Tile-engine variants against cuBLAS on one NVIDIA GPU: correctness (relative
+// error vs cuBLAS on random bf16 data) and time (median of event-timed runs).
+// Build and run: bash benchmarks/gemm_engine/run.sh  (needs nvcc and cuBLAS).
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "gemm/gemm_tile.h"
+
+using jo::gemm::BLayout;
+using jo::gemm::TileEngine;
+using jo::gemm::TileShape;
+using T = __nv_bfloat16;
+
+#define CHECK(expr)                                                                                \
+  do {                                                                                             \
+    auto _e = (expr);                                                                              \
+    if (_e != 0) {                                                                                 \
+      std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #expr, static_cast<int>(_e)); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+template <class Eng>
+__global__ __launch_bounds__(Eng::kThreads) void gemm_kernel(const T* x, const T* w, T* y, int M, int N, int K) {
+  extern __shared__ jo::gpu::Vec16 smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+  const int tiles_n = (N + Eng::BN - 1) / Eng::BN;
+  const int tiles = (M + Eng::BM - 1) / Eng::BM * tiles_n;
+  const int64_t ldb = Eng::kBKMajor ? K : N;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int m0 = t / tiles_n * Eng::BM;
+    const typename Eng::BSource b{w, ldb, t % tiles_n * Eng::BN, N};
+    jo::gemm::gemm_tile<Eng>(
+        smem, [&](int r) { return m0 + r < M ? x + int64_t(m0 + r) * K : nullptr; }, b, K,
+        [&](int r) { return m0 + r < M ? y + int64_t(m0 + r) * N : nullptr; }, static_cast<const T*>(nullptr),
+        jo::gemm::NoWait{});
+  }
+}
+
+struct Result {
+  float ms;
+  double rel_err;
+};
+
+static float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class F>
+static float time_ms(F&& launch, int reps) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) launch();
+  std::vector<float> ts;
+  for (int i = 0; i < reps; ++i) {
+    CHECK(cudaEventRecord(a));
+    launch();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    ts.push_back(ms);
+  }
+  CHECK(cudaGetLastError());
+  return median(ts);
+}
+
+static double rel_err(const T* d_out, const T* d_ref, size_t n) {
+  std::vector<T> out(n), ref(n);
+  CHECK(cudaMemcpy(out.data(), d_out, n * sizeof(T), cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(ref.data(), d_ref, n * sizeof(T), cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double o = __bfloat162float(out[i]), r = __bfloat162float(ref[i]);
+    if (!std::isfinite(o)) return INFINITY;
+    num += (o - r) * (o - r);
+    den += r * r;
+  }
+  return std::sqrt(num / den);
+}
+
+template <class Shape, BLayout kL, bool kPipe = true>
+static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms) {
+  using Eng = TileEngine<T, Shape, kL, kPipe>;
+  auto kernel = gemm_kernel<Eng>;
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Eng::kSmemBytes));
+  int per_sm = 0;
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Eng::kThreads, Eng::kSmemBytes));
+  const int tiles = (M + Eng::BM - 1) / Eng::BM * ((N + Eng::BN - 1) / Eng::BN);
+  const int grid = std::min(tiles, std::max(per_sm, 1) * sms);
+  CHECK(cudaMemset(y, 0xFF, size_t(M) * N * sizeof(T)));  // NaN poison: every element must be written
+  auto launch = [&] { kernel<<<grid, Eng::kThreads, Eng::kSmemBytes>>>(x, w, y, M, N, K); };
+  launch();
+  CHECK(cudaDeviceSynchronize());
+  const double err = rel_err(y, ref, size_t(M) * N);
+  return {time_ms(launch, 20), err};
+}
+
+int main() {
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int shapes[][3] = {{16384, 3584, 8192}, {2048, 3584, 8192}, {1024, 3584, 8192}, {1000, 3576, 8184}};
+  cublasHandle_t handle;
+  CHECK(cublasCreate(&handle));
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::printf("%-28s %7s %7s %7s %9s %9s %8s\n", "variant", "M", "N", "K", "ms", "TFLOP/s", "relerr");
+  for (auto& s : shapes) {
+    const int M = s[0], N = s[1], K = s[2];
+    std::vector<T> hx(size_t(M) * K), hw(size_t(K) * N), hwt(size_t(N) * K);
+    for (auto& v : hx) v = __float2bfloat16(nd(rng));
+    for (auto& v : hw) v = __float2bfloat16(nd(rng) * 0.05f);
+    for (int k = 0; k < K; ++k)
+      for (int n = 0; n < N; ++n) hwt[size_t(n) * K + k] = hw[size_t(k) * N + n];
+    T *x, *w, *wt, *y, *ref;
+    CHECK(cudaMalloc(&x, hx.size() * sizeof(T)));
+    CHECK(cudaMalloc(&w, hw.size() * sizeof(T)));
+    CHECK(cudaMalloc(&wt, hwt.size() * sizeof(T)));
+    CHECK(cudaMalloc(&y, size_t(M) * N * sizeof(T)));
+    CHECK(cudaMalloc(&ref, size_t(M) * N * sizeof(T)));
+    CHECK(cudaMemcpy(x, hx.data(), hx.size() * sizeof(T), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(w, hw.data(), hw.size() * sizeof(T), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(wt, hwt.data(), hwt.size() * sizeof(T), cudaMemcpyHostToDevice));
+    const float one = 1.f, zero = 0.f;
+    // Row-major y[M,N] = x[M,K] w[K,N] is column-major y^T = w^T x^T.
+    auto cublas = [&] {
+      CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, w, CUDA_R_16BF, N, x, CUDA_R_16BF, K,
+                         &zero, ref, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    };
+    cublas();
+    CHECK(cudaDeviceSynchronize());
+    const double flop = 2.0 * M * N * K;
+    auto row = [&](const char* name, Result r) {
+      std::printf("%-28s %7d %7d %7d %9.4f %9.1f %8.1e\n", name, M, N, K, r.ms, flop / r.ms / 1e9, r.rel_err);
+    };
+    row("cublas", {time_ms(cublas, 20), 0.0});
+    row("128x256x32 w2x4 s4", run_variant<TileShape<128, 256, 32, 2, 4, 4>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms));
+    row("128x256x64 w2x4 s3", run_variant<TileShape<128, 256, 64, 2, 4, 3>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms));
+    row("128x256x64 w2x4 s4", run_variant<TileShape<128, 256, 64, 2, 4, 4>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms));
+    row("256x128x64 w4x2 s3", run_variant<TileShape<256, 128, 64, 4, 2, 3>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms));
+    row("128x128x32 w2x2 s4", run_variant<TileShape<128, 128, 32, 2, 2, 4>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms));
+    row("128x128x64 w2x2 s3", run_variant<TileShape<128, 128, 64, 2, 2, 3>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms));
+    row("128x128x64 w2x2 s4", run_variant<TileShape<128, 128, 64, 2, 2, 4>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms));
+    row("128x256x64 w2x4 s3 Kmaj", run_variant<TileShape<128, 256, 64, 2, 4, 3>, BLayout::kKMajor>(x, wt, y, ref, M, N, K, sms));
+    row("128x128x64 w2x2 s3 Kmaj", run_variant<TileShape<128, 128, 64, 2, 2, 3>, BLayout::kKMajor>(x, wt, y, ref, M, N, K, sms));
+    row("128x128x64 w2x2 s3 nopipe", run_variant<TileShape<128, 128, 64, 2, 2, 3>, BLayout::kNMajor, false>(x, w, y, ref, M, N, K, sms));
+    row("128x256x64 w2x4 s3 nopipe", run_variant<TileShape<128, 256, 64, 2, 4, 3>, BLayout::kNMajor, false>(x, w, y, ref, M, N, K, sms));
+    row("128x128x64 w2x2 s4 nopipe", run_variant<TileShape<128, 128, 64, 2, 2, 4>, BLayout::kNMajor, false>(x, w, y, ref, M, N, K, sms));
+    CHECK(cudaFree(x));
+    CHECK(cudaFree(w));
+    CHECK(cudaFree(wt));
+    CHECK(cudaFree(y));
+    CHECK(cudaFree(ref));
+  }
+  CHECK(cublasDestroy(handle));
+  return 0;
+}

@@ -1,0 +1,66 @@
+// FFI handler of the runtime's all-gather (gather along axis -2, any dtype).
+#include <string>
+
+#include "ffi/common.h"
+#include "ffi/handlers.h"
+#include "kernels/all_gather.h"
+
+namespace jo {
+namespace {
+
+ffi::ErrorOr<std::unique_ptr<CallState>> AllGatherInstantiate(RegionConfig config, ffi::Span<const int64_t> groups,
+                                                              int64_t world) {
+  return make_call_state(groups, world, config.region_offset, config.region_bytes);
+}
+
+ffi::Error AllGatherExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
+                            ffi::Result<ffi::AnyBuffer> gathered, RegionConfig /*config*/,
+                            ffi::Span<const int64_t> /*groups*/, int64_t world) {
+  const auto xd = x.dimensions();
+  if (xd.size() < 2)
+    return ffi::Error::InvalidArgument("jax_overlap all_gather: x must be [..., m, cols], got " + dims_str(xd));
+  const int64_t m = xd[xd.size() - 2];
+  const int64_t row_bytes = xd[xd.size() - 1] * static_cast<int64_t>(ffi::ByteWidth(x.element_type()));
+  if (row_bytes % 16 != 0)
+    return ffi::Error::InvalidArgument("jax_overlap all_gather: rows must be a multiple of 16 bytes, got " +
+                                       std::to_string(row_bytes));
+  if (gathered->element_count() != x.element_count() * static_cast<size_t>(world) ||
+      gathered->element_type() != x.element_type())
+    return ffi::Error::InvalidArgument("jax_overlap all_gather: result must be world times x's size, same dtype");
+  if (world < 2) return ffi::Error::InvalidArgument("jax_overlap all_gather: needs a group of 2 or more");
+
+  if (ffi::Error e = prepare_call(state, ordinal); e.failure()) return e;
+  const GroupBinding& g = state->binding;
+  AllGatherLaunch l{};
+  l.x = x.untyped_data();
+  l.gathered = gathered->untyped_data();
+  l.batch = leading_batch(xd);
+  l.m = m;
+  l.row_bytes = row_bytes;
+  l.peers = g.peers;
+  l.epoch = ++*g.epoch;
+  l.wd = make_watchdog(*g.ws, OpKind::kAllGather);
+  l.trace = g.ws->trace_sink();
+  l.limits = g.ws->limits();
+  return finish_launch(launch_all_gather(l, stream), *g.ws, stream, "all_gather");
+}
+
+}  // namespace
+}  // namespace jo
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAllGatherInstantiate, jo::AllGatherInstantiate,
+                              xla::ffi::Ffi::BindInstantiate()
+                                  .Attr<jo::RegionConfig>("config")
+                                  .Attr<xla::ffi::Span<const int64_t>>("groups")
+                                  .Attr<int64_t>("world"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAllGatherExecute, jo::AllGatherExecute,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Ctx<xla::ffi::State<jo::CallState>>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // x [..., m, cols]
+                                  .Ret<xla::ffi::AnyBuffer>()  // gathered [..., world * m, cols]
+                                  .Attr<jo::RegionConfig>("config")
+                                  .Attr<xla::ffi::Span<const int64_t>>("groups")
+                                  .Attr<int64_t>("world"));

@@ -1,0 +1,90 @@
+// Pieces every FFI handler shares: the per-call state, error conversion, the
+// config attribute, and what happens around a launch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/params.h"
+#include "runtime/runtime.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jo {
+
+namespace ffi = ::xla::ffi;
+
+// Launch configuration of a fused call (jax_overlap/config.py FusedPlan plus
+// the region the runtime placed for it), decoded from the "config" attribute.
+struct FusedConfig {
+  int64_t tile;
+  int64_t workers;
+  int64_t chunk_k;
+  int64_t w_kmajor;
+  int64_t region_offset;
+  int64_t region_bytes;
+};
+
+// The region of an all_gather call.
+struct RegionConfig {
+  int64_t region_offset;
+  int64_t region_bytes;
+};
+
+// FFI state of one custom call in one executable on one device. Made in the
+// instantiate stage; bound to the device's workspace on the first execute
+// (the device ordinal is known there), a pointer read afterwards.
+struct CallState {
+  static ffi::TypeId id;
+  std::vector<int64_t> groups;  // global device ids, groups concatenated, each in rank order
+  int world = 1;
+  uint64_t region_offset = 0;
+  uint64_t region_bytes = 0;
+  bool bound = false;
+  GroupBinding binding;
+};
+
+extern const XLA_FFI_TypeInfo kCallStateTypeInfo;
+
+inline ffi::Error internal_error(const Status& s) { return ffi::Error::Internal(s.message); }
+
+#define JO_FFI_RETURN_IF_ERROR(expr)                                 \
+  do {                                                               \
+    ::jo::Status jo_ffi_status_ = (expr);                            \
+    if (!jo_ffi_status_.ok()) return ::jo::internal_error(jo_ffi_status_); \
+  } while (0)
+
+ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t> groups, int64_t world,
+                                                          int64_t region_offset, int64_t region_bytes);
+
+// Binds `state` on first use; fails when this GPU's watchdog fired earlier
+// (sticky until jax_overlap.clear_errors()).
+ffi::Error prepare_call(CallState* state, int32_t ordinal);
+
+// The 16-bit float dtypes the kernels take.
+std::optional<DType> kernel_dtype(ffi::DataType t);
+
+// "[d0, d1, ...]" for error messages.
+std::string dims_str(ffi::Span<const int64_t> dims);
+
+// Product of all but the last two dimensions (1 for rank 2).
+int64_t leading_batch(ffi::Span<const int64_t> dims);
+
+Watchdog make_watchdog(const Workspace& ws, OpKind op);
+
+// After a launch: the launch status, and in sync mode (debugging) the
+// watchdog verdict of this very call.
+ffi::Error finish_launch(hipError_t launched, const Workspace& ws, hipStream_t stream, const char* op);
+
+}  // namespace jo
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::FusedConfig, ::xla::ffi::StructMember<int64_t>("tile"),
+                                      ::xla::ffi::StructMember<int64_t>("workers"),
+                                      ::xla::ffi::StructMember<int64_t>("chunk_k"),
+                                      ::xla::ffi::StructMember<int64_t>("w_kmajor"),
+                                      ::xla::ffi::StructMember<int64_t>("region_offset"),
+                                      ::xla::ffi::StructMember<int64_t>("region_bytes"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::RegionConfig, ::xla::ffi::StructMember<int64_t>("region_offset"),
+                                      ::xla::ffi::StructMember<int64_t>("region_bytes"));

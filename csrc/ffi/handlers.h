@@ -1,0 +1,34 @@
+// The FFI handler symbols and the one table that names their targets.
+#pragma once
+
+#include <vector>
+
+#include "xla/ffi/api/api.h"
+#include "xla/ffi/api/c_api.h"
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAgMatmulInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAgMatmulExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAllGatherInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAllGatherExecute);
+
+namespace jo {
+
+struct FfiTarget {
+  const char* op;      // what jax_overlap calls it
+  const char* target;  // the XLA custom-call target name
+  XLA_FFI_Handler* instantiate;
+  XLA_FFI_Handler* execute;
+};
+
+inline const std::vector<FfiTarget>& ffi_targets() {
+  static const std::vector<FfiTarget> targets = {
+      {"ag_matmul", "jax_overlap_ag_matmul", JoAgMatmulInstantiate, JoAgMatmulExecute},
+      {"matmul_rs", "jax_overlap_matmul_rs", JoMatmulRsInstantiate, JoMatmulRsExecute},
+      {"all_gather", "jax_overlap_all_gather", JoAllGatherInstantiate, JoAllGatherExecute},
+  };
+  return targets;
+}
+
+}  // namespace jo

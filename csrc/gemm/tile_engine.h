@@ -1,0 +1,275 @@
+// Block-level GEMM tile engine shared by every kernel and both vendors:
+// global -> shared staging in a STAGES-deep ring, swizzled shared layouts,
+// warp tiling, and accumulator iteration for epilogues. Only the MMA atom
+// (gpu::MmaAtom<T>: mma.sync on NVIDIA, MFMA on AMD) differs per vendor, so
+// running it on the H200 exercises everything the AMD build uses but the atom.
+//
+// C[BM x BN] += A[BM x K] * B[K x BN]. A rows are given per thread as row
+// pointers (so callers can map gathered/batched rows freely); B is w, either
+// [K, N] row-major (kNMajor) or [N, K] row-major (kKMajor, a transposed weight).
+// Preconditions checked by the callers' dispatch: K % 8 == 0 and N % 8 == 0
+// (16-byte chunks are all-in or all-out of bounds), 16-byte aligned buffers.
+#pragma once
+
+#include <type_traits>
+
+#include "gemm/smem_tile.h"
+#include "platform/gpu.h"
+
+namespace jo::gemm {
+
+enum class BLayout : int { kNMajor = 0, kKMajor = 1 };
+
+template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_>
+struct TileShape {
+  static constexpr int BM = BM_;
+  static constexpr int BN = BN_;
+  static constexpr int BK = BK_;
+  static constexpr int WARPS_M = WARPS_M_;
+  static constexpr int WARPS_N = WARPS_N_;
+  static constexpr int STAGES = STAGES_;
+  static constexpr int kThreads = WARPS_M * WARPS_N * gpu::kWarpSize;
+  static_assert(STAGES >= 2, "the ring needs one stage in flight while one is computed");
+};
+
+template <typename T, class Shape, BLayout kBLayout, bool kPipelineFrags = false>
+struct TileEngine {
+  using Atom = gpu::MmaAtom<T>;
+  using FragA = typename Atom::FragA;
+  using FragB = typename Atom::FragB;
+  using FragC = typename Atom::FragC;
+
+  static constexpr int BM = Shape::BM;
+  static constexpr int BN = Shape::BN;
+  static constexpr int BK = Shape::BK;
+  static constexpr int STAGES = Shape::STAGES;
+  static constexpr int kThreads = Shape::kThreads;
+  static constexpr bool kBKMajor = kBLayout == BLayout::kKMajor;
+
+  using ATile = SmemTile<T, BM, BK>;                                                       // (BM, BK)
+  using BTile = std::conditional_t<kBKMajor, SmemTile<T, BN, BK>, SmemTile<T, BK, BN>>;  // (BN, BK) | (BK, BN)
+  static constexpr int kStageElems = ATile::kElems + BTile::kElems;
+  static constexpr int kSmemBytes = STAGES * kStageElems * static_cast<int>(sizeof(T));
+
+  static constexpr int WTM = BM / Shape::WARPS_M;  // warp tile rows
+  static constexpr int WTN = BN / Shape::WARPS_N;  // warp tile cols
+  static constexpr int MI = WTM / Atom::kM;        // atoms per warp tile, M
+  static constexpr int NI = WTN / Atom::kN;        // atoms per warp tile, N
+  static_assert(WTM % Atom::kM == 0 && WTN % Atom::kN == 0, "warp tile is whole atoms");
+  static_assert(NI % Atom::kBFragsPerLoad == 0, "B fragments load in groups");
+  static_assert(BK % Atom::kK == 0, "BK is whole atoms");
+
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte chunk
+  static constexpr int kAChunksPerRow = BK / kVec;
+  static constexpr int kARowsPerPass = kThreads / kAChunksPerRow;
+  static constexpr int kAPasses = BM / kARowsPerPass;
+  static_assert(kThreads % kAChunksPerRow == 0 && BM % kARowsPerPass == 0, "A loads tile evenly");
+  static constexpr int kBRows = kBKMajor ? BN : BK;
+  static constexpr int kBChunksPerRow = (kBKMajor ? BK : BN) / kVec;
+  static constexpr int kBRowsPerPass = kThreads / kBChunksPerRow;
+  static constexpr int kBPasses = kBRows / kBRowsPerPass;
+  static_assert(kThreads % kBChunksPerRow == 0 && kBRows % kBRowsPerPass == 0, "B loads tile evenly");
+
+  struct Acc {
+    FragC c[MI][NI];
+  };
+
+  // The A rows this thread copies, as pointers to k = 0 (nullptr: no such row,
+  // the shared tile gets zeros).
+  struct ARows {
+    const T* p[kAPasses];
+  };
+
+  // w and the column range of this tile.
+  struct BSource {
+    const T* w;
+    int64_t ld;  // row stride of w in elements
+    int n0;      // first column of the tile
+    int N;
+  };
+
+  // RowFn(tile_row) -> const T* or nullptr.
+  template <class RowFn>
+  static __device__ __forceinline__ ARows a_rows(RowFn&& row_fn) {
+    ARows rows;
+#pragma unroll
+    for (int pass = 0; pass < kAPasses; ++pass)
+      rows.p[pass] = row_fn(static_cast<int>(threadIdx.x) / kAChunksPerRow + pass * kARowsPerPass);
+    return rows;
+  }
+
+  static __device__ __forceinline__ void load_stage(T* stage, const ARows& a, const BSource& b, int k0,
+                                                    int K) {
+    T* sa = stage;
+    T* sb = stage + ATile::kElems;
+    const int t = static_cast<int>(threadIdx.x);
+    {
+      const int c = t % kAChunksPerRow;
+      const int k = k0 + c * kVec;
+#pragma unroll
+      for (int pass = 0; pass < kAPasses; ++pass) {
+        const int row = t / kAChunksPerRow + pass * kARowsPerPass;
+        const bool ok = a.p[pass] != nullptr && k < K;
+        gpu::copy16_async(sa + ATile::offset(row, c * kVec), ok ? a.p[pass] + k : b.w, ok);
+      }
+    }
+    {
+      const int c = t % kBChunksPerRow;
+#pragma unroll
+      for (int pass = 0; pass < kBPasses; ++pass) {
+        const int row = t / kBChunksPerRow + pass * kBRowsPerPass;
+        int k, n;
+        if constexpr (kBKMajor) {
+          n = b.n0 + row;
+          k = k0 + c * kVec;
+        } else {
+          k = k0 + row;
+          n = b.n0 + c * kVec;
+        }
+        const bool ok = k < K && n < b.N;
+        const T* src = kBKMajor ? b.w + n * b.ld + k : b.w + k * b.ld + n;
+        gpu::copy16_async(sb + BTile::offset(row, c * kVec), ok ? src : b.w, ok);
+      }
+    }
+  }
+
+  struct Frags {
+    FragA a[MI];
+    FragB b[NI];
+  };
+
+  static __device__ __forceinline__ void load_frags(Frags& f, const T* stage, int kk) {
+    const T* sa = stage;
+    const T* sb = stage + ATile::kElems;
+    const int warp = static_cast<int>(threadIdx.x) / gpu::kWarpSize;
+    const int lane = static_cast<int>(threadIdx.x) % gpu::kWarpSize;
+    const int wm = warp % Shape::WARPS_M;
+    const int wn = warp / Shape::WARPS_M;
+#pragma unroll
+    for (int i = 0; i < MI; ++i) Atom::template load_a<ATile>(f.a[i], sa, wm * WTM + i * Atom::kM, kk, lane);
+#pragma unroll
+    for (int j = 0; j < NI; j += Atom::kBFragsPerLoad)
+      Atom::template load_b<BTile, kBKMajor>(&f.b[j], sb, wn * WTN + j * Atom::kN, kk, lane);
+  }
+
+  static __device__ __forceinline__ void mma_frags(Acc& acc, const Frags& f) {
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int j = 0; j < NI; ++j) Atom::mma(acc.c[i][j], f.a[i], f.b[j]);
+  }
+
+  // acc = A_tile @ B_tile over K. wait_a(kt) runs, uniformly across the block,
+  // before the A operand of k-tile kt is copied: the hook in which fused
+  // kernels wait for staged rows to arrive. Leaves shared memory free for the
+  // next tile.
+  //
+  // Software pipeline: global->shared copies run STAGES-1 k-tiles ahead, and
+  // the fragments of the next atom k-step are read from shared memory while
+  // the MMAs of the current one issue (two register buffers).
+  template <class WaitA>
+  static __device__ __forceinline__ void mainloop(Acc& acc, T* smem, const ARows& a, const BSource& b, int K,
+                                                  WaitA&& wait_a) {
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int j = 0; j < NI; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc.c[i][j].r[r] = 0.f;
+
+    constexpr int kSteps = BK / Atom::kK;  // atom k-steps per k-tile
+    static_assert(kSteps % 2 == 0, "fragment buffers alternate, so each k-tile starts on buffer 0");
+    const int k_tiles = (K + BK - 1) / BK;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < k_tiles) {
+        wait_a(s);
+        load_stage(smem + s * kStageElems, a, b, s * BK, K);
+      }
+      gpu::copy_async_commit();
+    }
+    // Groups committed before iteration kt's wait: STAGES - 1 + kt + 1; k-tile
+    // kt + 1 is complete once at most STAGES - 2 of them are pending.
+    gpu::copy_async_wait<STAGES - 2>();
+    __syncthreads();
+
+    if constexpr (!kPipelineFrags) {
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        if (kt > 0) {
+          gpu::copy_async_wait<STAGES - 2>();
+          __syncthreads();
+        }
+        const int pf = kt + STAGES - 1;
+        if (pf < k_tiles) {
+          wait_a(pf);
+          load_stage(smem + (pf % STAGES) * kStageElems, a, b, pf * BK, K);
+        }
+        gpu::copy_async_commit();
+        const T* stage = smem + (kt % STAGES) * kStageElems;
+#pragma unroll
+        for (int step = 0; step < kSteps; ++step) {
+          Frags f;
+          load_frags(f, stage, step * Atom::kK);
+          mma_frags(acc, f);
+        }
+      }
+      gpu::copy_async_wait<0>();
+      __syncthreads();
+      return;
+    }
+    Frags frags[2];
+    load_frags(frags[0], smem, 0);
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const T* stage = smem + (kt % STAGES) * kStageElems;
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        if (step == kSteps - 1) {
+          // Next k-tile must have landed, and every warp must be done reading
+          // slot (kt - 1) % STAGES, before anyone refills it below.
+          gpu::copy_async_wait<STAGES - 2>();
+          __syncthreads();
+        }
+        if (step < kSteps - 1) {
+          load_frags(frags[(step + 1) % 2], stage, (step + 1) * Atom::kK);
+        } else if (kt + 1 < k_tiles) {
+          load_frags(frags[(step + 1) % 2], smem + ((kt + 1) % STAGES) * kStageElems, 0);
+        }
+        if (step == 0) {
+          const int pf = kt + STAGES - 1;  // refills the slot of k-tile kt - 1
+          if (pf < k_tiles) {
+            wait_a(pf);
+            load_stage(smem + (pf % STAGES) * kStageElems, a, b, pf * BK, K);
+          }
+          gpu::copy_async_commit();
+        }
+        mma_frags(acc, frags[step % 2]);
+      }
+    }
+    gpu::copy_async_wait<0>();
+    __syncthreads();
+  }
+
+  // fn(row, col, const float* v): Atom::kCVec accumulators at (row, col + i)
+  // of the block tile.
+  template <class Fn>
+  static __device__ __forceinline__ void for_each_acc(const Acc& acc, Fn&& fn) {
+    const int warp = static_cast<int>(threadIdx.x) / gpu::kWarpSize;
+    const int lane = static_cast<int>(threadIdx.x) % gpu::kWarpSize;
+    const int wm = warp % Shape::WARPS_M;
+    const int wn = warp / Shape::WARPS_M;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int j = 0; j < NI; ++j)
+#pragma unroll
+        for (int g = 0; g < Atom::kCGroups; ++g)
+          fn(wm * WTM + i * Atom::kM + Atom::c_row(lane, g), wn * WTN + j * Atom::kN + Atom::c_col(lane, g),
+             &acc.c[i][j].r[g * Atom::kCVec]);
+  }
+};
+
+struct NoWait {
+  __device__ __forceinline__ void operator()(int) const {}
+};
+
+}  // namespace jo::gemm

@@ -1,0 +1,163 @@
+// Fused all-gather + GEMM (see ag_matmul.h).
+//
+// Workgroups [0, workers) are fetchers (protocol.h gather_role): they publish
+// this rank's shard and pull peers' shards into `gathered`, releasing one
+// staged flag per (shard, row tile, k-chunk). The rest are GEMM workgroups:
+// they walk output tiles shard by shard in arrival order (own shard first,
+// read straight from x, then rank + 1, rank + 2, ...) and, before copying the
+// A operand of a k-tile that starts a new chunk, wait for its staged flag.
+#include "kernels/ag_matmul.h"
+
+#include "gemm/gemm_tile.h"
+#include "gemm/tile_shapes.h"
+#include "kernels/launch.h"
+#include "kernels/protocol.h"
+
+namespace jo {
+namespace {
+
+template <typename T>
+struct AgMatmulArgs {
+  const T* x;
+  const T* w;
+  const T* bias;
+  T* y;
+  T* gathered;
+  int64_t m;
+  int64_t rows;  // batch * m
+  int k;
+  int n;
+  int chunk_k;
+  int workers;
+  GatherLayout layout;
+  Peers peers;
+  uint32_t epoch;
+  Watchdog wd;
+  TraceSink trace;
+};
+
+template <class Eng, typename T>
+__device__ void ag_gemm_role(const AgMatmulArgs<T>& a, T* smem, int worker, int workers) {
+  const int world = a.peers.world;
+  const int rank = a.peers.rank;
+  const int row_tiles = static_cast<int>((a.rows + Eng::BM - 1) / Eng::BM);
+  const int col_tiles = (a.n + Eng::BN - 1) / Eng::BN;
+  const int per_shard = row_tiles * col_tiles;
+  const int k_tiles_per_chunk = a.chunk_k / Eng::BK;
+  char* mine = a.peers.region(rank);
+  const int64_t ldb = Eng::kBKMajor ? a.k : a.n;
+
+  for (int t = worker; t < per_shard * world; t += workers) {
+    const uint64_t t0 = gpu::timer_ticks();
+    const int shard = (rank + t / per_shard) % world;
+    const bool own = shard == rank;
+    const int rt = (t % per_shard) / col_tiles;
+    const int ct = t % col_tiles;
+    const int64_t r0 = static_cast<int64_t>(rt) * Eng::BM;
+    auto a_row = [&](int r) -> const T* {
+      const int64_t l = r0 + r;
+      if (l >= a.rows) return nullptr;
+      return own ? a.x + l * a.k : a.gathered + gathered_row(l, shard, a.m, world) * a.k;
+    };
+    auto out_row = [&](int r) -> T* {
+      const int64_t l = r0 + r;
+      return l < a.rows ? a.y + gathered_row(l, shard, a.m, world) * a.n : nullptr;
+    };
+    bool aborted = false;
+    auto wait_a = [&](int kt) {
+      if (own || kt % k_tiles_per_chunk != 0) return;
+      const int chunk = rt * a.layout.col_chunks + kt / k_tiles_per_chunk;
+      const uint64_t w0 = gpu::timer_ticks();
+      bool ok = true;
+      if (threadIdx.x == 0)
+        ok = spin_until<Scope::kDevice>(a.layout.staged_flag(mine, shard, chunk), a.epoch, a.wd, rank, shard,
+                                        world, a.epoch, WaitOn::kStaged);
+      if (!block_agree(ok)) aborted = true;
+      if (gpu::timer_ticks() - w0 > 2000) trace_event(a.trace, TraceKind::kWait, w0, chunk, shard);
+    };
+    const typename Eng::BSource b{a.w, ldb, ct * Eng::BN, a.n};
+    gemm::gemm_tile<Eng>(smem, a_row, b, a.k, out_row, a.bias, wait_a);
+    trace_event(a.trace, TraceKind::kGemmTile, t0, static_cast<uint32_t>(t), static_cast<uint32_t>(shard));
+    if (aborted) return;
+  }
+}
+
+template <typename T, class Shape, gemm::BLayout L>
+__global__ __launch_bounds__(Shape::kThreads) void ag_matmul_kernel(AgMatmulArgs<T> a) {
+  using Eng = gemm::TileEngine<T, Shape, L>;
+  extern __shared__ gpu::Vec16 smem_raw[];
+  if (static_cast<int>(blockIdx.x) < a.workers) {
+    const GatherArgs g{reinterpret_cast<const char*>(a.x), reinterpret_cast<char*>(a.gathered), a.m, a.layout,
+                       a.peers, a.epoch, a.wd, a.trace};
+    gather_role(g, static_cast<int>(blockIdx.x), a.workers);
+    return;
+  }
+  ag_gemm_role<Eng>(a, reinterpret_cast<T*>(smem_raw), static_cast<int>(blockIdx.x) - a.workers,
+                    static_cast<int>(gridDim.x) - a.workers);
+}
+
+template <class Shape>
+GatherLayout ag_layout(int world, int64_t rows, int64_t k, int chunk_k, int elem_bytes) {
+  return GatherLayout::make(world, rows, k * elem_bytes, Shape::BM, static_cast<int64_t>(chunk_k) * elem_bytes);
+}
+
+template <typename T, class Shape, gemm::BLayout L>
+hipError_t launch_typed(const AgMatmulLaunch& l, hipStream_t stream) {
+  using Eng = gemm::TileEngine<T, Shape, L>;
+  auto kernel = ag_matmul_kernel<T, Shape, L>;
+  int cap = 0;
+  hipError_t e = co_resident_grid(kernel, Shape::kThreads, Eng::kSmemBytes, l.limits, &cap);
+  if (e != hipSuccess) return e;
+  const int world = l.peers.world;
+  const int64_t rows = l.batch * l.m;
+  const int workers = world > 1 ? l.workers : 0;
+  const int64_t tiles = ceil_div(rows, Shape::BM) * ceil_div(l.n, Shape::BN) * world;
+  const int grid = static_cast<int>(std::min<int64_t>(cap, workers + tiles));
+  if (grid <= workers || l.chunk_k % Shape::BK != 0) return hipErrorInvalidValue;
+  AgMatmulArgs<T> a{static_cast<const T*>(l.x), static_cast<const T*>(l.w), static_cast<const T*>(l.bias),
+                    static_cast<T*>(l.y), static_cast<T*>(l.gathered), l.m, rows, static_cast<int>(l.k),
+                    static_cast<int>(l.n), l.chunk_k, workers,
+                    ag_layout<Shape>(world, rows, l.k, l.chunk_k, sizeof(T)), l.peers, l.epoch, l.wd, l.trace};
+  kernel<<<grid, Shape::kThreads, Eng::kSmemBytes, stream>>>(a);
+  return hipGetLastError();
+}
+
+template <typename T>
+hipError_t launch_dtype(const AgMatmulLaunch& l, hipStream_t stream) {
+  hipError_t e = hipErrorInvalidValue;
+  gemm::with_tile_shape(l.tile, [&](auto shape) {
+    using Shape = decltype(shape);
+    e = l.w_kmajor ? launch_typed<T, Shape, gemm::BLayout::kKMajor>(l, stream)
+                   : launch_typed<T, Shape, gemm::BLayout::kNMajor>(l, stream);
+  });
+  return e;
+}
+
+}  // namespace
+
+bool tile_shape_info(int index, TileShapeInfo* info) {
+  return gemm::with_tile_shape(index, [&](auto shape) {
+    using S = decltype(shape);
+    *info = TileShapeInfo{S::BM, S::BN, S::BK, S::kThreads,
+                          gemm::TileEngine<gpu::bf16, S, gemm::BLayout::kNMajor>::kSmemBytes};
+  });
+}
+
+uint64_t ag_matmul_region_bytes(int world, int64_t rows, int64_t k, int tile, int chunk_k, int elem_bytes) {
+  if (world <= 1) return 0;
+  uint64_t bytes = 0;
+  gemm::with_tile_shape(tile, [&](auto shape) {
+    bytes = ag_layout<decltype(shape)>(world, rows, k, chunk_k, elem_bytes).total;
+  });
+  return bytes;
+}
+
+hipError_t launch_ag_matmul(const AgMatmulLaunch& l, hipStream_t stream) {
+  switch (l.dtype) {
+    case DType::kBF16: return launch_dtype<gpu::bf16>(l, stream);
+    case DType::kF16: return launch_dtype<gpu::fp16>(l, stream);
+  }
+  return hipErrorInvalidValue;
+}
+
+}  // namespace jo

@@ -1,0 +1,208 @@
+// Fused GEMM + reduce-scatter (see matmul_rs.h).
+//
+// GEMM workgroups compute the partial product of every rank's row block, in
+// the order rank + 1, rank + 2, ..., rank (own block last, so peers can start
+// reducing early), store each tile to this rank's staging slot and release
+// its ready flag at system scope. Reducer workgroups [0, workers) take the
+// tiles of this rank's block, wait until every rank has staged the tile, sum
+// the world partials in rank order 0..world-1 in fp32 (bitwise reproducible),
+// add the bias once and write the output, then tell each rank its slot tile
+// may be reused. With world == 1 the GEMM writes the output directly.
+#include "kernels/matmul_rs.h"
+
+#include "gemm/gemm_tile.h"
+#include "gemm/tile_shapes.h"
+#include "kernels/launch.h"
+#include "kernels/protocol.h"
+
+namespace jo {
+namespace {
+
+template <typename T>
+struct MatmulRsArgs {
+  const T* x;
+  const T* w;
+  const T* bias;
+  T* out;
+  int64_t m_total;     // rows of x per batch element
+  int64_t m_block;     // m_total / world
+  int64_t block_rows;  // batch * m_block: rows of one rank's block
+  int k;
+  int n;
+  int workers;
+  ReduceLayout layout;
+  Peers peers;
+  uint32_t epoch;
+  Watchdog wd;
+  TraceSink trace;
+};
+
+template <class Eng, typename T>
+__device__ void rs_gemm_role(const MatmulRsArgs<T>& a, T* smem, int worker, int workers) {
+  const int world = a.peers.world;
+  const int rank = a.peers.rank;
+  const int parity = static_cast<int>(a.epoch & 1u);
+  const int col_tiles = (a.n + Eng::BN - 1) / Eng::BN;
+  const int per_block = static_cast<int>((a.block_rows + Eng::BM - 1) / Eng::BM) * col_tiles;
+  char* mine = a.peers.region(rank);
+  const int64_t ldb = Eng::kBKMajor ? a.k : a.n;
+
+  for (int t = worker; t < per_block * world; t += workers) {
+    const uint64_t t0 = gpu::timer_ticks();
+    const int block = (rank + 1 + t / per_block) % world;
+    const int tile = t % per_block;
+    const int64_t r0 = static_cast<int64_t>(tile / col_tiles) * Eng::BM;
+    const int ct = tile % col_tiles;
+    auto a_row = [&](int r) -> const T* {
+      const int64_t l = r0 + r;  // row of the block: l = b * m_block + i
+      if (l >= a.block_rows) return nullptr;
+      return a.x + (l / a.m_block * a.m_total + block * a.m_block + l % a.m_block) * a.k;
+    };
+    const typename Eng::BSource b{a.w, ldb, ct * Eng::BN, a.n};
+    // World 1 writes the output (with the bias); otherwise this rank's
+    // staging slot for the block, which its owner sums.
+    T* dst = a.out;
+    const T* bias = a.bias;
+    if (world > 1) {
+      bool ok = true;
+      if (threadIdx.x == 0 && a.epoch > 2)  // the block's owner read this slot tile two epochs ago
+        ok = spin_until<Scope::kSystem>(a.layout.done_flag(mine, parity, block, tile), a.epoch - 2, a.wd, rank,
+                                        block, world, a.epoch, WaitOn::kReadersDone);
+      if (!block_agree(ok)) return;
+      dst = reinterpret_cast<T*>(a.layout.block_data(mine, parity, block));
+      bias = nullptr;
+    }
+    auto out_row = [&](int r) -> T* { return r0 + r < a.block_rows ? dst + (r0 + r) * a.n : nullptr; };
+    gemm::gemm_tile<Eng>(smem, a_row, b, a.k, out_row, bias, gemm::NoWait{});
+    if (world > 1) {
+      __syncthreads();
+      if (threadIdx.x == 0) gpu::store_release_sys(a.layout.ready_flag(mine, parity, block, tile), a.epoch);
+    }
+    trace_event(a.trace, TraceKind::kGemmTile, t0, static_cast<uint32_t>(tile), static_cast<uint32_t>(block));
+  }
+}
+
+template <class Eng, typename T>
+__device__ void rs_reduce_role(const MatmulRsArgs<T>& a, int worker, int workers) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int world = a.peers.world;
+  const int rank = a.peers.rank;
+  const int parity = static_cast<int>(a.epoch & 1u);
+  const int col_tiles = (a.n + Eng::BN - 1) / Eng::BN;
+  const int per_block = static_cast<int>((a.block_rows + Eng::BM - 1) / Eng::BM) * col_tiles;
+
+  for (int tile = worker; tile < per_block; tile += workers) {
+    const uint64_t t0 = gpu::timer_ticks();
+    bool ok = true;
+    if (threadIdx.x == 0) {
+      for (int p = 0; p < world && ok; ++p)
+        ok = spin_until<Scope::kSystem>(a.layout.ready_flag(a.peers.region(p), parity, rank, tile), a.epoch, a.wd,
+                                        rank, p, world, a.epoch, WaitOn::kPartialReady);
+    }
+    if (!block_agree(ok)) return;
+    const int64_t r0 = static_cast<int64_t>(tile / col_tiles) * Eng::BM;
+    const int64_t c0 = static_cast<int64_t>(tile % col_tiles) * Eng::BN;
+    const int64_t nrows = a.block_rows - r0 < Eng::BM ? a.block_rows - r0 : Eng::BM;
+    const int64_t vecs_per_row = (a.n - c0 < Eng::BN ? a.n - c0 : Eng::BN) / kVec;
+    for (int64_t v = threadIdx.x; v < nrows * vecs_per_row; v += blockDim.x) {
+      const int64_t offset = (r0 + v / vecs_per_row) * a.n + c0 + (v % vecs_per_row) * kVec;
+      float acc[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) acc[i] = 0.f;
+      for (int p = 0; p < world; ++p) {  // fixed rank order: the sum is bitwise reproducible
+        const T* src = reinterpret_cast<const T*>(a.layout.block_data(a.peers.region(p), parity, rank)) + offset;
+        const gpu::Vec16 raw = gpu::load16_uncached(src);
+        T vals[kVec];
+        __builtin_memcpy(vals, &raw, sizeof(raw));
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) acc[i] += gpu::to_float(vals[i]);
+      }
+      T outv[kVec];
+      const int64_t col = c0 + (v % vecs_per_row) * kVec;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i)
+        outv[i] = gpu::from_float<T>(acc[i] + (a.bias != nullptr ? gpu::to_float(a.bias[col + i]) : 0.f));
+      gpu::Vec16 packed;
+      __builtin_memcpy(&packed, outv, sizeof(packed));
+      gpu::store16(a.out + offset, packed);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int p = 0; p < world; ++p)
+        gpu::store_release_sys(a.layout.done_flag(a.peers.region(p), parity, rank, tile), a.epoch);
+    }
+    trace_event(a.trace, TraceKind::kReduce, t0, static_cast<uint32_t>(tile), static_cast<uint32_t>(rank));
+  }
+}
+
+template <typename T, class Shape, gemm::BLayout L>
+__global__ __launch_bounds__(Shape::kThreads) void matmul_rs_kernel(MatmulRsArgs<T> a) {
+  using Eng = gemm::TileEngine<T, Shape, L>;
+  extern __shared__ gpu::Vec16 smem_raw[];
+  if (static_cast<int>(blockIdx.x) < a.workers) {
+    rs_reduce_role<Eng>(a, static_cast<int>(blockIdx.x), a.workers);
+    return;
+  }
+  rs_gemm_role<Eng>(a, reinterpret_cast<T*>(smem_raw), static_cast<int>(blockIdx.x) - a.workers,
+                    static_cast<int>(gridDim.x) - a.workers);
+}
+
+template <class Shape>
+ReduceLayout rs_layout(int world, int64_t block_rows, int64_t n, int elem_bytes) {
+  const int tiles = static_cast<int>(ceil_div(block_rows, Shape::BM) * ceil_div(n, Shape::BN));
+  return ReduceLayout::make(world, block_rows, n, tiles, elem_bytes);
+}
+
+template <typename T, class Shape, gemm::BLayout L>
+hipError_t launch_typed(const MatmulRsLaunch& l, hipStream_t stream) {
+  using Eng = gemm::TileEngine<T, Shape, L>;
+  auto kernel = matmul_rs_kernel<T, Shape, L>;
+  int cap = 0;
+  hipError_t e = co_resident_grid(kernel, Shape::kThreads, Eng::kSmemBytes, l.limits, &cap);
+  if (e != hipSuccess) return e;
+  const int world = l.peers.world;
+  const int workers = world > 1 ? l.workers : 0;
+  const int64_t m_block = l.m_total / world;
+  const int64_t block_rows = l.batch * m_block;
+  const int64_t tiles = ceil_div(block_rows, Shape::BM) * ceil_div(l.n, Shape::BN) * world;
+  const int grid = static_cast<int>(std::min<int64_t>(cap, workers + tiles));
+  if (grid <= workers) return hipErrorInvalidValue;
+  MatmulRsArgs<T> a{static_cast<const T*>(l.x), static_cast<const T*>(l.w), static_cast<const T*>(l.bias),
+                    static_cast<T*>(l.out), l.m_total, m_block, block_rows, static_cast<int>(l.k),
+                    static_cast<int>(l.n), workers, rs_layout<Shape>(world, block_rows, l.n, sizeof(T)), l.peers,
+                    l.epoch, l.wd, l.trace};
+  kernel<<<grid, Shape::kThreads, Eng::kSmemBytes, stream>>>(a);
+  return hipGetLastError();
+}
+
+template <typename T>
+hipError_t launch_dtype(const MatmulRsLaunch& l, hipStream_t stream) {
+  hipError_t e = hipErrorInvalidValue;
+  gemm::with_tile_shape(l.tile, [&](auto shape) {
+    using Shape = decltype(shape);
+    e = l.w_kmajor ? launch_typed<T, Shape, gemm::BLayout::kKMajor>(l, stream)
+                   : launch_typed<T, Shape, gemm::BLayout::kNMajor>(l, stream);
+  });
+  return e;
+}
+
+}  // namespace
+
+uint64_t matmul_rs_region_bytes(int world, int64_t batch, int64_t m_total, int64_t n, int tile, int elem_bytes) {
+  if (world <= 1) return 0;
+  uint64_t bytes = 0;
+  gemm::with_tile_shape(tile, [&](auto shape) {
+    bytes = rs_layout<decltype(shape)>(world, batch * (m_total / world), n, elem_bytes).total;
+  });
+  return bytes;
+}
+
+hipError_t launch_matmul_rs(const MatmulRsLaunch& l, hipStream_t stream) {
+  switch (l.dtype) {
+    case DType::kBF16: return launch_dtype<gpu::bf16>(l, stream);
+    case DType::kF16: return launch_dtype<gpu::fp16>(l, stream);
+  }
+  return hipErrorInvalidValue;
+}
+
+}  // namespace jo

@@ -1,0 +1,81 @@
+// Types shared by the kernels' launchers, the FFI handlers and the runtime:
+// no device code and no XLA types here.
+#pragma once
+
+#include <cstdint>
+
+#include "platform/gpu.h"
+#include "runtime/error_record.h"
+
+namespace jo {
+
+// Largest communication group a kernel takes (size of the per-rank region
+// table; jax_overlap/config.py MAX_WORLD must agree).
+inline constexpr int kMaxWorld = 8;
+
+enum class DType : int { kBF16 = 0, kF16 = 1 };
+
+// Bounded waits: every spin on a flag another workgroup or GPU writes gives
+// up after timeout_ticks, records the wait in *record and makes the kernel
+// exit (other spinning workgroups see record->claimed and leave too).
+struct Watchdog {
+  ErrorRecord* record;  // device pointer to host-mapped memory
+  uint64_t timeout_ticks;
+  uint32_t op;  // OpKind
+};
+
+enum class TraceKind : uint32_t { kGemmTile = 0, kWait = 1, kFetch = 2, kPublish = 3, kReduce = 4 };
+
+struct TraceEvent {
+  uint64_t start;
+  uint64_t end;
+  uint32_t block;
+  uint32_t kind;  // TraceKind
+  uint32_t arg0;  // tile / chunk index
+  uint32_t arg1;  // shard or peer rank
+};
+
+// Opt-in per-workgroup trace in the workspace; events == nullptr: off.
+struct TraceSink {
+  TraceEvent* events;
+  uint32_t* count;
+  uint32_t capacity;
+};
+
+// The symmetric regions of one call: regions[r] is rank r's region as mapped
+// in this process (same offset in every rank's workspace). Kernels read it
+// through region() only: indexing a kernel-parameter array with a run-time
+// rank makes the compiler copy the array to scratch memory.
+struct Peers {
+  char* regions[kMaxWorld];
+  int rank;
+  int world;
+
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
+  JO_DEVICE char* region(int r) const {
+    char* out = nullptr;
+#pragma unroll
+    for (int i = 0; i < kMaxWorld; ++i)
+      if (i == r) out = regions[i];
+    return out;
+  }
+#endif
+};
+
+// Where a launch may run: persistent kernels must be co-resident, so the
+// grid is capped by what the SMs this rank owns can hold at once.
+struct LaunchLimits {
+  int sm_count;
+  int ranks_per_gpu;  // ranks sharing this GPU (emulated groups): SMs are split
+};
+
+// A block tile compiled into the GEMM kernels (gemm/tile_shapes.h), as the
+// host and Python see it.
+struct TileShapeInfo {
+  int bm, bn, bk, threads, smem_bytes;
+};
+inline constexpr int kTileShapeCount = 2;
+// False when no tile shape has this index.
+bool tile_shape_info(int index, TileShapeInfo* info);
+
+}  // namespace jo

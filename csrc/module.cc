@@ -1,0 +1,224 @@
+// Python module jax_overlap._native: FFI registrations, build info, the
+// runtime's entry points (jax_overlap/runtime.py drives them) and the
+// simulated-rank harness used by the GPU tests and benchmarks.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "ffi/common.h"
+#include "ffi/handlers.h"
+#include "kernels/ag_matmul.h"
+#include "kernels/all_gather.h"
+#include "kernels/matmul_rs.h"
+#include "platform/gpu.h"
+#include "runtime/runtime.h"
+#include "runtime/sim_group.h"
+
+namespace py = pybind11;
+
+#ifndef JAX_OVERLAP_ARCHS
+#define JAX_OVERLAP_ARCHS "unknown"
+#endif
+#ifndef JAX_OVERLAP_COMPILER
+#define JAX_OVERLAP_COMPILER "unknown"
+#endif
+#ifndef JAX_OVERLAP_FFI_API
+#define JAX_OVERLAP_FFI_API "unknown"
+#endif
+
+namespace jo {
+namespace {
+
+void throw_if_error(const Status& s) {
+  if (!s.ok()) throw std::runtime_error(s.message);
+}
+
+py::capsule capsule(XLA_FFI_Handler* fn) { return py::capsule(reinterpret_cast<void*>(fn)); }
+
+py::dict tile_shape_dict(int index) {
+  TileShapeInfo info{};
+  if (!tile_shape_info(index, &info)) throw std::out_of_range("no tile shape " + std::to_string(index));
+  py::dict d;
+  d["index"] = index;
+  d["bm"] = info.bm;
+  d["bn"] = info.bn;
+  d["bk"] = info.bk;
+  d["threads"] = info.threads;
+  d["smem_bytes"] = info.smem_bytes;
+  return d;
+}
+
+py::object error_record(int ordinal) {
+  Workspace* ws = Runtime::instance().workspace(ordinal);
+  if (!ws) throw std::runtime_error("jax_overlap: GPU " + std::to_string(ordinal) + " has no workspace");
+  const ErrorRecord& r = *ws->error_host;
+  if (!*static_cast<const volatile uint32_t*>(&r.valid)) return py::none();
+  py::dict d;
+  d["op"] = op_name(r.op);
+  d["rank"] = r.rank;
+  d["peer"] = r.peer;
+  d["world"] = r.world;
+  d["epoch"] = r.epoch;
+  d["waiting_for"] = wait_name(r.what);
+  d["waited_seconds"] = static_cast<double>(r.waited_ticks) / static_cast<double>(ws->info.ticks_per_second);
+  d["message"] = describe_error(r, ws->info.ticks_per_second);
+  return d;
+}
+
+SimMatmul sim_call(py::dict c) {
+  SimMatmul s{};
+  s.dtype = c["dtype"].cast<std::string>() == "bfloat16" ? DType::kBF16 : DType::kF16;
+  s.tile = c["tile"].cast<int>();
+  s.workers = c["workers"].cast<int>();
+  s.chunk_k = c.contains("chunk_k") ? c["chunk_k"].cast<int>() : 0;
+  s.w_kmajor = c["w_kmajor"].cast<bool>();
+  s.batch = c["batch"].cast<int64_t>();
+  s.m = c["m"].cast<int64_t>();
+  s.k = c["k"].cast<int64_t>();
+  s.n = c["n"].cast<int64_t>();
+  s.x = c["x"].cast<std::vector<uintptr_t>>();
+  s.w = c["w"].cast<std::vector<uintptr_t>>();
+  s.bias = c["bias"].cast<std::vector<uintptr_t>>();
+  s.out = c["out"].cast<std::vector<uintptr_t>>();
+  if (c.contains("gathered")) s.gathered = c["gathered"].cast<std::vector<uintptr_t>>();
+  return s;
+}
+
+}  // namespace
+}  // namespace jo
+
+PYBIND11_MODULE(_native, m) {
+  using namespace jo;
+  m.doc() = "jax_overlap native extension: FFI handlers, runtime, simulated ranks";
+
+  m.def("build_info", [] {
+    py::dict d;
+    d["platform"] = gpu::kPlatformName;
+    d["archs"] = JAX_OVERLAP_ARCHS;
+    d["compiler"] = JAX_OVERLAP_COMPILER;
+    d["ffi_api"] = JAX_OVERLAP_FFI_API;
+    d["fused_kernels"] = true;
+    return d;
+  });
+  m.attr("MAX_WORLD") = kMaxWorld;
+  m.attr("REGIONS_OFFSET") = kRegionsOffset;
+
+  m.def("targets", [] {
+    py::dict d;
+    for (const FfiTarget& t : ffi_targets()) d[t.op] = t.target;
+    return d;
+  });
+  m.def("registrations", [] {
+    py::dict d;
+    for (const FfiTarget& t : ffi_targets()) {
+      py::dict stages;
+      stages["instantiate"] = capsule(t.instantiate);
+      stages["execute"] = capsule(t.execute);
+      d[t.target] = stages;
+    }
+    return d;
+  });
+  m.def("type_registrations", [] {
+    py::dict reg;
+    reg["type_id"] = py::capsule(reinterpret_cast<void*>(&CallState::id));
+    reg["type_info"] = py::capsule(const_cast<void*>(reinterpret_cast<const void*>(&kCallStateTypeInfo)));
+    py::dict d;
+    d["jax_overlap_call_state"] = reg;
+    return d;
+  });
+  m.def("tile_shapes", [] {
+    py::list out;
+    for (int i = 0; i < kTileShapeCount; ++i) out.append(tile_shape_dict(i));
+    return out;
+  });
+
+  m.def("ag_matmul_region_bytes", &ag_matmul_region_bytes, py::arg("world"), py::arg("rows"), py::arg("k"),
+        py::arg("tile"), py::arg("chunk_k"), py::arg("elem_bytes"));
+  m.def("matmul_rs_region_bytes", &matmul_rs_region_bytes, py::arg("world"), py::arg("batch"),
+        py::arg("m_total"), py::arg("n"), py::arg("tile"), py::arg("elem_bytes"));
+  m.def("all_gather_region_bytes", &all_gather_region_bytes, py::arg("world"), py::arg("rows"),
+        py::arg("row_bytes"));
+
+  m.def("device_info", [](int ordinal) {
+    DeviceInfo info;
+    throw_if_error(query_device(ordinal, &info));
+    py::dict d;
+    d["sm_count"] = info.sm_count;
+    d["smem_per_block"] = info.smem_per_block;
+    d["pci_bus_id"] = info.pci_bus_id;
+    d["arch"] = info.arch;
+    d["name"] = info.name;
+    return d;
+  });
+  m.def("init_device", [](int ordinal, int64_t global_id, uint64_t bytes) {
+    throw_if_error(Runtime::instance().init_device(ordinal, global_id, bytes));
+  });
+  m.def("set_options", [](int ordinal, double watchdog_seconds, bool sync_after_launch, bool trace) {
+    throw_if_error(Runtime::instance().set_options(ordinal, watchdog_seconds, sync_after_launch, trace));
+  });
+  m.def("export_handle", [](int ordinal) {
+    std::string h;
+    throw_if_error(Runtime::instance().export_handle(ordinal, &h));
+    return py::bytes(h);
+  });
+  m.def("import_peer", [](int ordinal, int64_t peer_id, py::bytes handle) {
+    throw_if_error(Runtime::instance().import_peer(ordinal, peer_id, std::string(handle)));
+  });
+  m.def("map_local_peer", [](int ordinal, int peer_ordinal) {
+    throw_if_error(Runtime::instance().map_local_peer(ordinal, peer_ordinal));
+  });
+  m.def("set_ranks_per_gpu", [](int ordinal, int ranks) {
+    throw_if_error(Runtime::instance().set_ranks_per_gpu(ordinal, ranks));
+  });
+  m.def("error_record", &error_record);
+  m.def("clear_error", [](int ordinal) {
+    Workspace* ws = Runtime::instance().workspace(ordinal);
+    if (ws) std::memset(ws->error_host, 0, sizeof(ErrorRecord));
+  });
+  m.def("read_trace", [](int ordinal) {
+    std::string events;
+    double ticks_per_us = 0;
+    {
+      py::gil_scoped_release release;
+      throw_if_error(Runtime::instance().read_trace(ordinal, &events, &ticks_per_us));
+    }
+    return py::make_tuple(py::bytes(events), ticks_per_us);
+  });
+  m.def("release", [] {
+    py::gil_scoped_release release;
+    throw_if_error(Runtime::instance().release());
+  });
+
+  py::class_<SimGroup>(m, "SimGroup")
+      .def(py::init([](int ordinal, int world, uint64_t bytes_per_rank, double watchdog_seconds) {
+             std::unique_ptr<SimGroup> g;
+             throw_if_error(SimGroup::create(ordinal, world, bytes_per_rank, watchdog_seconds, &g));
+             return g;
+           }),
+           py::arg("ordinal"), py::arg("world"), py::arg("bytes_per_rank"), py::arg("watchdog_seconds") = 5.0)
+      .def_property_readonly("world", &SimGroup::world)
+      .def("ag_matmul",
+           [](SimGroup& g, py::dict call) {
+             SimMatmul c = sim_call(call);
+             py::gil_scoped_release release;
+             throw_if_error(g.ag_matmul(c));
+           })
+      .def("matmul_rs",
+           [](SimGroup& g, py::dict call) {
+             SimMatmul c = sim_call(call);
+             py::gil_scoped_release release;
+             throw_if_error(g.matmul_rs(c));
+           })
+      .def("all_gather",
+           [](SimGroup& g, std::vector<uintptr_t> x, std::vector<uintptr_t> gathered, int64_t batch, int64_t m,
+              int64_t row_bytes) {
+             py::gil_scoped_release release;
+             throw_if_error(g.all_gather(x, gathered, batch, m, row_bytes));
+           })
+      .def("errors", &SimGroup::errors)
+      .def("set_absent", &SimGroup::set_absent, py::arg("rank"));
+}

@@ -1,0 +1,297 @@
+// The one portability header: the only file that knows whether it is built as
+// HIP for AMD (gfx942 / gfx950) or as CUDA for NVIDIA (sm_90). Sources use HIP
+// names (hipStream_t, hipMalloc, ...); on NVIDIA they map to CUDA here. Device
+// code gets the few vendor-specific pieces it needs through jo::gpu: memory-
+// ordered flag accesses, a wall-clock timer, 16-byte copies, and the MMA atom.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#if defined(JAX_OVERLAP_HIP) || defined(__HIP__) || defined(__HIPCC__)
+#define JO_PLATFORM_HIP 1
+#include <hip/hip_runtime.h>
+#elif defined(JAX_OVERLAP_CUDA) || defined(__CUDACC__)
+#define JO_PLATFORM_CUDA 1
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#else
+#error "jax_overlap: build with JAX_OVERLAP_HIP (AMD) or JAX_OVERLAP_CUDA (NVIDIA)"
+#endif
+
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
+#define JO_DEVICE __device__ __forceinline__
+#define JO_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define JO_DEVICE inline
+#define JO_HOST_DEVICE inline
+#endif
+
+// ---------------------------------------------------------------------------
+// Host runtime API: HIP names, mapped to CUDA on NVIDIA.
+// ---------------------------------------------------------------------------
+#if JO_PLATFORM_CUDA
+using hipError_t = cudaError_t;
+using hipStream_t = cudaStream_t;
+using hipEvent_t = cudaEvent_t;
+using hipIpcMemHandle_t = cudaIpcMemHandle_t;
+using hipFuncAttribute = cudaFuncAttribute;
+using hipDeviceProp_t = cudaDeviceProp;
+#define hipSuccess cudaSuccess
+#define hipErrorInvalidValue cudaErrorInvalidValue
+#define hipErrorPeerAccessAlreadyEnabled cudaErrorPeerAccessAlreadyEnabled
+#define hipGetErrorString cudaGetErrorString
+#define hipGetLastError cudaGetLastError
+#define hipGetDevice cudaGetDevice
+#define hipSetDevice cudaSetDevice
+#define hipGetDeviceCount cudaGetDeviceCount
+#define hipGetDeviceProperties cudaGetDeviceProperties
+#define hipDeviceGetAttribute cudaDeviceGetAttribute
+#define hipDeviceGetPCIBusId cudaDeviceGetPCIBusId
+#define hipDeviceCanAccessPeer cudaDeviceCanAccessPeer
+#define hipDeviceEnablePeerAccess cudaDeviceEnablePeerAccess
+#define hipMalloc cudaMalloc
+#define hipFree cudaFree
+#define hipHostMalloc(ptr, size, flags) cudaHostAlloc(ptr, size, flags)
+#define hipHostFree cudaFreeHost
+#define hipHostGetDevicePointer cudaHostGetDevicePointer
+#define hipHostMallocMapped cudaHostAllocMapped
+#define hipMemset cudaMemset
+#define hipMemsetAsync cudaMemsetAsync
+#define hipMemcpy cudaMemcpy
+#define hipMemcpyAsync cudaMemcpyAsync
+#define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define hipMemcpyHostToDevice cudaMemcpyHostToDevice
+#define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define hipStreamCreateWithFlags cudaStreamCreateWithFlags
+#define hipStreamNonBlocking cudaStreamNonBlocking
+#define hipStreamDestroy cudaStreamDestroy
+#define hipStreamSynchronize cudaStreamSynchronize
+#define hipDeviceSynchronize cudaDeviceSynchronize
+#define hipEventCreate cudaEventCreate
+#define hipEventDestroy cudaEventDestroy
+#define hipEventRecord cudaEventRecord
+#define hipEventSynchronize cudaEventSynchronize
+#define hipEventElapsedTime cudaEventElapsedTime
+#define hipIpcGetMemHandle cudaIpcGetMemHandle
+#define hipIpcOpenMemHandle cudaIpcOpenMemHandle
+#define hipIpcCloseMemHandle cudaIpcCloseMemHandle
+#define hipIpcMemLazyEnablePeerAccess cudaIpcMemLazyEnablePeerAccess
+#define hipFuncSetAttribute(fn, attr, value) cudaFuncSetAttribute(fn, attr, value)
+#define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+#define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
+#define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
+#define hipDeviceAttributeSharedMemPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
+#define hipDeviceAttributeComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
+#define hipDeviceAttributeComputeCapabilityMinor cudaDevAttrComputeCapabilityMinor
+#endif
+
+namespace jo::gpu {
+
+#if JO_PLATFORM_HIP
+inline constexpr const char* kPlatformName = "rocm";
+inline constexpr int kWarpSize = 64;
+using bf16 = __bf16;
+using fp16 = _Float16;
+#else
+inline constexpr const char* kPlatformName = "cuda";
+inline constexpr int kWarpSize = 32;
+using bf16 = __nv_bfloat16;
+using fp16 = __half;
+#endif
+
+// The device's architecture as compilers name it: "sm_90", "gfx942", ...
+inline std::string arch_name(const hipDeviceProp_t& prop) {
+#if JO_PLATFORM_HIP
+  std::string arch = prop.gcnArchName;
+  return arch.substr(0, arch.find(':'));  // drop feature suffixes such as ":sramecc+:xnack-"
+#else
+  return "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+#endif
+}
+
+// Ticks per second of timer_ticks(); the host converts the watchdog timeout
+// and trace timestamps with it.
+inline int64_t timer_ticks_per_second(int device) {
+#if JO_PLATFORM_HIP
+  int khz = 100000;  // s_memrealtime runs at a constant 100 MHz on gfx9
+#if HIP_VERSION >= 50700000  // the attribute is missing from older headers
+  if (hipDeviceGetAttribute(&khz, hipDeviceAttributeWallClockRate, device) != hipSuccess || khz <= 0)
+    khz = 100000;
+#else
+  (void)device;
+#endif
+  return int64_t{khz} * 1000;
+#else
+  (void)device;
+  return 1000000000;  // %globaltimer counts nanoseconds.
+#endif
+}
+
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
+
+// ---------------------------------------------------------------------------
+// Flags. Protocol rule: a flag written on one GPU and read on another is
+// released and acquired at system scope; a flag read only on the GPU that
+// wrote it uses device (agent) scope. Values are epochs, so flags are never
+// reset between calls.
+// ---------------------------------------------------------------------------
+#if JO_PLATFORM_HIP
+JO_DEVICE uint32_t load_acquire_sys(const uint32_t* p) {
+  return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+JO_DEVICE uint32_t load_acquire_dev(const uint32_t* p) {
+  return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+}
+JO_DEVICE void store_release_sys(uint32_t* p, uint32_t v) {
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+JO_DEVICE void store_release_dev(uint32_t* p, uint32_t v) {
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+}
+JO_DEVICE uint32_t atomic_cas_sys(uint32_t* p, uint32_t expected, uint32_t desired) {
+  __hip_atomic_compare_exchange_strong(p, &expected, desired, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE,
+                                       __HIP_MEMORY_SCOPE_SYSTEM);
+  return expected;
+}
+JO_DEVICE uint32_t atomic_add_dev(uint32_t* p, uint32_t v) {
+  return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+JO_DEVICE void fence_sys() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, ""); }
+JO_DEVICE uint64_t timer_ticks() { return __builtin_amdgcn_s_memrealtime(); }
+JO_DEVICE void backoff() { __builtin_amdgcn_s_sleep(2); }
+#else
+JO_DEVICE uint32_t load_acquire_sys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+JO_DEVICE uint32_t load_acquire_dev(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+JO_DEVICE void store_release_sys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+JO_DEVICE void store_release_dev(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+JO_DEVICE uint32_t atomic_cas_sys(uint32_t* p, uint32_t expected, uint32_t desired) {
+  return atomicCAS_system(p, expected, desired);
+}
+JO_DEVICE uint32_t atomic_add_dev(uint32_t* p, uint32_t v) { return atomicAdd(p, v); }
+JO_DEVICE void fence_sys() { __threadfence_system(); }
+JO_DEVICE uint64_t timer_ticks() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+JO_DEVICE void backoff() { __nanosleep(64); }
+#endif
+
+// ---------------------------------------------------------------------------
+// 16-byte moves. Data that another GPU wrote is read past the non-coherent
+// caches (L1 on NVIDIA; the acquire above already invalidated L2 on AMD).
+// ---------------------------------------------------------------------------
+struct alignas(16) Vec16 {
+  uint32_t w[4];
+};
+
+#if JO_PLATFORM_HIP
+JO_DEVICE Vec16 load16_uncached(const void* p) {
+  Vec16 v;
+  const uint32_t* q = static_cast<const uint32_t*>(p);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v.w[i] = __builtin_nontemporal_load(q + i);
+  return v;
+}
+#else
+JO_DEVICE Vec16 load16_uncached(const void* p) {
+  Vec16 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+               : "l"(p));
+  return v;
+}
+#endif
+JO_DEVICE Vec16 load16(const void* p) { return *static_cast<const Vec16*>(p); }
+JO_DEVICE void store16(void* p, const Vec16& v) { *static_cast<Vec16*>(p) = v; }
+
+// ---------------------------------------------------------------------------
+// Global -> shared 16-byte copies for the GEMM pipeline. On NVIDIA they are
+// cp.async (L2 only, zero-filled when !valid) tracked in commit groups; on AMD
+// they are a register-staged load and LDS store, so wait/commit are no-ops
+// and the pipeline degenerates to synchronous staging (gfx950's LDS-direct
+// loads are the upgrade path).
+// ---------------------------------------------------------------------------
+#if JO_PLATFORM_HIP
+JO_DEVICE void copy16_async(void* smem, const void* gmem, bool valid) {
+  // A vector value, not a struct assigned conditionally: the latter is kept
+  // in scratch memory by the AMDGPU backend.
+  using U4 = uint32_t __attribute__((ext_vector_type(4)));
+  const U4 v = valid ? *static_cast<const U4*>(gmem) : U4{0u, 0u, 0u, 0u};
+  *static_cast<U4*>(smem) = v;
+}
+JO_DEVICE void copy_async_commit() {}
+template <int kPending>
+JO_DEVICE void copy_async_wait() {}
+#else
+JO_DEVICE void copy16_async(void* smem, const void* gmem, bool valid) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+JO_DEVICE void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+JO_DEVICE void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+#endif
+
+JO_DEVICE float to_float(float v) { return v; }
+#if JO_PLATFORM_HIP
+JO_DEVICE float to_float(bf16 v) { return static_cast<float>(v); }
+JO_DEVICE float to_float(fp16 v) { return static_cast<float>(v); }
+template <typename T>
+JO_DEVICE T from_float(float v) {
+  return static_cast<T>(v);
+}
+#else
+JO_DEVICE float to_float(bf16 v) { return __bfloat162float(v); }
+JO_DEVICE float to_float(fp16 v) { return __half2float(v); }
+template <typename T>
+JO_DEVICE T from_float(float v);
+template <>
+JO_DEVICE bf16 from_float<bf16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+JO_DEVICE fp16 from_float<fp16>(float v) {
+  return __float2half_rn(v);
+}
+#endif
+
+#endif  // device code
+
+}  // namespace jo::gpu
+
+// The MMA atom of this platform: MFMA on gfx942/gfx950, mma.sync on sm_80+.
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
+#if JO_PLATFORM_HIP
+#include "gemm/atom_mfma.h"
+namespace jo::gpu {
+template <typename T>
+using MmaAtom = ::jo::gemm::MfmaAtom<T>;
+}
+#else
+#include "gemm/atom_mma_sync.h"
+namespace jo::gpu {
+template <typename T>
+using MmaAtom = ::jo::gemm::MmaSyncAtom<T>;
+}
+#endif
+#endif

@@ -1,0 +1,52 @@
+// The record a kernel leaves when a wait on a peer times out. It lives in
+// host-mapped pinned memory (one per local GPU), so the host reads it without
+// a device sync; the first workgroup to time out claims it, fills it, then
+// sets `valid` with a system-scope release.
+#pragma once
+
+#include <cstdint>
+
+namespace jo {
+
+enum class OpKind : uint32_t { kAgMatmul = 1, kMatmulRs = 2, kAllGather = 3 };
+
+// Which flag a wait was on.
+enum class WaitOn : uint32_t {
+  kPublished = 1,  // a peer's published shard chunk (ag_matmul, all_gather)
+  kStaged = 2,     // a chunk staged locally by this GPU's fetchers
+  kReadersDone = 3,  // peers finished reading a slot about to be overwritten
+  kPartialReady = 4,  // a peer's staged partial-product tile (matmul_rs)
+};
+
+struct ErrorRecord {
+  uint32_t claimed;  // 0 -> 1 by the first workgroup that times out
+  uint32_t valid;    // set last: the fields below are complete
+  uint32_t op;       // OpKind
+  uint32_t rank;
+  uint32_t peer;     // rank waited for
+  uint32_t world;
+  uint32_t epoch;
+  uint32_t what;     // WaitOn
+  uint64_t waited_ticks;
+};
+
+inline const char* op_name(uint32_t op) {
+  switch (static_cast<OpKind>(op)) {
+    case OpKind::kAgMatmul: return "ag_matmul";
+    case OpKind::kMatmulRs: return "matmul_rs";
+    case OpKind::kAllGather: return "all_gather";
+  }
+  return "unknown op";
+}
+
+inline const char* wait_name(uint32_t what) {
+  switch (static_cast<WaitOn>(what)) {
+    case WaitOn::kPublished: return "published shard chunk";
+    case WaitOn::kStaged: return "locally staged chunk";
+    case WaitOn::kReadersDone: return "readers done with slot";
+    case WaitOn::kPartialReady: return "partial-product tile";
+  }
+  return "unknown flag";
+}
+
+}  // namespace jo

@@ -1,0 +1,248 @@
+#include "runtime/runtime.h"
+
+#include <cstring>
+#include <sstream>
+
+namespace jo {
+namespace {
+
+// Makes `ordinal` current for the scope and restores the previous device.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int ordinal) {
+    if (hipGetDevice(&previous_) != hipSuccess) previous_ = -1;
+    status_ = hipSetDevice(ordinal);
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) (void)hipSetDevice(previous_);
+  }
+  hipError_t status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  hipError_t status_ = hipSuccess;
+};
+
+Status not_initialized(int ordinal) {
+  return Status{"jax_overlap: GPU " + std::to_string(ordinal) +
+                " has no workspace; call jax_overlap.initialize() first"};
+}
+
+}  // namespace
+
+Status query_device(int ordinal, DeviceInfo* info) {
+  hipDeviceProp_t prop;
+  JO_RETURN_IF_HIP_ERROR(hipGetDeviceProperties(&prop, ordinal));
+  JO_RETURN_IF_HIP_ERROR(hipDeviceGetAttribute(&info->sm_count, hipDeviceAttributeMultiprocessorCount, ordinal));
+  JO_RETURN_IF_HIP_ERROR(
+      hipDeviceGetAttribute(&info->smem_per_block, hipDeviceAttributeSharedMemPerBlockOptin, ordinal));
+  char bus[64] = {0};
+  JO_RETURN_IF_HIP_ERROR(hipDeviceGetPCIBusId(bus, sizeof(bus), ordinal));
+  info->pci_bus_id = bus;
+  info->arch = gpu::arch_name(prop);
+  info->name = prop.name;
+  info->ticks_per_second = gpu::timer_ticks_per_second(ordinal);
+  return {};
+}
+
+TraceSink Workspace::trace_sink() const {
+  if (!trace) return TraceSink{nullptr, nullptr, 0};
+  return TraceSink{reinterpret_cast<TraceEvent*>(base + kTraceEventsOffset), reinterpret_cast<uint32_t*>(base),
+                   kTraceCapacity};
+}
+
+uint32_t* Workspace::epoch_counter(uint64_t region_offset) {
+  auto& slot = epochs[region_offset];
+  if (!slot) slot = std::make_unique<uint32_t>(0);
+  return slot.get();
+}
+
+Runtime& Runtime::instance() {
+  static Runtime* runtime = new Runtime();  // never destroyed: handlers may run during interpreter exit
+  return *runtime;
+}
+
+Workspace* Runtime::workspace(int ordinal) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = devices_.find(ordinal);
+  return it == devices_.end() ? nullptr : it->second.get();
+}
+
+Status Runtime::init_device(int ordinal, int64_t global_id, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (devices_.count(ordinal)) return {};
+  if (bytes < kRegionsOffset)
+    return Status{"jax_overlap: workspace of " + std::to_string(bytes) + " bytes is below the minimum of " +
+                  std::to_string(kRegionsOffset)};
+  auto ws = std::make_unique<Workspace>();
+  ws->ordinal = ordinal;
+  ws->global_id = global_id;
+  ws->bytes = bytes;
+  JO_RETURN_IF_ERROR(query_device(ordinal, &ws->info));
+  DeviceScope scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
+  void* base = nullptr;
+  JO_RETURN_IF_HIP_ERROR(hipMalloc(&base, bytes));
+  ws->base = static_cast<char*>(base);
+  // Zero once: every flag starts at epoch 0 and is never reset afterwards.
+  JO_RETURN_IF_HIP_ERROR(hipMemset(base, 0, bytes));
+  void* record = nullptr;
+  JO_RETURN_IF_HIP_ERROR(hipHostMalloc(&record, sizeof(ErrorRecord), hipHostMallocMapped));
+  std::memset(record, 0, sizeof(ErrorRecord));
+  ws->error_host = static_cast<ErrorRecord*>(record);
+  void* record_device = nullptr;
+  JO_RETURN_IF_HIP_ERROR(hipHostGetDevicePointer(&record_device, record, 0));
+  ws->error_device = static_cast<ErrorRecord*>(record_device);
+  JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
+  ws->peer_bases[global_id] = ws->base;
+  ws->timeout_ticks = static_cast<uint64_t>(5.0 * static_cast<double>(ws->info.ticks_per_second));
+  devices_[ordinal] = std::move(ws);
+  return {};
+}
+
+Status Runtime::set_options(int ordinal, double watchdog_seconds, bool sync_after_launch, bool trace) {
+  Workspace* ws = workspace(ordinal);
+  if (!ws) return not_initialized(ordinal);
+  if (!(watchdog_seconds > 0)) return Status{"jax_overlap: watchdog_seconds must be positive"};
+  ws->timeout_ticks = static_cast<uint64_t>(watchdog_seconds * static_cast<double>(ws->info.ticks_per_second));
+  ws->sync_after_launch = sync_after_launch;
+  ws->trace = trace;
+  return {};
+}
+
+Status Runtime::export_handle(int ordinal, std::string* handle) {
+  Workspace* ws = workspace(ordinal);
+  if (!ws) return not_initialized(ordinal);
+  DeviceScope scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
+  hipIpcMemHandle_t h;
+  JO_RETURN_IF_HIP_ERROR(hipIpcGetMemHandle(&h, ws->base));
+  handle->assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  return {};
+}
+
+Status Runtime::import_peer(int ordinal, int64_t peer_id, const std::string& handle) {
+  Workspace* ws = workspace(ordinal);
+  if (!ws) return not_initialized(ordinal);
+  if (handle.size() != sizeof(hipIpcMemHandle_t))
+    return Status{"jax_overlap: IPC handle of device " + std::to_string(peer_id) + " has " +
+                  std::to_string(handle.size()) + " bytes, expected " + std::to_string(sizeof(hipIpcMemHandle_t))};
+  if (ws->peer_bases.count(peer_id)) return {};
+  hipIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  DeviceScope scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
+  void* mapped = nullptr;
+  JO_RETURN_IF_HIP_ERROR(hipIpcOpenMemHandle(&mapped, h, hipIpcMemLazyEnablePeerAccess));
+  ws->ipc_mappings.push_back(mapped);
+  ws->peer_bases[peer_id] = static_cast<char*>(mapped);
+  return {};
+}
+
+Status Runtime::map_local_peer(int ordinal, int peer_ordinal) {
+  Workspace* ws = workspace(ordinal);
+  Workspace* peer = workspace(peer_ordinal);
+  if (!ws) return not_initialized(ordinal);
+  if (!peer) return not_initialized(peer_ordinal);
+  if (ordinal != peer_ordinal) {
+    int can = 0;
+    JO_RETURN_IF_HIP_ERROR(hipDeviceCanAccessPeer(&can, ordinal, peer_ordinal));
+    if (!can)
+      return Status{"jax_overlap: GPU " + std::to_string(ordinal) + " cannot access GPU " +
+                    std::to_string(peer_ordinal) + " (no peer-to-peer path)"};
+    DeviceScope scope(ordinal);
+    JO_RETURN_IF_HIP_ERROR(scope.status());
+    const hipError_t e = hipDeviceEnablePeerAccess(peer_ordinal, 0);
+    if (e == hipErrorPeerAccessAlreadyEnabled) {
+      (void)hipGetLastError();  // clear the sticky "already enabled" status
+    } else {
+      JO_RETURN_IF_HIP_ERROR(e);
+    }
+  }
+  ws->peer_bases[peer->global_id] = peer->base;
+  return {};
+}
+
+Status Runtime::set_ranks_per_gpu(int ordinal, int ranks) {
+  Workspace* ws = workspace(ordinal);
+  if (!ws) return not_initialized(ordinal);
+  ws->ranks_per_gpu = ranks < 1 ? 1 : ranks;
+  return {};
+}
+
+Status Runtime::read_trace(int ordinal, std::string* events, double* ticks_per_us) {
+  Workspace* ws = workspace(ordinal);
+  if (!ws) return not_initialized(ordinal);
+  DeviceScope scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
+  JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
+  uint32_t count = 0;
+  JO_RETURN_IF_HIP_ERROR(hipMemcpy(&count, ws->base, sizeof(count), hipMemcpyDeviceToHost));
+  const uint32_t kept = count < kTraceCapacity ? count : kTraceCapacity;
+  events->resize(static_cast<size_t>(kept) * sizeof(TraceEvent));
+  if (kept)
+    JO_RETURN_IF_HIP_ERROR(
+        hipMemcpy(events->data(), ws->base + kTraceEventsOffset, events->size(), hipMemcpyDeviceToHost));
+  JO_RETURN_IF_HIP_ERROR(hipMemset(ws->base, 0, sizeof(uint32_t)));
+  *ticks_per_us = static_cast<double>(ws->info.ticks_per_second) / 1e6;
+  return {};
+}
+
+Status Runtime::release() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [ordinal, ws] : devices_) {
+    DeviceScope scope(ordinal);
+    JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
+    for (void* p : ws->ipc_mappings) JO_RETURN_IF_HIP_ERROR(hipIpcCloseMemHandle(p));
+    JO_RETURN_IF_HIP_ERROR(hipFree(ws->base));
+    JO_RETURN_IF_HIP_ERROR(hipHostFree(ws->error_host));
+  }
+  devices_.clear();
+  return {};
+}
+
+Status Runtime::bind_group(int ordinal, const int64_t* groups, size_t n_ids, int world, uint64_t region_offset,
+                           uint64_t region_bytes, GroupBinding* out) {
+  Workspace* ws = workspace(ordinal);
+  if (!ws) return not_initialized(ordinal);
+  if (world < 1 || world > kMaxWorld || n_ids % static_cast<size_t>(world) != 0)
+    return Status{"jax_overlap: group size " + std::to_string(world) + " is not in [1, " +
+                  std::to_string(kMaxWorld) + "] or does not divide the " + std::to_string(n_ids) + " group ids"};
+  long first = -1;
+  for (size_t i = 0; i < n_ids; ++i)
+    if (groups[i] == ws->global_id) first = static_cast<long>(i);
+  if (world > 1 && first < 0)
+    return Status{"jax_overlap: device " + std::to_string(ws->global_id) + " is in none of the call's groups"};
+  out->ws = ws;
+  out->peers = Peers{};
+  out->peers.world = world;
+  out->peers.rank = world > 1 ? static_cast<int>(first % world) : 0;
+  out->epoch = nullptr;
+  if (world == 1) return {};
+  if (region_offset < kRegionsOffset || region_offset + region_bytes > ws->bytes)
+    return Status{"jax_overlap: region [" + std::to_string(region_offset) + ", +" + std::to_string(region_bytes) +
+                  ") does not fit the workspace of " + std::to_string(ws->bytes) + " bytes"};
+  const size_t group_start = static_cast<size_t>(first / world) * world;
+  for (int r = 0; r < world; ++r) {
+    const int64_t id = groups[group_start + r];
+    auto it = ws->peer_bases.find(id);
+    if (it == ws->peer_bases.end())
+      return Status{"jax_overlap: device " + std::to_string(id) + " (rank " + std::to_string(r) +
+                    ") is not reachable from device " + std::to_string(ws->global_id) +
+                    "; jax_overlap.initialize() maps peers on the same host only"};
+    out->peers.regions[r] = it->second + region_offset;
+  }
+  out->epoch = ws->epoch_counter(region_offset);
+  return {};
+}
+
+std::string describe_error(const ErrorRecord& r, int64_t ticks_per_second) {
+  std::ostringstream os;
+  const double seconds = static_cast<double>(r.waited_ticks) / static_cast<double>(ticks_per_second);
+  os << "jax_overlap: " << op_name(r.op) << " on rank " << r.rank << " of " << r.world << " timed out after "
+     << seconds << " s waiting for rank " << r.peer << " (" << wait_name(r.what) << ", epoch " << r.epoch
+     << "); the peer is stalled or gone. Fused calls on this GPU fail until jax_overlap.clear_errors().";
+  return os.str();
+}
+
+}  // namespace jo

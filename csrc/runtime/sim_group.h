@@ -1,0 +1,69 @@
+// Several simulated ranks on ONE GPU in one process, for protocol tests and
+// emulated-rank benchmarks: one workspace and one stream per rank, the peer
+// table pointing at the sibling workspaces. Each op launches every rank's
+// kernel on its own stream, then waits for all of them. Grids are split so
+// that all ranks' persistent kernels are co-resident (ranks_per_gpu = world).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "kernels/params.h"
+#include "runtime/runtime.h"
+
+namespace jo {
+
+struct SimMatmul {
+  DType dtype;
+  int tile;
+  int workers;
+  int chunk_k;  // ag_matmul only
+  bool w_kmajor;
+  int64_t batch, m, k, n;  // ag: m local rows; rs: m total rows (per batch element)
+  std::vector<uintptr_t> x, w, bias, out, gathered;  // one device pointer per rank (bias may be 0)
+};
+
+class SimGroup {
+ public:
+  static Status create(int ordinal, int world, uint64_t bytes_per_rank, double watchdog_seconds,
+                       std::unique_ptr<SimGroup>* out);
+  ~SimGroup();
+
+  Status ag_matmul(const SimMatmul& call);
+  Status matmul_rs(const SimMatmul& call);
+  Status all_gather(const std::vector<uintptr_t>& x, const std::vector<uintptr_t>& gathered, int64_t batch,
+                    int64_t m, int64_t row_bytes);
+  // Timed-out records, one string per rank that has one.
+  std::vector<std::string> errors() const;
+  int world() const { return world_; }
+  // A rank that never launches (-1: none): its peers must time out, not hang.
+  void set_absent(int rank) { absent_ = rank; }
+
+ private:
+  SimGroup() = default;
+  Status region(int op, uint64_t bytes, uint64_t* offset);
+  // Launches launch(rank, stream) for every rank, then waits for all ranks.
+  Status run(const std::function<hipError_t(int rank, hipStream_t stream)>& launch);
+  Peers peers(int rank, uint64_t offset) const;
+
+  int ordinal_ = 0;
+  int world_ = 0;
+  int absent_ = -1;
+  uint64_t bytes_ = 0;
+  uint64_t next_offset_ = kRegionsOffset;
+  DeviceInfo info_;
+  uint64_t timeout_ticks_ = 0;
+  std::vector<char*> bases_;
+  std::vector<ErrorRecord*> records_host_;
+  std::vector<ErrorRecord*> records_device_;
+  std::vector<hipStream_t> streams_;
+  std::map<std::pair<int, uint64_t>, uint64_t> regions_;  // (op, bytes) -> offset
+  std::map<uint64_t, uint32_t> epochs_;                  // offset -> calls so far
+};
+
+}  // namespace jo

@@ -1,0 +1,28 @@
+"""The few JAX internals whose spelling differs between supported JAX versions."""
+
+from __future__ import annotations
+
+import jax
+from jax import lax
+
+
+def varying_axes(x) -> frozenset:
+  """Manual mesh axes over which `x` varies (empty outside shard_map or with check_vma=False)."""
+  aval = jax.typeof(x)
+  vma = getattr(aval, "vma", None)
+  if vma is not None:
+    return frozenset(vma)
+  mat = getattr(aval, "mat", None) or getattr(aval, "manual_axis_type", None)
+  return frozenset(getattr(mat, "varying", ()))
+
+
+def make_varying(x, axes: tuple):
+  """pcast `x` to varying over every axis of `axes` it does not vary over yet."""
+  missing = tuple(a for a in axes if a not in varying_axes(x))
+  if not missing:
+    return x
+  return lax.pcast(x, missing, to="varying")
+
+
+def axis_size(axis_name) -> int:
+  return lax.axis_size(axis_name)

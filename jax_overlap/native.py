@@ -1,0 +1,82 @@
+"""The compiled extension (jax_overlap._native): what it was built for and its FFI targets.
+
+A pure-Python install has no extension; everything then runs the XLA
+reference path and `build_info()` says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+
+import jax
+
+from jax_overlap import config
+
+log = logging.getLogger("jax_overlap")
+
+try:
+  from jax_overlap import _native  # type: ignore[attr-defined]
+  _IMPORT_ERROR = None
+except ImportError as e:  # pure-Python install, or a broken build
+  _native = None
+  _IMPORT_ERROR = e
+
+# jax platform names of the GPU backends, and XLA's names for the same.
+_XLA_PLATFORM = {"cuda": "CUDA", "rocm": "ROCM"}
+
+_register_lock = threading.Lock()
+_registered = False
+
+
+def module():
+  """The extension module, or None on a pure-Python install."""
+  return _native
+
+
+def platform() -> str | None:
+  """"cuda" or "rocm": the GPU platform the extension was built for; None without one."""
+  return None if _native is None else _native.build_info()["platform"]
+
+
+def build_info() -> dict:
+  """What this installation is: platform, archs, compiler, FFI API, fused kernels, JAX version."""
+  info = {"jax": jax.__version__, "platform": None, "archs": None, "compiler": None, "ffi_api": None,
+          "fused_kernels": False}
+  if _native is None:
+    info["note"] = f"no native extension ({_IMPORT_ERROR}); the XLA reference path serves every call"
+  else:
+    info.update(_native.build_info())
+  return info
+
+
+def ensure_registered() -> None:
+  """Registers the state type and FFI targets with XLA for the built platform, once.
+
+  Called from the GPU lowering rule, i.e. after the GPU backend exists: XLA
+  applies registrations queued before backend start-up in an order that can
+  put a handler before the state type it uses.
+  """
+  global _registered
+  if _registered or _native is None:
+    return
+  with _register_lock:
+    if _registered:
+      return
+    xla_platform = _XLA_PLATFORM[platform()]
+    for name, registration in _native.type_registrations().items():
+      jax.ffi.register_ffi_type(name, registration, platform=xla_platform)
+    for name, stages in _native.registrations().items():
+      jax.ffi.register_ffi_target(name, stages, platform=xla_platform)
+    _registered = True
+
+
+def target(op: str) -> str:
+  """XLA custom-call target name of an op ("ag_matmul", "matmul_rs", "all_gather")."""
+  return _native.targets()[op]
+
+
+@functools.cache
+def tile_shapes() -> tuple[config.TileShape, ...]:
+  return tuple(config.TileShape(**d) for d in _native.tile_shapes())

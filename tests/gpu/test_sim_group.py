@@ -1,0 +1,158 @@
+"""The cross-GPU protocol with N simulated ranks on one GPU in one process.
+
+Each rank has its own workspace and stream (jax_overlap._native.SimGroup); the
+kernels are the production ones. Outputs are poisoned with NaN before every
+call, so an element a kernel forgets to write fails the comparison.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gpu_util import random, rel_err, requires_gpu, tolerance
+from jax_overlap import native
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+WORLDS = [2, 4, 8]
+
+
+def _group(world, watchdog=5.0):
+  return native.module().SimGroup(0, world, bytes_per_rank=512 << 20, watchdog_seconds=watchdog)
+
+
+def _dev(a):
+  return jax.device_put(a, jax.devices()[0]).block_until_ready()
+
+
+def _poisoned(shape, dtype):
+  return jnp.full(shape, jnp.nan, dtype).block_until_ready()
+
+
+def _ptr(a):
+  return a.unsafe_buffer_pointer() if a is not None else 0
+
+
+def _gather(xs):
+  return np.concatenate([np.asarray(x, np.float64) for x in xs], axis=-2)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_all_gather(world, dtype):
+  rng = np.random.default_rng(world)
+  xs = [_dev(random(rng, (2, 33, 200), dtype)) for _ in range(world)]
+  outs = [_poisoned((2, 33 * world, 200), dtype) for _ in range(world)]
+  g = _group(world)
+  g.all_gather([_ptr(x) for x in xs], [_ptr(o) for o in outs], 2, 33, 200 * np.dtype(dtype).itemsize)
+  assert g.errors() == []
+  want = np.concatenate([np.asarray(x) for x in xs], axis=-2)
+  for o in outs:
+    np.testing.assert_array_equal(np.asarray(o), want)
+
+
+def _ag_call(g, xs, ws, bs, ys, gs, *, batch, m, k, n, tile=0, workers=2, chunk_k=128, w_kmajor=False):
+  g.ag_matmul(dict(dtype=np.dtype(xs[0].dtype).name, tile=tile, workers=workers, chunk_k=chunk_k,
+                   w_kmajor=w_kmajor, batch=batch, m=m, k=k, n=n, x=[_ptr(v) for v in xs],
+                   w=[_ptr(v) for v in ws], bias=[_ptr(v) for v in bs], out=[_ptr(v) for v in ys],
+                   gathered=[_ptr(v) for v in gs]))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("m,k,n,w_kmajor,tile", [(256, 512, 384, False, 0), (100, 1032, 264, False, 1),
+                                                  (130, 520, 136, True, 0)])
+def test_ag_matmul(world, dtype, m, k, n, w_kmajor, tile):
+  rng = np.random.default_rng(m + k + world)
+  batch = 2
+  xs = [_dev(random(rng, (batch, m, k), dtype)) for _ in range(world)]
+  ws_host = [random(rng, (k, n), dtype, k ** -0.5) for _ in range(world)]
+  ws = [_dev(w.T.copy() if w_kmajor else w) for w in ws_host]
+  bs = [_dev(random(rng, (n,), dtype)) for _ in range(world)]
+  ys = [_poisoned((batch, world * m, n), dtype) for _ in range(world)]
+  gs = [_poisoned((batch, world * m, k), dtype) for _ in range(world)]
+  g = _group(world)
+  bk = 64 if tile == 0 else 32
+  _ag_call(g, xs, ws, bs, ys, gs, batch=batch, m=m, k=k, n=n, tile=tile, chunk_k=2 * bk, w_kmajor=w_kmajor)
+  assert g.errors() == []
+  gathered = _gather(xs)
+  for r in range(world):
+    np.testing.assert_array_equal(np.asarray(gs[r], np.float64), gathered)
+    ref = gathered @ np.asarray(ws_host[r], np.float64) + np.asarray(bs[r], np.float64)
+    assert rel_err(ys[r], ref) < tolerance(dtype), f"rank {r}"
+
+
+def _rs_call(g, xs, ws, bs, outs, *, batch, m, k, n, tile=0, workers=2, w_kmajor=False):
+  g.matmul_rs(dict(dtype=np.dtype(xs[0].dtype).name, tile=tile, workers=workers, w_kmajor=w_kmajor, batch=batch,
+                   m=m, k=k, n=n, x=[_ptr(v) for v in xs], w=[_ptr(v) for v in ws], bias=[_ptr(v) for v in bs],
+                   out=[_ptr(v) for v in outs]))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("mb,k,n,w_kmajor,tile", [(256, 512, 384, False, 0), (100, 264, 1032, False, 1),
+                                                   (130, 136, 520, True, 0)])
+def test_matmul_rs(world, dtype, mb, k, n, w_kmajor, tile):
+  """mb rows per rank's block (not a tile multiple in two cases); bitwise-identical repeats."""
+  rng = np.random.default_rng(mb + n + world)
+  batch, m = 2, mb * world
+  xs = [_dev(random(rng, (batch, m, k), dtype)) for _ in range(world)]
+  ws_host = [random(rng, (k, n), dtype, k ** -0.5) for _ in range(world)]
+  ws = [_dev(w.T.copy() if w_kmajor else w) for w in ws_host]
+  b = random(rng, (n,), dtype)
+  bs = [_dev(b) for _ in range(world)]
+  g = _group(world)
+  results = []
+  for _ in range(3):
+    outs = [_poisoned((batch, mb, n), dtype) for _ in range(world)]
+    _rs_call(g, xs, ws, bs, outs, batch=batch, m=m, k=k, n=n, tile=tile, w_kmajor=w_kmajor)
+    assert g.errors() == []
+    results.append([np.asarray(o) for o in outs])
+  total = sum(np.asarray(x, np.float64) @ np.asarray(w, np.float64) for x, w in zip(xs, ws_host))
+  for r in range(world):
+    ref = total[:, r * mb:(r + 1) * mb] + np.asarray(b, np.float64)
+    # Partials are rounded to dtype before the fp32 sum, as in XLA's reference path.
+    assert rel_err(results[0][r], ref) < 2 * tolerance(dtype), f"rank {r}"
+    for again in results[1:]:
+      np.testing.assert_array_equal(again[r].view(np.uint16), results[0][r].view(np.uint16))
+
+
+def test_many_epochs_without_corruption():
+  """300 back-to-back calls per op on one group: slots alternate by epoch parity, flags never reset."""
+  world, dtype, m, k, n = 4, jnp.bfloat16, 128, 256, 256
+  rng = np.random.default_rng(11)
+  g = _group(world)
+  ws_host = [random(rng, (k, n), dtype, 1 / 16) for _ in range(world)]
+  ws = [_dev(w) for w in ws_host]
+  for step in range(300):
+    xs = [_dev(random(rng, (1, m, k), dtype)) for _ in range(world)]
+    ys = [_poisoned((1, world * m, n), dtype) for _ in range(world)]
+    gs = [_poisoned((1, world * m, k), dtype) for _ in range(world)]
+    _ag_call(g, xs, ws, [None] * world, ys, gs, batch=1, m=m, k=k, n=n)
+    if step % 50 == 49 or step < 3:
+      gathered = _gather(xs)
+      for r in range(world):
+        np.testing.assert_array_equal(np.asarray(gs[r], np.float64), gathered)
+        assert rel_err(ys[r], gathered @ np.asarray(ws_host[r], np.float64)) < tolerance(dtype)
+  assert g.errors() == []
+
+
+def test_absent_rank_times_out_instead_of_hanging():
+  world, watchdog = 4, 1.0
+  g = _group(world, watchdog=watchdog)
+  g.set_absent(3)
+  rng = np.random.default_rng(2)
+  xs = [_dev(random(rng, (1, 64, 256), jnp.bfloat16)) for _ in range(world)]
+  outs = [_poisoned((1, 64 * world, 256), jnp.bfloat16) for _ in range(world)]
+  t0 = time.monotonic()
+  g.all_gather([_ptr(x) for x in xs], [_ptr(o) for o in outs], 1, 64, 512)
+  elapsed = time.monotonic() - t0
+  errors = g.errors()
+  assert len(errors) == world - 1, errors
+  assert all("waiting for rank 3" in e and "all_gather" in e for e in errors), errors
+  assert elapsed < watchdog + 5.0

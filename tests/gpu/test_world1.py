@@ -1,0 +1,140 @@
+"""The FFI path on one GPU through JAX: world-1 fused calls, both layouts, tracing."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+import jax_overlap as jo
+from gpu_util import random, rel_err, requires_gpu, tolerance
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+DTYPES = [jnp.bfloat16, jnp.float16]
+# (batch dims, rows, k, n): aligned, rows not a tile multiple, k not a multiple of BK.
+SHAPES = [((), 256, 512, 384), ((2,), 100, 1032, 264), ((), 1000, 8184, 3576)]
+
+
+def _mesh():
+  return Mesh(np.array(jax.devices()[:1]), ("tp",))
+
+
+def _hlo_targets(fn, *args) -> str:
+  return fn.lower(*args).as_text()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lead,m,k,n", SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_ag_matmul_fused(dtype, lead, m, k, n, with_bias):
+  rng = np.random.default_rng(hash((lead, m, k, n, with_bias)) % 2**32)
+  x, w = random(rng, (*lead, m, k), dtype), random(rng, (k, n), dtype, k ** -0.5)
+  b = random(rng, (n,), dtype) if with_bias else None
+
+  def body(x, w, b):
+    return jo.ag_matmul(x, w, b, axis_name="tp", algorithm="fused", return_gathered=True)
+
+  spec_x = P(*([None] * len(lead)), "tp", None)
+  f = jax.jit(jax.shard_map(body, mesh=_mesh(), in_specs=(spec_x, P(None, "tp"), P("tp") if with_bias else None),
+                            out_specs=(P(*([None] * len(lead)), None, "tp"), spec_x)))
+  assert "jax_overlap_ag_matmul" in _hlo_targets(f, x, w, b)
+  y, g = f(x, w, b)
+  ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  if with_bias:
+    ref = ref + np.asarray(b, np.float64)
+  assert y.shape == ref.shape and y.dtype == dtype
+  assert rel_err(y, ref) < tolerance(dtype)
+  np.testing.assert_array_equal(np.asarray(g), np.asarray(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lead,m,k,n", SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matmul_rs_fused(dtype, lead, m, k, n, with_bias):
+  rng = np.random.default_rng(hash((lead, m, k, n, with_bias, "rs")) % 2**32)
+  x, w = random(rng, (*lead, m, k), dtype), random(rng, (k, n), dtype, k ** -0.5)
+  b = random(rng, (n,), dtype) if with_bias else None
+
+  def body(x, w, b):
+    return jo.matmul_rs(x, w, b, axis_name="tp", algorithm="fused")
+
+  none = [None] * len(lead)
+  f = jax.jit(jax.shard_map(body, mesh=_mesh(), in_specs=(P(*none, None, "tp"), P("tp", None), P() if with_bias else None),
+                            out_specs=P(*none, "tp", None)))
+  assert "jax_overlap_matmul_rs" in _hlo_targets(f, x, w, b)
+  z = f(x, w, b)
+  ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  if with_bias:
+    ref = ref + np.asarray(b, np.float64)
+  assert rel_err(z, ref) < tolerance(dtype)
+  np.testing.assert_array_equal(np.asarray(f(x, w, b)).view(np.uint16), np.asarray(z).view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mlp_grad_fused_matches_xla(dtype):
+  """Forward and backward of a TP MLP: the fused kernels serve both passes (both w layouts)."""
+  rng = np.random.default_rng(7)
+  x = random(rng, (2, 128, 256), dtype)
+  w1, w2 = random(rng, (256, 512), dtype, 1 / 16), random(rng, (512, 256), dtype, 1 / 22)
+  b1, b2 = random(rng, (512,), dtype), random(rng, (256,), dtype)
+
+  def loss(params, x, algorithm):
+    w1, b1, w2, b2 = params
+
+    def body(x, w1, b1, w2, b2):
+      h = jax.nn.gelu(jo.ag_matmul(x, w1, b1, axis_name="tp", algorithm=algorithm))
+      return jo.matmul_rs(h, w2, b2, axis_name="tp", algorithm=algorithm)
+
+    y = jax.shard_map(body, mesh=_mesh(), in_specs=(P(None, "tp"), P(None, "tp"), P("tp"), P("tp", None), P()),
+                      out_specs=P(None, "tp"))(x, w1, b1, w2, b2)
+    return jnp.sum(y.astype(jnp.float32) ** 2)
+
+  params = (w1, b1, w2, b2)
+  fused = jax.jit(jax.value_and_grad(lambda p, x: loss(p, x, "fused"), argnums=(0, 1)))
+  xla = jax.jit(jax.value_and_grad(lambda p, x: loss(p, x, "xla"), argnums=(0, 1)))
+  text = fused.lower(params, x).as_text()
+  assert text.count("jax_overlap_ag_matmul") >= 2 and text.count("jax_overlap_matmul_rs") >= 2
+  (lf, gf), (lx, gx) = fused(params, x), xla(params, x)
+  assert abs(float(lf) - float(lx)) <= 2e-2 * abs(float(lx))
+  for a, b in zip(jax.tree.leaves(gf), jax.tree.leaves(gx)):
+    assert rel_err(a, b) < 3 * tolerance(dtype)
+
+
+def test_global_mode_single_gpu_fused():
+  rng = np.random.default_rng(3)
+  x, w = random(rng, (512, 768), jnp.bfloat16), random(rng, (768, 1024), jnp.bfloat16, 1 / 28)
+  f = jax.jit(lambda x, w: jo.ag_matmul(x, w, algorithm="fused"))
+  assert "jax_overlap_ag_matmul" in f.lower(x, w).compile().as_text()
+  assert rel_err(f(x, w), np.asarray(x, np.float64) @ np.asarray(w, np.float64)) < tolerance(jnp.bfloat16)
+
+
+def test_fused_refuses_float32_with_reason():
+  x = jnp.ones((128, 128), jnp.float32)
+  f = jax.jit(jax.shard_map(lambda x, w: jo.ag_matmul(x, w, axis_name="tp", algorithm="fused"), mesh=_mesh(),
+                            in_specs=(P("tp"), P(None, "tp")), out_specs=P(None, "tp")))
+  with pytest.raises(ValueError, match="float32"):
+    f.lower(x, x)
+
+
+def test_trace_export(tmp_path):
+  jo.initialize(trace=True)
+  try:
+    rng = np.random.default_rng(5)
+    x, w = random(rng, (1024, 1024), jnp.bfloat16), random(rng, (1024, 1024), jnp.bfloat16, 1 / 32)
+    f = jax.jit(jax.shard_map(lambda x, w: jo.matmul_rs(x, w, axis_name="tp", algorithm="fused"), mesh=_mesh(),
+                              in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
+    f(x, w).block_until_ready()
+    jo.tracing.export(str(tmp_path / "warm.json"))  # drop compile-time noise
+    f(x, w).block_until_ready()
+    split = jo.tracing.export(str(tmp_path / "trace.json"))
+  finally:
+    jo.initialize(trace=False)
+  events = json.load(open(tmp_path / "trace.json"))["traceEvents"]
+  tiles = [e for e in events if e["name"] == "gemm_tile"]
+  assert len(tiles) == 8 * 8  # 1024 x 1024 output in 128 x 128 tiles
+  assert split["gemm_tile"] > 0 and all(e["dur"] >= 0 for e in events)

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One run on the GPU machine: build, GPU tests, several JAX processes on one GPU
+# under MPS, the CPU test suite on this machine's JAX, the GEMM-engine variants
+# and the op benchmarks; a summary table last. Logs and results go to $OUT
+# (default /tmp/device_check).
+#
+#   bash tools/device_check.sh [STEP ...]     steps: build gpu_tests multiprocess cpu_tests gemm_engine bench
+#
+# The machine has no network: pytest comes from wheels in .whl/ when missing,
+# and the build uses the preinstalled scikit-build-core (--no-build-isolation).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${OUT:-/tmp/device_check}"
+mkdir -p "$OUT"
+STEPS=("$@")
+[[ ${#STEPS[@]} -gt 0 ]] || STEPS=(build gpu_tests multiprocess bench gemm_engine cpu_tests)
+export PYTHONUNBUFFERED=1
+SUMMARY=()
+
+if ! python3 -c "import pytest" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/jo_site .whl/*.whl
+  export PYTHONPATH="/tmp/jo_site:${PYTHONPATH:-}"
+fi
+
+run() {  # run NAME TIMEOUT CMD...: log to $OUT/NAME.log, record rc and seconds
+  local name="$1" limit="$2"; shift 2
+  local t0=$SECONDS rc=0
+  echo "=== $name: $*"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
+  tail -n 25 "$OUT/$name.log"
+  SUMMARY+=("$(printf '%-14s rc=%-4s %5ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(grep -E 'passed|failed|PASS|FAIL|error' "$OUT/$name.log" | tail -1 | cut -c1-90)")")
+}
+
+for step in "${STEPS[@]}"; do
+  case "$step" in
+    build)
+      run build 300 env JAX_OVERLAP_PLATFORM=cuda JAX_OVERLAP_INPLACE=ON \
+        python3 -m pip install --no-build-isolation --no-deps -v . ;;
+    gpu_tests)
+      run gpu_tests 300 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu -k "not two_processes" ;;
+    multiprocess)
+      run multiprocess 300 python3 tests/gpu/multiprocess.py --worlds 2 4 8 ;;
+    cpu_tests)
+      run cpu_tests 300 env JAX_PLATFORMS=cpu python3 -m pytest -q tests --ignore=tests/gpu ;;
+    gemm_engine)
+      run gemm_engine 120 bash benchmarks/gemm_engine/run.sh ;;
+    bench)
+      run bench_ag 200 python3 benchmarks/bench_ag_matmul.py --out "$OUT"
+      run bench_rs 200 python3 benchmarks/bench_matmul_rs.py --out "$OUT" ;;
+    *) echo "unknown step $step" >&2 ;;
+  esac
+done
+
+# The device tool returns at most 8 files: fold the logs into one.
+for f in "$OUT"/*.log; do [[ -e "$f" ]] && { echo "##### $(basename "$f")"; cat "$f"; }; done > "$OUT/logs.txt"
+rm -f "$OUT"/*.log
+
+echo
+echo "=== summary ($(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); jax $(python3 -c 'import jax; print(jax.__version__)' 2>/dev/null))"
+printf '%s\n' "${SUMMARY[@]}"
