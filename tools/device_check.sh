@@ -29,6 +29,9 @@ run() {  # run NAME TIMEOUT CMD...: log to $OUT/NAME.log, record rc and seconds
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
   tail -n 25 "$OUT/$name.log"
   SUMMARY+=("$(printf '%-14s rc=%-4s %5ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(grep -E 'passed|failed|PASS|FAIL|error' "$OUT/$name.log" | tail -1 | cut -c1-90)")")
+  # The device tool returns at most 8 files: fold each log into one as it ends.
+  { echo "##### $name (rc=$rc)"; cat "$OUT/$name.log"; } >> "$OUT/logs.txt"
+  rm -f "$OUT/$name.log"
 }
 
 for step in "${STEPS[@]}"; do
@@ -50,10 +53,6 @@ for step in "${STEPS[@]}"; do
     *) echo "unknown step $step" >&2 ;;
   esac
 done
-
-# The device tool returns at most 8 files: fold the logs into one.
-for f in "$OUT"/*.log; do [[ -e "$f" ]] && { echo "##### $(basename "$f")"; cat "$f"; }; done > "$OUT/logs.txt"
-rm -f "$OUT"/*.log
 
 echo
 echo "=== summary ($(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); jax $(python3 -c 'import jax; print(jax.__version__)' 2>/dev/null))"

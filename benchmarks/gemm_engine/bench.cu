@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gemm/gemm_tile.h"
+#include "gemm/tile_order.h"
 
 using jo::gemm::BLayout;
 using jo::gemm::TileEngine;
@@ -27,15 +28,17 @@ using T = __nv_bfloat16;
   } while (0)
 
 template <class Eng>
-__global__ __launch_bounds__(Eng::kThreads) void gemm_kernel(const T* x, const T* w, T* y, int M, int N, int K) {
+__global__ __launch_bounds__(Eng::kThreads) void gemm_kernel(const T* x, const T* w, T* y, int M, int N, int K,
+                                                            int group_cols) {
   extern __shared__ jo::gpu::Vec16 smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
   const int tiles_n = (N + Eng::BN - 1) / Eng::BN;
-  const int tiles = (M + Eng::BM - 1) / Eng::BM * tiles_n;
+  const int tiles_m = (M + Eng::BM - 1) / Eng::BM;
   const int64_t ldb = Eng::kBKMajor ? K : N;
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int m0 = t / tiles_n * Eng::BM;
-    const typename Eng::BSource b{w, ldb, t % tiles_n * Eng::BN, N};
+  for (int t = blockIdx.x; t < tiles_m * tiles_n; t += gridDim.x) {
+    const jo::gemm::TileCoord tc = jo::gemm::tile_coord(t, tiles_m, tiles_n, group_cols);
+    const int m0 = tc.row * Eng::BM;
+    const typename Eng::BSource b{w, ldb, tc.col * Eng::BN, N};
     jo::gemm::gemm_tile<Eng>(
         smem, [&](int r) { return m0 + r < M ? x + int64_t(m0 + r) * K : nullptr; }, b, K,
         [&](int r) { return m0 + r < M ? y + int64_t(m0 + r) * N : nullptr; }, static_cast<const T*>(nullptr),
@@ -87,9 +90,11 @@ static double rel_err(const T* d_out, const T* d_ref, size_t n) {
   return std::sqrt(num / den);
 }
 
-template <class Shape, BLayout kL, bool kPipe = true>
-static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms) {
-  using Eng = TileEngine<T, Shape, kL, kPipe>;
+// group_cols 0: bands sized to half the L2, as the fused kernels do.
+template <class Shape, BLayout kL>
+static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms,
+                          int group_cols = 0) {
+  using Eng = TileEngine<T, Shape, kL>;
   auto kernel = gemm_kernel<Eng>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Eng::kSmemBytes));
   int per_sm = 0;
@@ -97,7 +102,11 @@ static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int
   const int tiles = (M + Eng::BM - 1) / Eng::BM * ((N + Eng::BN - 1) / Eng::BN);
   const int grid = std::min(tiles, std::max(per_sm, 1) * sms);
   CHECK(cudaMemset(y, 0xFF, size_t(M) * N * sizeof(T)));  // NaN poison: every element must be written
-  auto launch = [&] { kernel<<<grid, Eng::kThreads, Eng::kSmemBytes>>>(x, w, y, M, N, K); };
+  int l2 = 0;
+  CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+  const int tiles_n = (N + Eng::BN - 1) / Eng::BN;
+  const int cols = group_cols > 0 ? group_cols : jo::gemm::band_columns(tiles_n, Eng::BN, K, sizeof(T), l2);
+  auto launch = [&] { kernel<<<grid, Eng::kThreads, Eng::kSmemBytes>>>(x, w, y, M, N, K, cols); };
   launch();
   CHECK(cudaDeviceSynchronize());
   const double err = rel_err(y, ref, size_t(M) * N);
@@ -142,18 +151,16 @@ int main() {
       std::printf("%-28s %7d %7d %7d %9.4f %9.1f %8.1e\n", name, M, N, K, r.ms, flop / r.ms / 1e9, r.rel_err);
     };
     row("cublas", {time_ms(cublas, 20), 0.0});
-    row("128x256x32 w2x4 s4", run_variant<TileShape<128, 256, 32, 2, 4, 4>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms));
-    row("128x256x64 w2x4 s3", run_variant<TileShape<128, 256, 64, 2, 4, 3>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms));
-    row("128x256x64 w2x4 s4", run_variant<TileShape<128, 256, 64, 2, 4, 4>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms));
-    row("256x128x64 w4x2 s3", run_variant<TileShape<256, 128, 64, 4, 2, 3>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms));
-    row("128x128x32 w2x2 s4", run_variant<TileShape<128, 128, 32, 2, 2, 4>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms));
-    row("128x128x64 w2x2 s3", run_variant<TileShape<128, 128, 64, 2, 2, 3>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms));
-    row("128x128x64 w2x2 s4", run_variant<TileShape<128, 128, 64, 2, 2, 4>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms));
-    row("128x256x64 w2x4 s3 Kmaj", run_variant<TileShape<128, 256, 64, 2, 4, 3>, BLayout::kKMajor>(x, wt, y, ref, M, N, K, sms));
-    row("128x128x64 w2x2 s3 Kmaj", run_variant<TileShape<128, 128, 64, 2, 2, 3>, BLayout::kKMajor>(x, wt, y, ref, M, N, K, sms));
-    row("128x128x64 w2x2 s3 nopipe", run_variant<TileShape<128, 128, 64, 2, 2, 3>, BLayout::kNMajor, false>(x, w, y, ref, M, N, K, sms));
-    row("128x256x64 w2x4 s3 nopipe", run_variant<TileShape<128, 256, 64, 2, 4, 3>, BLayout::kNMajor, false>(x, w, y, ref, M, N, K, sms));
-    row("128x128x64 w2x2 s4 nopipe", run_variant<TileShape<128, 128, 64, 2, 2, 4>, BLayout::kNMajor, false>(x, w, y, ref, M, N, K, sms));
+    row("128x256x64 w2x4 s3 pipe", run_variant<TileShape<128, 256, 64, 2, 4, 3, true>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, 0));
+    row("128x256x64 w2x4 s3 pipe rowmajor", run_variant<TileShape<128, 256, 64, 2, 4, 3, true>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, 1048576));
+    row("128x256x64 w2x4 s4 pipe", run_variant<TileShape<128, 256, 64, 2, 4, 4, true>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, 0));
+    row("128x256x64 w2x4 s3", run_variant<TileShape<128, 256, 64, 2, 4, 3, false>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, 0));
+    row("256x128x64 w4x2 s3 pipe", run_variant<TileShape<256, 128, 64, 4, 2, 3, true>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, 0));
+    row("128x128x32 w2x2 s4", run_variant<TileShape<128, 128, 32, 2, 2, 4, false>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, 0));
+    row("128x128x64 w2x2 s3", run_variant<TileShape<128, 128, 64, 2, 2, 3, false>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, 0));
+    row("128x256x64 w2x4 s3 pipe Kmaj", run_variant<TileShape<128, 256, 64, 2, 4, 3, true>, BLayout::kKMajor>(x, wt, y, ref, M, N, K, sms, 0));
+    row("256x128x64 w4x2 s3 pipe Kmaj", run_variant<TileShape<256, 128, 64, 4, 2, 3, true>, BLayout::kKMajor>(x, wt, y, ref, M, N, K, sms, 0));
+    row("128x128x32 w2x2 s4 Kmaj", run_variant<TileShape<128, 128, 32, 2, 2, 4, false>, BLayout::kKMajor>(x, wt, y, ref, M, N, K, sms, 0));
     CHECK(cudaFree(x));
     CHECK(cudaFree(w));
     CHECK(cudaFree(wt));

@@ -20,6 +20,8 @@ struct MfmaAtom {
   static constexpr int kN = 16;
   static constexpr int kK = 16;
   static constexpr int kBFragsPerLoad = 1;
+  // B fragments are 4 consecutive k per lane: the engine stages B k-contiguous.
+  static constexpr bool kTransposeBInSmem = true;
   // Accumulator: lane holds C[4 * (lane / 16) + g][lane % 16], one column.
   static constexpr int kCGroups = 4;
   static constexpr int kCVec = 1;
@@ -47,17 +49,12 @@ struct MfmaAtom {
     a.v = *reinterpret_cast<const Bits4*>(tile + Tile::offset(m0 + lane % 16, k0 + 4 * (lane / 16)));
   }
 
+  // The engine always stages B k-contiguous for this atom (kTransposeBInSmem):
+  // Tile is [BN][BK] (row n, col k), one 8-byte read per lane.
   template <class Tile, bool kKMajor>
   static __device__ __forceinline__ void load_b(FragB* b, const T* tile, int n0, int k0, int lane) {
-    const int n = n0 + lane % 16;
-    const int k = k0 + 4 * (lane / 16);
-    if constexpr (kKMajor) {
-      b[0].v = *reinterpret_cast<const Bits4*>(tile + Tile::offset(n, k));
-    } else {
-      const short* s = reinterpret_cast<const short*>(tile);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) b[0].v[j] = s[Tile::offset(k + j, n)];
-    }
+    static_assert(kKMajor, "MFMA reads B k-contiguous from shared memory");
+    b[0].v = *reinterpret_cast<const Bits4*>(tile + Tile::offset(n0 + lane % 16, k0 + 4 * (lane / 16)));
   }
 
   static __device__ __forceinline__ void mma(FragC& c, const FragA& a, const FragB& b) {

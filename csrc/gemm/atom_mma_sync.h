@@ -17,6 +17,8 @@ struct MmaSyncAtom {
   static constexpr int kK = 16;
   // One ldmatrix.x4 for B yields two n8 fragments.
   static constexpr int kBFragsPerLoad = 2;
+  // ldmatrix(.trans) reads B in either shared layout.
+  static constexpr bool kTransposeBInSmem = false;
   // Accumulator: lane holds C[lane/4 + 8*g][2*(lane%4) + v], g, v in {0, 1}.
   static constexpr int kCGroups = 2;
   static constexpr int kCVec = 2;

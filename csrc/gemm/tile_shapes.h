@@ -1,7 +1,8 @@
 // The block tiles compiled into the kernels, by index (the `tile` field of a
-// fused call's config). Chosen from benchmarks/gemm_engine on the H200:
-// 128x128x64 (4 warps, 2 workgroups per SM) led at the large shapes, and
-// 128x128x32 (4 stages) at odd shapes.
+// fused call's config). Chosen from benchmarks/gemm_engine on the H200
+// (2026-11-29): 128x256x64, 8 warps, pipelined fragments led at every shape
+// (0.56x cuBLAS at 16384x3584x8192, 0.59x with w transposed); 128x128x32,
+// 4 warps, gives small row counts more workgroups.
 #pragma once
 
 #include "gemm/tile_engine.h"
@@ -9,9 +10,9 @@
 
 namespace jo::gemm {
 
-//                       BM   BN   BK  WARPS_M WARPS_N STAGES
-using TileShape0 = TileShape<128, 128, 64, 2, 2, 3>;
-using TileShape1 = TileShape<128, 128, 32, 2, 2, 4>;
+//                       BM   BN   BK  WARPS_M WARPS_N STAGES PIPELINE_FRAGS
+using TileShape0 = TileShape<256, 128, 64, 4, 2, 3, true>;
+using TileShape1 = TileShape<128, 128, 32, 2, 2, 4, false>;
 
 // Calls fn(ShapeType{}) for the shape with this index; false if none.
 template <class Fn>

@@ -9,6 +9,7 @@
 #include "kernels/ag_matmul.h"
 
 #include "gemm/gemm_tile.h"
+#include "gemm/tile_order.h"
 #include "gemm/tile_shapes.h"
 #include "kernels/launch.h"
 #include "kernels/protocol.h"
@@ -29,6 +30,7 @@ struct AgMatmulArgs {
   int n;
   int chunk_k;
   int workers;
+  int group_cols;  // tile columns per band (gemm/tile_order.h)
   GatherLayout layout;
   Peers peers;
   uint32_t epoch;
@@ -51,8 +53,9 @@ __device__ void ag_gemm_role(const AgMatmulArgs<T>& a, T* smem, int worker, int 
     const uint64_t t0 = gpu::timer_ticks();
     const int shard = (rank + t / per_shard) % world;
     const bool own = shard == rank;
-    const int rt = (t % per_shard) / col_tiles;
-    const int ct = t % col_tiles;
+    const gemm::TileCoord tc = gemm::tile_coord(t % per_shard, row_tiles, col_tiles, a.group_cols);
+    const int rt = tc.row;
+    const int ct = tc.col;
     const int64_t r0 = static_cast<int64_t>(rt) * Eng::BM;
     auto a_row = [&](int r) -> const T* {
       const int64_t l = r0 + r;
@@ -114,9 +117,12 @@ hipError_t launch_typed(const AgMatmulLaunch& l, hipStream_t stream) {
   const int64_t tiles = ceil_div(rows, Shape::BM) * ceil_div(l.n, Shape::BN) * world;
   const int grid = static_cast<int>(std::min<int64_t>(cap, workers + tiles));
   if (grid <= workers || l.chunk_k % Shape::BK != 0) return hipErrorInvalidValue;
+  const int col_tiles = static_cast<int>(ceil_div(l.n, Shape::BN));
+  const int group_cols = gemm::band_columns(col_tiles, Shape::BN, l.k, sizeof(T),
+                                            l.limits.l2_bytes / std::max(l.limits.ranks_per_gpu, 1));
   AgMatmulArgs<T> a{static_cast<const T*>(l.x), static_cast<const T*>(l.w), static_cast<const T*>(l.bias),
                     static_cast<T*>(l.y), static_cast<T*>(l.gathered), l.m, rows, static_cast<int>(l.k),
-                    static_cast<int>(l.n), l.chunk_k, workers,
+                    static_cast<int>(l.n), l.chunk_k, workers, group_cols,
                     ag_layout<Shape>(world, rows, l.k, l.chunk_k, sizeof(T)), l.peers, l.epoch, l.wd, l.trace};
   kernel<<<grid, Shape::kThreads, Eng::kSmemBytes, stream>>>(a);
   return hipGetLastError();

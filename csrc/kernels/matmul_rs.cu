@@ -11,6 +11,7 @@
 #include "kernels/matmul_rs.h"
 
 #include "gemm/gemm_tile.h"
+#include "gemm/tile_order.h"
 #include "gemm/tile_shapes.h"
 #include "kernels/launch.h"
 #include "kernels/protocol.h"
@@ -30,6 +31,7 @@ struct MatmulRsArgs {
   int k;
   int n;
   int workers;
+  int group_cols;  // tile columns per band (gemm/tile_order.h)
   ReduceLayout layout;
   Peers peers;
   uint32_t epoch;
@@ -43,16 +45,18 @@ __device__ void rs_gemm_role(const MatmulRsArgs<T>& a, T* smem, int worker, int 
   const int rank = a.peers.rank;
   const int parity = static_cast<int>(a.epoch & 1u);
   const int col_tiles = (a.n + Eng::BN - 1) / Eng::BN;
-  const int per_block = static_cast<int>((a.block_rows + Eng::BM - 1) / Eng::BM) * col_tiles;
+  const int row_tiles = static_cast<int>((a.block_rows + Eng::BM - 1) / Eng::BM);
+  const int per_block = row_tiles * col_tiles;
   char* mine = a.peers.region(rank);
   const int64_t ldb = Eng::kBKMajor ? a.k : a.n;
 
   for (int t = worker; t < per_block * world; t += workers) {
     const uint64_t t0 = gpu::timer_ticks();
     const int block = (rank + 1 + t / per_block) % world;
-    const int tile = t % per_block;
-    const int64_t r0 = static_cast<int64_t>(tile / col_tiles) * Eng::BM;
-    const int ct = tile % col_tiles;
+    const gemm::TileCoord tc = gemm::tile_coord(t % per_block, row_tiles, col_tiles, a.group_cols);
+    const int tile = tc.row * col_tiles + tc.col;  // flag index: row-major, as the reducers count
+    const int64_t r0 = static_cast<int64_t>(tc.row) * Eng::BM;
+    const int ct = tc.col;
     auto a_row = [&](int r) -> const T* {
       const int64_t l = r0 + r;  // row of the block: l = b * m_block + i
       if (l >= a.block_rows) return nullptr;
@@ -167,9 +171,12 @@ hipError_t launch_typed(const MatmulRsLaunch& l, hipStream_t stream) {
   const int64_t tiles = ceil_div(block_rows, Shape::BM) * ceil_div(l.n, Shape::BN) * world;
   const int grid = static_cast<int>(std::min<int64_t>(cap, workers + tiles));
   if (grid <= workers) return hipErrorInvalidValue;
+  const int col_tiles = static_cast<int>(ceil_div(l.n, Shape::BN));
+  const int group_cols = gemm::band_columns(col_tiles, Shape::BN, l.k, sizeof(T),
+                                            l.limits.l2_bytes / std::max(l.limits.ranks_per_gpu, 1));
   MatmulRsArgs<T> a{static_cast<const T*>(l.x), static_cast<const T*>(l.w), static_cast<const T*>(l.bias),
                     static_cast<T*>(l.out), l.m_total, m_block, block_rows, static_cast<int>(l.k),
-                    static_cast<int>(l.n), workers, rs_layout<Shape>(world, block_rows, l.n, sizeof(T)), l.peers,
+                    static_cast<int>(l.n), workers, group_cols, rs_layout<Shape>(world, block_rows, l.n, sizeof(T)), l.peers,
                     l.epoch, l.wd, l.trace};
   kernel<<<grid, Shape::kThreads, Eng::kSmemBytes, stream>>>(a);
   return hipGetLastError();

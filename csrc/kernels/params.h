@@ -66,7 +66,8 @@ struct Peers {
 // grid is capped by what the SMs this rank owns can hold at once.
 struct LaunchLimits {
   int sm_count;
-  int ranks_per_gpu;  // ranks sharing this GPU (emulated groups): SMs are split
+  int ranks_per_gpu;  // ranks sharing this GPU (emulated groups): SMs and L2 are split
+  int64_t l2_bytes;
 };
 
 // A block tile compiled into the GEMM kernels (gemm/tile_shapes.h), as the

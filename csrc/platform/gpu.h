@@ -84,6 +84,7 @@ using hipDeviceProp_t = cudaDeviceProp;
 #define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
 #define hipDeviceAttributeSharedMemPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
+#define hipDeviceAttributeL2CacheSize cudaDevAttrL2CacheSize
 #define hipDeviceAttributeComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
 #define hipDeviceAttributeComputeCapabilityMinor cudaDevAttrComputeCapabilityMinor
 #endif
@@ -93,11 +94,16 @@ namespace jo::gpu {
 #if JO_PLATFORM_HIP
 inline constexpr const char* kPlatformName = "rocm";
 inline constexpr int kWarpSize = 64;
+// Register double-buffering of MMA fragments (TileShape PIPELINE_FRAGS) runs
+// gfx942/gfx950 out of VGPRs with 8-wave tiles (scratch spills in the ISA
+// check), and nothing measured says it pays there: off on AMD.
+inline constexpr bool kPipelineFragsAllowed = false;
 using bf16 = __bf16;
 using fp16 = _Float16;
 #else
 inline constexpr const char* kPlatformName = "cuda";
 inline constexpr int kWarpSize = 32;
+inline constexpr bool kPipelineFragsAllowed = true;
 using bf16 = __nv_bfloat16;
 using fp16 = __half;
 #endif

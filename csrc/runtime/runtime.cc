@@ -36,6 +36,9 @@ Status query_device(int ordinal, DeviceInfo* info) {
   JO_RETURN_IF_HIP_ERROR(hipDeviceGetAttribute(&info->sm_count, hipDeviceAttributeMultiprocessorCount, ordinal));
   JO_RETURN_IF_HIP_ERROR(
       hipDeviceGetAttribute(&info->smem_per_block, hipDeviceAttributeSharedMemPerBlockOptin, ordinal));
+  int l2 = 0;
+  JO_RETURN_IF_HIP_ERROR(hipDeviceGetAttribute(&l2, hipDeviceAttributeL2CacheSize, ordinal));
+  info->l2_bytes = l2;
   char bus[64] = {0};
   JO_RETURN_IF_HIP_ERROR(hipDeviceGetPCIBusId(bus, sizeof(bus), ordinal));
   info->pci_bus_id = bus;

@@ -53,6 +53,7 @@ struct Status {
 struct DeviceInfo {
   int sm_count = 0;
   int smem_per_block = 0;
+  int64_t l2_bytes = 0;
   std::string pci_bus_id;
   std::string arch;
   std::string name;
@@ -79,7 +80,7 @@ struct Workspace {
   std::map<uint64_t, std::unique_ptr<uint32_t>> epochs;  // region offset -> calls so far
 
   TraceSink trace_sink() const;
-  LaunchLimits limits() const { return {info.sm_count, ranks_per_gpu}; }
+  LaunchLimits limits() const { return {info.sm_count, ranks_per_gpu, info.l2_bytes}; }
   uint32_t* epoch_counter(uint64_t region_offset);
 };
 

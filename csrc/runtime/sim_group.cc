@@ -116,7 +116,7 @@ Status SimGroup::ag_matmul(const SimMatmul& c) {
     l.chunk_k = c.chunk_k;
     l.wd = Watchdog{records_device_[r], timeout_ticks_, static_cast<uint32_t>(OpKind::kAgMatmul)};
     l.trace = TraceSink{nullptr, nullptr, 0};
-    l.limits = LaunchLimits{info_.sm_count, world_};
+    l.limits = LaunchLimits{info_.sm_count, world_, info_.l2_bytes};
     return launch_ag_matmul(l, s);
   });
 }
@@ -144,7 +144,7 @@ Status SimGroup::matmul_rs(const SimMatmul& c) {
     l.workers = c.workers;
     l.wd = Watchdog{records_device_[r], timeout_ticks_, static_cast<uint32_t>(OpKind::kMatmulRs)};
     l.trace = TraceSink{nullptr, nullptr, 0};
-    l.limits = LaunchLimits{info_.sm_count, world_};
+    l.limits = LaunchLimits{info_.sm_count, world_, info_.l2_bytes};
     return launch_matmul_rs(l, s);
   });
 }
@@ -165,7 +165,7 @@ Status SimGroup::all_gather(const std::vector<uintptr_t>& x, const std::vector<u
     l.epoch = epoch;
     l.wd = Watchdog{records_device_[r], timeout_ticks_, static_cast<uint32_t>(OpKind::kAllGather)};
     l.trace = TraceSink{nullptr, nullptr, 0};
-    l.limits = LaunchLimits{info_.sm_count, world_};
+    l.limits = LaunchLimits{info_.sm_count, world_, info_.l2_bytes};
     return launch_all_gather(l, s);
   });
 }

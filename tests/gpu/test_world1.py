@@ -11,6 +11,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_overlap as jo
+from jax_overlap import native
 from gpu_util import random, rel_err, requires_gpu, tolerance
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
@@ -136,5 +137,5 @@ def test_trace_export(tmp_path):
     jo.initialize(trace=False)
   events = json.load(open(tmp_path / "trace.json"))["traceEvents"]
   tiles = [e for e in events if e["name"] == "gemm_tile"]
-  assert len(tiles) == 8 * 8  # 1024 x 1024 output in 128 x 128 tiles
+  assert len(tiles) in {1024 * 1024 // (t.bm * t.bn) for t in native.tile_shapes()}  # one event per output tile
   assert split["gemm_tile"] > 0 and all(e["dur"] >= 0 for e in events)
