@@ -76,7 +76,26 @@ def _group(op: str, axis_name) -> tuple[tuple, int]:
 
 
 def _varying(axes, *values):
-  return tuple(None if v is None else _compat.make_varying(v, axes) for v in values)
+  """Casts every operand to vary over the group's axes and every axis any operand varies over.
+
+  Then the custom VJPs' cotangents have their primal's type, and JAX's transpose
+  of each cast sums a gradient over the axes its operand was replicated on
+  (a bias replicated over the group, weights replicated over a data axis).
+  """
+  union = set(axes)
+  for v in values:
+    if v is not None:
+      union |= _compat.varying_axes(v)
+  ordered = tuple(axes) + tuple(sorted(union - set(axes)))
+  return tuple(None if v is None else _compat.make_varying(v, ordered) for v in values)
+
+
+def _empty_result(x, w, bias, rows: int, cols: int, axes):
+  """The value of a call with an empty dimension: the bias (or zeros) in the output's shape."""
+  out = jnp.zeros((*x.shape[:-2], rows, cols), x.dtype)
+  if bias is not None:
+    out = out + bias.astype(x.dtype)
+  return out if axes is None else _compat.make_varying(out, axes)
 
 
 # --- forward functions of either mode: axes None = global arrays (custom partitioning)
@@ -190,6 +209,11 @@ def ag_matmul(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", retur
   else:
     axes, size = _group("ag_matmul", axis_name)
     x, w, bias = _varying(axes, x, w, bias)
+  if 0 in x.shape or 0 in w.shape:
+    # Nothing to multiply; collectives of empty arrays do not lower.
+    rows = size * x.shape[-2]
+    y = _empty_result(x, w, bias, rows, w.shape[1], axes)
+    return (y, jnp.zeros((*x.shape[:-2], rows, x.shape[-1]), x.dtype)) if return_gathered else y
   if return_gathered:
     return _ag_gathered(x, w, bias, axes, size, algorithm, False)
   return _ag(x, w, bias, axes, size, algorithm, False)
@@ -212,12 +236,16 @@ def matmul_rs(x, w, bias=None, *, axis_name=None, algorithm: str = "auto"):
   _check_algorithm("matmul_rs", algorithm)
   _check_operands("matmul_rs", x, w, bias, "k")
   if axis_name is None:
+    if 0 in x.shape or 0 in w.shape:
+      return _empty_result(x, w, bias, x.shape[-2], w.shape[1], None)
     return _rs(x, w, bias, None, 1, algorithm, False)
   axes, size = _group("matmul_rs", axis_name)
   if x.shape[-2] % size:
     raise ValueError(f"jax_overlap.matmul_rs: x's rows ({x.shape[-2]}) must be divisible by the size of axis "
                      f"{axis_name!r} ({size})")
   x, w, bias = _varying(axes, x, w, bias)
+  if 0 in x.shape or 0 in w.shape:
+    return _empty_result(x, w, bias, x.shape[-2] // size, w.shape[1], axes)
   return _rs(x, w, bias, axes, size, algorithm, False)
 
 

@@ -25,60 +25,14 @@ from __future__ import annotations
 import functools
 import math
 
+import jax
+import jax.numpy as jnp
+
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jax_overlap import primitives
-
-
-def _spec(shape_with_sharding, ndim: int) -> list:
-  """Per-dim mesh axes (a tuple, or None) of an operand's sharding."""
-  spec = list(getattr(shape_with_sharding.sharding, "spec", ()))
-  spec += [None] * (ndim - len(spec))
-  out = []
-  for s in spec[:ndim]:
-    if s is None or s == ():
-      out.append(None)
-    else:
-      out.append(tuple(s) if isinstance(s, (tuple, list)) else (s,))
-  return out
-
-
-def _axes_in(specs) -> set:
-  return {a for s in specs if s for a in s}
-
-
-def _ag_plan(mesh, x_spec, w_spec, w_kmajor: bool):
-  """(axes or None, x, w, bias, y, gathered specs)."""
-  *batch, rows, _ = x_spec
-  n_spec = w_spec[0] if w_kmajor else w_spec[1]
-  taken = _axes_in(batch)
-  if rows and rows == n_spec and not set(rows) & taken:
-    axes = rows
-    w_sh = P(axes, None) if w_kmajor else P(None, axes)
-    return axes, P(*batch, axes, None), w_sh, P(axes), P(*batch, None, axes), P(*batch, None, None)
-  if rows and set(rows) & taken:
-    rows = None
-  cols = n_spec if n_spec and not set(n_spec) & (taken | set(rows or ())) else None
-  w_sh = P(cols, None) if w_kmajor else P(None, cols)
-  return None, P(*batch, rows, None), w_sh, P(cols), P(*batch, rows, cols), P(*batch, rows, None)
-
-
-def _rs_plan(mesh, x_spec, w_spec, w_kmajor: bool, m: int):
-  """(axes or None, x, w, bias, out specs)."""
-  *batch, rows, kx = x_spec
-  kw = w_spec[1] if w_kmajor else w_spec[0]
-  n_spec = w_spec[0] if w_kmajor else w_spec[1]
-  taken = _axes_in(batch)
-  if kx and kx == kw and not set(kx) & taken and m % math.prod(mesh.shape[a] for a in kx) == 0:
-    axes = kx
-    w_sh = P(None, axes) if w_kmajor else P(axes, None)
-    return axes, P(*batch, None, axes), w_sh, P(None), P(*batch, axes, None)
-  if rows and set(rows) & taken:
-    rows = None
-  cols = n_spec if n_spec and not set(n_spec) & (taken | set(rows or ())) else None
-  w_sh = P(cols, None) if w_kmajor else P(None, cols)
-  return None, P(*batch, rows, None), w_sh, P(cols), P(*batch, rows, cols)
+from jax_overlap import primitives, reference
+from jax_overlap.sharding_plan import ag_plan, rs_plan, spec_of
 
 
 def _named(mesh, *specs):
@@ -94,7 +48,7 @@ def _ag_function(ndim: int, has_bias: bool, w_kmajor: bool, algorithm: str):
   fn = custom_partitioning(local)
 
   def shardings(mesh, arg_shapes):
-    return _ag_plan(mesh, _spec(arg_shapes[0], ndim), _spec(arg_shapes[1], 2), w_kmajor)
+    return ag_plan(mesh, spec_of(arg_shapes[0].sharding, ndim), spec_of(arg_shapes[1].sharding, 2), w_kmajor)
 
   def infer(mesh, arg_shapes, result_shape):
     _, _, _, _, y, g = shardings(mesh, arg_shapes)
@@ -128,7 +82,7 @@ def _rs_function(ndim: int, has_bias: bool, w_kmajor: bool, algorithm: str, m: i
   fn = custom_partitioning(local)
 
   def shardings(mesh, arg_shapes):
-    return _rs_plan(mesh, _spec(arg_shapes[0], ndim), _spec(arg_shapes[1], 2), w_kmajor, m)
+    return rs_plan(mesh, spec_of(arg_shapes[0].sharding, ndim), spec_of(arg_shapes[1].sharding, 2), w_kmajor, m)
 
   def infer(mesh, arg_shapes, result_shape):
     return NamedSharding(mesh, shardings(mesh, arg_shapes)[4])
@@ -153,12 +107,47 @@ def _rs_function(ndim: int, has_bias: bool, w_kmajor: bool, algorithm: str, m: i
   return fn
 
 
+# vmap: custom_partitioning has no batching rule, so each global op is a
+# custom_vmap whose rule folds a batched x into the leading dims (the ops take
+# any) and sends batched weights or bias to the reference product.
+
+def _batch_rule(op: str, partitioned, reference_fn, w_kmajor: bool):
+  def rule(axis_size, in_batched, x, w, *bias):
+    x_batched, w_batched, *bias_batched = in_batched
+    if x_batched and not w_batched and not any(bias_batched):
+      out = partitioned(x, w, *bias)
+      return out, jax.tree.map(lambda _: True, out)
+    args = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip((x, w, *bias), in_batched)]
+    local = lambda x, w, *b: reference_fn(x, w, b[0] if b else None, axis_name=None, w_kmajor=w_kmajor)
+    out = jax.vmap(local)(*args)
+    return out, jax.tree.map(lambda _: True, out)
+  return rule
+
+
+@functools.cache
+def _ag_vmappable(has_bias: bool, w_kmajor: bool, algorithm: str):
+  def partitioned(x, w, *bias):
+    return _ag_function(x.ndim, has_bias, w_kmajor, algorithm)(x, w, *bias)
+
+  fn = jax.custom_batching.custom_vmap(partitioned)
+  fn.def_vmap(_batch_rule("ag_matmul", partitioned, reference.ag_matmul, w_kmajor))
+  return fn
+
+
+@functools.cache
+def _rs_vmappable(has_bias: bool, w_kmajor: bool, algorithm: str):
+  def partitioned(x, w, *bias):
+    return _rs_function(x.ndim, has_bias, w_kmajor, algorithm, x.shape[-2])(x, w, *bias)
+
+  fn = jax.custom_batching.custom_vmap(partitioned)
+  fn.def_vmap(_batch_rule("matmul_rs", partitioned, reference.matmul_rs, w_kmajor))
+  return fn
+
+
 def ag_matmul(x, w, bias, *, algorithm: str, w_kmajor: bool = False):
-  fn = _ag_function(x.ndim, bias is not None, w_kmajor, algorithm)
-  y, gathered = fn(x, w, *(() if bias is None else (bias,)))
+  y, gathered = _ag_vmappable(bias is not None, w_kmajor, algorithm)(x, w, *(() if bias is None else (bias,)))
   return y, gathered
 
 
 def matmul_rs(x, w, bias, *, algorithm: str, w_kmajor: bool = False):
-  fn = _rs_function(x.ndim, bias is not None, w_kmajor, algorithm, x.shape[-2])
-  return fn(x, w, *(() if bias is None else (bias,)))
+  return _rs_vmappable(bias is not None, w_kmajor, algorithm)(x, w, *(() if bias is None else (bias,)))

@@ -19,11 +19,14 @@ import logging
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 from jax.interpreters import batching, mlir
 
-from jax_overlap import config, native, reference, runtime
+from jax.sharding import AxisType, NamedSharding
+
+from jax_overlap import config, native, reference, runtime, sharding_plan
 
 log = logging.getLogger("jax_overlap")
 
@@ -54,23 +57,43 @@ def all_gather(x, *, axis_name, axis_size):
 
 # --- abstract evaluation ----------------------------------------------------
 # Outputs keep x's rank, so they take x's type (and with it the manual-axis
-# varying set and mesh sharding) with a new shape.
+# varying set) with a new shape. Global arrays on a mesh with Explicit axes
+# carry their sharding in the type: the outputs get the sharding the custom
+# partitioning produces (sharding_plan.py), so XLA adds no reshard after it.
 
 def _n_of(w, w_kmajor):
   return w.shape[0] if w_kmajor else w.shape[1]
 
 
+def _explicit_mesh(x):
+  mesh = getattr(getattr(x, "sharding", None), "mesh", None)
+  types = getattr(mesh, "axis_types", ())
+  return mesh if any(t == AxisType.Explicit for t in types) else None
+
+
 def _ag_abstract_eval(x, w, *bias, axis_name, axis_size, algorithm, w_kmajor):
-  del axis_name, algorithm, bias
+  del algorithm, bias
   *lead, m, k = x.shape
   rows = axis_size * m
-  return (x.update(shape=(*lead, rows, _n_of(w, w_kmajor))), x.update(shape=(*lead, rows, k)))
+  y, g = x.update(shape=(*lead, rows, _n_of(w, w_kmajor))), x.update(shape=(*lead, rows, k))
+  mesh = _explicit_mesh(x) if axis_name is None else None
+  if mesh is not None:
+    plan = sharding_plan.ag_plan(mesh, sharding_plan.spec_of(x.sharding, x.ndim),
+                                 sharding_plan.spec_of(w.sharding, 2), w_kmajor)
+    y, g = y.update(sharding=NamedSharding(mesh, plan[4])), g.update(sharding=NamedSharding(mesh, plan[5]))
+  return y, g
 
 
 def _rs_abstract_eval(x, w, *bias, axis_name, axis_size, algorithm, w_kmajor):
-  del axis_name, algorithm, bias
+  del algorithm, bias
   *lead, m, _ = x.shape
-  return x.update(shape=(*lead, m // axis_size, _n_of(w, w_kmajor)))
+  z = x.update(shape=(*lead, m // axis_size, _n_of(w, w_kmajor)))
+  mesh = _explicit_mesh(x) if axis_name is None else None
+  if mesh is not None:
+    plan = sharding_plan.rs_plan(mesh, sharding_plan.spec_of(x.sharding, x.ndim),
+                                 sharding_plan.spec_of(w.sharding, 2), w_kmajor, m)
+    z = z.update(sharding=NamedSharding(mesh, plan[4]))
+  return z
 
 
 def _gather_abstract_eval(x, *, axis_name, axis_size):
@@ -88,7 +111,7 @@ def _batch_rule(prim, reference_fn, args, dims, **params):
   x, *rest = args
   dx, *drest = dims
   if all(d is None for d in drest):
-    return prim.bind(batching.moveaxis(x, dx, 0), *rest, **params), (0, 0) if prim.multiple_results else 0
+    return prim.bind(jnp.moveaxis(x, dx, 0), *rest, **params), (0, 0) if prim.multiple_results else 0
   fn = functools.partial(_reference_call, reference_fn, **params)
   out = jax.vmap(fn, in_axes=tuple(dims))(*args)
   return out, (0, 0) if prim.multiple_results else 0
@@ -101,7 +124,7 @@ def _reference_call(reference_fn, x, w, *bias, axis_name, axis_size, algorithm, 
 
 def _gather_batch_rule(args, dims, *, axis_name, axis_size):
   (x,), (dx,) = args, dims
-  return all_gather_p.bind(batching.moveaxis(x, dx, 0), axis_name=axis_name, axis_size=axis_size), 0
+  return all_gather_p.bind(jnp.moveaxis(x, dx, 0), axis_name=axis_name, axis_size=axis_size), 0
 
 
 # --- lowering ---------------------------------------------------------------

@@ -16,8 +16,7 @@ __device__ __forceinline__ void gemm_tile(T* smem, RowFn&& a_row, const typename
   const auto rows = Eng::a_rows(a_row);
   typename Eng::Acc acc;
   Eng::mainloop(acc, smem, rows, b, K, wait_a);
-  Eng::for_each_acc(acc, [&](int r, int c, const float* v) {
-    T* dst = out_row(r);
+  Eng::for_each_acc(acc, out_row, [&](T* dst, int c, const float* v) {
     const int col = b.n0 + c;
     if (dst != nullptr && col < b.N)
       store_vec<T, Eng::Atom::kCVec>(dst + col, v, bias != nullptr ? bias + col : nullptr);

@@ -266,10 +266,12 @@ struct TileEngine {
     __syncthreads();
   }
 
-  // fn(row, col, const float* v): Atom::kCVec accumulators at (row, col + i)
-  // of the block tile.
-  template <class Fn>
-  static __device__ __forceinline__ void for_each_acc(const Acc& acc, Fn&& fn) {
+  // For each accumulator row of this thread: row_fn(row) once (e.g. the row's
+  // address, whose mapping may need divisions), then store(row_value, col, v)
+  // for each of its Atom::kCVec-wide column groups; row and col are within the
+  // block tile.
+  template <class RowFn, class StoreFn>
+  static __device__ __forceinline__ void for_each_acc(const Acc& acc, RowFn&& row_fn, StoreFn&& store) {
     const int warp = static_cast<int>(threadIdx.x) / gpu::kWarpSize;
     const int lane = static_cast<int>(threadIdx.x) % gpu::kWarpSize;
     const int wm = warp % Shape::WARPS_M;
@@ -277,11 +279,12 @@ struct TileEngine {
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll
-      for (int j = 0; j < NI; ++j)
+      for (int g = 0; g < Atom::kCGroups; ++g) {
+        const auto row = row_fn(wm * WTM + i * Atom::kM + Atom::c_row(lane, g));
 #pragma unroll
-        for (int g = 0; g < Atom::kCGroups; ++g)
-          fn(wm * WTM + i * Atom::kM + Atom::c_row(lane, g), wn * WTN + j * Atom::kN + Atom::c_col(lane, g),
-             &acc.c[i][j].r[g * Atom::kCVec]);
+        for (int j = 0; j < NI; ++j)
+          store(row, wn * WTN + j * Atom::kN + Atom::c_col(lane, g), &acc.c[i][j].r[g * Atom::kCVec]);
+      }
   }
 };
 

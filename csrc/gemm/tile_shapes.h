@@ -1,8 +1,10 @@
 // The block tiles compiled into the kernels, by index (the `tile` field of a
-// fused call's config). Chosen from benchmarks/gemm_engine on the H200
-// (2026-11-29): 128x256x64, 8 warps, pipelined fragments led at every shape
-// (0.56x cuBLAS at 16384x3584x8192, 0.59x with w transposed); 128x128x32,
-// 4 warps, gives small row counts more workgroups.
+// fused call's config). From benchmarks/gemm_engine on the H200 (2026-11-29,
+// 16384x3584x8192): 8-warp tiles led, 128x256x64 with pipelined fragments at
+// 434 TFLOP/s and 256x128x64 at 422-424 either way; the fused kernels take
+// 256x128x64 unpipelined, the only one of them that neither spills on sm_90
+// next to the fused kernels' protocol state nor on gfx942 (ISA check).
+// 128x128x32, 4 warps, gives small row counts more workgroups.
 #pragma once
 
 #include "gemm/tile_engine.h"
@@ -11,7 +13,7 @@
 namespace jo::gemm {
 
 //                       BM   BN   BK  WARPS_M WARPS_N STAGES PIPELINE_FRAGS
-using TileShape0 = TileShape<256, 128, 64, 4, 2, 3, true>;
+using TileShape0 = TileShape<256, 128, 64, 4, 2, 3, false>;
 using TileShape1 = TileShape<128, 128, 32, 2, 2, 4, false>;
 
 // Calls fn(ShapeType{}) for the shape with this index; false if none.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/params.h"
@@ -9,17 +10,26 @@
 
 namespace jo {
 
-// Raises the kernel's dynamic shared-memory limit and returns the largest
-// grid that stays co-resident on this rank's share of the GPU: workgroups of
-// a persistent kernel wait on each other, so all of them must run at once.
+// The largest grid that stays co-resident on this rank's share of the GPU:
+// workgroups of a persistent kernel wait on each other, so all of them must
+// run at once. The kernel's shared-memory limit and occupancy are set up once
+// per device (they cost microseconds; this is on every call's path).
 template <class Kernel>
 hipError_t co_resident_grid(Kernel kernel, int threads, int smem_bytes, const LaunchLimits& limits, int* grid) {
-  const void* fn = reinterpret_cast<const void*>(kernel);
-  hipError_t e = hipFuncSetAttribute(fn, hipFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> blocks_per_sm[kMaxDevices];  // 0: not queried yet on that device
+  int device = 0;
+  hipError_t e = hipGetDevice(&device);
   if (e != hipSuccess) return e;
-  int per_sm = 0;
-  e = hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, static_cast<size_t>(smem_bytes));
-  if (e != hipSuccess) return e;
+  int per_sm = device < kMaxDevices ? blocks_per_sm[device].load(std::memory_order_relaxed) : 0;
+  if (per_sm == 0) {
+    const void* fn = reinterpret_cast<const void*>(kernel);
+    e = hipFuncSetAttribute(fn, hipFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (e != hipSuccess) return e;
+    e = hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, static_cast<size_t>(smem_bytes));
+    if (e != hipSuccess) return e;
+    if (device < kMaxDevices) blocks_per_sm[device].store(per_sm, std::memory_order_relaxed);
+  }
   *grid = per_sm * limits.sm_count / std::max(limits.ranks_per_gpu, 1);
   return hipSuccess;
 }

@@ -106,10 +106,19 @@ __device__ void rs_reduce_role(const MatmulRsArgs<T>& a, int worker, int workers
     if (!block_agree(ok)) return;
     const int64_t r0 = static_cast<int64_t>(tile / col_tiles) * Eng::BM;
     const int64_t c0 = static_cast<int64_t>(tile % col_tiles) * Eng::BN;
-    const int64_t nrows = a.block_rows - r0 < Eng::BM ? a.block_rows - r0 : Eng::BM;
-    const int64_t vecs_per_row = (a.n - c0 < Eng::BN ? a.n - c0 : Eng::BN) / kVec;
-    for (int64_t v = threadIdx.x; v < nrows * vecs_per_row; v += blockDim.x) {
-      const int64_t offset = (r0 + v / vecs_per_row) * a.n + c0 + (v % vecs_per_row) * kVec;
+    const int nrows = static_cast<int>(a.block_rows - r0 < Eng::BM ? a.block_rows - r0 : Eng::BM);
+    const int vecs = static_cast<int>((a.n - c0 < Eng::BN ? a.n - c0 : Eng::BN) / kVec);
+    // Thread t owns vector column t % vecs of rows t / vecs, t / vecs + rows_per_pass, ...
+    const int rows_per_pass = static_cast<int>(blockDim.x) / vecs;
+    const int vc = static_cast<int>(threadIdx.x) % vecs;
+    const int64_t col = c0 + static_cast<int64_t>(vc) * kVec;
+    float bias[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) bias[i] = a.bias != nullptr ? gpu::to_float(a.bias[col + i]) : 0.f;
+    const int first_row = static_cast<int>(threadIdx.x) < rows_per_pass * vecs ? static_cast<int>(threadIdx.x) / vecs
+                                                                                 : nrows;
+    for (int row = first_row; row < nrows; row += rows_per_pass) {
+      const int64_t offset = (r0 + row) * a.n + col;
       float acc[kVec];
 #pragma unroll
       for (int i = 0; i < kVec; ++i) acc[i] = 0.f;
@@ -122,10 +131,8 @@ __device__ void rs_reduce_role(const MatmulRsArgs<T>& a, int worker, int workers
         for (int i = 0; i < kVec; ++i) acc[i] += gpu::to_float(vals[i]);
       }
       T outv[kVec];
-      const int64_t col = c0 + (v % vecs_per_row) * kVec;
 #pragma unroll
-      for (int i = 0; i < kVec; ++i)
-        outv[i] = gpu::from_float<T>(acc[i] + (a.bias != nullptr ? gpu::to_float(a.bias[col + i]) : 0.f));
+      for (int i = 0; i < kVec; ++i) outv[i] = gpu::from_float<T>(acc[i] + bias[i]);  // the bias, once
       gpu::Vec16 packed;
       __builtin_memcpy(&packed, outv, sizeof(packed));
       gpu::store16(a.out + offset, packed);

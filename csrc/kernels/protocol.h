@@ -103,25 +103,43 @@ struct GatherArgs {
 };
 
 // Copy chunk `chunk` of a [rows, row_bytes] shard from src into the gathered
-// rows of `shard` (and into pub, when given), 16 bytes per thread per step.
+// rows of `shard` (and into pub, when given). Each warp takes whole rows, so
+// the row mapping is computed once per row and the lanes move consecutive 16
+// bytes; four loads are in flight per lane before their stores.
 __device__ __forceinline__ void copy_chunk(const GatherArgs& g, const char* src, bool src_remote, int chunk,
                                            int shard, char* pub) {
+  constexpr int kUnroll = 4;
   const GatherLayout& l = g.layout;
   const int rc = chunk / l.col_chunks;
   const int cc = chunk % l.col_chunks;
   const int64_t r0 = static_cast<int64_t>(rc) * l.chunk_rows;
   const int64_t c0 = static_cast<int64_t>(cc) * l.chunk_bytes;
-  const int64_t nrows = (l.rows - r0) < l.chunk_rows ? (l.rows - r0) : l.chunk_rows;
-  const int64_t ncols = (l.row_bytes - c0) < l.chunk_bytes ? (l.row_bytes - c0) : l.chunk_bytes;
-  const int64_t vecs_per_row = ncols / 16;
-  const int64_t total = nrows * vecs_per_row;
-  for (int64_t v = threadIdx.x; v < total; v += blockDim.x) {
-    const int64_t r = r0 + v / vecs_per_row;
-    const int64_t c = c0 + (v % vecs_per_row) * 16;
-    const char* s = src + r * l.row_bytes + c;
-    const gpu::Vec16 val = src_remote ? gpu::load16_uncached(s) : gpu::load16(s);
-    gpu::store16(g.gathered + gathered_row(r, shard, g.m, l.world) * l.row_bytes + c, val);
-    if (pub != nullptr) gpu::store16(pub + r * l.row_bytes + c, val);
+  const int nrows = static_cast<int>((l.rows - r0) < l.chunk_rows ? (l.rows - r0) : l.chunk_rows);
+  const int vecs = static_cast<int>(((l.row_bytes - c0) < l.chunk_bytes ? (l.row_bytes - c0) : l.chunk_bytes) / 16);
+  const int warp = static_cast<int>(threadIdx.x) / gpu::kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % gpu::kWarpSize;
+  const int warps = static_cast<int>(blockDim.x) / gpu::kWarpSize;
+  for (int i = warp; i < nrows; i += warps) {
+    const int64_t r = r0 + i;
+    const char* s = src + r * l.row_bytes + c0;
+    char* d = g.gathered + gathered_row(r, shard, g.m, l.world) * l.row_bytes + c0;
+    char* p = pub != nullptr ? pub + r * l.row_bytes + c0 : nullptr;
+    for (int v0 = lane; v0 < vecs; v0 += kUnroll * gpu::kWarpSize) {
+      gpu::Vec16 val[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int v = v0 + u * gpu::kWarpSize;
+        if (v < vecs) val[u] = src_remote ? gpu::load16_uncached(s + v * 16) : gpu::load16(s + v * 16);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int v = v0 + u * gpu::kWarpSize;
+        if (v < vecs) {
+          gpu::store16(d + v * 16, val[u]);
+          if (p != nullptr) gpu::store16(p + v * 16, val[u]);
+        }
+      }
+    }
   }
 }
 
