@@ -9,13 +9,13 @@ jax.jit (axis_name=None). See README.md.
 
 from jax_overlap import tracing
 from jax_overlap.api import ag_matmul, all_gather, matmul_rs
-from jax_overlap.native import build_info
+from jax_overlap.native import build_info, fused_available
 from jax_overlap.runtime import (PeerTimeoutError, WorkspaceFullError, check_errors, clear_errors, initialize,
                                  shutdown, workspace_info)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ag_matmul", "matmul_rs", "all_gather", "build_info", "initialize", "shutdown", "workspace_info",
+    "ag_matmul", "matmul_rs", "all_gather", "build_info", "fused_available", "initialize", "shutdown", "workspace_info",
     "check_errors", "clear_errors", "PeerTimeoutError", "WorkspaceFullError", "tracing", "__version__",
 ]

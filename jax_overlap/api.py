@@ -213,7 +213,13 @@ def ag_matmul(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", retur
     # Nothing to multiply; collectives of empty arrays do not lower.
     rows = size * x.shape[-2]
     y = _empty_result(x, w, bias, rows, w.shape[1], axes)
-    return (y, jnp.zeros((*x.shape[:-2], rows, x.shape[-1]), x.dtype)) if return_gathered else y
+    if not return_gathered:
+      return y
+    if 0 in x.shape or axes is None:
+      gathered = jnp.zeros((*x.shape[:-2], rows, x.shape[-1]), x.dtype) if 0 in x.shape else x
+    else:
+      gathered = lax.all_gather(x, axes, axis=x.ndim - 2, tiled=True)
+    return y, gathered
   if return_gathered:
     return _ag_gathered(x, w, bias, axes, size, algorithm, False)
   return _ag(x, w, bias, axes, size, algorithm, False)

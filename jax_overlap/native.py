@@ -51,6 +51,16 @@ def build_info() -> dict:
   return info
 
 
+def fused_available() -> bool:
+  """True when this build's fused kernels can run here: built for a GPU platform this process has."""
+  if _native is None:
+    return False
+  try:
+    return bool(jax.devices(platform()))
+  except RuntimeError:  # no such backend in this process
+    return False
+
+
 def ensure_registered() -> None:
   """Registers the state type and FFI targets with XLA for the built platform, once.
 

@@ -40,7 +40,9 @@ for step in "${STEPS[@]}"; do
       run build 300 env JAX_OVERLAP_PLATFORM=cuda JAX_OVERLAP_INPLACE=ON \
         python3 -m pip install --no-build-isolation --no-deps -v . ;;
     gpu_tests)
-      run gpu_tests 300 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu -k "not two_processes" ;;
+      # One pytest per file: a crash in one cannot hide the other's results.
+      run gpu_world1 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_world1.py
+      run gpu_sim_group 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_sim_group.py ;;
     multiprocess)
       run multiprocess 300 python3 tests/gpu/multiprocess.py --worlds 2 4 8 ;;
     cpu_tests)

@@ -109,7 +109,7 @@ hipError_t launch_typed(const AgMatmulLaunch& l, hipStream_t stream) {
   using Eng = gemm::TileEngine<T, Shape, L>;
   auto kernel = ag_matmul_kernel<T, Shape, L>;
   int cap = 0;
-  hipError_t e = co_resident_grid(kernel, Shape::kThreads, Eng::kSmemBytes, l.limits, &cap);
+  hipError_t e = co_resident_grid<ag_matmul_kernel<T, Shape, L>>(Shape::kThreads, Eng::kSmemBytes, l.limits, &cap);
   if (e != hipSuccess) return e;
   const int world = l.peers.world;
   const int64_t rows = l.batch * l.m;

@@ -29,7 +29,7 @@ uint64_t all_gather_region_bytes(int world, int64_t rows, int64_t row_bytes) {
 
 hipError_t launch_all_gather(const AllGatherLaunch& l, hipStream_t stream) {
   int cap = 0;
-  hipError_t e = co_resident_grid(all_gather_kernel, kThreads, 0, l.limits, &cap);
+  hipError_t e = co_resident_grid<all_gather_kernel>(kThreads, 0, l.limits, &cap);
   if (e != hipSuccess) return e;
   const GatherLayout lay = layout(l.peers.world, l.batch * l.m, l.row_bytes);
   const int grid = std::min(cap, std::max(lay.chunks(), 1));

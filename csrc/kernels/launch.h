@@ -14,8 +14,9 @@ namespace jo {
 // workgroups of a persistent kernel wait on each other, so all of them must
 // run at once. The kernel's shared-memory limit and occupancy are set up once
 // per device (they cost microseconds; this is on every call's path).
-template <class Kernel>
-hipError_t co_resident_grid(Kernel kernel, int threads, int smem_bytes, const LaunchLimits& limits, int* grid) {
+// kKernel is a template argument so that every kernel has its own cache.
+template <auto kKernel>
+hipError_t co_resident_grid(int threads, int smem_bytes, const LaunchLimits& limits, int* grid) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> blocks_per_sm[kMaxDevices];  // 0: not queried yet on that device
   int device = 0;
@@ -23,7 +24,7 @@ hipError_t co_resident_grid(Kernel kernel, int threads, int smem_bytes, const La
   if (e != hipSuccess) return e;
   int per_sm = device < kMaxDevices ? blocks_per_sm[device].load(std::memory_order_relaxed) : 0;
   if (per_sm == 0) {
-    const void* fn = reinterpret_cast<const void*>(kernel);
+    const void* fn = reinterpret_cast<const void*>(kKernel);
     e = hipFuncSetAttribute(fn, hipFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (e != hipSuccess) return e;
     e = hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, static_cast<size_t>(smem_bytes));

@@ -169,7 +169,7 @@ hipError_t launch_typed(const MatmulRsLaunch& l, hipStream_t stream) {
   using Eng = gemm::TileEngine<T, Shape, L>;
   auto kernel = matmul_rs_kernel<T, Shape, L>;
   int cap = 0;
-  hipError_t e = co_resident_grid(kernel, Shape::kThreads, Eng::kSmemBytes, l.limits, &cap);
+  hipError_t e = co_resident_grid<matmul_rs_kernel<T, Shape, L>>(Shape::kThreads, Eng::kSmemBytes, l.limits, &cap);
   if (e != hipSuccess) return e;
   const int world = l.peers.world;
   const int workers = world > 1 ? l.workers : 0;

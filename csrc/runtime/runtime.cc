@@ -1,7 +1,7 @@
 #include "runtime/runtime.h"
 
+#include <cstdio>
 #include <cstring>
-#include <sstream>
 
 namespace jo {
 namespace {
@@ -240,12 +240,15 @@ Status Runtime::bind_group(int ordinal, const int64_t* groups, size_t n_ids, int
 }
 
 std::string describe_error(const ErrorRecord& r, int64_t ticks_per_second) {
-  std::ostringstream os;
-  const double seconds = static_cast<double>(r.waited_ticks) / static_cast<double>(ticks_per_second);
-  os << "jax_overlap: " << op_name(r.op) << " on rank " << r.rank << " of " << r.world << " timed out after "
-     << seconds << " s waiting for rank " << r.peer << " (" << wait_name(r.what) << ", epoch " << r.epoch
-     << "); the peer is stalled or gone. Fused calls on this GPU fail until jax_overlap.clear_errors().";
-  return os.str();
+  // snprintf, not iostreams: this runs on error paths where nothing else should go wrong.
+  char text[512];
+  std::snprintf(text, sizeof(text),
+                "jax_overlap: %s on rank %u of %u timed out after %.3g s waiting for rank %u (%s, epoch %u); "
+                "the peer is stalled or gone. Fused calls on this GPU fail until jax_overlap.clear_errors().",
+                op_name(r.op), r.rank, r.world,
+                static_cast<double>(r.waited_ticks) / static_cast<double>(ticks_per_second), r.peer,
+                wait_name(r.what), r.epoch);
+  return text;
 }
 
 }  // namespace jo

@@ -1,0 +1,126 @@
+"""Shared test setup: 8 CPU host devices, the `gpu` marker's skip, and the helpers every test file uses.
+
+The environment is set before anything imports jax. JAX_PLATFORMS defaults to
+cpu so the CPU suite never touches an accelerator; on a GPU machine run the
+GPU tests with JAX_PLATFORMS=cuda (or rocm), which this file leaves alone.
+"""
+
+import math
+import os
+import re
+import zlib
+
+_HOST_DEVICES = "--xla_force_host_platform_device_count=8"
+if _HOST_DEVICES not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_HOST_DEVICES}".strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402  (after the environment above)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+def _gpu_backend() -> str | None:
+  for name in ("cuda", "rocm", "gpu"):
+    try:
+      if jax.devices(name):
+        return name
+    except RuntimeError:
+      pass
+  return None
+
+
+def pytest_collection_modifyitems(config, items):
+  gpu_items = [item for item in items if "gpu" in item.keywords]
+  if not gpu_items or _gpu_backend() is not None:
+    return
+  skip = pytest.mark.skip(reason=f"needs a GPU (jax backends here: {jax.default_backend()}; "
+                                 f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r})")
+  for item in gpu_items:
+    item.add_marker(skip)
+
+
+# --- tolerances ---------------------------------------------------------------
+
+def tolerances(dtype, k: int, scale: float = 1.0) -> tuple[float, float]:
+  """(rtol, atol) for a length-k reduction computed in `dtype`, against float64 on the same inputs.
+
+  u = finfo(dtype).eps / 2 is the unit roundoff (bf16 2^-8, f16 2^-11, f32 2^-24).
+  rtol = u^(2/3): bf16 0.025, f16 6.2e-3, f32 1.5e-5, i.e. a few ulps for the
+    16-bit types (output rounding, reductions over the group in the dtype) and
+    room for the f32 accumulation error, which grows like u * sqrt(k).
+  atol = rtol * sqrt(k) * scale: a sum of k terms of magnitude `scale` (1 for
+    unit-normal operands) has magnitude ~ sqrt(k) * scale, so entries that
+    cancel to near zero keep the error of their terms.
+  """
+  u = float(jnp.finfo(dtype).eps) / 2
+  rtol = u ** (2 / 3)
+  return rtol, rtol * math.sqrt(k) * scale
+
+
+@pytest.fixture
+def assert_close():
+  def check(actual, expected, dtype, k: int, scale: float = 1.0, what: str = ""):
+    rtol, atol = tolerances(dtype, k, scale)
+    actual = np.asarray(np.asarray(actual).astype(np.float64))
+    expected = np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=what)
+  return check
+
+
+# --- inputs -------------------------------------------------------------------
+
+@pytest.fixture
+def rng(request):
+  """A generator seeded from the test's id: every parametrized case draws its own inputs."""
+  return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def normal(rng):
+  """normal(shape, dtype): unit-normal values rounded to `dtype`, as a NumPy array of that dtype."""
+  def draw(shape, dtype):
+    return rng.standard_normal(shape).astype(np.dtype(dtype))
+  return draw
+
+
+# --- meshes and compiled HLO ----------------------------------------------------
+
+def mesh_of(shape: tuple, names: tuple, axis_type=jax.sharding.AxisType.Auto) -> jax.sharding.Mesh:
+  """A mesh over the first prod(shape) CPU devices (Auto axes unless told otherwise)."""
+  n = math.prod(shape)
+  return jax.make_mesh(shape, names, axis_types=(axis_type,) * len(names), devices=jax.devices()[:n])
+
+
+@pytest.fixture
+def make_mesh():
+  return mesh_of
+
+
+_COLLECTIVE = re.compile(r"^\s*(?:ROOT\s+)?\S+\s*=\s*(.*?)\s+(all-gather|all-reduce|reduce-scatter|all-to-all|"
+                         r"collective-permute)(?:-start)?\(")
+
+
+def collectives(hlo_text: str) -> list[tuple[str, tuple[int, ...]]]:
+  """(kind, result dims) of every collective in compiled HLO text, e.g. ("all-gather", (16, 32)).
+
+  A tuple-shaped collective (XLA combines some) shows the dims of its first
+  element. The element type is left out: XLA's CPU backend widens bf16/f16
+  collectives to f32.
+  """
+  found = []
+  for line in hlo_text.splitlines():
+    m = _COLLECTIVE.search(line)
+    if m:
+      dims = re.search(r"\[([\d,]*)\]", m.group(1)).group(1)
+      found.append((m.group(2), tuple(int(d) for d in dims.split(",") if d)))
+  return found
+
+
+@pytest.fixture
+def compiled_collectives():
+  def run(jitted, *args):
+    return collectives(jitted.lower(*args).compile().as_text())
+  return run

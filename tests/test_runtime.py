@@ -1,0 +1,96 @@
+"""The runtime's public functions on a machine without a GPU: harmless, and they say what they would do."""
+
+import json
+import logging
+
+import jax
+import pytest
+
+import jax_overlap
+from jax_overlap import native, runtime, tracing
+
+WORKSPACE_KEYS = {"active", "workspace_bytes", "used_bytes", "regions", "watchdog_seconds", "sync_after_launch",
+                  "trace", "devices", "reachable_devices"}
+
+
+def test_public_names():
+  for name in jax_overlap.__all__:
+    assert hasattr(jax_overlap, name), name
+  assert isinstance(jax_overlap.__version__, str)
+
+
+def test_initialize_is_inactive_with_a_reason():
+  info = jax_overlap.initialize()
+  assert info["active"] is False
+  assert isinstance(info["reason"], str) and info["reason"]
+  assert WORKSPACE_KEYS <= set(info)
+  assert info["devices"] == [] and info["reachable_devices"] == []
+
+
+def test_initialize_says_what_it_would_do(caplog, monkeypatch):
+  monkeypatch.setenv("JAX_OVERLAP_WORKSPACE_BYTES", str(3 << 28))
+  with caplog.at_level(logging.INFO, logger="jax_overlap"):
+    info = jax_overlap.initialize(watchdog_seconds=2.5)
+  assert info["active"] is False
+  text = caplog.text
+  assert "nothing to do" in text and info["reason"] in text
+  assert f"would allocate {3 << 28} bytes per GPU" in text and "2.5 s" in text
+
+
+def test_initialize_is_idempotent():
+  first = jax_overlap.initialize(trace=True, sync_after_launch=True)
+  assert jax_overlap.initialize() == first
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(workspace_bytes=0), r"initialize: workspace_bytes must be larger than the workspace header, got 0"),
+    (dict(watchdog_seconds=0), r"initialize: watchdog_seconds must be positive, got 0"),
+    (dict(watchdog_seconds=-1.0), r"initialize: watchdog_seconds must be positive, got -1.0"),
+])
+def test_initialize_rejects_bad_settings(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    jax_overlap.initialize(**kwargs)
+
+
+def test_workspace_info():
+  info = jax_overlap.workspace_info()
+  assert set(info) == WORKSPACE_KEYS
+  assert info["active"] is False and info["used_bytes"] == 0 and info["regions"] == 0
+
+
+def test_errors_and_shutdown_are_harmless():
+  jax_overlap.check_errors()
+  jax_overlap.clear_errors()
+  jax_overlap.shutdown()
+  assert jax_overlap.initialize()["active"] is False
+
+
+def test_build_info():
+  info = jax_overlap.build_info()
+  assert {"jax", "platform", "archs", "compiler", "ffi_api", "fused_kernels"} <= set(info)
+  assert info["jax"] == jax.__version__
+  assert info["platform"] in (None, "cuda", "rocm")
+  assert isinstance(info["fused_kernels"], bool)
+  if info["platform"] is None:
+    assert "XLA reference path" in info["note"]
+  assert native.platform() == info["platform"]
+
+
+def test_error_types():
+  record = {"message": "ag_matmul: rank 1 waited 5.0 s for rank 3 (flag 7, epoch 12)", "rank": 1, "peer": 3}
+  err = jax_overlap.PeerTimeoutError(record)
+  assert isinstance(err, RuntimeError) and str(err) == record["message"] and err.record is record
+  assert issubclass(jax_overlap.WorkspaceFullError, RuntimeError)
+
+
+def test_trace_export_without_gpus(tmp_path):
+  path = tmp_path / "trace.json"
+  split = tracing.export(str(path))
+  assert split == {kind: 0.0 for kind in tracing.KINDS}
+  assert json.loads(path.read_text())["traceEvents"] == []
+
+
+def test_no_gpu_means_no_workspace():
+  """The fused lowering's gate: without a GPU the runtime never becomes active."""
+  jax_overlap.initialize()
+  assert runtime.is_active() is False

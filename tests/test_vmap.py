@@ -1,0 +1,123 @@
+"""jax.vmap: a batched x alone folds into x's leading dims; a batched w means a weight per element."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jax_overlap
+
+WORLD = 4
+BATCH = 3
+
+def _ag(mesh, in_axes, x_spec, w_spec, out_spec):
+  fn = jax.vmap(lambda x, w, b: jax_overlap.ag_matmul(x, w, b, axis_name="tp"), in_axes=in_axes)
+  return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(x_spec, w_spec, P("tp")), out_specs=out_spec))
+
+
+def _rs(mesh, in_axes, x_spec, w_spec, out_spec):
+  fn = jax.vmap(lambda x, w, b: jax_overlap.matmul_rs(x, w, b, axis_name="tp"), in_axes=in_axes)
+  return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(x_spec, w_spec, P()), out_specs=out_spec))
+
+
+def _ref(x, w, bias, w_batched=False):
+  eq = "bmk,bkn->bmn" if w_batched else "bmk,kn->bmn"
+  return np.einsum(eq, x.astype(np.float64), w.astype(np.float64)) + bias.astype(np.float64)
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_vmap_x_only(op, normal, make_mesh, assert_close):
+  mesh, dt = make_mesh((WORLD,), ("tp",)), jnp.float32
+  if op == "ag_matmul":
+    x, w, b = normal((BATCH, WORLD * 2, 16), dt), normal((16, WORLD * 8), dt), normal((WORLD * 8,), dt)
+    f = _ag(mesh, (0, None, None), P(None, "tp", None), P(None, "tp"), P(None, None, "tp"))
+  else:
+    x, w, b = normal((BATCH, WORLD * 2, WORLD * 8), dt), normal((WORLD * 8, 16), dt), normal((16,), dt)
+    f = _rs(mesh, (0, None, None), P(None, None, "tp"), P("tp", None), P(None, "tp", None))
+  assert_close(f(x, w, b), _ref(x, w, b), dt, 32)
+
+
+def test_vmap_x_on_a_middle_axis(normal, make_mesh, assert_close):
+  """in_axes=1 on x [m, B, K]: the batch axis is moved to the front before folding."""
+  mesh, dt = make_mesh((WORLD,), ("tp",)), jnp.float32
+  x, w, b = normal((WORLD * 2, BATCH, 16), dt), normal((16, WORLD * 8), dt), normal((WORLD * 8,), dt)
+  f = _ag(mesh, (1, None, None), P("tp", None, None), P(None, "tp"), P(None, None, "tp"))
+  assert_close(f(x, w, b), _ref(np.moveaxis(x, 1, 0), w, b), dt, 16)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_vmap_x_and_w(op, dtype, normal, make_mesh, assert_close):
+  """A different weight per batch element: the reference decomposition, vmapped."""
+  mesh = make_mesh((WORLD,), ("tp",))
+  if op == "ag_matmul":
+    x, w = normal((BATCH, WORLD * 2, 16), dtype), normal((BATCH, 16, WORLD * 8), dtype)
+    b = normal((WORLD * 8,), dtype)
+    f = _ag(mesh, (0, 0, None), P(None, "tp", None), P(None, None, "tp"), P(None, None, "tp"))
+    k = 16
+  else:
+    x, w = normal((BATCH, WORLD * 2, WORLD * 8), dtype), normal((BATCH, WORLD * 8, 16), dtype)
+    b = normal((16,), dtype)
+    f = _rs(mesh, (0, 0, None), P(None, None, "tp"), P(None, "tp", None), P(None, "tp", None))
+    k = WORLD * 8
+  assert_close(f(x, w, b), _ref(x, w, b, w_batched=True), dtype, k)
+
+
+def test_vmap_bias_only(normal, make_mesh, assert_close):
+  mesh, dt = make_mesh((WORLD,), ("tp",)), jnp.float32
+  x, w, b = normal((WORLD * 2, 16), dt), normal((16, WORLD * 8), dt), normal((BATCH, WORLD * 8), dt)
+  fn = jax.vmap(lambda x, w, b: jax_overlap.ag_matmul(x, w, b, axis_name="tp"), in_axes=(None, None, 0))
+  f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P("tp", None), P(None, "tp"), P(None, "tp")),
+                            out_specs=P(None, None, "tp")))
+  want = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)[:, None, :]
+  assert_close(f(x, w, b), want, dt, 16)
+
+
+def test_vmap_all_gather(normal, make_mesh):
+  mesh = make_mesh((WORLD,), ("tp",))
+  x = normal((BATCH, WORLD * 2, 8), jnp.float32)
+  f = jax.jit(jax.shard_map(jax.vmap(lambda v: jax_overlap.all_gather(v, axis_name="tp")), mesh=mesh,
+                            in_specs=P(None, "tp", None), out_specs=P(None, "tp", None)))
+  np.testing.assert_array_equal(np.asarray(f(x)).reshape(BATCH, WORLD, WORLD * 2, 8)[:, 0], x)
+
+
+@pytest.mark.parametrize("batched_w", [False, True], ids=["x_only", "x_and_w"])
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_vmap_global(op, batched_w, normal, make_mesh, assert_close):
+  mesh, dt = make_mesh((WORLD,), ("tp",)), jnp.float32
+  x, b = normal((BATCH, 16, 32), dt), normal((24,), dt)
+  w = normal((BATCH, 32, 24) if batched_w else (32, 24), dt)
+  x = jax.device_put(x, NamedSharding(mesh, P(None, "tp", None)))
+  fn = jax.vmap(getattr(jax_overlap, op), in_axes=(0, 0 if batched_w else None, None))
+  assert_close(jax.jit(fn)(x, w, b), _ref(np.asarray(x), w, b, w_batched=batched_w), dt, 32)
+
+
+def test_per_example_grads_in_shard_map(normal, make_mesh, assert_close):
+  """vmap(grad): one weight gradient per batch element, inside shard_map."""
+  mesh = make_mesh((WORLD,), ("tp",))
+  x, w = normal((BATCH, WORLD * 2, 16), jnp.float32), normal((16, WORLD * 8), jnp.float32)
+  ct = normal((WORLD * 2, WORLD * 8), jnp.float32)
+
+  def per_example(ag):
+    def body(x, w, ct):
+      loss = lambda xi, w: jnp.sum(ag(xi, w) * ct)
+      return jax.vmap(jax.grad(loss, argnums=1), in_axes=(0, None))(x, w)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp", None), P(None, "tp"), P(None, "tp")),
+                                 out_specs=P(None, None, "tp")))(x, w, ct)
+
+  got = per_example(lambda xi, w: jax_overlap.ag_matmul(xi, w, axis_name="tp"))
+  want = np.einsum("bmk,mn->bkn", x.astype(np.float64), ct.astype(np.float64))
+  assert_close(got, want, jnp.float32, WORLD * 2)
+
+
+def test_grad_of_vmap_global(normal, make_mesh, assert_close):
+  mesh = make_mesh((WORLD,), ("tp",))
+  x, w, ct = normal((BATCH, 16, 32), jnp.float32), normal((32, 24), jnp.float32), normal((BATCH, 16, 24), jnp.float32)
+  args = (jax.device_put(x, NamedSharding(mesh, P(None, "tp", None))),
+          jax.device_put(w, NamedSharding(mesh, P(None, "tp"))))
+  loss = lambda x, w: jnp.sum(jax.vmap(jax_overlap.ag_matmul, in_axes=(0, None))(x, w) * ct)
+  dx, dw = jax.jit(jax.grad(loss, argnums=(0, 1)))(*args)
+  x64, w64, ct64 = (a.astype(np.float64) for a in (x, w, ct))
+  assert_close(dx, ct64 @ w64.T, jnp.float32, 24, what="dx")
+  assert_close(dw, np.einsum("bmk,bmn->kn", x64, ct64), jnp.float32, BATCH * 16, what="dw")
