@@ -4,7 +4,7 @@
 # and the op benchmarks; a summary table last. Logs and results go to $OUT
 # (default /tmp/device_check).
 #
-#   bash tools/device_check.sh [STEP ...]     steps: build gpu_tests multiprocess cpu_tests gemm_engine bench
+#   bash tools/device_check.sh [STEP ...]     steps: build gpu_tests multiprocess examples bench gemm_engine cpu_tests
 #
 # The machine has no network: pytest comes from wheels in .whl/ when missing,
 # and the build uses the preinstalled scikit-build-core (--no-build-isolation).
@@ -13,7 +13,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/device_check}"
 mkdir -p "$OUT"
 STEPS=("$@")
-[[ ${#STEPS[@]} -gt 0 ]] || STEPS=(build gpu_tests multiprocess bench gemm_engine cpu_tests)
+[[ ${#STEPS[@]} -gt 0 ]] || STEPS=(build gpu_tests multiprocess examples bench gemm_engine cpu_tests)
 export PYTHONUNBUFFERED=1
 SUMMARY=()
 
@@ -28,7 +28,7 @@ run() {  # run NAME TIMEOUT CMD...: log to $OUT/NAME.log, record rc and seconds
   echo "=== $name: $*"
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
   tail -n 25 "$OUT/$name.log"
-  SUMMARY+=("$(printf '%-14s rc=%-4s %5ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(grep -E 'passed|failed|PASS|FAIL|error' "$OUT/$name.log" | tail -1 | cut -c1-90)")")
+  SUMMARY+=("$(printf '%-14s rc=%-4s %5ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(grep -E 'passed|failed|PASS|FAIL|rror|ms/step' "$OUT/$name.log" | tail -1 | cut -c1-90)")")
   # The device tool returns at most 8 files: fold each log into one as it ends.
   { echo "##### $name (rc=$rc)"; cat "$OUT/$name.log"; } >> "$OUT/logs.txt"
   rm -f "$OUT/$name.log"
@@ -47,6 +47,9 @@ for step in "${STEPS[@]}"; do
       run multiprocess 300 python3 tests/gpu/multiprocess.py --worlds 2 4 8 ;;
     cpu_tests)
       run cpu_tests 300 env JAX_PLATFORMS=cpu python3 -m pytest -q tests --ignore=tests/gpu ;;
+    examples)
+      run example_shard_map 120 python3 examples/mlp_shard_map.py --batch 4 --seq 2048 --hidden 4096 --ffn 14336
+      run example_jit 120 python3 examples/mlp_jit.py --batch 4 --seq 2048 --hidden 4096 --ffn 14336 ;;
     gemm_engine)
       run gemm_engine 120 bash benchmarks/gemm_engine/run.sh ;;
     bench)
