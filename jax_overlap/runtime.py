@@ -114,41 +114,50 @@ def initialize(*, workspace_bytes: int | None = None, watchdog_seconds: float | 
     trace: record per-workgroup trace events (default: $JAX_OVERLAP_TRACE); see jax_overlap.tracing.
 
   Returns workspace_info(). On a machine without a GPU build or GPU this does
-  nothing and says what it would have done.
+  nothing and says what it would have done. Once initialized, a later call
+  changes only the options it is given (the first fused call's lowering
+  initializes with the defaults).
   """
-  if workspace_bytes is None:
-    workspace_bytes = int(os.environ.get("JAX_OVERLAP_WORKSPACE_BYTES", DEFAULT_WORKSPACE_BYTES))
-  if watchdog_seconds is None:
-    watchdog_seconds = float(os.environ.get("JAX_OVERLAP_WATCHDOG_SECONDS", DEFAULT_WATCHDOG_SECONDS))
-  if sync_after_launch is None:
-    sync_after_launch = _env_flag("JAX_OVERLAP_SYNC")
-  if trace is None:
-    trace = _env_flag("JAX_OVERLAP_TRACE")
-  header = native.module().REGIONS_OFFSET if native.module() is not None else 0
-  if workspace_bytes <= header:
-    raise ValueError(f"initialize: workspace_bytes must be larger than the workspace header, got {workspace_bytes}")
-  if watchdog_seconds <= 0:
+  if watchdog_seconds is not None and watchdog_seconds <= 0:
     raise ValueError(f"initialize: watchdog_seconds must be positive, got {watchdog_seconds}")
-
   with _lock:
+    if _state.active:
+      if workspace_bytes is not None and workspace_bytes != _state.workspace_bytes:
+        raise ValueError(f"initialize: the workspace already has {_state.workspace_bytes} bytes per GPU; "
+                         f"it cannot change to {workspace_bytes} without jax_overlap.shutdown()")
+      _apply_options(_state.watchdog_seconds if watchdog_seconds is None else watchdog_seconds,
+                     _state.sync_after_launch if sync_after_launch is None else sync_after_launch,
+                     _state.trace if trace is None else trace)
+      return workspace_info()
+    if workspace_bytes is None:
+      workspace_bytes = int(os.environ.get("JAX_OVERLAP_WORKSPACE_BYTES", DEFAULT_WORKSPACE_BYTES))
+    header = native.module().REGIONS_OFFSET if native.module() is not None else 0
+    if workspace_bytes <= header:
+      raise ValueError(f"initialize: workspace_bytes must be larger than the workspace header ({header}), "
+                       f"got {workspace_bytes}")
     local = _gpu_devices(local=True)
     if not local:
       why = ("the native extension is not built for a GPU" if native.platform() is None
              else f"this process has no {native.platform()} devices")
+      watchdog = watchdog_seconds or float(os.environ.get("JAX_OVERLAP_WATCHDOG_SECONDS", DEFAULT_WATCHDOG_SECONDS))
       log.info("jax_overlap.initialize: nothing to do (%s); on a GPU it would allocate %d bytes per GPU, "
-               "map peers, and bound waits by %.1f s", why, workspace_bytes, watchdog_seconds)
+               "map peers, and bound waits by %.1f s", why, workspace_bytes, watchdog)
       return {**workspace_info(), "reason": why}
-    if _state.active and workspace_bytes != _state.workspace_bytes:
-      raise ValueError(f"initialize: the workspace already has {_state.workspace_bytes} bytes per GPU; "
-                       f"it cannot change to {workspace_bytes} without jax_overlap.shutdown()")
-    if not _state.active:
-      _setup(local, workspace_bytes)
-    _state.watchdog_seconds = watchdog_seconds
-    _state.sync_after_launch = sync_after_launch
-    _state.trace = trace
-    for d in _state.devices.values():
-      native.module().set_options(d.ordinal, watchdog_seconds, sync_after_launch, trace)
+    _setup(local, workspace_bytes)
+    _apply_options(
+        float(os.environ.get("JAX_OVERLAP_WATCHDOG_SECONDS", DEFAULT_WATCHDOG_SECONDS))
+        if watchdog_seconds is None else watchdog_seconds,
+        _env_flag("JAX_OVERLAP_SYNC") if sync_after_launch is None else sync_after_launch,
+        _env_flag("JAX_OVERLAP_TRACE") if trace is None else trace)
     return workspace_info()
+
+
+def _apply_options(watchdog_seconds: float, sync_after_launch: bool, trace: bool) -> None:
+  _state.watchdog_seconds = watchdog_seconds
+  _state.sync_after_launch = sync_after_launch
+  _state.trace = trace
+  for d in _state.devices.values():
+    native.module().set_options(d.ordinal, watchdog_seconds, sync_after_launch, trace)
 
 
 def _setup(local, workspace_bytes: int) -> None:

@@ -43,7 +43,7 @@ def test_initialize_is_idempotent():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(workspace_bytes=0), r"initialize: workspace_bytes must be larger than the workspace header, got 0"),
+    (dict(workspace_bytes=0), r"initialize: workspace_bytes must be larger than the workspace header .*got 0"),
     (dict(watchdog_seconds=0), r"initialize: watchdog_seconds must be positive, got 0"),
     (dict(watchdog_seconds=-1.0), r"initialize: watchdog_seconds must be positive, got -1.0"),
 ])
