@@ -13,7 +13,7 @@
 namespace jo::gemm {
 
 //                       BM   BN   BK  WARPS_M WARPS_N STAGES PIPELINE_FRAGS
-using TileShape0 = TileShape<256, 128, 64, 4, 2, 3, false>;
+using TileShape0 = TileShape<256, 128, 64, 4, 2, 3, true>;
 using TileShape1 = TileShape<128, 128, 32, 2, 2, 4, false>;
 
 // Calls fn(ShapeType{}) for the shape with this index; false if none.

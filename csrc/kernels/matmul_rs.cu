@@ -60,7 +60,8 @@ __device__ void rs_gemm_role(const MatmulRsArgs<T>& a, T* smem, int worker, int 
     auto a_row = [&](int r) -> const T* {
       const int64_t l = r0 + r;  // row of the block: l = b * m_block + i
       if (l >= a.block_rows) return nullptr;
-      return a.x + (l / a.m_block * a.m_total + block * a.m_block + l % a.m_block) * a.k;
+      const uint32_t b = static_cast<uint32_t>(l) / static_cast<uint32_t>(a.m_block);  // see gathered_row
+      return a.x + (b * a.m_total + block * a.m_block + (l - static_cast<int64_t>(b) * a.m_block)) * a.k;
     };
     const typename Eng::BSource b{a.w, ldb, ct * Eng::BN, a.n};
     // World 1 writes the output (with the bias); otherwise this rank's

@@ -88,7 +88,12 @@ __device__ __forceinline__ void trace_event(const TraceSink& t, TraceKind kind, 
 // in the gathered [batch, world * m, cols] layout: rows of each batch element
 // are ordered by shard, as all_gather(axis=-2, tiled=True) orders them.
 __device__ __forceinline__ int64_t gathered_row(int64_t local_row, int shard, int64_t m, int world) {
-  return local_row / m * world * m + shard * m + local_row % m;
+  // 32-bit division (a shard has < 2^32 rows): a 64-bit one is several times longer, and this
+  // runs for every row a tile loads or stores.
+  const uint32_t l = static_cast<uint32_t>(local_row);
+  const uint32_t mm = static_cast<uint32_t>(m);
+  const uint32_t b = l / mm;
+  return (static_cast<int64_t>(b) * world + shard) * m + (l - b * mm);
 }
 
 struct GatherArgs {
