@@ -1,10 +1,11 @@
 // The block tiles compiled into the kernels, by index (the `tile` field of a
 // fused call's config). From benchmarks/gemm_engine on the H200 (2026-11-29,
-// 16384x3584x8192): 8-warp tiles led, 128x256x64 with pipelined fragments at
-// 434 TFLOP/s and 256x128x64 at 422-424 either way; the fused kernels take
-// 256x128x64 unpipelined, the only one of them that neither spills on sm_90
-// next to the fused kernels' protocol state nor on gfx942 (ISA check).
-// 128x128x32, 4 warps, gives small row counts more workgroups.
+// 16384x3584x8192): 8-warp tiles with pipelined fragments led (128x256x64 at
+// 420-434 TFLOP/s, 256x128x64 at 420-445 with w in either layout). Inside the
+// fused kernels 256x128x64 pipelined measured 2.92 ms against 3.22 ms
+// unpipelined; on gfx942 pipelining is off (gpu.h) and the shape passes the
+// no-scratch ISA check, which 128x256 does not. 128x128x32, 4 warps, gives
+// small row counts more workgroups.
 #pragma once
 
 #include "gemm/tile_engine.h"
