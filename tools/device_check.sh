@@ -42,7 +42,8 @@ for step in "${STEPS[@]}"; do
     gpu_tests)
       # One pytest per file: a crash in one cannot hide the other's results.
       run gpu_world1 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_world1.py
-      run gpu_sim_group 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_sim_group.py ;;
+      run gpu_sim_group 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_sim_group.py
+      run gpu_multi_gpu 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_multi_gpu.py ;;
     multiprocess)
       run multiprocess 300 python3 tests/gpu/multiprocess.py --worlds 2 4 8 ;;
     cpu_tests)

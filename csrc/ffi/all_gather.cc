@@ -29,8 +29,9 @@ ffi::Error AllGatherExecute(hipStream_t stream, int32_t ordinal, CallState* stat
     return ffi::Error::InvalidArgument("jax_overlap all_gather: result must be world times x's size, same dtype");
   if (world < 2) return ffi::Error::InvalidArgument("jax_overlap all_gather: needs a group of 2 or more");
 
-  if (ffi::Error e = prepare_call(state, ordinal); e.failure()) return e;
-  const GroupBinding& g = state->binding;
+  const auto bound = prepare_call(state, ordinal);
+  if (bound.has_error()) return bound.error();
+  const GroupBinding& g = *bound.value();
   AllGatherLaunch l{};
   l.x = x.untyped_data();
   l.gathered = gathered->untyped_data();

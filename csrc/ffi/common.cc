@@ -20,17 +20,22 @@ ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t
   return state;
 }
 
-ffi::Error prepare_call(CallState* state, int32_t ordinal) {
-  if (!state->bound) {
-    JO_FFI_RETURN_IF_ERROR(Runtime::instance().bind_group(ordinal, state->groups.data(), state->groups.size(),
-                                                          state->world, state->region_offset,
-                                                          state->region_bytes, &state->binding));
-    state->bound = true;
+ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal) {
+  if (ordinal < 0 || ordinal >= kMaxLocalDevices)
+    return ffi::Unexpected(ffi::Error::InvalidArgument("jax_overlap: device ordinal " + std::to_string(ordinal) +
+                                                       " out of range"));
+  GroupBinding& binding = state->bindings[ordinal];
+  if (!state->bound[ordinal]) {
+    const Status s = Runtime::instance().bind_group(ordinal, state->groups.data(), state->groups.size(),
+                                                    state->world, state->region_offset, state->region_bytes,
+                                                    &binding);
+    if (!s.ok()) return ffi::Unexpected(internal_error(s));
+    state->bound[ordinal] = true;
   }
-  const Workspace& ws = *state->binding.ws;
+  const Workspace& ws = *binding.ws;
   if (*static_cast<volatile uint32_t*>(&ws.error_host->valid) != 0)
-    return ffi::Error::Internal(describe_error(*ws.error_host, ws.info.ticks_per_second));
-  return ffi::Error::Success();
+    return ffi::Unexpected(ffi::Error::Internal(describe_error(*ws.error_host, ws.info.ticks_per_second)));
+  return &binding;
 }
 
 std::optional<DType> kernel_dtype(ffi::DataType t) {

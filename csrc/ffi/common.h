@@ -33,17 +33,20 @@ struct RegionConfig {
   int64_t region_bytes;
 };
 
-// FFI state of one custom call in one executable on one device. Made in the
-// instantiate stage; bound to the device's workspace on the first execute
-// (the device ordinal is known there), a pointer read afterwards.
+inline constexpr int kMaxLocalDevices = 64;
+
+// FFI state of one custom call in one executable. Made in the instantiate
+// stage. One executable can serve every GPU of the process (one SPMD program),
+// so the state binds per device ordinal, on that device's first execute (the
+// ordinal is known there); each slot is touched only by its device's execute.
 struct CallState {
   static ffi::TypeId id;
   std::vector<int64_t> groups;  // global device ids, groups concatenated, each in rank order
   int world = 1;
   uint64_t region_offset = 0;
   uint64_t region_bytes = 0;
-  bool bound = false;
-  GroupBinding binding;
+  bool bound[kMaxLocalDevices] = {};
+  GroupBinding bindings[kMaxLocalDevices];
 };
 
 extern const XLA_FFI_TypeInfo kCallStateTypeInfo;
@@ -59,9 +62,9 @@ inline ffi::Error internal_error(const Status& s) { return ffi::Error::Internal(
 ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t> groups, int64_t world,
                                                           int64_t region_offset, int64_t region_bytes);
 
-// Binds `state` on first use; fails when this GPU's watchdog fired earlier
-// (sticky until jax_overlap.clear_errors()).
-ffi::Error prepare_call(CallState* state, int32_t ordinal);
+// This device's binding of `state`, made on first use; fails when this GPU's
+// watchdog fired earlier (sticky until jax_overlap.clear_errors()).
+ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal);
 
 // The 16-bit float dtypes the kernels take.
 std::optional<DType> kernel_dtype(ffi::DataType t);

@@ -43,8 +43,9 @@ ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state
   if (k % 8 || n % 8)
     return ffi::Error::InvalidArgument("jax_overlap matmul_rs: k and n must be multiples of 8");
 
-  if (ffi::Error e = prepare_call(state, ordinal); e.failure()) return e;
-  const GroupBinding& g = state->binding;
+  const auto bound = prepare_call(state, ordinal);
+  if (bound.has_error()) return bound.error();
+  const GroupBinding& g = *bound.value();
   MatmulRsLaunch l{};
   l.dtype = *dtype;
   l.tile = static_cast<int>(config.tile);

@@ -1,0 +1,51 @@
+"""One process driving every local GPU (2 or more): the fused ops across real peer links.
+
+One SPMD executable serves all local GPUs, so per-call state must bind per
+device (a shared binding made every GPU act as the same rank: regression).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+import jax_overlap as jo
+from gpu_util import gpu_available, random, rel_err, tolerance
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_available() or len(jax.devices()) < 2,
+                                 reason="needs 2 or more GPUs in this process (multi-GPU device machine)")]
+
+
+def _mesh():
+  return Mesh(np.array(jax.devices()[:8]), ("tp",))
+
+
+def test_all_gather_exact():
+  mesh = _mesh()
+  t = mesh.shape["tp"]
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((t * 64, 256)), jnp.float32)
+  f = jax.jit(jax.shard_map(lambda x: jo.all_gather(x, axis_name="tp")[None], mesh=mesh, in_specs=P("tp"),
+                            out_specs=P("tp")))
+  np.testing.assert_array_equal(np.asarray(f(x)), np.broadcast_to(np.asarray(x), (t, *x.shape)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_ag_matmul_and_matmul_rs_fused(dtype):
+  mesh = _mesh()
+  t = mesh.shape["tp"]
+  rng = np.random.default_rng(1)
+  x, w = random(rng, (2, t * 200, 1024), dtype), random(rng, (1024, t * 384), dtype, 1 / 32)
+  ag = jax.jit(jax.shard_map(lambda x, w: jo.ag_matmul(x, w, axis_name="tp", algorithm="fused"), mesh=mesh,
+                             in_specs=(P(None, "tp"), P(None, "tp")), out_specs=P(None, None, "tp")))
+  want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  assert rel_err(ag(x, w), want) < tolerance(dtype)
+  h, w2 = random(rng, (2, t * 96, t * 256), dtype), random(rng, (t * 256, 512), dtype, 1 / 32)
+  rs = jax.jit(jax.shard_map(lambda h, w: jo.matmul_rs(h, w, axis_name="tp", algorithm="fused"), mesh=mesh,
+                             in_specs=(P(None, None, "tp"), P("tp", None)), out_specs=P(None, "tp")))
+  z1, z2 = rs(h, w2), rs(h, w2)
+  assert rel_err(z1, np.asarray(h, np.float64) @ np.asarray(w2, np.float64)) < 2 * tolerance(dtype)
+  np.testing.assert_array_equal(np.asarray(z1).view(np.uint16), np.asarray(z2).view(np.uint16))
