@@ -35,9 +35,7 @@
 #if JO_PLATFORM_CUDA
 using hipError_t = cudaError_t;
 using hipStream_t = cudaStream_t;
-using hipEvent_t = cudaEvent_t;
 using hipIpcMemHandle_t = cudaIpcMemHandle_t;
-using hipFuncAttribute = cudaFuncAttribute;
 using hipDeviceProp_t = cudaDeviceProp;
 #define hipSuccess cudaSuccess
 #define hipErrorInvalidValue cudaErrorInvalidValue
@@ -46,7 +44,6 @@ using hipDeviceProp_t = cudaDeviceProp;
 #define hipGetLastError cudaGetLastError
 #define hipGetDevice cudaGetDevice
 #define hipSetDevice cudaSetDevice
-#define hipGetDeviceCount cudaGetDeviceCount
 #define hipGetDeviceProperties cudaGetDeviceProperties
 #define hipDeviceGetAttribute cudaDeviceGetAttribute
 #define hipDeviceGetPCIBusId cudaDeviceGetPCIBusId
@@ -59,22 +56,13 @@ using hipDeviceProp_t = cudaDeviceProp;
 #define hipHostGetDevicePointer cudaHostGetDevicePointer
 #define hipHostMallocMapped cudaHostAllocMapped
 #define hipMemset cudaMemset
-#define hipMemsetAsync cudaMemsetAsync
 #define hipMemcpy cudaMemcpy
-#define hipMemcpyAsync cudaMemcpyAsync
 #define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
-#define hipMemcpyHostToDevice cudaMemcpyHostToDevice
-#define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
 #define hipStreamCreateWithFlags cudaStreamCreateWithFlags
 #define hipStreamNonBlocking cudaStreamNonBlocking
 #define hipStreamDestroy cudaStreamDestroy
 #define hipStreamSynchronize cudaStreamSynchronize
 #define hipDeviceSynchronize cudaDeviceSynchronize
-#define hipEventCreate cudaEventCreate
-#define hipEventDestroy cudaEventDestroy
-#define hipEventRecord cudaEventRecord
-#define hipEventSynchronize cudaEventSynchronize
-#define hipEventElapsedTime cudaEventElapsedTime
 #define hipIpcGetMemHandle cudaIpcGetMemHandle
 #define hipIpcOpenMemHandle cudaIpcOpenMemHandle
 #define hipIpcCloseMemHandle cudaIpcCloseMemHandle
@@ -85,8 +73,6 @@ using hipDeviceProp_t = cudaDeviceProp;
 #define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
 #define hipDeviceAttributeSharedMemPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
 #define hipDeviceAttributeL2CacheSize cudaDevAttrL2CacheSize
-#define hipDeviceAttributeComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
-#define hipDeviceAttributeComputeCapabilityMinor cudaDevAttrComputeCapabilityMinor
 #endif
 
 namespace jo::gpu {
@@ -165,7 +151,6 @@ JO_DEVICE uint32_t atomic_cas_sys(uint32_t* p, uint32_t expected, uint32_t desir
 JO_DEVICE uint32_t atomic_add_dev(uint32_t* p, uint32_t v) {
   return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
-JO_DEVICE void fence_sys() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, ""); }
 JO_DEVICE uint64_t timer_ticks() { return __builtin_amdgcn_s_memrealtime(); }
 JO_DEVICE void backoff() { __builtin_amdgcn_s_sleep(2); }
 #else
@@ -189,7 +174,6 @@ JO_DEVICE uint32_t atomic_cas_sys(uint32_t* p, uint32_t expected, uint32_t desir
   return atomicCAS_system(p, expected, desired);
 }
 JO_DEVICE uint32_t atomic_add_dev(uint32_t* p, uint32_t v) { return atomicAdd(p, v); }
-JO_DEVICE void fence_sys() { __threadfence_system(); }
 JO_DEVICE uint64_t timer_ticks() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
