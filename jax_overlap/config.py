@@ -106,6 +106,22 @@ def _check_common(dtype_name: str, world: int, k: int, n: int, rows: int) -> str
   return None
 
 
+def _comm_workers(world: int, moved_bytes: float, flops: float, device: DeviceProps, slots: int) -> int:
+  """Fetcher/reducer workgroups to move moved_bytes within the GEMM's estimated time (0 for world 1)."""
+  if world == 1:
+    return 0
+  gemm_us = flops / device.engine_flops
+  want = math.ceil(moved_bytes / max(gemm_us * device.pull_bytes_per_sm, 1.0))
+  return int(min(max(want, 2), max(slots // 4, 1)))
+
+
+def _estimates(flops: float, pull_bytes: float, device: DeviceProps, slots: int, workers: int):
+  """(fused, xla) time estimates in us: overlapped max vs GEMM then collective."""
+  gemm_us = flops / device.engine_flops * slots / max(slots - workers, 1)
+  comm_us = pull_bytes / device.link_bytes
+  return max(gemm_us, comm_us), flops / device.vendor_flops + comm_us
+
+
 def _decide(algorithm: str, est_fused: float, est_xla: float, world: int) -> str | None:
   """None when the fused path should run, else why not."""
   if algorithm == "fused":
@@ -127,12 +143,7 @@ def plan_ag_matmul(*, dtype_name: str, rows: int, k: int, n: int, world: int, de
   elem = 2
   pull_bytes = (world - 1) * rows * k * elem
   flops = 2.0 * world * rows * n * k
-  if world > 1:
-    gemm_us_guess = flops / device.engine_flops
-    want = math.ceil(pull_bytes / max(gemm_us_guess * device.pull_bytes_per_sm, 1.0))
-    workers = int(min(max(want, 2), max(slots // 4, 1)))
-  else:
-    workers = 0
+  workers = _comm_workers(world, pull_bytes, flops, device, slots)
   tile = choose_tile(tiles, rows, n, slots - workers, groups=world)
   k_tiles = math.ceil(k / tile.bk)
   # About 8 ready flags along K: GEMM blocks start on a tile once its first
@@ -140,10 +151,7 @@ def plan_ag_matmul(*, dtype_name: str, rows: int, k: int, n: int, world: int, de
   chunk_k = tile.bk * max(1, math.ceil(k_tiles / 8))
   if world > 1:  # no more fetchers than chunks of a shard
     workers = min(workers, math.ceil(rows / tile.bm) * math.ceil(k / chunk_k))
-  gemm_us = flops / device.engine_flops * slots / max(slots - workers, 1)
-  comm_us = pull_bytes / device.link_bytes
-  est_fused = max(gemm_us, comm_us)
-  est_xla = flops / device.vendor_flops + comm_us
+  est_fused, est_xla = _estimates(flops, pull_bytes, device, slots, workers)
   why_not = _decide(algorithm, est_fused, est_xla, world)
   if why_not:
     return None, why_not
@@ -163,19 +171,11 @@ def plan_matmul_rs(*, dtype_name: str, rows: int, k: int, n: int, world: int, de
   flops = 2.0 * rows * n * k
   # Each rank reads its row block from every rank's staged partials.
   pull_bytes = (world - 1) * (rows // world) * n * elem
-  if world > 1:
-    gemm_us_guess = flops / device.engine_flops
-    want = math.ceil(world * (rows // world) * n * elem / max(gemm_us_guess * device.pull_bytes_per_sm, 1.0))
-    workers = int(min(max(want, 2), max(slots // 4, 1)))
-  else:
-    workers = 0
+  workers = _comm_workers(world, world * (rows // world) * n * elem, flops, device, slots)
   tile = choose_tile(tiles, rows // world, n, slots - workers, groups=world)
   if world > 1:  # no more reducers than tiles of a row block
     workers = min(workers, math.ceil(rows // world / tile.bm) * math.ceil(n / tile.bn))
-  gemm_us = flops / device.engine_flops * slots / max(slots - workers, 1)
-  comm_us = pull_bytes / device.link_bytes
-  est_fused = max(gemm_us, comm_us)
-  est_xla = flops / device.vendor_flops + comm_us
+  est_fused, est_xla = _estimates(flops, pull_bytes, device, slots, workers)
   why_not = _decide(algorithm, est_fused, est_xla, world)
   if why_not:
     return None, why_not
