@@ -1,0 +1,78 @@
+"""The GPU lowering on a CPU machine: lower for "cuda" with a stand-in runtime and read the custom calls.
+
+No GPU runs here; this checks what the lowering hands the FFI handlers: the target, the config
+attribute, and each group's global device ids in rank order for the mesh axis.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jax_overlap
+from jax_overlap import config, native, runtime
+
+pytestmark = pytest.mark.skipif(native.platform() != "cuda", reason="needs the CUDA build of the extension")
+
+
+@pytest.fixture
+def fake_gpu_runtime(monkeypatch):
+  """A runtime that believes it has every CPU device as a reachable GPU."""
+  monkeypatch.setattr(runtime._state, "active", True)
+  monkeypatch.setattr(runtime._state, "workspace_bytes", 1 << 30)
+  monkeypatch.setattr(runtime._state, "next_offset", native.module().REGIONS_OFFSET)
+  monkeypatch.setattr(runtime._state, "regions", {})
+  monkeypatch.setattr(runtime._state, "reachable", {d.id for d in jax.devices()})
+  monkeypatch.setattr(runtime, "initialize", lambda **kw: runtime.workspace_info())
+  monkeypatch.setattr(runtime, "device_props", lambda: config.DeviceProps(sm_count=132, smem_per_block=232448))
+  monkeypatch.setattr(native, "ensure_registered", lambda: None)
+
+
+def _custom_calls(text):
+  return [line for line in text.splitlines() if "stablehlo.custom_call @jax_overlap" in line]
+
+
+def _groups(line):
+  ids = re.search(r"groups = (?:dense<\[?([-\d, ]+)\]?>|array<i64: ([-\d, ]+)>)", line)
+  return [int(v) for v in (ids.group(1) or ids.group(2)).split(",")]
+
+
+@pytest.mark.parametrize("axis,want", [("tp", [0, 1, 2, 3, 4, 5, 6, 7]), ("dp", [0, 4, 1, 5, 2, 6, 3, 7])])
+def test_groups_follow_the_mesh_axis(fake_gpu_runtime, make_mesh, axis, want):
+  mesh = make_mesh((2, 4), ("dp", "tp"))
+  x = jnp.zeros((256, 512), jnp.bfloat16)
+  w = jnp.zeros((512, 256), jnp.bfloat16)
+  f = jax.jit(jax.shard_map(lambda x, w: jax_overlap.ag_matmul(x, w, axis_name=axis, algorithm="fused"),
+                            mesh=mesh, in_specs=(P(axis), P()), out_specs=P(axis)))
+  calls = _custom_calls(f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text())
+  assert len(calls) == 1 and "@jax_overlap_ag_matmul" in calls[0]
+  assert _groups(calls[0]) == want
+  assert f"world = {mesh.shape[axis]}" in calls[0]
+
+
+def test_backward_uses_both_fused_ops_with_w_transposed(fake_gpu_runtime, make_mesh):
+  mesh = make_mesh((4,), ("tp",))
+  x, w = jnp.zeros((256, 512), jnp.bfloat16), jnp.zeros((512, 256), jnp.bfloat16)
+
+  def loss(x, w):
+    y = jax.shard_map(lambda x, w: jax_overlap.ag_matmul(x, w, axis_name="tp", algorithm="fused"), mesh=mesh,
+                      in_specs=(P("tp"), P(None, "tp")), out_specs=P(None, "tp"))(x, w)
+    return jnp.sum(y.astype(jnp.float32))
+
+  calls = _custom_calls(jax.jit(jax.grad(loss, argnums=(0, 1))).trace(x, w).lower(
+      lowering_platforms=("cuda",)).as_text())
+  assert [c.split("@")[1].split("(")[0] for c in calls] == ["jax_overlap_ag_matmul", "jax_overlap_matmul_rs"]
+  assert "w_kmajor = 1" in calls[1]
+  assert len(runtime._state.regions) == 2  # one region per (op, group, shape)
+
+
+def test_fused_refused_where_it_cannot_run(fake_gpu_runtime, make_mesh):
+  mesh = make_mesh((4,), ("tp",))
+  x = jnp.zeros((256, 100), jnp.bfloat16)  # k not a multiple of 8
+  f = jax.jit(jax.shard_map(lambda x, w: jax_overlap.ag_matmul(x, w, axis_name="tp", algorithm="fused"),
+                            mesh=mesh, in_specs=(P("tp"), P(None, "tp")), out_specs=P(None, "tp")))
+  with pytest.raises(ValueError, match="algorithm='fused' cannot take this call: k=100"):
+    f.trace(x, jnp.zeros((100, 256), jnp.bfloat16)).lower(lowering_platforms=("cuda",))
