@@ -27,7 +27,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
 
 import jax_overlap as jo
 from jax_overlap import config, native

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from jax_overlap import primitives, reference
 from jax_overlap.sharding_plan import ag_plan, rs_plan, spec_of
@@ -111,7 +111,7 @@ def _rs_function(ndim: int, has_bias: bool, w_kmajor: bool, algorithm: str, m: i
 # custom_vmap whose rule folds a batched x into the leading dims (the ops take
 # any) and sends batched weights or bias to the reference product.
 
-def _batch_rule(op: str, partitioned, reference_fn, w_kmajor: bool):
+def _batch_rule(partitioned, reference_fn, w_kmajor: bool):
   def rule(axis_size, in_batched, x, w, *bias):
     x_batched, w_batched, *bias_batched = in_batched
     if x_batched and not w_batched and not any(bias_batched):
@@ -130,7 +130,7 @@ def _ag_vmappable(has_bias: bool, w_kmajor: bool, algorithm: str):
     return _ag_function(x.ndim, has_bias, w_kmajor, algorithm)(x, w, *bias)
 
   fn = jax.custom_batching.custom_vmap(partitioned)
-  fn.def_vmap(_batch_rule("ag_matmul", partitioned, reference.ag_matmul, w_kmajor))
+  fn.def_vmap(_batch_rule(partitioned, reference.ag_matmul, w_kmajor))
   return fn
 
 
@@ -140,7 +140,7 @@ def _rs_vmappable(has_bias: bool, w_kmajor: bool, algorithm: str):
     return _rs_function(x.ndim, has_bias, w_kmajor, algorithm, x.shape[-2])(x, w, *bias)
 
   fn = jax.custom_batching.custom_vmap(partitioned)
-  fn.def_vmap(_batch_rule("matmul_rs", partitioned, reference.matmul_rs, w_kmajor))
+  fn.def_vmap(_batch_rule(partitioned, reference.matmul_rs, w_kmajor))
   return fn
 
 
