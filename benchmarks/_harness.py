@@ -119,7 +119,16 @@ def git_commit() -> str:
     return "unknown"
 
 
-def write_results(name: str, rows: list[dict], out_dir: str, command: str) -> str:
+ONE_GPU_SERIES = (("fused", "#d62728"), ("xla", "#1f77b4"), ("cublas", "#7f7f7f"))
+
+
+def shape_label(r: dict) -> str:
+  return f"M={r['m']} N={r['n']} K={r['k']}"
+
+
+def write_results(name: str, rows: list[dict], out_dir: str, command: str, series=ONE_GPU_SERIES,
+                  label=shape_label, plotted=lambda r: r.get("world", 1) == 1) -> str:
+  """rows as JSON (with date, device, commit, command) and a bar chart of each series' TFLOP/s."""
   os.makedirs(out_dir, exist_ok=True)
   stamp = datetime.date.today().isoformat()
   meta = {"date": stamp, "device": jax.devices()[0].device_kind, "commit": git_commit(), "command": command,
@@ -127,26 +136,26 @@ def write_results(name: str, rows: list[dict], out_dir: str, command: str) -> st
   path = os.path.join(out_dir, f"{name}_{stamp}")
   with open(path + ".json", "w") as f:
     json.dump({"meta": meta, "rows": rows}, f, indent=1)
-  _svg_bars(path + ".svg", f"{name} on {meta['device']} ({stamp}, {meta['commit']})", rows)
+  _svg_bars(path + ".svg", f"{name} on {meta['device']} ({stamp}, {meta['commit']})",
+            [r for r in rows if plotted(r)], series, label)
   return path
 
 
-def _svg_bars(path: str, title: str, rows: list[dict]) -> None:
-  """A dependency-free grouped bar chart of TFLOP/s per shape."""
-  series = [("fused", "#d62728"), ("xla", "#1f77b4"), ("cublas", "#7f7f7f")]
-  groups = [r for r in rows if r.get("world", 1) == 1]
+def _svg_bars(path: str, title: str, groups: list[dict], series, label) -> None:
+  """A dependency-free grouped bar chart of TFLOP/s per row."""
   top = max([r.get(f"{s}_tflops") or 0 for r in groups for s, _ in series] + [1])
-  width, height, pad = 160 * max(len(groups), 1) + 80, 320, 40
+  step = 40 * len(series) + 40
+  width, height, pad = step * max(len(groups), 1) + 80, 320, 40
   parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
            f'font-size="11"><text x="10" y="18" font-size="13">{title}</text>']
   for gi, r in enumerate(groups):
-    x0 = pad + gi * 160
+    x0 = pad + gi * step
     for si, (s, color) in enumerate(series):
       v = r.get(f"{s}_tflops") or 0
       h = (height - 90) * v / top
       parts.append(f'<rect x="{x0 + si * 40}" y="{height - 50 - h:.1f}" width="34" height="{h:.1f}" '
                    f'fill="{color}"/><text x="{x0 + si * 40}" y="{height - 54 - h:.1f}">{v:.0f}</text>')
-    parts.append(f'<text x="{x0}" y="{height - 32}">M={r["m"]} N={r["n"]} K={r["k"]}</text>')
+    parts.append(f'<text x="{x0}" y="{height - 32}">{label(r)}</text>')
   for si, (s, color) in enumerate(series):
     parts.append(f'<rect x="{pad + si * 90}" y="{height - 18}" width="10" height="10" fill="{color}"/>'
                  f'<text x="{pad + si * 90 + 14}" y="{height - 9}">{s} TFLOP/s</text>')
@@ -155,8 +164,8 @@ def _svg_bars(path: str, title: str, rows: list[dict]) -> None:
     f.write("".join(parts))
 
 
-def print_table(rows: list[dict]) -> None:
-  cols = ["world", "m", "n", "k", "fused_us", "xla_us", "cublas_us", "kernel_us", "overhead_us", "fused_tflops",
+def print_table(rows: list[dict], cols=None) -> None:
+  cols = cols or ["world", "m", "n", "k", "fused_us", "xla_us", "cublas_us", "kernel_us", "overhead_us", "fused_tflops",
           "cublas_tflops", "fused_vs_cublas", "emulated_us", "single_gemm_us", "protocol_overhead"]
   present = [c for c in cols if any(r.get(c) is not None for r in rows)]
   print(" ".join(f"{c:>14}" for c in present))

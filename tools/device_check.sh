@@ -4,7 +4,9 @@
 # and the op benchmarks; a summary table last. Logs and results go to $OUT
 # (default /tmp/device_check).
 #
-#   bash tools/device_check.sh [STEP ...]     steps: build gpu_tests multiprocess examples bench gemm_engine cpu_tests
+#   bash tools/device_check.sh [STEP ...]
+#     steps: build gpu_tests multiprocess examples bench gemm_engine cpu_tests  (default: all of these)
+#            per_gpu bench_multi                                               (machines with 2+ GPUs)
 #
 # The machine has no network: pytest comes from wheels in .whl/ when missing,
 # and the build uses the preinstalled scikit-build-core (--no-build-isolation).
@@ -14,7 +16,7 @@ OUT="${OUT:-/tmp/device_check}"
 mkdir -p "$OUT"
 STEPS=("$@")
 [[ ${#STEPS[@]} -gt 0 ]] || STEPS=(build gpu_tests multiprocess examples bench gemm_engine cpu_tests)
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (device KINDS.md)
 SUMMARY=()
 
 if ! python3 -c "import pytest" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
@@ -46,6 +48,10 @@ for step in "${STEPS[@]}"; do
       run gpu_multi_gpu 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_multi_gpu.py ;;
     multiprocess)
       run multiprocess 300 python3 tests/gpu/multiprocess.py --worlds 2 4 8 ;;
+    per_gpu)
+      run per_gpu 200 python3 tests/gpu/multiprocess.py --per-gpu ;;
+    bench_multi)
+      run bench_multi 500 python3 benchmarks/bench_multi_gpu.py --out "$OUT" ;;
     cpu_tests)
       run cpu_tests 300 env JAX_PLATFORMS=cpu python3 -m pytest -q tests --ignore=tests/gpu ;;
     examples)

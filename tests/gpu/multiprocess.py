@@ -1,11 +1,14 @@
-"""Several JAX processes on ONE GPU under MPS: the runtime and the fused ops end to end.
+"""Several JAX processes, one jax.distributed job: the runtime and the fused ops end to end.
 
-  python tests/gpu/multiprocess.py --worlds 2 4 8      (device machine; starts and stops MPS)
+  python tests/gpu/multiprocess.py --worlds 2 4 8      (all on ONE GPU; starts and stops MPS)
+  python tests/gpu/multiprocess.py --per-gpu           (one process per GPU of this machine)
 
 For each world size, `world` worker processes join one jax.distributed job on
-127.0.0.1 and form a `world`-device mesh on the same GPU (XLA's own
-collectives cannot run there: NCCL refuses duplicate GPUs, so every check uses
-only jax_overlap's custom calls). Each worker:
+127.0.0.1 and form a `world`-device mesh: on the same GPU under MPS, or one GPU
+each (CUDA_VISIBLE_DEVICES; the workspaces are mapped by IPC handles across
+processes either way). XLA's own collectives cannot run on duplicate GPUs
+(NCCL refuses them), so every check uses only jax_overlap's custom calls. Each
+worker:
   1. all_gather custom call inside shard_map: 1000 calls in a row, every result checked;
   2. fused ag_matmul (with the gathered x) and matmul_rs vs a float64 NumPy reference;
   3. matmul_rs twice: identical bits;
@@ -43,8 +46,8 @@ def _gelu_grad(x):
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)
 
 
-def worker(rank: int, world: int, port: int, out_path: str) -> None:
-  os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.6 / world:.3f}"
+def worker(rank: int, world: int, port: int, out_path: str, per_gpu: bool) -> None:
+  os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.6" if per_gpu else f"{0.6 / world:.3f}"
   os.environ["JAX_OVERLAP_WATCHDOG_SECONDS"] = str(WATCHDOG_SECONDS)
   import jax
   jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=world, process_id=rank)
@@ -174,6 +177,12 @@ def worker(rank: int, world: int, port: int, out_path: str) -> None:
   os._exit(0)  # skip jax.distributed's exit barrier: a peer is gone
 
 
+def _gpu_count() -> int:
+  out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True,
+                       check=False).stdout
+  return len(out.split())
+
+
 def _free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -192,12 +201,14 @@ def _stop_mps(env: dict) -> None:
   subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", env=env, check=False)
 
 
-def run_world(world: int, env: dict, timeout: float = 600) -> list[dict]:
+def run_world(world: int, env: dict, per_gpu: bool, timeout: float = 600) -> list[dict]:
   port = _free_port()
   with tempfile.TemporaryDirectory() as tmp:
     outs = [os.path.join(tmp, f"rank{r}.json") for r in range(world)]
+    rank_env = lambda r: dict(env, CUDA_VISIBLE_DEVICES=str(r)) if per_gpu else env
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), "--world", str(world), "--port",
-                               str(port), "--out", outs[r]], env=env) for r in range(world)]
+                               str(port), "--out", outs[r]] + (["--per-gpu"] if per_gpu else []), env=rank_env(r))
+             for r in range(world)]
     deadline = time.monotonic() + timeout
     for p in procs:
       try:
@@ -215,22 +226,28 @@ def run_world(world: int, env: dict, timeout: float = 600) -> list[dict]:
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser()
-  ap.add_argument("--worlds", type=int, nargs="*", default=[2, 4, 8])
+  ap.add_argument("--worlds", type=int, nargs="*", default=None,
+                  help="world sizes (default: 2 4 8 on one GPU; every GPU with --per-gpu)")
+  ap.add_argument("--per-gpu", action="store_true", help="one process per GPU instead of all on GPU 0 under MPS")
   ap.add_argument("--worker", type=int)
   ap.add_argument("--world", type=int)
   ap.add_argument("--port", type=int)
   ap.add_argument("--out")
   args = ap.parse_args(argv)
   if args.worker is not None:
-    worker(args.worker, args.world, args.port, args.out)
+    worker(args.worker, args.world, args.port, args.out, args.per_gpu)
     return 0
   ok = True
+  worlds = args.worlds or ([_gpu_count()] if args.per_gpu else [2, 4, 8])
+  if args.per_gpu and max(worlds) > _gpu_count():
+    print(f"--per-gpu: world {max(worlds)} needs that many GPUs; this machine has {_gpu_count()}")
+    return 1
   with tempfile.TemporaryDirectory() as tmp:
-    env = _start_mps(tmp)
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0") if args.per_gpu else _start_mps(tmp)
     try:
-      for world in args.worlds:
+      for world in worlds:
         t0 = time.monotonic()
-        results = run_world(world, env)
+        results = run_world(world, env, args.per_gpu)
         for r in results:
           print(json.dumps(r))
         failed = sorted({f"{name} (rank {r['rank']}): {c['detail']}" for r in results
@@ -239,7 +256,8 @@ def main(argv=None) -> int:
         print(f"world {world}: {'PASS' if all(r['ok'] for r in results) else 'FAIL'} "
               f"({time.monotonic() - t0:.0f} s) {'; '.join(failed)[:2000]}", flush=True)
     finally:
-      _stop_mps(env)
+      if not args.per_gpu:
+        _stop_mps(env)
   return 0 if ok else 1
 
 

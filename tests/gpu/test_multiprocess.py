@@ -1,7 +1,9 @@
-"""Two JAX processes on one GPU under MPS (the full sweep is `python tests/gpu/multiprocess.py`)."""
+"""Two JAX processes on one GPU under MPS, and one process per GPU where there are several
+(the full sweep is `python tests/gpu/multiprocess.py`)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -10,18 +12,31 @@ import pytest
 import multiprocess
 from gpu_util import requires_gpu
 
-pytestmark = [pytest.mark.gpu, requires_gpu,
-              pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None,
-                                 reason="needs NVIDIA MPS to run several processes on one GPU")]
+pytestmark = [pytest.mark.gpu, requires_gpu]
 
 
+def _failed(results):
+  return {f"{name} (rank {r['rank']}): {c['detail']}" for r in results for name, c in r["checks"].items()
+          if not c["ok"]}
+
+
+@pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None,
+                    reason="needs NVIDIA MPS to run several processes on one GPU")
 def test_two_processes_one_gpu():
   with tempfile.TemporaryDirectory() as tmp:
     env = multiprocess._start_mps(tmp)
     try:
-      results = multiprocess.run_world(2, env, timeout=300)
+      results = multiprocess.run_world(2, env, per_gpu=False, timeout=300)
     finally:
       multiprocess._stop_mps(env)
-  failed = {f"{name} (rank {r['rank']}): {c['detail']}" for r in results for name, c in r["checks"].items()
-            if not c["ok"]}
+  failed = _failed(results)
+  assert not failed, failed
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None or multiprocess._gpu_count() < 2,
+                    reason="needs 2 or more GPUs (multi-GPU device machine)")
+def test_one_process_per_gpu():
+  results = multiprocess.run_world(multiprocess._gpu_count(), dict(os.environ, NCCL_NVLS_ENABLE="0"), per_gpu=True,
+                                   timeout=300)
+  failed = _failed(results)
   assert not failed, failed

@@ -1,0 +1,226 @@
+"""ag_matmul and matmul_rs across the GPUs of one machine, against every baseline in one run.
+
+  python benchmarks/bench_multi_gpu.py [--tp 2 4 8] [--m 1024 4096 16384 65536] [--out benchmarks/results]
+
+Shapes are per rank, as tensor parallelism sees them: each rank's GEMM is [M total, K] @ [K, N]
+(ag_matmul gathers x's M/T row shards first; matmul_rs reduce-scatters the [M, N] partials).
+Columns, all measured in the same run (bf16, one process driving T GPUs, times in us per call):
+  fused, auto, xla   jax_overlap with that algorithm inside jax.shard_map
+  xla_cm             XLA's own collective matmul (windowed einsum) on sharded arrays under jax.jit,
+                     measured in a child process started with XLA_CM_FLAGS (XLA flags are per process)
+  ppermute           the collective-matmul pattern of the JAX shard_map docs (dot per shard + ppermute)
+  cublas             the per-rank GEMM alone (torch.matmul on GPU 0), when torch is present
+  ideal              max(cublas, bytes each rank receives / link), link = a ppermute ring measured here
+  kernel, wait, comm the fused kernel's span on GPU 0 from its trace; summed GEMM-side wait per GEMM
+                     workgroup; the span of its fetch/reduce work
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and the child process share the GPUs
+os.environ.setdefault("JAX_OVERLAP_WORKSPACE_BYTES", str(12 << 30))  # regions of every shape stay placed
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import _harness  # noqa: E402
+import jax_overlap as jo  # noqa: E402
+
+XLA_CM_FLAGS = "--xla_gpu_threshold_for_windowed_einsum_mib=0 --xla_gpu_multi_streamed_windowed_einsum=true"
+NK = [(3584, 8192), (8192, 3584)]
+MS = [1024, 4096, 16384, 65536]
+LINK_BYTES = 256 << 20
+OPS = ("ag_matmul", "matmul_rs")
+ALGORITHMS = ("fused", "auto", "xla")
+BASELINES = ("xla_us", "xla_cm_us", "ppermute_us")
+SERIES = (("fused", "#d62728"), ("xla", "#1f77b4"), ("xla_cm", "#2ca02c"), ("ppermute", "#9467bd"),
+          ("ideal", "#7f7f7f"))  # TFLOP/s per rank in the plot
+COLUMNS = ["op", "tp", "m", "n", "k", "fused_us", "auto_us", "xla_us", "xla_cm_us", "ppermute_us", "cublas_us",
+           "ideal_us", "kernel_us", "wait_us", "comm_us", "fused_vs_best_baseline"]
+
+
+def mesh_of(t: int) -> Mesh:
+  return Mesh(np.array(jax.devices()[:t]), ("tp",))
+
+
+def global_shapes(op: str, t: int, m: int, n: int, k: int):
+  """(x, w) global shapes and specs; each rank's GEMM is [m, k] @ [k, n]."""
+  if op == "ag_matmul":
+    return ((m, k), P("tp", None)), ((k, t * n), P(None, "tp")), P(None, "tp")
+  return ((m, t * k), P(None, "tp")), ((t * k, n), P("tp", None)), P("tp", None)
+
+
+def jo_op(op: str, mesh: Mesh, algorithm: str):
+  (_, xs), (_, ws), out = global_shapes(op, 1, 1, 1, 1)
+  fn = jo.ag_matmul if op == "ag_matmul" else jo.matmul_rs
+  return jax.shard_map(lambda x, w: fn(x, w, axis_name="tp", algorithm=algorithm), mesh=mesh, in_specs=(xs, ws),
+                       out_specs=out)
+
+
+def ppermute_op(op: str, mesh: Mesh):
+  """Collective matmul by hand: one dot per shard, the next shard (or the partial sum) moving around the ring."""
+  t = mesh.shape["tp"]
+  (_, xs), (_, ws), out = global_shapes(op, 1, 1, 1, 1)
+
+  def ag(x, w):  # x [m/t, k], w [k, n] -> [m, n]; receive from rank + 1 each step
+    idx = jax.lax.axis_index("tp")
+    blocks, chunk = [None] * t, x
+    for s in range(t):
+      blocks[s] = chunk @ w  # rows of shard (idx + s) % t
+      if s < t - 1:
+        chunk = jax.lax.ppermute(chunk, "tp", [(j, (j - 1) % t) for j in range(t)])
+    y = jnp.stack(blocks)  # [t, m/t, n], block s holds shard (idx + s) % t
+    return jnp.roll(y, idx, axis=0).reshape(-1, y.shape[-1])
+
+  def rs(x, w):  # x [m, k/t], w [k/t, n] -> [m/t, n]; the partial for block b ends at rank b
+    idx = jax.lax.axis_index("tp")
+    xb = x.reshape(t, -1, x.shape[-1])
+    part = lambda b: jnp.dot(jax.lax.dynamic_index_in_dim(xb, b % t, keepdims=False), w,
+                             preferred_element_type=jnp.float32)
+    acc = part(idx - 1)
+    for s in range(1, t):
+      acc = jax.lax.ppermute(acc.astype(x.dtype), "tp", [(j, (j + 1) % t) for j in range(t)])
+      acc = acc + part(idx - s - 1)
+    return acc.astype(x.dtype)
+
+  return jax.shard_map(ag if op == "ag_matmul" else rs, mesh=mesh, in_specs=(xs, ws), out_specs=out)
+
+
+def xla_jit_op(op: str, mesh: Mesh):
+  """The plain program on sharded arrays; with XLA_CM_FLAGS XLA rewrites it as a windowed einsum."""
+  (_, _), (_, _), out = global_shapes(op, 1, 1, 1, 1)
+  return lambda x, w: jax.lax.with_sharding_constraint(x @ w, NamedSharding(mesh, out))
+
+
+def inputs(op: str, mesh: Mesh, m: int, n: int, k: int):
+  t = mesh.shape["tp"]
+  (xshape, xs), (wshape, ws), _ = global_shapes(op, t, m, n, k)
+  x = jax.device_put(_harness.random_bf16(xshape, 0), NamedSharding(mesh, xs))
+  w = jax.device_put(_harness.random_bf16(wshape, 1) * (xshape[1] ** -0.5), NamedSharding(mesh, ws))
+  return x, w
+
+
+def link_gbps(mesh: Mesh) -> float:
+  """Bytes each rank receives per second in a ppermute ring (every rank sends LINK_BYTES to rank + 1)."""
+  t = mesh.shape["tp"]
+  a = jax.device_put(jnp.zeros((t * LINK_BYTES // 2,), jnp.bfloat16), NamedSharding(mesh, P("tp")))
+  ring = jax.shard_map(lambda v: jax.lax.ppermute(v, "tp", [(j, (j + 1) % t) for j in range(t)]), mesh=mesh,
+                       in_specs=P("tp"), out_specs=P("tp"))
+  us = _harness.wall_us(_harness.chained(lambda v, _: ring(v)), a, a)
+  return LINK_BYTES / us / 1e3
+
+
+def received_bytes(op: str, t: int, m: int, n: int, k: int) -> int:
+  return (t - 1) * (m // t) * (k if op == "ag_matmul" else n) * 2
+
+
+def trace_split(fn, x, w) -> dict:
+  """One fused call traced on GPU 0: kernel span, GEMM-side wait per GEMM workgroup, comm span (us)."""
+  single = jax.jit(fn)
+  jo.initialize(trace=True)
+  try:
+    jax.block_until_ready(single(x, w))
+    jo.tracing.events(0)  # discard the warm-up call
+    jax.block_until_ready(single(x, w))
+    ev, tpu = jo.tracing.events(0)
+  finally:
+    jo.initialize(trace=False)
+  if len(ev) == 0:
+    return {}
+  kinds = {name: ev[ev["kind"] == i] for i, name in enumerate(jo.tracing.KINDS)}
+  span = lambda e: float(e["end"].max() - e["start"].min()) / tpu if len(e) else 0.0
+  gemm_blocks = max(len(np.unique(kinds["gemm_tile"]["block"])), 1)
+  comm = np.concatenate([kinds["fetch"], kinds["publish"], kinds["reduce"]])
+  return {"kernel_us": span(ev), "wait_us": float((kinds["wait"]["end"] - kinds["wait"]["start"]).sum()) / tpu /
+          gemm_blocks, "comm_us": span(comm)}
+
+
+def measure_xla_cm(ops, tps, ms, nks) -> dict:
+  """Runs this script in a child process with XLA_CM_FLAGS; returns {(op, t, m, n, k): (us, windowed)}."""
+  env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + XLA_CM_FLAGS).strip())
+  cmd = [sys.executable, __file__, "--child-xla-cm", "--ops", *ops, "--tp", *map(str, tps), "--m", *map(str, ms),
+         "--nk", *(f"{n},{k}" for n, k in nks)]
+  out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+  if out.returncode != 0:
+    sys.stderr.write(f"xla_cm child failed ({out.returncode}):\n{out.stderr[-3000:]}\n")
+    return {}
+  rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+  return {(r["op"], r["tp"], r["m"], r["n"], r["k"]): (r["us"], r["windowed"]) for r in rows}
+
+
+def child_xla_cm(ops, tps, ms, nks) -> None:
+  for t in tps:
+    mesh = mesh_of(t)
+    for op in ops:
+      for n, k in nks:
+        for m in ms:
+          x, w = inputs(op, mesh, m, n, k)
+          fn = xla_jit_op(op, mesh)
+          hlo = jax.jit(fn).lower(x, w).compile().as_text()
+          us = _harness.wall_us(_harness.chained(fn), x, w)
+          print(json.dumps({"op": op, "tp": t, "m": m, "n": n, "k": k, "us": us,
+                            "windowed": "collective-permute" in hlo}), flush=True)
+          del x, w
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--tp", type=int, nargs="*", default=None, help="group sizes (default: 2, 4, 8 up to the GPUs)")
+  ap.add_argument("--m", type=int, nargs="*", default=MS)
+  ap.add_argument("--nk", nargs="*", default=[f"{n},{k}" for n, k in NK], help="N,K per rank")
+  ap.add_argument("--ops", nargs="*", default=list(OPS))
+  ap.add_argument("--out", default="benchmarks/results")
+  ap.add_argument("--child-xla-cm", action="store_true", help=argparse.SUPPRESS)
+  args = ap.parse_args(argv)
+  tps = args.tp or [t for t in (2, 4, 8) if t <= len(jax.devices())]
+  nks = [tuple(int(v) for v in s.split(",")) for s in args.nk]
+  if args.child_xla_cm:
+    child_xla_cm(args.ops, tps, args.m, nks)
+    return
+  if not tps or max(tps) > len(jax.devices()):
+    sys.exit(f"bench_multi_gpu: needs as many GPUs as the largest --tp; this process has {len(jax.devices())}")
+  xla_cm = measure_xla_cm(args.ops, tps, args.m, nks)
+  jo.initialize()
+  configs = [(op, t, m, n, k) for t in tps for op in args.ops for n, k in nks for m in args.m]
+  rows, links = [], {}
+  for i, (op, t, m, n, k) in enumerate(configs):
+    _harness.progress(i, len(configs), f"{op} T={t} M={m} N={n} K={k}")
+    mesh = mesh_of(t)
+    if t not in links:
+      links[t] = link_gbps(mesh)
+    x, w = inputs(op, mesh, m, n, k)
+    row = dict(op=op, tp=t, m=m, n=n, k=k, link_gbps=links[t])
+    for algorithm in ALGORITHMS:
+      row[f"{algorithm}_us"] = _harness.wall_us(_harness.chained(jo_op(op, mesh, algorithm)), x, w)
+    row["ppermute_us"] = _harness.wall_us(_harness.chained(ppermute_op(op, mesh)), x, w)
+    row["xla_cm_us"], row["xla_cm_windowed"] = xla_cm.get((op, t, m, n, k), (None, None))
+    row["cublas_us"] = _harness.cublas_us(m, n, k)
+    comm_us = received_bytes(op, t, m, n, k) / links[t] / 1e3
+    row["ideal_us"] = max(row["cublas_us"] or 0.0, comm_us)
+    row.update(trace_split(jo_op(op, mesh, "fused"), x, w))
+    best = min(row[key] for key in BASELINES if row[key])
+    row["fused_vs_best_baseline"] = best / row["fused_us"]
+    for s, _ in SERIES:
+      row[f"{s}_tflops"] = _harness.tflops(m, n, k, row[f"{s}_us"])
+    rows.append(row)
+    del x, w
+  _harness.progress(len(configs), len(configs), "done")
+  path = _harness.write_results("multi_gpu", rows, args.out, "python " + " ".join(sys.argv), series=SERIES,
+                                label=lambda r: f"{r['op'][:2]} T={r['tp']} {r['m']}x{r['n']}x{r['k']}")
+  print("peer link (ppermute ring, per rank received): " +
+        ", ".join(f"T={t}: {g:.0f} GB/s" for t, g in links.items()))
+  _harness.print_table(rows, COLUMNS)
+  print(f"results: {path}.json, {path}.svg")
+
+
+if __name__ == "__main__":
+  main()
