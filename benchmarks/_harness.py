@@ -44,21 +44,21 @@ def progress(i: int, total: int, label: str) -> None:
     sys.stderr.write("\n")
 
 
-def wall_us(fn, *args) -> float:
-  """Median wall time of fn(*args) (which runs UNROLL calls), per call, in us."""
+def wall_us(fn, *args, unroll: int = UNROLL) -> float:
+  """Median wall time of fn(*args) (which runs `unroll` calls), per call, in us."""
   jax.block_until_ready(fn(*args))
   times = []
   for _ in range(REPEATS):
     t0 = time.perf_counter()
     jax.block_until_ready(fn(*args))
     times.append(time.perf_counter() - t0)
-  return statistics.median(times) / UNROLL * 1e6
+  return statistics.median(times) / unroll * 1e6
 
 
-def chained(op):
-  """UNROLL calls of op(x, w) in one executable; each call's input depends on the previous output."""
+def chained(op, unroll: int = UNROLL):
+  """`unroll` calls of op(x, w) in one executable; each call's input depends on the previous output."""
   def run(x, w):
-    for _ in range(UNROLL):
+    for _ in range(unroll):
       y = op(x, w)
       x = x.at[(0,) * x.ndim].set(y[(0,) * y.ndim].astype(x.dtype))
     return x

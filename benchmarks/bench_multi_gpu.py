@@ -4,8 +4,10 @@
 
 Shapes are per rank, as tensor parallelism sees them: each rank's GEMM is [M total, K] @ [K, N]
 (ag_matmul gathers x's M/T row shards first; matmul_rs reduce-scatters the [M, N] partials).
+Rows are appended to OUT/multi_gpu_DATE.jsonl as they finish, and a rerun skips the rows there.
 Columns, all measured in the same run (bf16, one process driving T GPUs, times in us per call):
-  fused, auto, xla   jax_overlap with that algorithm inside jax.shard_map
+  fused, xla         jax_overlap with that algorithm inside jax.shard_map (auto_picks: which one
+                     algorithm="auto" chose, read from the lowered program)
   xla_cm             XLA's own collective matmul (windowed einsum) on sharded arrays under jax.jit,
                      measured in a child process started with XLA_CM_FLAGS (XLA flags are per process)
   ppermute           the collective-matmul pattern of the JAX shard_map docs (dot per shard + ppermute)
@@ -18,6 +20,7 @@ Columns, all measured in the same run (bf16, one process driving T GPUs, times i
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import subprocess
@@ -40,11 +43,10 @@ NK = [(3584, 8192), (8192, 3584)]
 MS = [1024, 4096, 16384, 65536]
 LINK_BYTES = 256 << 20
 OPS = ("ag_matmul", "matmul_rs")
-ALGORITHMS = ("fused", "auto", "xla")
 BASELINES = ("xla_us", "xla_cm_us", "ppermute_us")
 SERIES = (("fused", "#d62728"), ("xla", "#1f77b4"), ("xla_cm", "#2ca02c"), ("ppermute", "#9467bd"),
           ("ideal", "#7f7f7f"))  # TFLOP/s per rank in the plot
-COLUMNS = ["op", "tp", "m", "n", "k", "fused_us", "auto_us", "xla_us", "xla_cm_us", "ppermute_us", "cublas_us",
+COLUMNS = ["op", "tp", "m", "n", "k", "fused_us", "auto_picks", "xla_us", "xla_cm_us", "ppermute_us", "cublas_us",
            "ideal_us", "kernel_us", "wait_us", "comm_us", "fused_vs_best_baseline"]
 
 
@@ -144,32 +146,79 @@ def trace_split(fn, x, w) -> dict:
           gemm_blocks, "comm_us": span(comm)}
 
 
-def measure_xla_cm(ops, tps, ms, nks) -> dict:
-  """Runs this script in a child process with XLA_CM_FLAGS; returns {(op, t, m, n, k): (us, windowed)}."""
-  env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + XLA_CM_FLAGS).strip())
-  cmd = [sys.executable, __file__, "--child-xla-cm", "--ops", *ops, "--tp", *map(str, tps), "--m", *map(str, ms),
-         "--nk", *(f"{n},{k}" for n, k in nks)]
-  out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-  if out.returncode != 0:
-    sys.stderr.write(f"xla_cm child failed ({out.returncode}):\n{out.stderr[-3000:]}\n")
+def unroll_for(m: int, n: int, k: int) -> int:
+  """Calls per timed executable: about 20 ms of GEMM at 500 TFLOP/s, 2 to UNROLL."""
+  return int(min(max(20000 / (2.0 * m * n * k / 5e8), 2), _harness.UNROLL))
+
+
+def timed(fn, x, w, m: int, n: int, k: int) -> float:
+  u = unroll_for(m, n, k)
+  return _harness.wall_us(_harness.chained(fn, u), x, w, unroll=u)
+
+
+def key(r: dict) -> tuple:
+  return r["op"], r["tp"], r["m"], r["n"], r["k"]
+
+
+def load_rows(path: str) -> dict:
+  """Rows measured earlier into `path` (JSON lines): a run cut short resumes where it stopped."""
+  if not os.path.exists(path):
     return {}
-  rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-  return {(r["op"], r["tp"], r["m"], r["n"], r["k"]): (r["us"], r["windowed"]) for r in rows}
+  with open(path) as f:
+    return {key(r): r for r in map(json.loads, f) if r}
 
 
-def child_xla_cm(ops, tps, ms, nks) -> None:
-  for t in tps:
+def append_row(path: str, row: dict) -> None:
+  with open(path, "a") as f:
+    f.write(json.dumps(row) + "\n")
+
+
+def measure_xla_cm(configs, path: str) -> dict:
+  """XLA's collective matmul for every config not yet in `path`, in a child process started with
+  XLA_CM_FLAGS (rows appended to `path` as they finish); returns {key: row} of `path`."""
+  todo = [c for c in configs if c not in load_rows(path)]
+  if todo:
+    env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + XLA_CM_FLAGS).strip())
+    spec = ";".join(",".join(map(str, c)) for c in todo)
+    out = subprocess.run([sys.executable, __file__, "--child-xla-cm", spec, "--out", path], env=env,
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+      sys.stderr.write(f"xla_cm child failed ({out.returncode}):\n{out.stderr[-3000:]}\n")
+  return load_rows(path)
+
+
+def child_xla_cm(spec: str, path: str) -> None:
+  for item in spec.split(";"):
+    op, t, m, n, k = item.split(",")
+    t, m, n, k = int(t), int(m), int(n), int(k)
     mesh = mesh_of(t)
-    for op in ops:
-      for n, k in nks:
-        for m in ms:
-          x, w = inputs(op, mesh, m, n, k)
-          fn = xla_jit_op(op, mesh)
-          hlo = jax.jit(fn).lower(x, w).compile().as_text()
-          us = _harness.wall_us(_harness.chained(fn), x, w)
-          print(json.dumps({"op": op, "tp": t, "m": m, "n": n, "k": k, "us": us,
-                            "windowed": "collective-permute" in hlo}), flush=True)
-          del x, w
+    x, w = inputs(op, mesh, m, n, k)
+    fn = xla_jit_op(op, mesh)
+    hlo = jax.jit(fn).lower(x, w).compile().as_text()
+    append_row(path, {"op": op, "tp": t, "m": m, "n": n, "k": k, "us": timed(fn, x, w, m, n, k),
+                      "windowed": "collective-permute" in hlo})
+    del x, w
+
+
+def measure(op: str, t: int, m: int, n: int, k: int, link: float, xla_cm: dict) -> dict:
+  mesh = mesh_of(t)
+  x, w = inputs(op, mesh, m, n, k)
+  row = dict(op=op, tp=t, m=m, n=n, k=k, link_gbps=link)
+  for algorithm in ("fused", "xla"):
+    row[f"{algorithm}_us"] = timed(jo_op(op, mesh, algorithm), x, w, m, n, k)
+  # "auto" runs one of the two; which one is decided at trace time.
+  auto_hlo = jax.jit(jo_op(op, mesh, "auto")).lower(x, w).as_text()
+  row["auto_picks"] = "fused" if "@jax_overlap_" in auto_hlo else "xla"  # the custom call
+  row["ppermute_us"] = timed(ppermute_op(op, mesh), x, w, m, n, k)
+  cm = xla_cm.get((op, t, m, n, k), {})
+  row["xla_cm_us"], row["xla_cm_windowed"] = cm.get("us"), cm.get("windowed")
+  row["cublas_us"] = _harness.cublas_us(m, n, k)
+  row["ideal_us"] = max(row["cublas_us"] or 0.0, received_bytes(op, t, m, n, k) / link / 1e3)
+  row.update(trace_split(jo_op(op, mesh, "fused"), x, w))
+  row["fused_vs_best_baseline"] = min(row[b] for b in BASELINES if row[b]) / row["fused_us"]
+  for s, _ in SERIES:
+    row[f"{s}_tflops"] = _harness.tflops(m, n, k, row[f"{s}_us"])
+  return row
 
 
 def main(argv=None) -> None:
@@ -179,45 +228,36 @@ def main(argv=None) -> None:
   ap.add_argument("--nk", nargs="*", default=[f"{n},{k}" for n, k in NK], help="N,K per rank")
   ap.add_argument("--ops", nargs="*", default=list(OPS))
   ap.add_argument("--out", default="benchmarks/results")
-  ap.add_argument("--child-xla-cm", action="store_true", help=argparse.SUPPRESS)
+  ap.add_argument("--child-xla-cm", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
-  tps = args.tp or [t for t in (2, 4, 8) if t <= len(jax.devices())]
-  nks = [tuple(int(v) for v in s.split(",")) for s in args.nk]
   if args.child_xla_cm:
-    child_xla_cm(args.ops, tps, args.m, nks)
+    child_xla_cm(args.child_xla_cm, args.out)
     return
+  tps = args.tp or [t for t in (2, 4, 8) if t <= len(jax.devices())]
   if not tps or max(tps) > len(jax.devices()):
     sys.exit(f"bench_multi_gpu: needs as many GPUs as the largest --tp; this process has {len(jax.devices())}")
-  xla_cm = measure_xla_cm(args.ops, tps, args.m, nks)
-  jo.initialize()
+  nks = [tuple(int(v) for v in s.split(",")) for s in args.nk]
+  os.makedirs(args.out, exist_ok=True)
+  stamp = datetime.date.today().isoformat()
+  rows_path = os.path.join(args.out, f"multi_gpu_{stamp}.jsonl")
   configs = [(op, t, m, n, k) for t in tps for op in args.ops for n, k in nks for m in args.m]
-  rows, links = [], {}
-  for i, (op, t, m, n, k) in enumerate(configs):
-    _harness.progress(i, len(configs), f"{op} T={t} M={m} N={n} K={k}")
-    mesh = mesh_of(t)
-    if t not in links:
-      links[t] = link_gbps(mesh)
-    x, w = inputs(op, mesh, m, n, k)
-    row = dict(op=op, tp=t, m=m, n=n, k=k, link_gbps=links[t])
-    for algorithm in ALGORITHMS:
-      row[f"{algorithm}_us"] = _harness.wall_us(_harness.chained(jo_op(op, mesh, algorithm)), x, w)
-    row["ppermute_us"] = _harness.wall_us(_harness.chained(ppermute_op(op, mesh)), x, w)
-    row["xla_cm_us"], row["xla_cm_windowed"] = xla_cm.get((op, t, m, n, k), (None, None))
-    row["cublas_us"] = _harness.cublas_us(m, n, k)
-    comm_us = received_bytes(op, t, m, n, k) / links[t] / 1e3
-    row["ideal_us"] = max(row["cublas_us"] or 0.0, comm_us)
-    row.update(trace_split(jo_op(op, mesh, "fused"), x, w))
-    best = min(row[key] for key in BASELINES if row[key])
-    row["fused_vs_best_baseline"] = best / row["fused_us"]
-    for s, _ in SERIES:
-      row[f"{s}_tflops"] = _harness.tflops(m, n, k, row[f"{s}_us"])
-    rows.append(row)
-    del x, w
+  xla_cm = measure_xla_cm(configs, os.path.join(args.out, f"multi_gpu_xla_cm_{stamp}.jsonl"))
+  jo.initialize()
+  done, links = load_rows(rows_path), {}
+  for i, c in enumerate(configs):
+    _harness.progress(i, len(configs), "{} T={} M={} N={} K={}".format(*c))
+    if c in done:
+      continue
+    if c[1] not in links:
+      links[c[1]] = link_gbps(mesh_of(c[1]))
+    done[c] = measure(*c, links[c[1]], xla_cm)
+    append_row(rows_path, done[c])
   _harness.progress(len(configs), len(configs), "done")
+  rows = [done[c] for c in configs]
   path = _harness.write_results("multi_gpu", rows, args.out, "python " + " ".join(sys.argv), series=SERIES,
                                 label=lambda r: f"{r['op'][:2]} T={r['tp']} {r['m']}x{r['n']}x{r['k']}")
-  print("peer link (ppermute ring, per rank received): " +
-        ", ".join(f"T={t}: {g:.0f} GB/s" for t, g in links.items()))
+  print("peer link (ppermute ring, bytes each rank receives): " +
+        ", ".join(sorted({f"T={r['tp']}: {r['link_gbps']:.0f} GB/s" for r in rows})))
   _harness.print_table(rows, COLUMNS)
   print(f"results: {path}.json, {path}.svg")
 
