@@ -46,7 +46,9 @@ class DeviceProps:
   Rates are in units per microsecond. `engine_flops` is the fused kernels'
   GEMM rate and `vendor_flops` the vendor GEMM's (what the XLA path runs);
   `link_bytes` is the peer bandwidth one GPU can pull; `pull_bytes_per_sm` is
-  what one fetcher/reducer workgroup moves.
+  what one fetcher/reducer workgroup moves while GEMM workgroups load the
+  memory system (measured on 2 x H200: a lone workgroup pulls 13-23 GB/s over
+  NVLink, benchmarks/p2p; a fetcher also publishes what it pulls).
   """
 
   sm_count: int
@@ -55,7 +57,7 @@ class DeviceProps:
   engine_flops: float = 4.1e8
   vendor_flops: float = 7.8e8
   link_bytes: float = 3.7e5
-  pull_bytes_per_sm: float = 2.0e4
+  pull_bytes_per_sm: float = 1.0e4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,12 +108,18 @@ def _check_common(dtype_name: str, world: int, k: int, n: int, rows: int) -> str
   return None
 
 
+# Fetchers/reducers are sized to move their bytes within this share of the
+# GEMM's time: a GEMM workgroup that reaches data not yet moved idles, and on
+# two real GPUs too few movers left the GEMM waiting for most of the kernel.
+COMM_SHARE = 0.5
+
+
 def _comm_workers(world: int, moved_bytes: float, flops: float, device: DeviceProps, slots: int) -> int:
-  """Fetcher/reducer workgroups to move moved_bytes within the GEMM's estimated time (0 for world 1)."""
+  """Fetcher/reducer workgroups to move moved_bytes within COMM_SHARE of the GEMM's time (0 for world 1)."""
   if world == 1:
     return 0
   gemm_us = flops / device.engine_flops
-  want = math.ceil(moved_bytes / max(gemm_us * device.pull_bytes_per_sm, 1.0))
+  want = math.ceil(moved_bytes / max(COMM_SHARE * gemm_us * device.pull_bytes_per_sm, 1.0))
   return int(min(max(want, 2), max(slots // 4, 1)))
 
 

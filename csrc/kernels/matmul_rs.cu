@@ -118,25 +118,43 @@ __device__ void rs_reduce_role(const MatmulRsArgs<T>& a, int worker, int workers
     for (int i = 0; i < kVec; ++i) bias[i] = a.bias != nullptr ? gpu::to_float(a.bias[col + i]) : 0.f;
     const int first_row = static_cast<int>(threadIdx.x) < rows_per_pass * vecs ? static_cast<int>(threadIdx.x) / vecs
                                                                                  : nrows;
-    for (int row = first_row; row < nrows; row += rows_per_pass) {
-      const int64_t offset = (r0 + row) * a.n + col;
-      float acc[kVec];
+    // kRows rows per pass, all their loads from one peer in flight together (a
+    // peer's memory is microseconds away); each element still sums the ranks
+    // in fixed order 0..world-1, so the result is bitwise reproducible.
+    constexpr int kRows = 4;
+    for (int row0 = first_row; row0 < nrows; row0 += kRows * rows_per_pass) {
+      float acc[kRows][kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) acc[i] = 0.f;
-      for (int p = 0; p < world; ++p) {  // fixed rank order: the sum is bitwise reproducible
-        const T* src = reinterpret_cast<const T*>(a.layout.block_data(a.peers.region(p), parity, rank)) + offset;
-        const gpu::Vec16 raw = gpu::load16_uncached(src);
-        T vals[kVec];
-        __builtin_memcpy(vals, &raw, sizeof(raw));
+      for (int r = 0; r < kRows; ++r)
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) acc[i] += gpu::to_float(vals[i]);
+        for (int i = 0; i < kVec; ++i) acc[r][i] = 0.f;
+      for (int p = 0; p < world; ++p) {
+        const T* src = reinterpret_cast<const T*>(a.layout.block_data(a.peers.region(p), parity, rank));
+        gpu::Vec16 raw[kRows];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const int row = row0 + r * rows_per_pass;
+          raw[r] = row < nrows ? gpu::load16_uncached(src + (r0 + row) * a.n + col) : gpu::Vec16{};
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          T vals[kVec];
+          __builtin_memcpy(vals, &raw[r], sizeof(raw[r]));
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) acc[r][i] += gpu::to_float(vals[i]);
+        }
       }
-      T outv[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) outv[i] = gpu::from_float<T>(acc[i] + bias[i]);  // the bias, once
-      gpu::Vec16 packed;
-      __builtin_memcpy(&packed, outv, sizeof(packed));
-      gpu::store16(a.out + offset, packed);
+      for (int r = 0; r < kRows; ++r) {
+        const int row = row0 + r * rows_per_pass;
+        if (row >= nrows) break;
+        T outv[kVec];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) outv[i] = gpu::from_float<T>(acc[r][i] + bias[i]);  // the bias, once
+        gpu::Vec16 packed;
+        __builtin_memcpy(&packed, outv, sizeof(packed));
+        gpu::store16(a.out + (r0 + row) * a.n + col, packed);
+      }
     }
     __syncthreads();
     if (threadIdx.x == 0) {

@@ -108,12 +108,14 @@ struct GatherArgs {
 };
 
 // Copy chunk `chunk` of a [rows, row_bytes] shard from src into the gathered
-// rows of `shard` (and into pub, when given). Each warp takes whole rows, so
-// the row mapping is computed once per row and the lanes move consecutive 16
-// bytes; four loads are in flight per lane before their stores.
+// rows of `shard` (and into pub, when given). The chunk's 16-byte vectors are
+// one flat index space over the workgroup, kUnroll loads in flight per thread
+// before their stores: a peer's memory is microseconds away, so the bytes in
+// flight, not the instruction count, set the pull rate (32 KiB per 256-thread
+// workgroup here; benchmarks/p2p measures the rate against it).
 __device__ __forceinline__ void copy_chunk(const GatherArgs& g, const char* src, bool src_remote, int chunk,
                                            int shard, char* pub) {
-  constexpr int kUnroll = 4;
+  constexpr int kUnroll = 8;
   const GatherLayout& l = g.layout;
   const int rc = chunk / l.col_chunks;
   const int cc = chunk % l.col_chunks;
@@ -121,28 +123,27 @@ __device__ __forceinline__ void copy_chunk(const GatherArgs& g, const char* src,
   const int64_t c0 = static_cast<int64_t>(cc) * l.chunk_bytes;
   const int nrows = static_cast<int>((l.rows - r0) < l.chunk_rows ? (l.rows - r0) : l.chunk_rows);
   const int vecs = static_cast<int>(((l.row_bytes - c0) < l.chunk_bytes ? (l.row_bytes - c0) : l.chunk_bytes) / 16);
-  const int warp = static_cast<int>(threadIdx.x) / gpu::kWarpSize;
-  const int lane = static_cast<int>(threadIdx.x) % gpu::kWarpSize;
-  const int warps = static_cast<int>(blockDim.x) / gpu::kWarpSize;
-  for (int i = warp; i < nrows; i += warps) {
-    const int64_t r = r0 + i;
-    const char* s = src + r * l.row_bytes + c0;
-    char* d = g.gathered + gathered_row(r, shard, g.m, l.world) * l.row_bytes + c0;
-    char* p = pub != nullptr ? pub + r * l.row_bytes + c0 : nullptr;
-    for (int v0 = lane; v0 < vecs; v0 += kUnroll * gpu::kWarpSize) {
-      gpu::Vec16 val[kUnroll];
+  const int items = nrows * vecs;
+  const int step = static_cast<int>(blockDim.x);
+  for (int i0 = static_cast<int>(threadIdx.x); i0 < items; i0 += kUnroll * step) {
+    gpu::Vec16 val[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int v = v0 + u * gpu::kWarpSize;
-        if (v < vecs) val[u] = src_remote ? gpu::load16_uncached(s + v * 16) : gpu::load16(s + v * 16);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * step;
+      if (i < items) {
+        const int r = i / vecs;
+        const char* s = src + (r0 + r) * l.row_bytes + c0 + static_cast<int64_t>(i - r * vecs) * 16;
+        val[u] = src_remote ? gpu::load16_uncached(s) : gpu::load16(s);
       }
+    }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int v = v0 + u * gpu::kWarpSize;
-        if (v < vecs) {
-          gpu::store16(d + v * 16, val[u]);
-          if (p != nullptr) gpu::store16(p + v * 16, val[u]);
-        }
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * step;
+      if (i < items) {
+        const int r = i / vecs;
+        const int64_t col = c0 + static_cast<int64_t>(i - r * vecs) * 16;
+        gpu::store16(g.gathered + gathered_row(r0 + r, shard, g.m, l.world) * l.row_bytes + col, val[u]);
+        if (pub != nullptr) gpu::store16(pub + (r0 + r) * l.row_bytes + col, val[u]);
       }
     }
   }
