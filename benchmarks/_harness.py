@@ -131,7 +131,8 @@ def write_results(name: str, rows: list[dict], out_dir: str, command: str, serie
   """rows as JSON (with date, device, commit, command) and a bar chart of each series' TFLOP/s."""
   os.makedirs(out_dir, exist_ok=True)
   stamp = datetime.date.today().isoformat()
-  meta = {"date": stamp, "device": jax.devices()[0].device_kind, "commit": git_commit(), "command": command,
+  meta = {"date": stamp, "device": jax.devices()[0].device_kind, "devices": len(jax.devices()), "commit": git_commit(),
+          "command": command,
           "jax": jax.__version__, "build": jo.build_info()}
   path = os.path.join(out_dir, f"{name}_{stamp}")
   with open(path + ".json", "w") as f:
