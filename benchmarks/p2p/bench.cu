@@ -1,11 +1,14 @@
 // Peer-to-peer microbenchmark between GPU 0 and GPU 1 (same host): what the
 // fused kernels' cross-GPU moves cost. Pull = GPU 0 loads GPU 1's memory
 // (gpu::load16_uncached, as copy_chunk does); push = GPU 0 stores into GPU 1's
-// memory; flag = round trip of a release/acquire ping-pong between the GPUs;
-// fence = a system-scope release store after a chunk of local writes. NVIDIA only
+// memory; pull with pollers = a pull while the other workgroups poll a flag as
+// the fused kernels' waiting GEMM workgroups do; flag = round trip of a
+// release/acquire ping-pong between the GPUs; fence = a system-scope release
+// store after a chunk of local writes. NVIDIA only
 // (CUDA runtime API on the host; the device side is csrc/platform/gpu.h).
 //   bash benchmarks/p2p/run.sh
 #include <cstdio>
+#include <type_traits>
 #include <vector>
 
 #include "platform/gpu.h"
@@ -65,6 +68,43 @@ __global__ void write_release(char* buf, size_t bytes, uint32_t* flag, int iters
   }
 }
 
+// Blocks [0, pullers) pull `bytes` from the peer as copy_kernel does (unroll 8),
+// then count themselves done; the other blocks act as the fused kernels' GEMM
+// workgroups waiting on a flag: thread 0 polls `flag` (never set) with an
+// acquire load and back-off, reading the host-mapped `host_word` every 64 polls
+// when kHostReads (the watchdog), until every puller is done.
+enum class Poll { kNone, kDevice, kDeviceHost, kSystem };
+
+template <Poll kPoll>
+__global__ void pull_with_pollers(const char* src, char* dst, size_t bytes, int pullers, uint32_t* done,
+                                  const uint32_t* flag, const volatile uint32_t* host_word) {
+  constexpr int U = 8;
+  if (static_cast<int>(blockIdx.x) < pullers) {
+    const size_t vecs = bytes / 16;
+    const size_t stride = size_t(pullers) * blockDim.x;
+    for (size_t v0 = size_t(blockIdx.x) * blockDim.x + threadIdx.x; v0 < vecs; v0 += stride * U) {
+      Vec16 val[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (v0 + u * stride < vecs) val[u] = gpu::load16_uncached(src + (v0 + u * stride) * 16);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (v0 + u * stride < vecs) gpu::store16(dst + (v0 + u * stride) * 16, val[u]);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(done, 1u);
+    return;
+  }
+  if (kPoll == Poll::kNone || threadIdx.x != 0) return;
+  uint32_t sink = 0;
+  for (uint32_t it = 1; gpu::load_acquire_dev(done) < static_cast<uint32_t>(pullers); ++it) {
+    sink += kPoll == Poll::kSystem ? gpu::load_acquire_sys(flag) : gpu::load_acquire_dev(flag);
+    gpu::backoff();
+    if (kPoll == Poll::kDeviceHost && (it & 63) == 0) sink += *host_word;
+  }
+  if (sink == 0xffffffffu) *const_cast<uint32_t*>(flag) = sink;  // keeps the polls
+}
+
 template <class F>
 float time_ms(F f, int reps = 5) {
   cudaEvent_t a, b;
@@ -119,6 +159,30 @@ int main() {
   }
   std::printf("memcpy peer 1->0            %8.1f\n",
               gbps(time_ms([&] { CHECK(cudaMemcpyPeerAsync(b0, 0, a1, 1, bytes, nullptr)); })));
+
+  // Pulls while the rest of the GPU polls a flag, as the fused kernels' waiting GEMM workgroups do.
+  {
+    uint32_t* done = f0 + 16;
+    uint32_t* host = nullptr;
+    CHECK(cudaHostAlloc(&host, 64, cudaHostAllocMapped));
+    *host = 0;
+    const size_t pb = 64u << 20;
+    for (int pullers : {6, 23}) {
+      auto run = [&](auto poll) {
+        return time_ms([&] {
+          CHECK(cudaMemsetAsync(done, 0, 4));
+          pull_with_pollers<decltype(poll)::value><<<132, 256>>>(a1, b0, pb, pullers, done, f0 + 32, host);
+        });
+      };
+      const float none = run(std::integral_constant<Poll, Poll::kNone>{});
+      const float dev = run(std::integral_constant<Poll, Poll::kDevice>{});
+      const float host_reads = run(std::integral_constant<Poll, Poll::kDeviceHost>{});
+      const float sys = run(std::integral_constant<Poll, Poll::kSystem>{});
+      auto g = [&](float ms) { return pb / (ms * 1e-3) / 1e9; };
+      std::printf("pull 64 MiB by %2d blocks, other blocks: exit %.1f, poll gpu-scope %.1f, + host reads %.1f, "
+                  "poll sys-scope %.1f GB/s\n", pullers, g(none), g(dev), g(host_reads), g(sys));
+    }
+  }
 
   // Ping-pong: GPU 0's flag lives on GPU 1 and vice versa (each polls its own memory).
   const int iters = 2000;
