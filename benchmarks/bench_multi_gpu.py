@@ -26,9 +26,10 @@ import os
 import subprocess
 import sys
 
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and the child process share the GPUs
-os.environ.setdefault("JAX_OVERLAP_WORKSPACE_BYTES", str(12 << 30))  # regions of every shape stay placed
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off
+if __name__ == "__main__":  # before jax is imported; not when a test imports the baselines
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and the child process share the GPUs
+  os.environ.setdefault("JAX_OVERLAP_WORKSPACE_BYTES", str(12 << 30))  # regions of every shape stay placed
+  os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -1,0 +1,56 @@
+"""The multi-GPU benchmark's baselines compute what the ops compute (CPU, 8 host devices).
+
+benchmarks/bench_multi_gpu.py times hand-written programs against the fused ops: the ppermute
+collective matmul and XLA's own (sharded jit) program. A wrong baseline would make every figure
+in benchmarks/results/multi_gpu_* meaningless, so each is checked against the reference path.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import bench_multi_gpu as bench  # noqa: E402
+
+
+def _f64(a):
+  return np.asarray(a, np.float64)
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+@pytest.mark.parametrize("op", bench.OPS)
+def test_baselines_match_reference(op, t):
+  mesh = bench.mesh_of(t)
+  m, n, k = 16 * t, 24, 40
+  x, w = bench.inputs(op, mesh, m, n, k)
+  want = _f64(bench.jo_op(op, mesh, "xla")(x, w))
+  assert want.shape == ((m, t * n) if op == "ag_matmul" else (m, n))
+  scale = np.abs(want).max()
+  for name, fn in (("ppermute", bench.ppermute_op(op, mesh)), ("xla_jit", jax.jit(bench.xla_jit_op(op, mesh)))):
+    got = _f64(fn(x, w))
+    assert got.shape == want.shape, name
+    # bf16 inputs; partial sums rounded to bf16 between ring steps in the ppermute matmul_rs.
+    assert np.abs(got - want).max() <= 2e-2 * scale, name
+
+
+def test_received_bytes_and_unroll():
+  assert bench.received_bytes("ag_matmul", 4, 1024, 3584, 8192) == 3 * 256 * 8192 * 2
+  assert bench.received_bytes("matmul_rs", 2, 1024, 3584, 8192) == 1 * 512 * 3584 * 2
+  assert bench.unroll_for(1024, 3584, 8192) == bench._harness.UNROLL
+  assert bench.unroll_for(65536, 8192, 8192) == 2
+
+
+def test_rows_resume(tmp_path):
+  path = str(tmp_path / "rows.jsonl")
+  assert bench.load_rows(path) == {}
+  row = dict(op="ag_matmul", tp=2, m=1024, n=3584, k=8192, fused_us=1.5)
+  bench.append_row(path, row)
+  bench.append_row(path, dict(row, m=2048))
+  rows = bench.load_rows(path)
+  assert set(rows) == {("ag_matmul", 2, 1024, 3584, 8192), ("ag_matmul", 2, 2048, 3584, 8192)}
+  assert rows[("ag_matmul", 2, 1024, 3584, 8192)]["fused_us"] == 1.5
