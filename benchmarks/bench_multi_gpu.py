@@ -5,7 +5,7 @@
 Shapes are per rank, as tensor parallelism sees them: each rank's GEMM is [M total, K] @ [K, N]
 (ag_matmul gathers x's M/T row shards first; matmul_rs reduce-scatters the [M, N] partials).
 Rows are appended to OUT/multi_gpu_DATE.jsonl as they finish, and a rerun skips the rows there.
-Columns, all measured in the same run (bf16, one process driving T GPUs, times in us per call):
+A row's columns are all measured in one run (bf16, one process driving T GPUs, times in us per call):
   fused, xla         jax_overlap with that algorithm inside jax.shard_map (auto_picks: which one
                      algorithm="auto" chose, read from the lowered program)
   xla_cm             XLA's own collective matmul (windowed einsum) on sharded arrays under jax.jit,
