@@ -89,16 +89,21 @@ def cublas_us(m: int, n: int, k: int) -> float | None:
   return statistics.median(times)
 
 
-def kernel_span_us(fn, *args) -> float:
-  """Median span of the fused kernel per call, from its trace events."""
+def traced_events(fn, *args, ordinal: int = 0):
+  """Trace events of GPU `ordinal` from one run of fn(*args) after a warm-up run, and ticks per us."""
   jo.initialize(trace=True)
   try:
     jax.block_until_ready(fn(*args))
-    jo.tracing.events(0)  # discard
+    jo.tracing.events(ordinal)  # discard the warm-up
     jax.block_until_ready(fn(*args))
-    ev, ticks_per_us = jo.tracing.events(0)
+    return jo.tracing.events(ordinal)
   finally:
     jo.initialize(trace=False)
+
+
+def kernel_span_us(fn, *args) -> float:
+  """Median span of the fused kernel per call, from its trace events."""
+  ev, ticks_per_us = traced_events(fn, *args)
   ev = ev[ev["kind"] == 0]  # GEMM tiles
   order = np.argsort(ev["start"])
   starts, ends = ev["start"][order].astype(np.int64), ev["end"][order].astype(np.int64)

@@ -55,15 +55,21 @@ def mesh_of(t: int) -> Mesh:
   return Mesh(np.array(jax.devices()[:t]), ("tp",))
 
 
+# (x, w, output) partition specs of each op: ag_matmul gathers x's rows and owns w's columns;
+# matmul_rs owns x's columns and w's rows and reduce-scatters the output's rows.
+SPECS = {"ag_matmul": (P("tp", None), P(None, "tp"), P(None, "tp")),
+         "matmul_rs": (P(None, "tp"), P("tp", None), P("tp", None))}
+
+
 def global_shapes(op: str, t: int, m: int, n: int, k: int):
-  """(x, w) global shapes and specs; each rank's GEMM is [m, k] @ [k, n]."""
+  """(x, w) global shapes; each rank's GEMM is [m, k] @ [k, n]."""
   if op == "ag_matmul":
-    return ((m, k), P("tp", None)), ((k, t * n), P(None, "tp")), P(None, "tp")
-  return ((m, t * k), P(None, "tp")), ((t * k, n), P("tp", None)), P("tp", None)
+    return (m, k), (k, t * n)
+  return (m, t * k), (t * k, n)
 
 
 def jo_op(op: str, mesh: Mesh, algorithm: str):
-  (_, xs), (_, ws), out = global_shapes(op, 1, 1, 1, 1)
+  xs, ws, out = SPECS[op]
   fn = jo.ag_matmul if op == "ag_matmul" else jo.matmul_rs
   return jax.shard_map(lambda x, w: fn(x, w, axis_name="tp", algorithm=algorithm), mesh=mesh, in_specs=(xs, ws),
                        out_specs=out)
@@ -72,7 +78,7 @@ def jo_op(op: str, mesh: Mesh, algorithm: str):
 def ppermute_op(op: str, mesh: Mesh):
   """Collective matmul by hand: one dot per shard, the next shard (or the partial sum) moving around the ring."""
   t = mesh.shape["tp"]
-  (_, xs), (_, ws), out = global_shapes(op, 1, 1, 1, 1)
+  xs, ws, out = SPECS[op]
 
   def ag(x, w):  # x [m/t, k], w [k, n] -> [m, n]; receive from rank + 1 each step
     idx = jax.lax.axis_index("tp")
@@ -100,13 +106,12 @@ def ppermute_op(op: str, mesh: Mesh):
 
 def xla_jit_op(op: str, mesh: Mesh):
   """The plain program on sharded arrays; with XLA_CM_FLAGS XLA rewrites it as a windowed einsum."""
-  (_, _), (_, _), out = global_shapes(op, 1, 1, 1, 1)
-  return lambda x, w: jax.lax.with_sharding_constraint(x @ w, NamedSharding(mesh, out))
+  return lambda x, w: jax.lax.with_sharding_constraint(x @ w, NamedSharding(mesh, SPECS[op][2]))
 
 
 def inputs(op: str, mesh: Mesh, m: int, n: int, k: int):
   t = mesh.shape["tp"]
-  (xshape, xs), (wshape, ws), _ = global_shapes(op, t, m, n, k)
+  (xshape, wshape), (xs, ws, _) = global_shapes(op, t, m, n, k), SPECS[op]
   x = jax.device_put(_harness.random_bf16(xshape, 0), NamedSharding(mesh, xs))
   w = jax.device_put(_harness.random_bf16(wshape, 1) * (xshape[1] ** -0.5), NamedSharding(mesh, ws))
   return x, w
@@ -128,15 +133,7 @@ def received_bytes(op: str, t: int, m: int, n: int, k: int) -> int:
 
 def trace_split(fn, x, w) -> dict:
   """One fused call traced on GPU 0: kernel span, GEMM-side wait per GEMM workgroup, comm span (us)."""
-  single = jax.jit(fn)
-  jo.initialize(trace=True)
-  try:
-    jax.block_until_ready(single(x, w))
-    jo.tracing.events(0)  # discard the warm-up call
-    jax.block_until_ready(single(x, w))
-    ev, tpu = jo.tracing.events(0)
-  finally:
-    jo.initialize(trace=False)
+  ev, tpu = _harness.traced_events(jax.jit(fn), x, w)
   if len(ev) == 0:
     return {}
   kinds = {name: ev[ev["kind"] == i] for i, name in enumerate(jo.tracing.KINDS)}

@@ -53,26 +53,19 @@ RS_SHARDINGS = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("name,x_shape,x_spec,w_spec,b_spec", AG_SHARDINGS, ids=[c[0] for c in AG_SHARDINGS])
-def test_ag_matmul_any_sharding(name, x_shape, x_spec, w_spec, b_spec, dtype, normal, make_mesh, assert_close):
-  mesh = make_mesh((2, TP), ("dp", "tp"))
-  x, w, bias = normal(x_shape, dtype), normal((16, 24), dtype), normal((24,), dtype)
-  args = _put(mesh, [(x, x_spec), (w, w_spec), (bias, b_spec)])
-  y = _jit(jax_overlap.ag_matmul)(*args)
-  assert y.dtype == dtype
-  assert_close(y, reference(x, w, bias), dtype, 16, what=name)
+ANY_SHARDINGS = [("ag_matmul", *c) for c in AG_SHARDINGS] + [("matmul_rs", *c) for c in RS_SHARDINGS]
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("name,x_shape,x_spec,w_spec,b_spec", RS_SHARDINGS, ids=[c[0] for c in RS_SHARDINGS])
-def test_matmul_rs_any_sharding(name, x_shape, x_spec, w_spec, b_spec, dtype, normal, make_mesh, assert_close):
+@pytest.mark.parametrize("op,name,x_shape,x_spec,w_spec,b_spec", ANY_SHARDINGS,
+                         ids=[f"{c[0]}-{c[1]}" for c in ANY_SHARDINGS])
+def test_any_sharding(op, name, x_shape, x_spec, w_spec, b_spec, dtype, normal, make_mesh, assert_close):
   mesh = make_mesh((2, TP), ("dp", "tp"))
   x, w, bias = normal(x_shape, dtype), normal((16, 24), dtype), normal((24,), dtype)
   args = _put(mesh, [(x, x_spec), (w, w_spec), (bias, b_spec)])
-  z = _jit(jax_overlap.matmul_rs)(*args)
-  assert z.dtype == dtype
-  assert_close(z, reference(x, w, bias), dtype, 16, what=name)
+  out = _jit(getattr(jax_overlap, op))(*args)
+  assert out.dtype == dtype
+  assert_close(out, reference(x, w, bias), dtype, 16, what=name)
 
 
 def test_ag_matmul_return_gathered_global(normal, make_mesh, assert_close):
