@@ -4,10 +4,15 @@ Columns, all measured in the same run on the same GPU:
   fused     jax_overlap with algorithm="fused" inside shard_map (world 1 on one GPU)
   xla       the reference path (algorithm="xla": XLA all_gather/psum_scatter + dot)
   cublas    the GEMM alone through torch.matmul (cuBLAS), when torch is present
-  kernel    the fused kernel's own span, from its trace (first tile start to last tile end)
-  overhead  fused - kernel: FFI dispatch, launch and gaps per call
+  kernel    the fused kernel's duration on the GPU (CUPTI, through jax.profiler; tracing off)
+  trace_span  the same kernel's span from its own trace (first tile start to last tile end)
+  gpu_call  GPU time per call of the chained executable (first kernel start to last end / UNROLL),
+            for the fused and the xla variant
+  overhead  GPU idle time per call between the chain's kernels: the launch gaps the fused
+            op's dispatch leaves (the chain's own update kernel is busy time, not overhead)
 Each JAX variant runs UNROLL calls in one executable (inputs chained, so XLA cannot
-hoist them); times are medians over REPEATS executions, divided by UNROLL.
+hoist them); wall times are medians over REPEATS executions, divided by UNROLL, and
+include the executable's launch (~20 us per call at UNROLL 20 for both variants).
 Emulated ranks: N ranks on the one GPU (jax_overlap._native.SimGroup, each rank its own
 workspace and stream, SMs split N ways) running the full protocol; this measures
 protocol overhead against one GEMM of the same total size, not a multi-GPU speed.
@@ -17,11 +22,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
+import gzip
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -114,6 +122,38 @@ def kernel_span_us(fn, *args) -> float:
   return float(np.median(spans))
 
 
+def gpu_timeline(fn, *args, unroll: int = UNROLL, kernel: str = "jo::") -> dict:
+  """One profiled run of fn(*args) (`unroll` chained calls): the GPU's own view, from CUPTI.
+
+  kernel_us: median duration of the kernels whose name contains `kernel`;
+  call_us: GPU span per call (first kernel start to last end, over unroll);
+  idle_us: GPU idle time per call between the chain's kernels (launch gaps: the
+  per-call dispatch overhead the GPU sees), not counting the gap before the first.
+  """
+  jax.block_until_ready(fn(*args))
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d, create_perfetto_trace=True):
+      jax.block_until_ready(fn(*args))
+    files = glob.glob(os.path.join(d, "**", "*.trace.json.gz"), recursive=True)
+    if not files:
+      return {}
+    with gzip.open(files[0]) as f:
+      trace = json.load(f)
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  gpu_pids = {e["pid"] for e in events
+              if e.get("ph") == "M" and e.get("name") == "process_name" and "GPU" in str(e["args"].get("name"))}
+  ev = sorted((e for e in events if e.get("ph") == "X" and e.get("pid") in gpu_pids), key=lambda e: e["ts"])
+  ours = [e["dur"] for e in ev if kernel in e["name"]]
+  if not ours:
+    return {}
+  span = ev[-1]["ts"] + ev[-1]["dur"] - ev[0]["ts"]
+  busy_end, idle = ev[0]["ts"] + ev[0]["dur"], 0.0
+  for e in ev[1:]:
+    idle += max(e["ts"] - busy_end, 0.0)
+    busy_end = max(busy_end, e["ts"] + e["dur"])
+  return {"kernel_us": statistics.median(ours), "call_us": span / unroll, "idle_us": idle / unroll}
+
+
 def git_commit() -> str:
   if "JAX_OVERLAP_COMMIT" in os.environ:  # the device machine gets the tree without .git
     return os.environ["JAX_OVERLAP_COMMIT"]
@@ -171,8 +211,8 @@ def _svg_bars(path: str, title: str, groups: list[dict], series, label) -> None:
 
 
 def print_table(rows: list[dict], cols=None) -> None:
-  cols = cols or ["world", "m", "n", "k", "fused_us", "xla_us", "cublas_us", "kernel_us", "overhead_us", "fused_tflops",
-          "cublas_tflops", "fused_vs_cublas", "emulated_us", "single_gemm_us", "protocol_overhead"]
+  cols = cols or ["world", "m", "n", "k", "fused_us", "xla_us", "cublas_us", "kernel_us", "gpu_call_us",
+          "xla_gpu_call_us", "overhead_us", "kernel_tflops", "cublas_tflops", "fused_vs_cublas", "kernel_vs_cublas", "emulated_us", "single_gemm_us", "protocol_overhead"]
   present = [c for c in cols if any(r.get(c) is not None for r in rows)]
   print(" ".join(f"{c:>14}" for c in present))
   for r in rows:
@@ -259,22 +299,30 @@ def run(op_name: str, make_op, default_shapes, argv=None) -> None:
   ap.add_argument("--out", default="benchmarks/results")
   ap.add_argument("--shapes", nargs="*", default=[",".join(map(str, s)) for s in default_shapes],
                   help="M,N,K per shape")
+  ap.add_argument("--emulated", nargs="*", type=int, default=EMULATED_WORLDS,
+                  help="emulated rank counts per shape (none: world 1 only)")
   args = ap.parse_args(argv)
   shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes]
-  total = len(shapes) * (1 + len(EMULATED_WORLDS))
+  total = len(shapes) * (1 + len(args.emulated))
   rows, i = [], 0
   for m, n, k in shapes:
     progress(i, total, f"world 1 M={m}")
     x, w = random_bf16((m, k), 0), random_bf16((k, n), 1) * (k ** -0.5)
     fused, xla = chained(make_op("fused")), chained(make_op("xla"))
     f_us, x_us = wall_us(fused, x, w), wall_us(xla, x, w)
-    kernel = kernel_span_us(fused, x, w)
+    timeline = gpu_timeline(fused, x, w)
+    trace_span = kernel_span_us(fused, x, w)
     c_us = cublas_us(m, n, k)
+    kernel = timeline.get("kernel_us")
     rows.append(dict(world=1, m=m, n=n, k=k, fused_us=f_us, xla_us=x_us, cublas_us=c_us, kernel_us=kernel,
-                     overhead_us=f_us - kernel, fused_tflops=tflops(m, n, k, f_us), xla_tflops=tflops(m, n, k, x_us),
-                     cublas_tflops=tflops(m, n, k, c_us), fused_vs_cublas=(c_us / f_us) if c_us else None))
+                     trace_span_us=trace_span, gpu_call_us=timeline.get("call_us"),
+                     overhead_us=timeline.get("idle_us"), xla_gpu_call_us=gpu_timeline(xla, x, w, kernel="").get("call_us"),
+                     fused_tflops=tflops(m, n, k, f_us), xla_tflops=tflops(m, n, k, x_us),
+                     kernel_tflops=tflops(m, n, k, kernel), cublas_tflops=tflops(m, n, k, c_us),
+                     fused_vs_cublas=(c_us / f_us) if c_us else None,
+                     kernel_vs_cublas=(c_us / kernel) if c_us and kernel else None))
     i += 1
-    for world in EMULATED_WORLDS:
+    for world in args.emulated:
       progress(i, total, f"emulated {world} ranks M={m}")
       em = sim_group_us(world, op_name, m, n, k)
       rows.append(dict(world=world, m=m, n=n, k=k, emulated_us=em, single_gemm_us=f_us, protocol_overhead=em / f_us))

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -92,7 +93,7 @@ static double rel_err(const T* d_out, const T* d_ref, size_t n) {
 
 // group_cols 0: bands sized to half the L2, as the fused kernels do.
 template <class Shape, BLayout kL>
-static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms,
+static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms, int reps,
                           int group_cols = 0) {
   using Eng = TileEngine<T, Shape, kL>;
   auto kernel = gemm_kernel<Eng>;
@@ -110,7 +111,7 @@ static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int
   launch();
   CHECK(cudaDeviceSynchronize());
   const double err = rel_err(y, ref, size_t(M) * N);
-  return {time_ms(launch, 20), err};
+  return {time_ms(launch, reps), err};
 }
 
 int main() {
@@ -123,6 +124,7 @@ int main() {
   std::normal_distribution<float> nd(0.f, 1.f);
   std::printf("%-28s %7s %7s %7s %9s %9s %8s\n", "variant", "M", "N", "K", "ms", "TFLOP/s", "relerr");
   for (auto& s : shapes) {
+    if (std::getenv("JO_BENCH_ONLY") && &s != &shapes[0]) break;
     const int M = s[0], N = s[1], K = s[2];
     std::vector<T> hx(size_t(M) * K), hw(size_t(K) * N), hwt(size_t(N) * K);
     for (auto& v : hx) v = __float2bfloat16(nd(rng));
@@ -150,17 +152,29 @@ int main() {
     auto row = [&](const char* name, Result r) {
       std::printf("%-28s %7d %7d %7d %9.4f %9.1f %8.1e\n", name, M, N, K, r.ms, flop / r.ms / 1e9, r.rel_err);
     };
-    row("cublas", {time_ms(cublas, 20), 0.0});
-    row("128x256x64 w2x4 s3 pipe", run_variant<TileShape<128, 256, 64, 2, 4, 3, true>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, 0));
-    row("128x256x64 w2x4 s3", run_variant<TileShape<128, 256, 64, 2, 4, 3, false>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, 0));
-    row("256x128x64 w4x2 s3 pipe", run_variant<TileShape<256, 128, 64, 4, 2, 3, true>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, 0));
-    row("128x128x32 w2x2 s4", run_variant<TileShape<128, 128, 32, 2, 2, 4, false>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, 0));
-    row("128x128x64 w2x2 s3", run_variant<TileShape<128, 128, 64, 2, 2, 3, false>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, 0));
-    row("128x256x64 w2x4 s3 pipe Kmaj", run_variant<TileShape<128, 256, 64, 2, 4, 3, true>, BLayout::kKMajor>(x, wt, y, ref, M, N, K, sms, 0));
-    row("256x128x64 w4x2 s3", run_variant<TileShape<256, 128, 64, 4, 2, 3, false>, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, 0));
-    row("256x128x64 w4x2 s3 Kmaj", run_variant<TileShape<256, 128, 64, 4, 2, 3, false>, BLayout::kKMajor>(x, wt, y, ref, M, N, K, sms, 0));
-    row("256x128x64 w4x2 s3 pipe Kmaj", run_variant<TileShape<256, 128, 64, 4, 2, 3, true>, BLayout::kKMajor>(x, wt, y, ref, M, N, K, sms, 0));
-    row("128x128x32 w2x2 s4 Kmaj", run_variant<TileShape<128, 128, 32, 2, 2, 4, false>, BLayout::kKMajor>(x, wt, y, ref, M, N, K, sms, 0));
+    // JO_BENCH_ONLY=<name>: that variant once on the first shape (for ncu).
+    const char* only = std::getenv("JO_BENCH_ONLY");
+    const int reps = only ? 1 : 20;
+    auto want = [&](const char* name) { return only == nullptr || std::strcmp(only, name) == 0; };
+    if (want("cublas")) row("cublas", {time_ms(cublas, reps), 0.0});
+#define VARIANT(name, BM, BN, BK, WM, WN, S, PIPE, L)                                                       \
+  if (want(name))                                                                                         \
+    row(name, run_variant<TileShape<BM, BN, BK, WM, WN, S, PIPE>, BLayout::L>(                             \
+                  x, BLayout::L == BLayout::kKMajor ? wt : w, y, ref, M, N, K, sms, reps));
+    VARIANT("256x128x64 w4x2 s3 pipe", 256, 128, 64, 4, 2, 3, true, kNMajor)
+    VARIANT("256x128x64 w4x2 s4 pipe", 256, 128, 64, 4, 2, 4, true, kNMajor)
+    VARIANT("128x256x64 w2x4 s3 pipe", 128, 256, 64, 2, 4, 3, true, kNMajor)
+    VARIANT("256x128x64 w8x2 s3", 256, 128, 64, 8, 2, 3, false, kNMajor)
+    VARIANT("256x128x64 w8x2 s4", 256, 128, 64, 8, 2, 4, false, kNMajor)
+    VARIANT("256x128x64 w4x4 s3", 256, 128, 64, 4, 4, 3, false, kNMajor)
+    VARIANT("256x128x64 w4x4 s4", 256, 128, 64, 4, 4, 4, false, kNMajor)
+    VARIANT("128x256x64 w4x4 s3", 128, 256, 64, 4, 4, 3, false, kNMajor)
+    VARIANT("256x128x64 w8x2 s3 pipe", 256, 128, 64, 8, 2, 3, true, kNMajor)
+    VARIANT("128x128x32 w2x2 s4", 128, 128, 32, 2, 2, 4, false, kNMajor)
+    VARIANT("256x128x64 w4x2 s3 pipe Kmaj", 256, 128, 64, 4, 2, 3, true, kKMajor)
+    VARIANT("256x128x64 w8x2 s3 Kmaj", 256, 128, 64, 8, 2, 3, false, kKMajor)
+    VARIANT("256x128x64 w4x4 s3 Kmaj", 256, 128, 64, 4, 4, 3, false, kKMajor)
+#undef VARIANT
     CHECK(cudaFree(x));
     CHECK(cudaFree(w));
     CHECK(cudaFree(wt));

@@ -1,11 +1,12 @@
 // The block tiles compiled into the kernels, by index (the `tile` field of a
-// fused call's config). From benchmarks/gemm_engine on the H200 (2026-11-29,
-// 16384x3584x8192): 8-warp tiles with pipelined fragments led (128x256x64 at
-// 420-434 TFLOP/s, 256x128x64 at 420-445 with w in either layout). Inside the
-// fused kernels 256x128x64 pipelined measured 2.92 ms against 3.22 ms
-// unpipelined; on gfx942 pipelining is off (gpu.h) and the shape passes the
-// no-scratch ISA check, which 128x256 does not. 128x128x32, 4 warps, gives
-// small row counts more workgroups.
+// fused call's config). The large tile is 8 warps of 64x64 with pipelined
+// fragments. On NVIDIA it is 128x256x64: in benchmarks/gemm_engine on the H200
+// (2026-11-29, 16384x3584x8192, three runs) it held 2.21-2.29 ms while 256x128
+// moved between 2.29 and 2.67 ms with the loader's register use, and its
+// 4-pointer A rows (to 256x128's 8) leave the fused kernels fewer spills. On
+// AMD it is 256x128x64 (fragments not pipelined there, gpu.h), which passes the
+// no-scratch ISA check that 128x256 does not. 128x128x32, 4 warps, gives small
+// row counts more workgroups.
 #pragma once
 
 #include "gemm/tile_engine.h"
@@ -14,7 +15,11 @@
 namespace jo::gemm {
 
 //                       BM   BN   BK  WARPS_M WARPS_N STAGES PIPELINE_FRAGS
+#if JO_PLATFORM_HIP
 using TileShape0 = TileShape<256, 128, 64, 4, 2, 3, true>;
+#else
+using TileShape0 = TileShape<128, 256, 64, 2, 4, 3, true>;
+#endif
 using TileShape1 = TileShape<128, 128, 32, 2, 2, 4, false>;
 
 // Calls fn(ShapeType{}) for the shape with this index; false if none.

@@ -38,7 +38,7 @@ struct AgMatmulArgs {
   TraceSink trace;
 };
 
-template <class Eng, typename T>
+template <class Eng, bool kPeers, typename T>
 __device__ void ag_gemm_role(const AgMatmulArgs<T>& a, T* smem, int worker, int workers) {
   const int world = a.peers.world;
   const int rank = a.peers.rank;
@@ -46,56 +46,62 @@ __device__ void ag_gemm_role(const AgMatmulArgs<T>& a, T* smem, int worker, int 
   const int col_tiles = (a.n + Eng::BN - 1) / Eng::BN;
   const int per_shard = row_tiles * col_tiles;
   const int k_tiles_per_chunk = a.chunk_k / Eng::BK;
-  char* mine = a.peers.region(rank);
   const int64_t ldb = Eng::kBKMajor ? a.k : a.n;
 
   for (int t = worker; t < per_shard * world; t += workers) {
     const uint64_t t0 = gpu::timer_ticks();
     const int shard = (rank + t / per_shard) % world;
-    const bool own = shard == rank;
     const gemm::TileCoord tc = gemm::tile_coord(t % per_shard, row_tiles, col_tiles, a.group_cols);
-    const int rt = tc.row;
-    const int ct = tc.col;
-    const int64_t r0 = static_cast<int64_t>(rt) * Eng::BM;
-    auto a_row = [&](int r) -> const T* {
-      const int64_t l = r0 + r;
-      if (l >= a.rows) return nullptr;
-      return own ? a.x + l * a.k : a.gathered + gathered_row(l, shard, a.m, world) * a.k;
-    };
+    const int64_t r0 = static_cast<int64_t>(tc.row) * Eng::BM;
     auto out_row = [&](int r) -> T* {
       const int64_t l = r0 + r;
       return l < a.rows ? a.y + gathered_row(l, shard, a.m, world) * a.n : nullptr;
     };
+    const typename Eng::BSource b{a.w, ldb, tc.col * Eng::BN, a.n};
     bool aborted = false;
-    auto wait_a = [&](int kt) {
-      if (own || kt % k_tiles_per_chunk != 0) return;
-      const int chunk = rt * a.layout.col_chunks + kt / k_tiles_per_chunk;
-      const uint64_t w0 = gpu::timer_ticks();
-      bool ok = true;
-      if (threadIdx.x == 0)
-        ok = spin_until<Scope::kDevice>(a.layout.staged_flag(mine, shard, chunk), a.epoch, a.wd, rank, shard,
-                                        world, a.epoch, WaitOn::kStaged);
-      if (!block_agree(ok)) aborted = true;
-      if (gpu::timer_ticks() - w0 > 2000) trace_event(a.trace, TraceKind::kWait, w0, chunk, shard);
-    };
-    const typename Eng::BSource b{a.w, ldb, ct * Eng::BN, a.n};
-    gemm::gemm_tile<Eng>(smem, a_row, b, a.k, out_row, a.bias, wait_a);
+    if (!kPeers || shard == rank) {
+      // Own shard: straight from x, nothing to wait for, in a mainloop of its
+      // own that keeps the wait hook's state out of its registers.
+      auto a_row = [&](int r) -> const T* { return r0 + r < a.rows ? a.x + (r0 + r) * a.k : nullptr; };
+      gemm::gemm_tile<Eng>(smem, a_row, b, a.k, out_row, a.bias, gemm::NoWait{});
+    } else if constexpr (kPeers) {
+      auto a_row = [&](int r) -> const T* {
+        const int64_t l = r0 + r;
+        return l < a.rows ? a.gathered + gathered_row(l, shard, a.m, world) * a.k : nullptr;
+      };
+      // Flags of this row tile's k-chunks, in k order.
+      const uint32_t* flags = a.layout.staged_flag(a.peers.region(rank), shard, tc.row * a.layout.col_chunks);
+      auto wait_a = [&](int kt) {
+        if (kt % k_tiles_per_chunk != 0) return;
+        const uint64_t w0 = gpu::timer_ticks();
+        bool ok = true;
+        if (threadIdx.x == 0)
+          ok = spin_until<Scope::kDevice>(flags + kt / k_tiles_per_chunk, a.epoch, a.wd, rank, shard, world,
+                                          a.epoch, WaitOn::kStaged);
+        if (!block_agree(ok)) aborted = true;
+        if (gpu::timer_ticks() - w0 > 2000)
+          trace_event(a.trace, TraceKind::kWait, w0, tc.row * a.layout.col_chunks + kt / k_tiles_per_chunk, shard);
+      };
+      gemm::gemm_tile<Eng>(smem, a_row, b, a.k, out_row, a.bias, wait_a);
+    }
     trace_event(a.trace, TraceKind::kGemmTile, t0, static_cast<uint32_t>(t), static_cast<uint32_t>(shard));
     if (aborted) return;
   }
 }
 
-template <typename T, class Shape, gemm::BLayout L>
+// kPeers == false (world 1): no fetchers and no staged rows, so the kernel is
+// the plain GEMM and compiles without the protocol's registers.
+template <typename T, class Shape, gemm::BLayout L, bool kPeers>
 __global__ __launch_bounds__(Shape::kThreads) void ag_matmul_kernel(AgMatmulArgs<T> a) {
   using Eng = gemm::TileEngine<T, Shape, L>;
   extern __shared__ gpu::Vec16 smem_raw[];
-  if (static_cast<int>(blockIdx.x) < a.workers) {
+  if (kPeers && static_cast<int>(blockIdx.x) < a.workers) {
     const GatherArgs g{reinterpret_cast<const char*>(a.x), reinterpret_cast<char*>(a.gathered), a.m, a.layout,
                        a.peers, a.epoch, a.wd, a.trace};
     gather_role(g, static_cast<int>(blockIdx.x), a.workers);
     return;
   }
-  ag_gemm_role<Eng>(a, reinterpret_cast<T*>(smem_raw), static_cast<int>(blockIdx.x) - a.workers,
+  ag_gemm_role<Eng, kPeers>(a, reinterpret_cast<T*>(smem_raw), static_cast<int>(blockIdx.x) - a.workers,
                     static_cast<int>(gridDim.x) - a.workers);
 }
 
@@ -104,12 +110,12 @@ GatherLayout ag_layout(int world, int64_t rows, int64_t k, int chunk_k, int elem
   return GatherLayout::make(world, rows, k * elem_bytes, Shape::BM, static_cast<int64_t>(chunk_k) * elem_bytes);
 }
 
-template <typename T, class Shape, gemm::BLayout L>
+template <typename T, class Shape, gemm::BLayout L, bool kPeers>
 hipError_t launch_typed(const AgMatmulLaunch& l, hipStream_t stream) {
   using Eng = gemm::TileEngine<T, Shape, L>;
-  auto kernel = ag_matmul_kernel<T, Shape, L>;
+  auto kernel = ag_matmul_kernel<T, Shape, L, kPeers>;
   int cap = 0;
-  hipError_t e = co_resident_grid<ag_matmul_kernel<T, Shape, L>>(Shape::kThreads, Eng::kSmemBytes, l.limits, &cap);
+  hipError_t e = co_resident_grid<ag_matmul_kernel<T, Shape, L, kPeers>>(Shape::kThreads, Eng::kSmemBytes, l.limits, &cap);
   if (e != hipSuccess) return e;
   const int world = l.peers.world;
   const int64_t rows = l.batch * l.m;
@@ -133,8 +139,12 @@ hipError_t launch_dtype(const AgMatmulLaunch& l, hipStream_t stream) {
   hipError_t e = hipErrorInvalidValue;
   gemm::with_tile_shape(l.tile, [&](auto shape) {
     using Shape = decltype(shape);
-    e = l.w_kmajor ? launch_typed<T, Shape, gemm::BLayout::kKMajor>(l, stream)
-                   : launch_typed<T, Shape, gemm::BLayout::kNMajor>(l, stream);
+    if (l.peers.world > 1)
+      e = l.w_kmajor ? launch_typed<T, Shape, gemm::BLayout::kKMajor, true>(l, stream)
+                     : launch_typed<T, Shape, gemm::BLayout::kNMajor, true>(l, stream);
+    else
+      e = l.w_kmajor ? launch_typed<T, Shape, gemm::BLayout::kKMajor, false>(l, stream)
+                     : launch_typed<T, Shape, gemm::BLayout::kNMajor, false>(l, stream);
   });
   return e;
 }

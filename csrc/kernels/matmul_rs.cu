@@ -39,7 +39,7 @@ struct MatmulRsArgs {
   TraceSink trace;
 };
 
-template <class Eng, typename T>
+template <class Eng, bool kPeers, typename T>
 __device__ void rs_gemm_role(const MatmulRsArgs<T>& a, T* smem, int worker, int workers) {
   const int world = a.peers.world;
   const int rank = a.peers.rank;
@@ -68,7 +68,7 @@ __device__ void rs_gemm_role(const MatmulRsArgs<T>& a, T* smem, int worker, int 
     // staging slot for the block, which its owner sums.
     T* dst = a.out;
     const T* bias = a.bias;
-    if (world > 1) {
+    if (kPeers) {
       bool ok = true;
       if (threadIdx.x == 0 && a.epoch > 2)  // the block's owner read this slot tile two epochs ago
         ok = spin_until<Scope::kSystem>(a.layout.done_flag(mine, parity, block, tile), a.epoch - 2, a.wd, rank,
@@ -79,7 +79,7 @@ __device__ void rs_gemm_role(const MatmulRsArgs<T>& a, T* smem, int worker, int 
     }
     auto out_row = [&](int r) -> T* { return r0 + r < a.block_rows ? dst + (r0 + r) * a.n : nullptr; };
     gemm::gemm_tile<Eng>(smem, a_row, b, a.k, out_row, bias, gemm::NoWait{});
-    if (world > 1) {
+    if (kPeers) {
       __syncthreads();
       if (threadIdx.x == 0) gpu::store_release_sys(a.layout.ready_flag(mine, parity, block, tile), a.epoch);
     }
@@ -165,15 +165,17 @@ __device__ void rs_reduce_role(const MatmulRsArgs<T>& a, int worker, int workers
   }
 }
 
-template <typename T, class Shape, gemm::BLayout L>
+// kPeers == false (world 1): the GEMM writes the output; no staging, no
+// reducers, no protocol registers.
+template <typename T, class Shape, gemm::BLayout L, bool kPeers>
 __global__ __launch_bounds__(Shape::kThreads) void matmul_rs_kernel(MatmulRsArgs<T> a) {
   using Eng = gemm::TileEngine<T, Shape, L>;
   extern __shared__ gpu::Vec16 smem_raw[];
-  if (static_cast<int>(blockIdx.x) < a.workers) {
+  if (kPeers && static_cast<int>(blockIdx.x) < a.workers) {
     rs_reduce_role<Eng>(a, static_cast<int>(blockIdx.x), a.workers);
     return;
   }
-  rs_gemm_role<Eng>(a, reinterpret_cast<T*>(smem_raw), static_cast<int>(blockIdx.x) - a.workers,
+  rs_gemm_role<Eng, kPeers>(a, reinterpret_cast<T*>(smem_raw), static_cast<int>(blockIdx.x) - a.workers,
                     static_cast<int>(gridDim.x) - a.workers);
 }
 
@@ -183,12 +185,12 @@ ReduceLayout rs_layout(int world, int64_t block_rows, int64_t n, int elem_bytes)
   return ReduceLayout::make(world, block_rows, n, tiles, elem_bytes);
 }
 
-template <typename T, class Shape, gemm::BLayout L>
+template <typename T, class Shape, gemm::BLayout L, bool kPeers>
 hipError_t launch_typed(const MatmulRsLaunch& l, hipStream_t stream) {
   using Eng = gemm::TileEngine<T, Shape, L>;
-  auto kernel = matmul_rs_kernel<T, Shape, L>;
+  auto kernel = matmul_rs_kernel<T, Shape, L, kPeers>;
   int cap = 0;
-  hipError_t e = co_resident_grid<matmul_rs_kernel<T, Shape, L>>(Shape::kThreads, Eng::kSmemBytes, l.limits, &cap);
+  hipError_t e = co_resident_grid<matmul_rs_kernel<T, Shape, L, kPeers>>(Shape::kThreads, Eng::kSmemBytes, l.limits, &cap);
   if (e != hipSuccess) return e;
   const int world = l.peers.world;
   const int workers = world > 1 ? l.workers : 0;
@@ -213,8 +215,12 @@ hipError_t launch_dtype(const MatmulRsLaunch& l, hipStream_t stream) {
   hipError_t e = hipErrorInvalidValue;
   gemm::with_tile_shape(l.tile, [&](auto shape) {
     using Shape = decltype(shape);
-    e = l.w_kmajor ? launch_typed<T, Shape, gemm::BLayout::kKMajor>(l, stream)
-                   : launch_typed<T, Shape, gemm::BLayout::kNMajor>(l, stream);
+    if (l.peers.world > 1)
+      e = l.w_kmajor ? launch_typed<T, Shape, gemm::BLayout::kKMajor, true>(l, stream)
+                     : launch_typed<T, Shape, gemm::BLayout::kNMajor, true>(l, stream);
+    else
+      e = l.w_kmajor ? launch_typed<T, Shape, gemm::BLayout::kKMajor, false>(l, stream)
+                     : launch_typed<T, Shape, gemm::BLayout::kNMajor, false>(l, stream);
   });
   return e;
 }
