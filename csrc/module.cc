@@ -176,8 +176,7 @@ PYBIND11_MODULE(_native, m) {
   });
   m.def("error_record", &error_record);
   m.def("clear_error", [](int ordinal) {
-    Workspace* ws = Runtime::instance().workspace(ordinal);
-    if (ws) std::memset(ws->error_host, 0, sizeof(ErrorRecord));
+    throw_if_error(Runtime::instance().clear_error(ordinal));
   });
   m.def("read_trace", [](int ordinal) {
     std::string events;

@@ -59,7 +59,7 @@ int64_t leading_batch(ffi::Span<const int64_t> dims) {
 }
 
 Watchdog make_watchdog(const Workspace& ws, OpKind op) {
-  return Watchdog{ws.error_device, ws.timeout_ticks, static_cast<uint32_t>(op)};
+  return Watchdog{ws.error_device, ws.abort_flag(), ws.timeout_ticks, static_cast<uint32_t>(op)};
 }
 
 ffi::Error finish_launch(hipError_t launched, const Workspace& ws, hipStream_t stream, const char* op) {

@@ -17,9 +17,13 @@ enum class DType : int { kBF16 = 0, kF16 = 1 };
 
 // Bounded waits: every spin on a flag another workgroup or GPU writes gives
 // up after timeout_ticks, records the wait in *record and makes the kernel
-// exit (other spinning workgroups see record->claimed and leave too).
+// exit: it sets *abort, which the other spinning workgroups poll, and leave.
+// The abort flag is in device memory because the pollers read it in their
+// spin loops: with host-mapped memory there, those reads cut a concurrent
+// peer pull from 141 to 6.6 GB/s (benchmarks/p2p, 2 x H200).
 struct Watchdog {
   ErrorRecord* record;  // device pointer to host-mapped memory
+  uint32_t* abort;      // this rank's workspace; cleared with the record
   uint64_t timeout_ticks;
   uint32_t op;  // OpKind
 };

@@ -28,11 +28,12 @@ __device__ __forceinline__ bool reached(uint32_t value, uint32_t target) {
 }
 
 __device__ __forceinline__ bool watchdog_fired(const Watchdog& wd) {
-  return *static_cast<volatile uint32_t*>(&wd.record->claimed) != 0;
+  return *static_cast<volatile uint32_t*>(wd.abort) != 0;
 }
 
 __device__ __forceinline__ void record_timeout(const Watchdog& wd, uint32_t rank, uint32_t peer, uint32_t world,
                                                uint32_t epoch, WaitOn what, uint64_t waited) {
+  *static_cast<volatile uint32_t*>(wd.abort) = 1u;  // every waiter of this kernel leaves
   ErrorRecord* r = wd.record;
   if (gpu::atomic_cas_sys(&r->claimed, 0u, 1u) != 0u) return;  // someone else reported first
   r->op = wd.op;

@@ -6,7 +6,7 @@
 // store. FFI handlers cannot receive Python objects, so they find this state
 // through Runtime::instance() by their device ordinal.
 //
-// Workspace layout: [trace counter | trace events | regions...]. Regions are
+// Workspace layout: [trace counter, abort flag | trace events | regions...]. Regions are
 // placed by the Python side (jax_overlap/runtime.py) at offsets every rank of
 // a group agrees on; each region has a host-side call counter (its epoch).
 #pragma once
@@ -25,6 +25,7 @@
 namespace jo {
 
 inline constexpr uint32_t kTraceCapacity = 1u << 16;  // events per GPU (2 MiB)
+inline constexpr uint64_t kAbortFlagOffset = 64;  // Watchdog::abort
 inline constexpr uint64_t kTraceEventsOffset = 256;
 inline constexpr uint64_t kRegionsOffset =
     (kTraceEventsOffset + kTraceCapacity * sizeof(TraceEvent) + 4095) / 4096 * 4096;
@@ -80,6 +81,7 @@ struct Workspace {
   std::map<uint64_t, std::unique_ptr<uint32_t>> epochs;  // region offset -> calls so far
 
   TraceSink trace_sink() const;
+  uint32_t* abort_flag() const { return reinterpret_cast<uint32_t*>(base + kAbortFlagOffset); }
   LaunchLimits limits() const { return {info.sm_count, ranks_per_gpu, info.l2_bytes}; }
   uint32_t* epoch_counter(uint64_t region_offset);
 };
@@ -102,6 +104,8 @@ class Runtime {
   Status map_local_peer(int ordinal, int peer_ordinal);
   Status set_ranks_per_gpu(int ordinal, int ranks);
   Status read_trace(int ordinal, std::string* events, double* ticks_per_us);
+  // Forgets a watchdog error on this GPU: the abort flag, then the record.
+  Status clear_error(int ordinal);
   Status release();
 
   // nullptr when initialize() has not set this GPU up.

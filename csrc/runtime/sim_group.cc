@@ -67,6 +67,11 @@ Status SimGroup::region(int op, uint64_t bytes, uint64_t* offset) {
   return {};
 }
 
+Watchdog SimGroup::watchdog(int rank, OpKind op) const {
+  return Watchdog{records_device_[rank], reinterpret_cast<uint32_t*>(bases_[rank] + kAbortFlagOffset), timeout_ticks_,
+                  static_cast<uint32_t>(op)};
+}
+
 Peers SimGroup::peers(int rank, uint64_t offset) const {
   Peers p{};
   p.rank = rank;
@@ -114,7 +119,7 @@ Status SimGroup::ag_matmul(const SimMatmul& c) {
     l.epoch = epoch;
     l.workers = c.workers;
     l.chunk_k = c.chunk_k;
-    l.wd = Watchdog{records_device_[r], timeout_ticks_, static_cast<uint32_t>(OpKind::kAgMatmul)};
+    l.wd = watchdog(r, OpKind::kAgMatmul);
     l.trace = TraceSink{nullptr, nullptr, 0};
     l.limits = LaunchLimits{info_.sm_count, world_, info_.l2_bytes};
     return launch_ag_matmul(l, s);
@@ -142,7 +147,7 @@ Status SimGroup::matmul_rs(const SimMatmul& c) {
     l.peers = peers(r, offset);
     l.epoch = epoch;
     l.workers = c.workers;
-    l.wd = Watchdog{records_device_[r], timeout_ticks_, static_cast<uint32_t>(OpKind::kMatmulRs)};
+    l.wd = watchdog(r, OpKind::kMatmulRs);
     l.trace = TraceSink{nullptr, nullptr, 0};
     l.limits = LaunchLimits{info_.sm_count, world_, info_.l2_bytes};
     return launch_matmul_rs(l, s);
@@ -163,7 +168,7 @@ Status SimGroup::all_gather(const std::vector<uintptr_t>& x, const std::vector<u
     l.row_bytes = row_bytes;
     l.peers = peers(r, offset);
     l.epoch = epoch;
-    l.wd = Watchdog{records_device_[r], timeout_ticks_, static_cast<uint32_t>(OpKind::kAllGather)};
+    l.wd = watchdog(r, OpKind::kAllGather);
     l.trace = TraceSink{nullptr, nullptr, 0};
     l.limits = LaunchLimits{info_.sm_count, world_, info_.l2_bytes};
     return launch_all_gather(l, s);

@@ -50,6 +50,7 @@ class SimGroup {
   // Launches launch(rank, stream) for every rank, then waits for all ranks.
   Status run(const std::function<hipError_t(int rank, hipStream_t stream)>& launch);
   Peers peers(int rank, uint64_t offset) const;
+  Watchdog watchdog(int rank, OpKind op) const;
 
   int ordinal_ = 0;
   int world_ = 0;
