@@ -47,8 +47,10 @@ class DeviceProps:
   GEMM rate and `vendor_flops` the vendor GEMM's (what the XLA path runs);
   `link_bytes` is the peer bandwidth one GPU can pull; `pull_bytes_per_sm` is
   what one fetcher/reducer workgroup moves while GEMM workgroups load the
-  memory system (measured on 2 x H200: a lone workgroup pulls 13-23 GB/s over
-  NVLink, benchmarks/p2p; a fetcher also publishes what it pulls).
+  memory system. Measured on 2 x H200: a lone workgroup pulls 13-23 GB/s over
+  NVLink (benchmarks/p2p), but a fetcher inside the fused ag_matmul, next to
+  the GEMM's loads and with its own shard to publish, moved about 3 GB/s at
+  32 KiB in flight (benchmarks/results/NOTES.md); sized here for 4 GB/s.
   """
 
   sm_count: int
@@ -57,7 +59,7 @@ class DeviceProps:
   engine_flops: float = 4.1e8
   vendor_flops: float = 7.8e8
   link_bytes: float = 3.7e5
-  pull_bytes_per_sm: float = 1.0e4
+  pull_bytes_per_sm: float = 4.0e3
 
 
 @dataclasses.dataclass(frozen=True)

@@ -111,12 +111,13 @@ struct GatherArgs {
 // Copy chunk `chunk` of a [rows, row_bytes] shard from src into the gathered
 // rows of `shard` (and into pub, when given). The chunk's 16-byte vectors are
 // one flat index space over the workgroup, kUnroll loads in flight per thread
-// before their stores: a peer's memory is microseconds away, so the bytes in
-// flight, not the instruction count, set the pull rate (32 KiB per 256-thread
+// before their stores: a peer's memory is microseconds away, and further
+// while both GPUs' GEMMs load their memory systems, so the bytes in flight,
+// not the instruction count, set the pull rate (64 KiB per 256-thread
 // workgroup here; benchmarks/p2p measures the rate against it).
 __device__ __forceinline__ void copy_chunk(const GatherArgs& g, const char* src, bool src_remote, int chunk,
                                            int shard, char* pub) {
-  constexpr int kUnroll = 8;
+  constexpr int kUnroll = 16;
   const GatherLayout& l = g.layout;
   const int rc = chunk / l.col_chunks;
   const int cc = chunk % l.col_chunks;
