@@ -125,10 +125,7 @@ def kernel_span_us(fn, *args) -> float:
 def gpu_timeline(fn, *args, unroll: int = UNROLL, kernel: str = "jo::") -> dict:
   """One profiled run of fn(*args) (`unroll` chained calls): the GPU's own view, from CUPTI.
 
-  kernel_us: median duration of the kernels whose name contains `kernel`;
-  call_us: GPU span per call (first kernel start to last end, over unroll);
-  idle_us: GPU idle time per call between the chain's kernels (launch gaps: the
-  per-call dispatch overhead the GPU sees), not counting the gap before the first.
+  {} when the profile holds no GPU kernel (no GPU, or no CUPTI); else timeline_stats of it.
   """
   jax.block_until_ready(fn(*args))
   with tempfile.TemporaryDirectory() as d:
@@ -139,14 +136,24 @@ def gpu_timeline(fn, *args, unroll: int = UNROLL, kernel: str = "jo::") -> dict:
       return {}
     with gzip.open(files[0]) as f:
       trace = json.load(f)
-  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  return timeline_stats(trace["traceEvents"] if isinstance(trace, dict) else trace, unroll, kernel)
+
+
+def timeline_stats(events: list[dict], unroll: int, kernel: str) -> dict:
+  """Per-call figures from a Chrome/Perfetto trace's GPU events ({} when `kernel` never ran).
+
+  kernel_us: median duration of the kernels whose name contains `kernel`;
+  call_us: GPU span per call (first kernel start to last end, over unroll);
+  idle_us: GPU idle time per call between the chain's kernels (launch gaps: the
+  per-call dispatch overhead the GPU sees); overlapping events count once.
+  """
   gpu_pids = {e["pid"] for e in events
               if e.get("ph") == "M" and e.get("name") == "process_name" and "GPU" in str(e["args"].get("name"))}
   ev = sorted((e for e in events if e.get("ph") == "X" and e.get("pid") in gpu_pids), key=lambda e: e["ts"])
   ours = [e["dur"] for e in ev if kernel in e["name"]]
   if not ours:
     return {}
-  span = ev[-1]["ts"] + ev[-1]["dur"] - ev[0]["ts"]
+  span = max(e["ts"] + e["dur"] for e in ev) - ev[0]["ts"]
   busy_end, idle = ev[0]["ts"] + ev[0]["dur"], 0.0
   for e in ev[1:]:
     idle += max(e["ts"] - busy_end, 0.0)

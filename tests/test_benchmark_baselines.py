@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import _harness  # noqa: E402
 import bench_multi_gpu as bench  # noqa: E402
 
 
@@ -54,3 +55,17 @@ def test_rows_resume(tmp_path):
   rows = bench.load_rows(path)
   assert set(rows) == {("ag_matmul", 2, 1024, 3584, 8192), ("ag_matmul", 2, 2048, 3584, 8192)}
   assert rows[("ag_matmul", 2, 1024, 3584, 8192)]["fused_us"] == 1.5
+
+
+def test_timeline_stats_counts_gpu_gaps_once():
+  """Per-call kernel time, GPU span and idle gaps from a profile's events; host events and
+  events overlapping a busy interval add no idle time."""
+  meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+          {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}}]
+  x = lambda name, ts, dur, pid=1: {"ph": "X", "name": name, "pid": pid, "ts": ts, "dur": dur}
+  events = meta + [x("void jo::ag_matmul_kernel<bf16>", 0, 100), x("host work", 40, 500, pid=2),
+                   x("copy", 50, 10), x("MemcpyD2D", 103, 1), x("void jo::ag_matmul_kernel<bf16>", 108, 100),
+                   x("MemcpyD2D", 210, 1)]
+  stats = _harness.timeline_stats(events, unroll=2, kernel="jo::")
+  assert stats == {"kernel_us": 100, "call_us": 105.5, "idle_us": 4.5}  # gaps 3 + 4 + 2 over 2 calls
+  assert _harness.timeline_stats(events, unroll=2, kernel="cutlass") == {}

@@ -38,11 +38,7 @@ ffi::Error AllGatherExecute(hipStream_t stream, int32_t ordinal, CallState* stat
   l.batch = leading_batch(xd);
   l.m = m;
   l.row_bytes = row_bytes;
-  l.peers = g.peers;
-  l.epoch = ++*g.epoch;
-  l.wd = make_watchdog(*g.ws, OpKind::kAllGather);
-  l.trace = g.ws->trace_sink();
-  l.limits = g.ws->limits();
+  l.ctx = call_context(g, OpKind::kAllGather);
   return finish_launch(launch_all_gather(l, stream), *g.ws, stream, "all_gather");
 }
 

@@ -58,8 +58,45 @@ int64_t leading_batch(ffi::Span<const int64_t> dims) {
   return b;
 }
 
-Watchdog make_watchdog(const Workspace& ws, OpKind op) {
-  return Watchdog{ws.error_device, ws.abort_flag(), ws.timeout_ticks, static_cast<uint32_t>(op)};
+ffi::ErrorOr<GemmCall> gemm_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+                                 const ffi::AnyBuffer& bias, std::initializer_list<const ffi::AnyBuffer*> results,
+                                 const FusedConfig& config) {
+  const std::string name = std::string("jax_overlap ") + op + ": ";
+  auto invalid = [&](const std::string& what) { return ffi::Unexpected(ffi::Error::InvalidArgument(name + what)); };
+  const auto dtype = kernel_dtype(x.element_type());
+  if (!dtype) return invalid("x must be bfloat16 or float16");
+  bool same = w.element_type() == x.element_type() && (!bias.element_count() || bias.element_type() == x.element_type());
+  for (const ffi::AnyBuffer* r : results) same = same && (!r->element_count() || r->element_type() == x.element_type());
+  if (!same) return invalid("w, bias and the results must have x's dtype");
+  const auto xd = x.dimensions();
+  const auto wd = w.dimensions();
+  if (xd.size() < 2 || wd.size() != 2)
+    return invalid("x must be [..., m, k] and w 2-D, got x " + dims_str(xd) + ", w " + dims_str(wd));
+  GemmCall c{};
+  c.m = xd[xd.size() - 2];
+  c.op.k = xd[xd.size() - 1];
+  c.op.n = config.w_kmajor ? wd[0] : wd[1];
+  if ((config.w_kmajor ? wd[1] : wd[0]) != c.op.k)
+    return invalid("w " + dims_str(wd) + " does not contract with x " + dims_str(xd));
+  if (bias.element_count() != 0 && static_cast<int64_t>(bias.element_count()) != c.op.n)
+    return invalid("bias must have " + std::to_string(c.op.n) + " elements");
+  if (c.op.k % 8 || c.op.n % 8) return invalid("k and n must be multiples of 8");
+  c.op.dtype = *dtype;
+  c.op.tile = static_cast<int>(config.tile);
+  c.op.w_kmajor = config.w_kmajor != 0;
+  c.op.x = x.untyped_data();
+  c.op.w = w.untyped_data();
+  c.op.bias = bias.element_count() ? bias.untyped_data() : nullptr;
+  c.op.batch = leading_batch(xd);
+  c.op.workers = static_cast<int>(config.workers);
+  return c;
+}
+
+CallContext call_context(const GroupBinding& g, OpKind op) {
+  const Workspace& ws = *g.ws;
+  return CallContext{g.peers, g.epoch ? ++*g.epoch : 0u,
+                     Watchdog{ws.error_device, ws.abort_flag(), ws.timeout_ticks, static_cast<uint32_t>(op)},
+                     ws.trace_sink(), ws.limits()};
 }
 
 ffi::Error finish_launch(hipError_t launched, const Workspace& ws, hipStream_t stream, const char* op) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,7 +76,22 @@ std::string dims_str(ffi::Span<const int64_t> dims);
 // Product of all but the last two dimensions (1 for rank 2).
 int64_t leading_batch(ffi::Span<const int64_t> dims);
 
-Watchdog make_watchdog(const Workspace& ws, OpKind op);
+// A fused GEMM call's operands, checked, and x's row count m (dim -2).
+struct GemmCall {
+  GemmOperands op;
+  int64_t m;
+};
+
+// The checks the fused GEMM handlers share, naming `op` in their errors: x is
+// [..., m, k] in bf16 or fp16; w is 2-D and contracts with x ([k, n], or [n, k]
+// with config.w_kmajor); bias is empty or [n]; w, bias and every non-empty
+// result have x's dtype; k and n are multiples of 8 (16-byte vectors).
+ffi::ErrorOr<GemmCall> gemm_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+                                 const ffi::AnyBuffer& bias, std::initializer_list<const ffi::AnyBuffer*> results,
+                                 const FusedConfig& config);
+
+// The launch context of one call on its binding; takes the call's epoch.
+CallContext call_context(const GroupBinding& g, OpKind op);
 
 // After a launch: the launch status, and in sync mode (debugging) the
 // watchdog verdict of this very call.

@@ -17,53 +17,20 @@ ffi::ErrorOr<std::unique_ptr<CallState>> MatmulRsInstantiate(FusedConfig config,
 ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
                            ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out,
                            FusedConfig config, ffi::Span<const int64_t> /*groups*/, int64_t world) {
-  const auto dtype = kernel_dtype(x.element_type());
-  if (!dtype) return ffi::Error::InvalidArgument("jax_overlap matmul_rs: x must be bfloat16 or float16");
-  if (w.element_type() != x.element_type() || out->element_type() != x.element_type() ||
-      (bias.element_count() && bias.element_type() != x.element_type()))
-    return ffi::Error::InvalidArgument("jax_overlap matmul_rs: x, w, bias and the output must share x's dtype");
-  const auto xd = x.dimensions();
-  const auto wd = w.dimensions();
-  if (xd.size() < 2 || wd.size() != 2)
-    return ffi::Error::InvalidArgument("jax_overlap matmul_rs: x must be [..., m, k] and w 2-D, got x " +
-                                       dims_str(xd) + ", w " + dims_str(wd));
-  const int64_t m_total = xd[xd.size() - 2], k = xd[xd.size() - 1], batch = leading_batch(xd);
-  const int64_t wk = config.w_kmajor ? wd[1] : wd[0];
-  const int64_t n = config.w_kmajor ? wd[0] : wd[1];
-  if (wk != k)
-    return ffi::Error::InvalidArgument("jax_overlap matmul_rs: w " + dims_str(wd) + " does not contract with x " +
-                                       dims_str(xd));
+  const auto call = gemm_call("matmul_rs", x, w, bias, {&*out}, config);
+  if (call.has_error()) return call.error();
+  const GemmOperands& op = call.value().op;
+  const int64_t m_total = call.value().m;
   if (m_total % world != 0)
     return ffi::Error::InvalidArgument("jax_overlap matmul_rs: rows " + std::to_string(m_total) +
                                        " not divisible by the group size " + std::to_string(world));
-  if (bias.element_count() != 0 && static_cast<int64_t>(bias.element_count()) != n)
-    return ffi::Error::InvalidArgument("jax_overlap matmul_rs: bias must have " + std::to_string(n) + " elements");
-  if (static_cast<int64_t>(out->element_count()) != batch * (m_total / world) * n)
+  if (static_cast<int64_t>(out->element_count()) != op.batch * (m_total / world) * op.n)
     return ffi::Error::InvalidArgument("jax_overlap matmul_rs: output shape does not match x, w and the group");
-  if (k % 8 || n % 8)
-    return ffi::Error::InvalidArgument("jax_overlap matmul_rs: k and n must be multiples of 8");
 
   const auto bound = prepare_call(state, ordinal);
   if (bound.has_error()) return bound.error();
   const GroupBinding& g = *bound.value();
-  MatmulRsLaunch l{};
-  l.dtype = *dtype;
-  l.tile = static_cast<int>(config.tile);
-  l.w_kmajor = config.w_kmajor != 0;
-  l.x = x.untyped_data();
-  l.w = w.untyped_data();
-  l.bias = bias.element_count() ? bias.untyped_data() : nullptr;
-  l.out = out->untyped_data();
-  l.batch = batch;
-  l.m_total = m_total;
-  l.k = k;
-  l.n = n;
-  l.peers = g.peers;
-  l.epoch = g.epoch ? ++*g.epoch : 0;
-  l.workers = static_cast<int>(config.workers);
-  l.wd = make_watchdog(*g.ws, OpKind::kMatmulRs);
-  l.trace = g.ws->trace_sink();
-  l.limits = g.ws->limits();
+  const MatmulRsLaunch l{op, out->untyped_data(), m_total, call_context(g, OpKind::kMatmulRs)};
   return finish_launch(launch_matmul_rs(l, stream), *g.ws, stream, "matmul_rs");
 }
 

@@ -38,6 +38,7 @@ struct TileShape {
 
 template <typename T, class Shape, BLayout kBLayout>
 struct TileEngine {
+  using Elem = T;
   using Atom = gpu::MmaAtom<T>;
   using FragA = typename Atom::FragA;
   using FragB = typename Atom::FragB;

@@ -11,6 +11,7 @@
 #include "gemm/gemm_tile.h"
 #include "gemm/tile_order.h"
 #include "gemm/tile_shapes.h"
+#include "kernels/gemm_variant.h"
 #include "kernels/launch.h"
 #include "kernels/protocol.h"
 
@@ -113,40 +114,24 @@ GatherLayout ag_layout(int world, int64_t rows, int64_t k, int chunk_k, int elem
 template <typename T, class Shape, gemm::BLayout L, bool kPeers>
 hipError_t launch_typed(const AgMatmulLaunch& l, hipStream_t stream) {
   using Eng = gemm::TileEngine<T, Shape, L>;
-  auto kernel = ag_matmul_kernel<T, Shape, L, kPeers>;
-  int cap = 0;
-  hipError_t e = co_resident_grid<ag_matmul_kernel<T, Shape, L, kPeers>>(Shape::kThreads, Eng::kSmemBytes, l.limits, &cap);
+  constexpr auto kernel = ag_matmul_kernel<T, Shape, L, kPeers>;
+  const GemmOperands& op = l.op;
+  const int world = l.ctx.peers.world;
+  const int64_t rows = op.batch * l.m;
+  const int workers = kPeers ? op.workers : 0;
+  if (l.chunk_k % Shape::BK != 0) return hipErrorInvalidValue;
+  int grid = 0, group_cols = 0;
+  const hipError_t e = gemm_grid<kernel, Eng>(l.ctx.limits, workers,
+                                              ceil_div(rows, Shape::BM) * ceil_div(op.n, Shape::BN) * world, op.n,
+                                              op.k, &grid, &group_cols);
   if (e != hipSuccess) return e;
-  const int world = l.peers.world;
-  const int64_t rows = l.batch * l.m;
-  const int workers = world > 1 ? l.workers : 0;
-  const int64_t tiles = ceil_div(rows, Shape::BM) * ceil_div(l.n, Shape::BN) * world;
-  const int grid = static_cast<int>(std::min<int64_t>(cap, workers + tiles));
-  if (grid <= workers || l.chunk_k % Shape::BK != 0) return hipErrorInvalidValue;
-  const int col_tiles = static_cast<int>(ceil_div(l.n, Shape::BN));
-  const int group_cols = gemm::band_columns(col_tiles, Shape::BN, l.k, sizeof(T),
-                                            l.limits.l2_bytes / std::max(l.limits.ranks_per_gpu, 1));
-  AgMatmulArgs<T> a{static_cast<const T*>(l.x), static_cast<const T*>(l.w), static_cast<const T*>(l.bias),
-                    static_cast<T*>(l.y), static_cast<T*>(l.gathered), l.m, rows, static_cast<int>(l.k),
-                    static_cast<int>(l.n), l.chunk_k, workers, group_cols,
-                    ag_layout<Shape>(world, rows, l.k, l.chunk_k, sizeof(T)), l.peers, l.epoch, l.wd, l.trace};
+  AgMatmulArgs<T> a{static_cast<const T*>(op.x), static_cast<const T*>(op.w), static_cast<const T*>(op.bias),
+                    static_cast<T*>(l.y), static_cast<T*>(l.gathered), l.m, rows, static_cast<int>(op.k),
+                    static_cast<int>(op.n), l.chunk_k, workers, group_cols,
+                    ag_layout<Shape>(world, rows, op.k, l.chunk_k, sizeof(T)), l.ctx.peers, l.ctx.epoch, l.ctx.wd,
+                    l.ctx.trace};
   kernel<<<grid, Shape::kThreads, Eng::kSmemBytes, stream>>>(a);
   return hipGetLastError();
-}
-
-template <typename T>
-hipError_t launch_dtype(const AgMatmulLaunch& l, hipStream_t stream) {
-  hipError_t e = hipErrorInvalidValue;
-  gemm::with_tile_shape(l.tile, [&](auto shape) {
-    using Shape = decltype(shape);
-    if (l.peers.world > 1)
-      e = l.w_kmajor ? launch_typed<T, Shape, gemm::BLayout::kKMajor, true>(l, stream)
-                     : launch_typed<T, Shape, gemm::BLayout::kNMajor, true>(l, stream);
-    else
-      e = l.w_kmajor ? launch_typed<T, Shape, gemm::BLayout::kKMajor, false>(l, stream)
-                     : launch_typed<T, Shape, gemm::BLayout::kNMajor, false>(l, stream);
-  });
-  return e;
 }
 
 }  // namespace
@@ -169,11 +154,10 @@ uint64_t ag_matmul_region_bytes(int world, int64_t rows, int64_t k, int tile, in
 }
 
 hipError_t launch_ag_matmul(const AgMatmulLaunch& l, hipStream_t stream) {
-  switch (l.dtype) {
-    case DType::kBF16: return launch_dtype<gpu::bf16>(l, stream);
-    case DType::kF16: return launch_dtype<gpu::fp16>(l, stream);
-  }
-  return hipErrorInvalidValue;
+  return with_gemm_variant(l.op, l.ctx.peers.world > 1, [&](auto type, auto shape, auto layout, auto peers) {
+    return launch_typed<typename decltype(type)::type, decltype(shape), decltype(layout)::value,
+                        decltype(peers)::value>(l, stream);
+  });
 }
 
 }  // namespace jo

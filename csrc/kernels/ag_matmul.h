@@ -10,22 +10,12 @@
 namespace jo {
 
 struct AgMatmulLaunch {
-  DType dtype;
-  int tile;       // index into gemm/tile_shapes.h
-  bool w_kmajor;  // w is [n, k] instead of [k, n]
-  const void* x;     // [batch * m, k]
-  const void* w;
-  const void* bias;  // [n] or nullptr
-  void* y;           // [batch, world * m, n]
-  void* gathered;    // [batch, world * m, k]; unused when world == 1
-  int64_t batch, m, k, n;
-  Peers peers;
-  uint32_t epoch;
-  int workers;  // fetcher workgroups (world > 1)
+  GemmOperands op;  // x [batch * m, k]; workers: fetchers
+  void* y;          // [batch, world * m, n]
+  void* gathered;   // [batch, world * m, k]; unused when world == 1
+  int64_t m;
   int chunk_k;  // K columns per ready flag, a multiple of the tile's BK
-  Watchdog wd;
-  TraceSink trace;
-  LaunchLimits limits;
+  CallContext ctx;
 };
 
 // Bytes of the symmetric region a call of this shape needs (0 when world == 1).

@@ -29,13 +29,13 @@ uint64_t all_gather_region_bytes(int world, int64_t rows, int64_t row_bytes) {
 
 hipError_t launch_all_gather(const AllGatherLaunch& l, hipStream_t stream) {
   int cap = 0;
-  hipError_t e = co_resident_grid<all_gather_kernel>(kThreads, 0, l.limits, &cap);
+  hipError_t e = co_resident_grid<all_gather_kernel>(kThreads, 0, l.ctx.limits, &cap);
   if (e != hipSuccess) return e;
-  const GatherLayout lay = layout(l.peers.world, l.batch * l.m, l.row_bytes);
+  const GatherLayout lay = layout(l.ctx.peers.world, l.batch * l.m, l.row_bytes);
   const int grid = std::min(cap, std::max(lay.chunks(), 1));
   if (grid < 1 || l.row_bytes % 16 != 0) return hipErrorInvalidValue;
-  GatherArgs g{static_cast<const char*>(l.x), static_cast<char*>(l.gathered), l.m, lay, l.peers, l.epoch, l.wd,
-               l.trace};
+  GatherArgs g{static_cast<const char*>(l.x), static_cast<char*>(l.gathered), l.m, lay, l.ctx.peers, l.ctx.epoch,
+               l.ctx.wd, l.ctx.trace};
   all_gather_kernel<<<grid, kThreads, 0, stream>>>(g);
   return hipGetLastError();
 }

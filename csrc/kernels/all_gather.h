@@ -14,11 +14,7 @@ struct AllGatherLaunch {
   const void* x;   // [batch * m, row_bytes]
   void* gathered;  // [batch, world * m, row_bytes]
   int64_t batch, m, row_bytes;
-  Peers peers;
-  uint32_t epoch;
-  Watchdog wd;
-  TraceSink trace;
-  LaunchLimits limits;
+  CallContext ctx;
 };
 
 uint64_t all_gather_region_bytes(int world, int64_t rows, int64_t row_bytes);

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "gemm/tile_order.h"
 #include "kernels/params.h"
 #include "platform/gpu.h"
 
@@ -36,5 +37,21 @@ hipError_t co_resident_grid(int threads, int smem_bytes, const LaunchLimits& lim
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Grid of a persistent GEMM kernel with `workers` mover workgroups in front
+// of one GEMM workgroup per output tile at most, and its tile-band width
+// (gemm/tile_order.h) from this rank's share of the L2.
+template <auto kKernel, class Eng>
+hipError_t gemm_grid(const LaunchLimits& limits, int workers, int64_t tiles, int64_t n, int64_t k, int* grid,
+                     int* group_cols) {
+  int cap = 0;
+  const hipError_t e = co_resident_grid<kKernel>(Eng::kThreads, Eng::kSmemBytes, limits, &cap);
+  if (e != hipSuccess) return e;
+  *grid = static_cast<int>(std::min<int64_t>(cap, workers + tiles));
+  if (*grid <= workers) return hipErrorInvalidValue;
+  *group_cols = gemm::band_columns(static_cast<int>(ceil_div(n, Eng::BN)), Eng::BN, k, sizeof(typename Eng::Elem),
+                                   limits.l2_bytes / std::max(limits.ranks_per_gpu, 1));
+  return hipSuccess;
+}
 
 }  // namespace jo

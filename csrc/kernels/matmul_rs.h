@@ -10,20 +10,10 @@
 namespace jo {
 
 struct MatmulRsLaunch {
-  DType dtype;
-  int tile;
-  bool w_kmajor;
-  const void* x;     // [batch, m_total, k]
-  const void* w;
-  const void* bias;  // [n] or nullptr, added once after the reduction
-  void* out;         // [batch, m_total / world, n]
-  int64_t batch, m_total, k, n;
-  Peers peers;
-  uint32_t epoch;
-  int workers;  // reducer workgroups (world > 1)
-  Watchdog wd;
-  TraceSink trace;
-  LaunchLimits limits;
+  GemmOperands op;  // x [batch, m_total, k]; bias added once after the reduction; workers: reducers
+  void* out;        // [batch, m_total / world, n]
+  int64_t m_total;
+  CallContext ctx;
 };
 
 uint64_t matmul_rs_region_bytes(int world, int64_t batch, int64_t m_total, int64_t n, int tile, int elem_bytes);

@@ -74,6 +74,28 @@ struct LaunchLimits {
   int64_t l2_bytes;
 };
 
+// What every fused launch carries besides its operands.
+struct CallContext {
+  Peers peers;
+  uint32_t epoch;  // this call's epoch on the group's region (0 for world 1)
+  Watchdog wd;
+  TraceSink trace;
+  LaunchLimits limits;
+};
+
+// The GEMM operands and schedule of a fused ag_matmul / matmul_rs launch.
+struct GemmOperands {
+  DType dtype;
+  int tile;       // index into gemm/tile_shapes.h
+  bool w_kmajor;  // w is [n, k] instead of [k, n]
+  const void* x;
+  const void* w;
+  const void* bias;  // [n] or nullptr
+  int64_t batch;     // product of x's leading dims
+  int64_t k, n;
+  int workers;  // fetcher (ag_matmul) or reducer (matmul_rs) workgroups when world > 1
+};
+
 // A block tile compiled into the GEMM kernels (gemm/tile_shapes.h), as the
 // host and Python see it.
 struct TileShapeInfo {

@@ -67,17 +67,20 @@ Status SimGroup::region(int op, uint64_t bytes, uint64_t* offset) {
   return {};
 }
 
-Watchdog SimGroup::watchdog(int rank, OpKind op) const {
-  return Watchdog{records_device_[rank], reinterpret_cast<uint32_t*>(bases_[rank] + kAbortFlagOffset), timeout_ticks_,
-                  static_cast<uint32_t>(op)};
-}
-
-Peers SimGroup::peers(int rank, uint64_t offset) const {
+CallContext SimGroup::context(int rank, uint64_t offset, uint32_t epoch, OpKind op) const {
   Peers p{};
   p.rank = rank;
   p.world = world_;
   for (int r = 0; r < world_; ++r) p.regions[r] = bases_[r] + offset;
-  return p;
+  const Watchdog wd{records_device_[rank], reinterpret_cast<uint32_t*>(bases_[rank] + kAbortFlagOffset),
+                    timeout_ticks_, static_cast<uint32_t>(op)};
+  return CallContext{p, epoch, wd, TraceSink{nullptr, nullptr, 0}, LaunchLimits{info_.sm_count, world_, info_.l2_bytes}};
+}
+
+GemmOperands SimMatmul::operands(int rank) const {
+  return GemmOperands{dtype, tile, w_kmajor, reinterpret_cast<const void*>(x[rank]),
+                      reinterpret_cast<const void*>(w[rank]), reinterpret_cast<const void*>(bias[rank]), batch, k, n,
+                      workers};
 }
 
 Status SimGroup::run(const std::function<hipError_t(int, hipStream_t)>& launch) {
@@ -102,26 +105,9 @@ Status SimGroup::ag_matmul(const SimMatmul& c) {
                             &offset));
   const uint32_t epoch = ++epochs_[offset];
   return run([&](int r, hipStream_t s) {
-    AgMatmulLaunch l{};
-    l.dtype = c.dtype;
-    l.tile = c.tile;
-    l.w_kmajor = c.w_kmajor;
-    l.x = reinterpret_cast<const void*>(c.x[r]);
-    l.w = reinterpret_cast<const void*>(c.w[r]);
-    l.bias = reinterpret_cast<const void*>(c.bias[r]);
-    l.y = reinterpret_cast<void*>(c.out[r]);
-    l.gathered = world_ > 1 ? reinterpret_cast<void*>(c.gathered[r]) : nullptr;
-    l.batch = c.batch;
-    l.m = c.m;
-    l.k = c.k;
-    l.n = c.n;
-    l.peers = peers(r, offset);
-    l.epoch = epoch;
-    l.workers = c.workers;
-    l.chunk_k = c.chunk_k;
-    l.wd = watchdog(r, OpKind::kAgMatmul);
-    l.trace = TraceSink{nullptr, nullptr, 0};
-    l.limits = LaunchLimits{info_.sm_count, world_, info_.l2_bytes};
+    const AgMatmulLaunch l{c.operands(r), reinterpret_cast<void*>(c.out[r]),
+                           world_ > 1 ? reinterpret_cast<void*>(c.gathered[r]) : nullptr, c.m, c.chunk_k,
+                           context(r, offset, epoch, OpKind::kAgMatmul)};
     return launch_ag_matmul(l, s);
   });
 }
@@ -132,24 +118,8 @@ Status SimGroup::matmul_rs(const SimMatmul& c) {
   JO_RETURN_IF_ERROR(region(kSimRs, matmul_rs_region_bytes(world_, c.batch, c.m, c.n, c.tile, elem), &offset));
   const uint32_t epoch = ++epochs_[offset];
   return run([&](int r, hipStream_t s) {
-    MatmulRsLaunch l{};
-    l.dtype = c.dtype;
-    l.tile = c.tile;
-    l.w_kmajor = c.w_kmajor;
-    l.x = reinterpret_cast<const void*>(c.x[r]);
-    l.w = reinterpret_cast<const void*>(c.w[r]);
-    l.bias = reinterpret_cast<const void*>(c.bias[r]);
-    l.out = reinterpret_cast<void*>(c.out[r]);
-    l.batch = c.batch;
-    l.m_total = c.m;
-    l.k = c.k;
-    l.n = c.n;
-    l.peers = peers(r, offset);
-    l.epoch = epoch;
-    l.workers = c.workers;
-    l.wd = watchdog(r, OpKind::kMatmulRs);
-    l.trace = TraceSink{nullptr, nullptr, 0};
-    l.limits = LaunchLimits{info_.sm_count, world_, info_.l2_bytes};
+    const MatmulRsLaunch l{c.operands(r), reinterpret_cast<void*>(c.out[r]), c.m,
+                           context(r, offset, epoch, OpKind::kMatmulRs)};
     return launch_matmul_rs(l, s);
   });
 }
@@ -166,11 +136,7 @@ Status SimGroup::all_gather(const std::vector<uintptr_t>& x, const std::vector<u
     l.batch = batch;
     l.m = m;
     l.row_bytes = row_bytes;
-    l.peers = peers(r, offset);
-    l.epoch = epoch;
-    l.wd = watchdog(r, OpKind::kAllGather);
-    l.trace = TraceSink{nullptr, nullptr, 0};
-    l.limits = LaunchLimits{info_.sm_count, world_, info_.l2_bytes};
+    l.ctx = context(r, offset, epoch, OpKind::kAllGather);
     return launch_all_gather(l, s);
   });
 }

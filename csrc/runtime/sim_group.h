@@ -26,6 +26,8 @@ struct SimMatmul {
   bool w_kmajor;
   int64_t batch, m, k, n;  // ag: m local rows; rs: m total rows (per batch element)
   std::vector<uintptr_t> x, w, bias, out, gathered;  // one device pointer per rank (bias may be 0)
+
+  GemmOperands operands(int rank) const;
 };
 
 class SimGroup {
@@ -49,8 +51,8 @@ class SimGroup {
   Status region(int op, uint64_t bytes, uint64_t* offset);
   // Launches launch(rank, stream) for every rank, then waits for all ranks.
   Status run(const std::function<hipError_t(int rank, hipStream_t stream)>& launch);
-  Peers peers(int rank, uint64_t offset) const;
-  Watchdog watchdog(int rank, OpKind op) const;
+  // Rank `rank`'s view of the region at `offset` for one call.
+  CallContext context(int rank, uint64_t offset, uint32_t epoch, OpKind op) const;
 
   int ordinal_ = 0;
   int world_ = 0;
