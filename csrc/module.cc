@@ -219,5 +219,10 @@ PYBIND11_MODULE(_native, m) {
              throw_if_error(g.all_gather(x, gathered, batch, m, row_bytes));
            })
       .def("errors", &SimGroup::errors)
+      .def("clear_errors",
+           [](SimGroup& g) {
+             py::gil_scoped_release release;
+             throw_if_error(g.clear_errors());
+           })
       .def("set_absent", &SimGroup::set_absent, py::arg("rank"));
 }

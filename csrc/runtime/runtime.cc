@@ -191,18 +191,21 @@ Status Runtime::read_trace(int ordinal, std::string* events, double* ticks_per_u
   return {};
 }
 
-Status Runtime::clear_error(int ordinal) {
-  Workspace* ws = workspace(ordinal);
-  if (ws == nullptr) return {};
+Status clear_watchdog(int ordinal, ErrorRecord* record, uint32_t* abort_flag) {
   DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   // Kernels launched before the error surfaced saw the flag and left; once
   // they are done, zero it before the record lets new calls start.
   JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
-  JO_RETURN_IF_HIP_ERROR(hipMemset(ws->abort_flag(), 0, sizeof(uint32_t)));
+  JO_RETURN_IF_HIP_ERROR(hipMemset(abort_flag, 0, sizeof(uint32_t)));
   JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
-  std::memset(ws->error_host, 0, sizeof(ErrorRecord));
+  std::memset(record, 0, sizeof(ErrorRecord));
   return {};
+}
+
+Status Runtime::clear_error(int ordinal) {
+  Workspace* ws = workspace(ordinal);
+  return ws == nullptr ? Status{} : clear_watchdog(ordinal, ws->error_host, ws->abort_flag());
 }
 
 Status Runtime::release() {

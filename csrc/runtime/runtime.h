@@ -121,6 +121,10 @@ class Runtime {
   std::map<int, std::unique_ptr<Workspace>> devices_;
 };
 
+// Forgets a watchdog error on GPU `ordinal`: its abort flag, then its
+// host-mapped record (what lets calls launch again).
+Status clear_watchdog(int ordinal, ErrorRecord* record, uint32_t* abort_flag);
+
 // Non-empty when a kernel on this GPU recorded a watchdog timeout; the
 // message names the op, the ranks and the flag.
 std::string describe_error(const ErrorRecord& record, int64_t ticks_per_second);

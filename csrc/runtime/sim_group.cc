@@ -91,6 +91,13 @@ Status SimGroup::run(const std::function<hipError_t(int, hipStream_t)>& launch) 
   return {};
 }
 
+Status SimGroup::clear_errors() {
+  for (int r = 0; r < world_; ++r)
+    JO_RETURN_IF_ERROR(clear_watchdog(ordinal_, records_host_[r],
+                                      reinterpret_cast<uint32_t*>(bases_[r] + kAbortFlagOffset)));
+  return {};
+}
+
 std::vector<std::string> SimGroup::errors() const {
   std::vector<std::string> out;
   for (ErrorRecord* r : records_host_)

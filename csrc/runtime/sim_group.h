@@ -42,6 +42,8 @@ class SimGroup {
                     int64_t m, int64_t row_bytes);
   // Timed-out records, one string per rank that has one.
   std::vector<std::string> errors() const;
+  // Forgets every rank's timeout (records and abort flags).
+  Status clear_errors();
   int world() const { return world_; }
   // A rank that never launches (-1: none): its peers must time out, not hang.
   void set_absent(int rank) { absent_ = rank; }
