@@ -103,7 +103,7 @@ __global__ __launch_bounds__(Shape::kThreads) void ag_matmul_kernel(AgMatmulArgs
     return;
   }
   ag_gemm_role<Eng, kPeers>(a, reinterpret_cast<T*>(smem_raw), static_cast<int>(blockIdx.x) - a.workers,
-                    static_cast<int>(gridDim.x) - a.workers);
+                            static_cast<int>(gridDim.x) - a.workers);
 }
 
 template <class Shape>

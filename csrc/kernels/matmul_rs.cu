@@ -177,7 +177,7 @@ __global__ __launch_bounds__(Shape::kThreads) void matmul_rs_kernel(MatmulRsArgs
     return;
   }
   rs_gemm_role<Eng, kPeers>(a, reinterpret_cast<T*>(smem_raw), static_cast<int>(blockIdx.x) - a.workers,
-                    static_cast<int>(gridDim.x) - a.workers);
+                            static_cast<int>(gridDim.x) - a.workers);
 }
 
 template <class Shape>
