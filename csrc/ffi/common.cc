@@ -61,8 +61,10 @@ int64_t leading_batch(ffi::Span<const int64_t> dims) {
 ffi::ErrorOr<GemmCall> gemm_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
                                  const ffi::AnyBuffer& bias, std::initializer_list<const ffi::AnyBuffer*> results,
                                  const FusedConfig& config) {
-  const std::string name = std::string("jax_overlap ") + op + ": ";
-  auto invalid = [&](const std::string& what) { return ffi::Unexpected(ffi::Error::InvalidArgument(name + what)); };
+  // Strings only on the error path: this runs on every call.
+  auto invalid = [&](const std::string& what) {
+    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string("jax_overlap ") + op + ": " + what));
+  };
   const auto dtype = kernel_dtype(x.element_type());
   if (!dtype) return invalid("x must be bfloat16 or float16");
   bool same = w.element_type() == x.element_type() && (!bias.element_count() || bias.element_type() == x.element_type());

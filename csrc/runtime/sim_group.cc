@@ -72,8 +72,7 @@ CallContext SimGroup::context(int rank, uint64_t offset, uint32_t epoch, OpKind 
   p.rank = rank;
   p.world = world_;
   for (int r = 0; r < world_; ++r) p.regions[r] = bases_[r] + offset;
-  const Watchdog wd{records_device_[rank], reinterpret_cast<uint32_t*>(bases_[rank] + kAbortFlagOffset),
-                    timeout_ticks_, static_cast<uint32_t>(op)};
+  const Watchdog wd{records_device_[rank], abort_flag(rank), timeout_ticks_, static_cast<uint32_t>(op)};
   return CallContext{p, epoch, wd, TraceSink{nullptr, nullptr, 0}, LaunchLimits{info_.sm_count, world_, info_.l2_bytes}};
 }
 
@@ -93,8 +92,7 @@ Status SimGroup::run(const std::function<hipError_t(int, hipStream_t)>& launch) 
 
 Status SimGroup::clear_errors() {
   for (int r = 0; r < world_; ++r)
-    JO_RETURN_IF_ERROR(clear_watchdog(ordinal_, records_host_[r],
-                                      reinterpret_cast<uint32_t*>(bases_[r] + kAbortFlagOffset)));
+    JO_RETURN_IF_ERROR(clear_watchdog(ordinal_, records_host_[r], abort_flag(r)));
   return {};
 }
 

@@ -55,6 +55,8 @@ class SimGroup {
   Status run(const std::function<hipError_t(int rank, hipStream_t stream)>& launch);
   // Rank `rank`'s view of the region at `offset` for one call.
   CallContext context(int rank, uint64_t offset, uint32_t epoch, OpKind op) const;
+  // Rank `rank`'s watchdog abort flag (its workspace header, as in Workspace).
+  uint32_t* abort_flag(int rank) const { return reinterpret_cast<uint32_t*>(bases_[rank] + kAbortFlagOffset); }
 
   int ordinal_ = 0;
   int world_ = 0;
