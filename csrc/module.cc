@@ -116,7 +116,7 @@ PYBIND11_MODULE(_native, m) {
     py::dict d;
     for (const FfiTarget& t : ffi_targets()) {
       py::dict stages;
-      stages["instantiate"] = capsule(t.instantiate);
+      if (t.instantiate != nullptr) stages["instantiate"] = capsule(t.instantiate);
       stages["execute"] = capsule(t.execute);
       d[t.target] = stages;
     }

@@ -227,11 +227,14 @@ def _gpu_lowering(ctx, x, w, *bias, op, axis_name, axis_size, algorithm, w_kmajo
   group_ids = np.array([i for g in groups for i in g] or [0], np.int64)
   log.debug("jax_overlap.%s: fused (world %d, tile %d, workers %d, chunk_k %d; model %.0f us vs xla %.0f us)",
             op, world, plan.tile, plan.workers, plan.chunk_k, plan.est_fused_us, plan.est_xla_us)
-  results = jax.ffi.ffi_lowering(native.target(op))(sub_ctx, x, w, bias_value, config=attrs, groups=group_ids,
-                                                    world=np.int64(world))
-  if op == "ag_matmul" and world == 1:
-    return [results[0], x]  # the gathered rows of a group of one are x itself
-  return results
+  if world == 1:
+    # No protocol: the stateless, command-buffer-compatible target, so XLA
+    # can keep the call inside its CUDA/HIP graph.
+    sub_ctx = sub_ctx.replace(avals_out=avals_out[:1])
+    results = jax.ffi.ffi_lowering(native.target(op + "_local"))(sub_ctx, x, w, bias_value, config=attrs)
+    return [results[0], x] if op == "ag_matmul" else results  # a group of one gathers x itself
+  return jax.ffi.ffi_lowering(native.target(op))(sub_ctx, x, w, bias_value, config=attrs, groups=group_ids,
+                                                 world=np.int64(world))
 
 
 def _gather_default_lowering(ctx, x, *, axis_name, axis_size):

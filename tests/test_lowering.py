@@ -75,3 +75,16 @@ def test_fused_refused_where_it_cannot_run(fake_gpu_runtime, make_mesh):
                             mesh=mesh, in_specs=(P("tp"), P(None, "tp")), out_specs=P(None, "tp")))
   with pytest.raises(ValueError, match="algorithm='fused' cannot take this call: k=100"):
     f.trace(x, jnp.zeros((100, 256), jnp.bfloat16)).lower(lowering_platforms=("cuda",))
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_group_of_one_lowers_to_the_command_buffer_target(fake_gpu_runtime, make_mesh, op):
+  mesh = make_mesh((8, 1), ("dp", "tp"))
+  x, w = jnp.zeros((256, 512), jnp.bfloat16), jnp.zeros((512, 256), jnp.bfloat16)
+  fn = getattr(jax_overlap, op)
+  f = jax.jit(jax.shard_map(lambda x, w: fn(x, w, axis_name="tp", algorithm="fused"), mesh=mesh,
+                            in_specs=(P("dp"), P()), out_specs=P(("dp", "tp"))))
+  calls = _custom_calls(f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text())
+  assert len(calls) == 1 and f"@jax_overlap_{op}_local(" in calls[0]
+  assert "groups" not in calls[0] and "world" not in calls[0]
+  assert re.search(r"-> tensor<32x256xbf16>$", calls[0].split(" : ")[-1].strip())  # y alone, no gathered result

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Builds and runs the tile-engine benchmark (NVIDIA: nvcc + cuBLAS).
+# Builds and runs the mma.sync ceiling and the tile-engine benchmark (NVIDIA:
+# nvcc + cuBLAS).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=${1:-/tmp/jo_gemm_engine_bench}
 cuda=${CUDA_HOME:-/usr/local/cuda}
-nvcc -O3 -std=c++17 -arch=sm_90 -I"$root/csrc" -DJAX_OVERLAP_CUDA=1 \
-  "$here/bench.cu" -L"$cuda/lib64" -lcublas -o "$out"
+flags=(-O3 -std=c++17 -arch=sm_90 -I"$root/csrc" -DJAX_OVERLAP_CUDA=1)
+nvcc "${flags[@]}" "$here/mma_peak.cu" -o "$out.mma_peak" &
+nvcc "${flags[@]}" "$here/bench.cu" -L"$cuda/lib64" -lcublas -o "$out"
+wait
+"$out.mma_peak"
 "$out"

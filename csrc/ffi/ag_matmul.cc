@@ -34,6 +34,21 @@ ffi::Error AgMatmulExecute(hipStream_t stream, int32_t ordinal, CallState* state
   return finish_launch(launch_ag_matmul(l, stream), *g.ws, stream, "ag_matmul");
 }
 
+// A group of one: y = x @ w (+ bias), nothing gathered.
+ffi::Error AgMatmulLocalExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                                ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, FusedConfig config) {
+  const auto call = gemm_call("ag_matmul", x, w, bias, {&*y}, config);
+  if (call.has_error()) return call.error();
+  const GemmOperands& op = call.value().op;
+  const int64_t m = call.value().m;
+  if (static_cast<int64_t>(y->element_count()) != op.batch * m * op.n)
+    return ffi::Error::InvalidArgument("jax_overlap ag_matmul: result shape does not match x and w");
+  const auto ctx = local_context(ordinal);
+  if (ctx.has_error()) return ctx.error();
+  const AgMatmulLaunch l{op, y->untyped_data(), nullptr, m, static_cast<int>(config.chunk_k), ctx.value()};
+  return launch_status(launch_ag_matmul(l, stream), "ag_matmul");
+}
+
 }  // namespace
 }  // namespace jo
 
@@ -56,3 +71,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulExecute, jo::AgMatmulExecute,
                                   .Attr<jo::FusedConfig>("config")
                                   .Attr<xla::ffi::Span<const int64_t>>("groups")
                                   .Attr<int64_t>("world"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulLocalExecute, jo::AgMatmulLocalExecute,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // x [..., m, k]
+                                  .Arg<xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
+                                  .Arg<xla::ffi::AnyBuffer>()  // bias [n], or [0] for none
+                                  .Ret<xla::ffi::AnyBuffer>()  // y [..., m, n]
+                                  .Attr<jo::FusedConfig>("config"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});

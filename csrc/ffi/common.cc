@@ -101,10 +101,27 @@ CallContext call_context(const GroupBinding& g, OpKind op) {
                      ws.trace_sink(), ws.limits()};
 }
 
-ffi::Error finish_launch(hipError_t launched, const Workspace& ws, hipStream_t stream, const char* op) {
+ffi::Error launch_status(hipError_t launched, const char* op) {
   if (launched != hipSuccess)
     return ffi::Error::Internal(std::string("jax_overlap: launching ") + op + " failed: " +
                                 hipGetErrorString(launched));
+  return ffi::Error::Success();
+}
+
+ffi::ErrorOr<CallContext> local_context(int32_t ordinal) {
+  const Workspace* ws = Runtime::instance().workspace(ordinal);
+  if (ws == nullptr)
+    return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition, "jax_overlap: GPU " + std::to_string(ordinal) +
+                                                          " has no workspace; call jax_overlap.initialize() first"));
+  CallContext ctx{};
+  ctx.peers.world = 1;
+  ctx.trace = ws->trace_sink();
+  ctx.limits = ws->limits();
+  return ctx;
+}
+
+ffi::Error finish_launch(hipError_t launched, const Workspace& ws, hipStream_t stream, const char* op) {
+  if (launched != hipSuccess) return launch_status(launched, op);
   if (ws.sync_after_launch) {
     const hipError_t synced = hipStreamSynchronize(stream);
     if (synced != hipSuccess)

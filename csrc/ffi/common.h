@@ -97,6 +97,16 @@ CallContext call_context(const GroupBinding& g, OpKind op);
 // watchdog verdict of this very call.
 ffi::Error finish_launch(hipError_t launched, const Workspace& ws, hipStream_t stream, const char* op);
 
+// The launch context of a group-of-one call on this GPU. Such a call has no
+// peer, flag, epoch or watchdog, and its handler does no host work a replay
+// would miss, so it is declared command-buffer compatible: XLA may record it
+// into the CUDA/HIP graph around it instead of dispatching it from the host.
+ffi::ErrorOr<CallContext> local_context(int32_t ordinal);
+
+// After a group-of-one launch: its status only (no sync option: the call may
+// be being recorded into a graph, and it has no peer to time out on).
+ffi::Error launch_status(hipError_t launched, const char* op);
+
 }  // namespace jo
 
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::FusedConfig, ::xla::ffi::StructMember<int64_t>("tile"),

@@ -8,8 +8,10 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAgMatmulInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAgMatmulExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAgMatmulLocalExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsLocalExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAllGatherInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAllGatherExecute);
 
@@ -18,7 +20,7 @@ namespace jo {
 struct FfiTarget {
   const char* op;      // what jax_overlap calls it
   const char* target;  // the XLA custom-call target name
-  XLA_FFI_Handler* instantiate;
+  XLA_FFI_Handler* instantiate;  // nullptr: stateless
   XLA_FFI_Handler* execute;
 };
 
@@ -26,6 +28,9 @@ inline const std::vector<FfiTarget>& ffi_targets() {
   static const std::vector<FfiTarget> targets = {
       {"ag_matmul", "jax_overlap_ag_matmul", JoAgMatmulInstantiate, JoAgMatmulExecute},
       {"matmul_rs", "jax_overlap_matmul_rs", JoMatmulRsInstantiate, JoMatmulRsExecute},
+      // Groups of one (no protocol): command-buffer compatible.
+      {"ag_matmul_local", "jax_overlap_ag_matmul_local", nullptr, JoAgMatmulLocalExecute},
+      {"matmul_rs_local", "jax_overlap_matmul_rs_local", nullptr, JoMatmulRsLocalExecute},
       {"all_gather", "jax_overlap_all_gather", JoAllGatherInstantiate, JoAllGatherExecute},
   };
   return targets;

@@ -34,6 +34,21 @@ ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state
   return finish_launch(launch_matmul_rs(l, stream), *g.ws, stream, "matmul_rs");
 }
 
+// A group of one: out = x @ w (+ bias), nothing to reduce.
+ffi::Error MatmulRsLocalExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                                ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out, FusedConfig config) {
+  const auto call = gemm_call("matmul_rs", x, w, bias, {&*out}, config);
+  if (call.has_error()) return call.error();
+  const GemmOperands& op = call.value().op;
+  const int64_t m = call.value().m;
+  if (static_cast<int64_t>(out->element_count()) != op.batch * m * op.n)
+    return ffi::Error::InvalidArgument("jax_overlap matmul_rs: output shape does not match x and w");
+  const auto ctx = local_context(ordinal);
+  if (ctx.has_error()) return ctx.error();
+  const MatmulRsLaunch l{op, out->untyped_data(), m, ctx.value()};
+  return launch_status(launch_matmul_rs(l, stream), "matmul_rs");
+}
+
 }  // namespace
 }  // namespace jo
 
@@ -55,3 +70,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsExecute, jo::MatmulRsExecute,
                                   .Attr<jo::FusedConfig>("config")
                                   .Attr<xla::ffi::Span<const int64_t>>("groups")
                                   .Attr<int64_t>("world"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsLocalExecute, jo::MatmulRsLocalExecute,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // x [..., m, k]
+                                  .Arg<xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
+                                  .Arg<xla::ffi::AnyBuffer>()  // bias [n], or [0] for none
+                                  .Ret<xla::ffi::AnyBuffer>()  // out [..., m, n]
+                                  .Attr<jo::FusedConfig>("config"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
