@@ -151,6 +151,79 @@ struct TileEngine {
     }
   }
 
+  // Copies of interior tiles (every A row present, all BN columns inside w,
+  // K a multiple of BK) need no bounds checks, so each thread keeps running
+  // source pointers instead of re-deriving addresses and predicates from
+  // (row, k, n) for each 16-byte chunk of every k-tile: in the k-loop that
+  // integer work competed with the MMAs for issue slots and registers.
+  static constexpr bool kHasFastLoad = !(kBSmemKMajor && !kBKMajor);  // not for B transposed in registers
+
+  struct FastCursor {
+    const T* a[kAPasses];  // this thread's A chunk of each pass, at the next k-tile
+    const T* b;            // its first B chunk, at the next k-tile
+    int b_pass;            // elements between its B chunks of consecutive passes
+    int b_k_tile;          // elements its B chunks move per k-tile
+  };
+
+  static __device__ __forceinline__ FastCursor fast_cursor(const ARows& a, const BSource& b) {
+    FastCursor c;
+    const int t = static_cast<int>(threadIdx.x);
+#pragma unroll
+    for (int pass = 0; pass < kAPasses; ++pass) c.a[pass] = a.p[pass] + (t % kAChunksPerRow) * kVec;
+    const int row = t / kBChunksPerRow;
+    const int col = (t % kBChunksPerRow) * kVec;
+    c.b = kBKMajor ? b.w + (b.n0 + row) * b.ld + col : b.w + row * b.ld + b.n0 + col;
+    c.b_pass = kBRowsPerPass * static_cast<int>(b.ld);
+    c.b_k_tile = kBKMajor ? BK : BK * static_cast<int>(b.ld);
+    return c;
+  }
+
+  // The next k-tile of an interior tile into `stage`; advances the cursor.
+  static __device__ __forceinline__ void load_stage_fast(T* stage, FastCursor& c) {
+    T* sa = stage;
+    T* sb = stage + ATile::kElems;
+    const int t = static_cast<int>(threadIdx.x);
+#pragma unroll
+    for (int pass = 0; pass < kAPasses; ++pass) {
+      const int row = t / kAChunksPerRow + pass * kARowsPerPass;
+      gpu::copy16_async(sa + ATile::offset(row, t % kAChunksPerRow * kVec), c.a[pass], true);
+      c.a[pass] += BK;
+    }
+#pragma unroll
+    for (int pass = 0; pass < kBPasses; ++pass) {
+      const int row = t / kBChunksPerRow + pass * kBRowsPerPass;
+      gpu::copy16_async(sb + BTile::offset(row, t % kBChunksPerRow * kVec), c.b + pass * c.b_pass, true);
+    }
+    c.b += c.b_k_tile;
+  }
+
+  // Whether this tile takes load_stage_fast (uniform across the block; the
+  // 2^24 bound keeps the cursor's element strides in 32 bits).
+  static __device__ __forceinline__ bool interior(const ARows& a, const BSource& b, int K) {
+    if constexpr (!kHasFastLoad) {
+      return false;
+    } else {
+      bool rows = true;
+#pragma unroll
+      for (int pass = 0; pass < kAPasses; ++pass) rows = rows && a.p[pass] != nullptr;
+      const bool all_rows = __syncthreads_and(rows) != 0;
+      return all_rows && K % BK == 0 && b.n0 + BN <= b.N && b.ld <= (int64_t{1} << 24) / BK;
+    }
+  }
+
+  // The k-tile loaders a mainloop runs with: load(stage, kt) copies k-tile
+  // kt, called for kt = 0, 1, 2, ... in order.
+  struct CheckedLoader {
+    const ARows& a;
+    const BSource& b;
+    int K;
+    __device__ __forceinline__ void load(T* stage, int kt) { load_stage(stage, a, b, kt * BK, K); }
+  };
+  struct FastLoader {
+    FastCursor c;
+    __device__ __forceinline__ void load(T* stage, int /*kt*/) { load_stage_fast(stage, c); }
+  };
+
   struct Frags {
     FragA a[MI];
     FragB b[NI];
@@ -194,15 +267,23 @@ struct TileEngine {
       for (int j = 0; j < NI; ++j)
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc.c[i][j].r[r] = 0.f;
+    const int k_tiles = (K + BK - 1) / BK;
+    if (interior(a, b, K)) {
+      run(acc, smem, FastLoader{fast_cursor(a, b)}, k_tiles, wait_a);
+    } else {
+      run(acc, smem, CheckedLoader{a, b, K}, k_tiles, wait_a);
+    }
+  }
 
+  template <class Loader, class WaitA>
+  static __device__ __forceinline__ void run(Acc& acc, T* smem, Loader loader, int k_tiles, WaitA&& wait_a) {
     constexpr int kSteps = BK / Atom::kK;  // atom k-steps per k-tile
     static_assert(kSteps % 2 == 0, "fragment buffers alternate, so each k-tile starts on buffer 0");
-    const int k_tiles = (K + BK - 1) / BK;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
       if (s < k_tiles) {
         wait_a(s);
-        load_stage(smem + s * kStageElems, a, b, s * BK, K);
+        loader.load(smem + s * kStageElems, s);
       }
       gpu::copy_async_commit();
     }
@@ -220,7 +301,7 @@ struct TileEngine {
         const int pf = kt + STAGES - 1;
         if (pf < k_tiles) {
           wait_a(pf);
-          load_stage(smem + (pf % STAGES) * kStageElems, a, b, pf * BK, K);
+          loader.load(smem + (pf % STAGES) * kStageElems, pf);
         }
         gpu::copy_async_commit();
         const T* stage = smem + (kt % STAGES) * kStageElems;
@@ -256,7 +337,7 @@ struct TileEngine {
           const int pf = kt + STAGES - 1;  // refills the slot of k-tile kt - 1
           if (pf < k_tiles) {
             wait_a(pf);
-            load_stage(smem + (pf % STAGES) * kStageElems, a, b, pf * BK, K);
+            loader.load(smem + (pf % STAGES) * kStageElems, pf);
           }
           gpu::copy_async_commit();
         }
