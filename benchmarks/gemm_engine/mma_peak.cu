@@ -93,12 +93,13 @@ __global__ __launch_bounds__(Eng::kThreads) void smem_fed(float* out, int k_tile
       for (int r = 0; r < 4; ++r) acc.c[i][j].r[r] = 0.f;
   constexpr int kSteps = Eng::BK / Atom::kK;
   typename Eng::Frags f[2];
-  Eng::load_frags(f[0], stage, 0);
+  const auto fo = Eng::frag_offsets();
+  Eng::load_frags(f[0], stage, 0, fo);
   for (int kt = 0; kt < k_tiles; ++kt)
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       if (kBarrier && step == kSteps - 1) __syncthreads();
-      Eng::load_frags(f[(step + 1) % 2], stage, ((step + 1) % kSteps) * Atom::kK);
+      Eng::load_frags(f[(step + 1) % 2], stage, (step + 1) % kSteps, fo);
       Eng::mma_frags(acc, f[step % 2]);
     }
   float s = 0.f;

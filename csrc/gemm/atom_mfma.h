@@ -22,6 +22,9 @@ struct MfmaAtom {
   static constexpr int kBFragsPerLoad = 1;
   // B fragments are 4 consecutive k per lane: the engine stages B k-contiguous.
   static constexpr bool kTransposeBInSmem = true;
+  // Fragment addresses computed per load (the engine's precomputed-address
+  // path is for the mma.sync atom's ldmatrix layout).
+  static constexpr bool kLaneAddressing = false;
   // Accumulator: lane holds C[4 * (lane / 16) + g][lane % 16], one column.
   static constexpr int kCGroups = 4;
   static constexpr int kCVec = 1;

@@ -23,11 +23,11 @@ struct SmemTile {
 
   // Rows of >= 128 bytes: XOR the low 3 chunk bits with row % 8. Rows of 64
   // bytes hold 2 rows per 128-byte line: XOR the low 2 bits with (row / 2) % 4.
-  static __host__ __device__ __forceinline__ int chunk(int row, int c) {
+  static constexpr __host__ __device__ __forceinline__ int chunk(int row, int c) {
     return kRowBytes >= 128 ? (c ^ (row & 7)) : (c ^ ((row >> 1) & 3));
   }
   // Element offset of (row, col); col may point inside a chunk.
-  static __host__ __device__ __forceinline__ int offset(int row, int col) {
+  static constexpr __host__ __device__ __forceinline__ int offset(int row, int col) {
     return row * COLS + chunk(row, col / kElemsPerChunk) * kElemsPerChunk + col % kElemsPerChunk;
   }
 };

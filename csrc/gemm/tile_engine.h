@@ -229,18 +229,98 @@ struct TileEngine {
     FragB b[NI];
   };
 
-  static __device__ __forceinline__ void load_frags(Frags& f, const T* stage, int kk) {
-    const T* sa = stage;
-    const T* sb = stage + ATile::kElems;
+  // Byte offsets, within a stage, of this lane's ldmatrix row for its warp's
+  // A fragment 0 and B fragment pair 0 at k-step 0 (kLaneAddressing atoms;
+  // zero otherwise). Every other fragment's offset is one of these moved by a
+  // constant (frag_a / frag_b): the swizzle permutes 16-byte chunks within
+  // aligned groups by the row's low 3 bits, which whole 8-row moves keep, so
+  // k-steps (A, K-major B) and column groups (N-major B) enter as XORs of
+  // chunk bits and row moves as additions. Computed once per mainloop, they
+  // keep the swizzle arithmetic out of the k-loop.
+  struct FragOffsets {
+    uint32_t a;
+    uint32_t b;
+  };
+
+  static __host__ __device__ constexpr FragOffsets frag_offsets(int lane, int wm, int wn) {
+    if constexpr (Atom::kLaneAddressing) {
+      const int b_elem = kBSmemKMajor ? BTile::offset(wn * WTN + Atom::template b_row<true>(lane),
+                                                      Atom::template b_col<true>(lane))
+                                      : BTile::offset(Atom::template b_row<false>(lane),
+                                                      wn * WTN + Atom::template b_col<false>(lane));
+      return {static_cast<uint32_t>(sizeof(T)) *
+                  static_cast<uint32_t>(ATile::offset(wm * WTM + Atom::a_row(lane), Atom::a_col(lane))),
+              static_cast<uint32_t>(sizeof(T)) * static_cast<uint32_t>(ATile::kElems + b_elem)};
+    } else {
+      return {0u, 0u};
+    }
+  }
+  static __host__ __device__ constexpr uint32_t frag_a(FragOffsets o, int i, int step) {
+    return (o.a ^ static_cast<uint32_t>(step * Atom::kK * sizeof(T))) + static_cast<uint32_t>(i * Atom::kM * ATile::kRowBytes);
+  }
+  static __host__ __device__ constexpr uint32_t frag_b(FragOffsets o, int j, int step) {
+    return kBSmemKMajor
+               ? (o.b ^ static_cast<uint32_t>(step * Atom::kK * sizeof(T))) + static_cast<uint32_t>(j * Atom::kN * BTile::kRowBytes)
+               : (o.b ^ static_cast<uint32_t>(j * Atom::kN * sizeof(T))) + static_cast<uint32_t>(step * Atom::kK * BTile::kRowBytes);
+  }
+
+  // The identities frag_a / frag_b rest on, checked for every lane, warp,
+  // fragment and k-step against the atom's own addressing.
+  static constexpr bool frag_offsets_hold() {
+    if constexpr (Atom::kLaneAddressing) {
+      for (int lane = 0; lane < gpu::kWarpSize; ++lane)
+        for (int wm = 0; wm < Shape::WARPS_M; ++wm)
+          for (int wn = 0; wn < Shape::WARPS_N; ++wn) {
+            const FragOffsets o = frag_offsets(lane, wm, wn);
+            for (int step = 0; step < BK / Atom::kK; ++step) {
+              const int k0 = step * Atom::kK;
+              for (int i = 0; i < MI; ++i) {
+                const int want = ATile::offset(wm * WTM + i * Atom::kM + Atom::a_row(lane), k0 + Atom::a_col(lane));
+                if (frag_a(o, i, step) != static_cast<uint32_t>(want * sizeof(T))) return false;
+              }
+              for (int j = 0; j < NI; j += Atom::kBFragsPerLoad) {
+                const int n0 = wn * WTN + j * Atom::kN;
+                const int want =
+                    ATile::kElems +
+                    (kBSmemKMajor ? BTile::offset(n0 + Atom::template b_row<true>(lane), k0 + Atom::template b_col<true>(lane))
+                                  : BTile::offset(k0 + Atom::template b_row<false>(lane), n0 + Atom::template b_col<false>(lane)));
+                if (frag_b(o, j, step) != static_cast<uint32_t>(want * sizeof(T))) return false;
+              }
+            }
+          }
+    }
+    return true;
+  }
+  static_assert(frag_offsets_hold(), "fragment offsets: a swizzle or atom layout broke the XOR/add identities");
+
+  static __device__ __forceinline__ FragOffsets frag_offsets() {
     const int warp = static_cast<int>(threadIdx.x) / gpu::kWarpSize;
-    const int lane = static_cast<int>(threadIdx.x) % gpu::kWarpSize;
-    const int wm = warp % Shape::WARPS_M;
-    const int wn = warp / Shape::WARPS_M;
+    return frag_offsets(static_cast<int>(threadIdx.x) % gpu::kWarpSize, warp % Shape::WARPS_M, warp / Shape::WARPS_M);
+  }
+
+  // The fragments of atom k-step `step` of a stage.
+  static __device__ __forceinline__ void load_frags(Frags& f, const T* stage, int step, FragOffsets o) {
+    if constexpr (Atom::kLaneAddressing) {
+      const uint32_t base = Atom::smem_addr(stage);
 #pragma unroll
-    for (int i = 0; i < MI; ++i) Atom::template load_a<ATile>(f.a[i], sa, wm * WTM + i * Atom::kM, kk, lane);
+      for (int i = 0; i < MI; ++i) Atom::load_a_at(f.a[i], base + frag_a(o, i, step));
 #pragma unroll
-    for (int j = 0; j < NI; j += Atom::kBFragsPerLoad)
-      Atom::template load_b<BTile, kBSmemKMajor>(&f.b[j], sb, wn * WTN + j * Atom::kN, kk, lane);
+      for (int j = 0; j < NI; j += Atom::kBFragsPerLoad)
+        Atom::template load_b_at<kBSmemKMajor>(&f.b[j], base + frag_b(o, j, step));
+    } else {
+      const T* sa = stage;
+      const T* sb = stage + ATile::kElems;
+      const int kk = step * Atom::kK;
+      const int warp = static_cast<int>(threadIdx.x) / gpu::kWarpSize;
+      const int lane = static_cast<int>(threadIdx.x) % gpu::kWarpSize;
+      const int wm = warp % Shape::WARPS_M;
+      const int wn = warp / Shape::WARPS_M;
+#pragma unroll
+      for (int i = 0; i < MI; ++i) Atom::template load_a<ATile>(f.a[i], sa, wm * WTM + i * Atom::kM, kk, lane);
+#pragma unroll
+      for (int j = 0; j < NI; j += Atom::kBFragsPerLoad)
+        Atom::template load_b<BTile, kBSmemKMajor>(&f.b[j], sb, wn * WTN + j * Atom::kN, kk, lane);
+    }
   }
 
   static __device__ __forceinline__ void mma_frags(Acc& acc, const Frags& f) {
@@ -279,6 +359,7 @@ struct TileEngine {
   static __device__ __forceinline__ void run(Acc& acc, T* smem, Loader loader, int k_tiles, WaitA&& wait_a) {
     constexpr int kSteps = BK / Atom::kK;  // atom k-steps per k-tile
     static_assert(kSteps % 2 == 0, "fragment buffers alternate, so each k-tile starts on buffer 0");
+    const FragOffsets fo = frag_offsets();
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
       if (s < k_tiles) {
@@ -308,7 +389,7 @@ struct TileEngine {
 #pragma unroll
         for (int step = 0; step < kSteps; ++step) {
           Frags f;
-          load_frags(f, stage, step * Atom::kK);
+          load_frags(f, stage, step, fo);
           mma_frags(acc, f);
         }
       }
@@ -317,7 +398,7 @@ struct TileEngine {
       return;
     }
     Frags frags[2];
-    load_frags(frags[0], smem, 0);
+    load_frags(frags[0], smem, 0, fo);
     for (int kt = 0; kt < k_tiles; ++kt) {
       const T* stage = smem + (kt % STAGES) * kStageElems;
 #pragma unroll
@@ -329,9 +410,9 @@ struct TileEngine {
           __syncthreads();
         }
         if (step < kSteps - 1) {
-          load_frags(frags[(step + 1) % 2], stage, (step + 1) * Atom::kK);
+          load_frags(frags[(step + 1) % 2], stage, step + 1, fo);
         } else if (kt + 1 < k_tiles) {
-          load_frags(frags[(step + 1) % 2], smem + ((kt + 1) % STAGES) * kStageElems, 0);
+          load_frags(frags[(step + 1) % 2], smem + ((kt + 1) % STAGES) * kStageElems, 0, fo);
         }
         if (step == 0) {
           const int pf = kt + STAGES - 1;  // refills the slot of k-tile kt - 1
