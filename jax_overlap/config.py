@@ -93,6 +93,11 @@ def choose_tile(tiles, rows: int, n: int, slots: int, groups: int = 1) -> TileSh
                                    -t.bm * t.bn))
 
 
+def fitting_tiles(tiles, device: DeviceProps) -> list:
+  """The compiled tiles whose shared-memory stages a workgroup on this device can hold."""
+  return [t for t in tiles if t.smem_bytes <= device.smem_per_block]
+
+
 def gemm_slots(device: DeviceProps) -> int:
   """Co-resident workgroups one rank may launch (persistent kernels must fit at once)."""
   return max(device.sm_count // max(device.ranks_per_gpu, 1), 1)
@@ -149,6 +154,9 @@ def plan_ag_matmul(*, dtype_name: str, rows: int, k: int, n: int, world: int, de
   bad = _check_common(dtype_name, world, k, n, rows)
   if bad:
     return None, bad
+  tiles = fitting_tiles(tiles, device)
+  if not tiles:
+    return None, f"no compiled tile fits {device.smem_per_block} bytes of shared memory per workgroup"
   slots = gemm_slots(device)
   elem = 2
   pull_bytes = (world - 1) * rows * k * elem
@@ -174,6 +182,9 @@ def plan_matmul_rs(*, dtype_name: str, rows: int, k: int, n: int, world: int, de
   bad = _check_common(dtype_name, world, k, n, rows)
   if bad:
     return None, bad
+  tiles = fitting_tiles(tiles, device)
+  if not tiles:
+    return None, f"no compiled tile fits {device.smem_per_block} bytes of shared memory per workgroup"
   if rows % world:
     return None, f"rows={rows} not divisible by the group size {world}"
   slots = gemm_slots(device)

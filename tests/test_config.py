@@ -207,3 +207,14 @@ def test_plan_tiles_every_row_block_of_the_group(op, rows):
   p, _ = plan(op, rows=rows, k=256, n=128, world=4, device=config.DeviceProps(sm_count=6, smem_per_block=1),
               tiles=(SMALL, BIG), algorithm="fused")
   assert p.workers == 1 and p.tile == BIG.index
+
+
+@pytest.mark.parametrize("op,rows", [("ag_matmul", 8192), ("matmul_rs", 16384)])
+def test_plan_takes_only_tiles_that_fit_shared_memory(op, rows):
+  # Shapes where the cost model picks tile 1 (96 KiB of stages) on an H100; with 64 KiB of shared
+  # memory per workgroup (MI300X's LDS) it cannot launch, so the plan takes tile 0 instead.
+  small_lds = config.DeviceProps(sm_count=132, smem_per_block=65536)
+  assert plan(op, rows=rows, device=H100, tiles=(_tile(1), _tile(0)), algorithm="fused")[0].tile == 1
+  assert plan(op, rows=rows, device=small_lds, tiles=(_tile(1), _tile(0)), algorithm="fused")[0].tile == 0
+  p, why = plan(op, device=small_lds, tiles=(_tile(1),), algorithm="fused")
+  assert p is None and why == "no compiled tile fits 65536 bytes of shared memory per workgroup"
