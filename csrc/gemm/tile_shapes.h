@@ -1,13 +1,13 @@
 // The block tiles compiled into the kernels, by index (the `tile` field of a
 // fused call's config). The large tile is 8 warps of 64x64 with pipelined
-// fragments. On NVIDIA it is 128x256x64 with 4 stages: in benchmarks/gemm_engine
-// on the H200 (2026-11-29, 16384x3584x8192) it held 2.06-2.09 ms (3 stages
-// 2.09-2.12) while 256x128 moved between 2.29 and 2.67 ms with the loader's
-// register use, and its 4-pointer A rows (to 256x128's 8) leave the fused
-// kernels fewer spills. On AMD it is 256x128x64, 3 stages (fragments not
-// pipelined there, gpu.h), which passes the no-scratch ISA check that 128x256
-// does not. 128x128x32, 4 warps, gives small row counts more workgroups and
-// fits a 64 KiB LDS (gfx942).
+// fragments. On NVIDIA it is 128x256x64, 3 stages: in benchmarks/gemm_engine on
+// the H200 (2026-11-29, 16384x3584x8192) it runs 2.09-2.12 ms alone, and 4
+// stages (2.06 there) measured slower inside the fused kernels, whose k-loop
+// then reloads spilled registers; 256x128 moved between 2.29 and 2.67 ms with
+// the loader's register use. On AMD it is 256x128x64 (fragments not pipelined
+// there, gpu.h), which passes the no-scratch ISA check that 128x256 does not.
+// 128x128x32, 4 warps, gives small row counts more workgroups and fits a
+// 64 KiB LDS (gfx942).
 #pragma once
 
 #include "gemm/tile_engine.h"
@@ -19,7 +19,7 @@ namespace jo::gemm {
 #if JO_PLATFORM_HIP
 using TileShape0 = TileShape<256, 128, 64, 4, 2, 3, true>;
 #else
-using TileShape0 = TileShape<128, 256, 64, 2, 4, 4, true>;
+using TileShape0 = TileShape<128, 256, 64, 2, 4, 3, true>;
 #endif
 using TileShape1 = TileShape<128, 128, 32, 2, 2, 4, false>;
 
