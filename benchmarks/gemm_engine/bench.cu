@@ -54,7 +54,7 @@ __global__ __launch_bounds__(Eng::kThreads) void gemm_kernel(const T* x, const T
       typename Eng::Acc acc;
       Eng::mainloop(acc, smem, rows, b_loaded, K, jo::gemm::NoWait{});
       Eng::for_each_acc(acc, out_row, [&](T* dst, int c, const float* v) {
-        if (dst != nullptr && b.n0 + c < N) jo::gemm::store_vec<T, Eng::Atom::kCVec, false>(dst + b.n0 + c, v, nullptr);
+        if (dst != nullptr && b.n0 + c < N) jo::gemm::store_vec<T, Eng::Atom::kCVec>(dst + b.n0 + c, v, nullptr);
       });
     }
   }

@@ -11,17 +11,14 @@ struct alignas(kVec * sizeof(T)) PackedT {
   T v[kVec];
 };
 
-// dst[i] = v[i] (+ bias[i] with kBias), converted to T.
-template <typename T, int kVec, bool kBias>
+// dst[i] = v[i] + bias[i] (bias may be nullptr), converted to T.
+template <typename T, int kVec>
 __device__ __forceinline__ void store_vec(T* dst, const float* v, const T* bias) {
   PackedT<T, kVec> out;
-  if constexpr (kBias) {
-    const PackedT<T, kVec> b = *reinterpret_cast<const PackedT<T, kVec>*>(bias);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) out.v[i] = gpu::from_float<T>(v[i] + gpu::to_float(b.v[i]));
-  } else {
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) out.v[i] = gpu::from_float<T>(v[i]);
+  for (int i = 0; i < kVec; ++i) {
+    const float b = bias != nullptr ? gpu::to_float(bias[i]) : 0.f;
+    out.v[i] = gpu::from_float<T>(v[i] + b);
   }
   *reinterpret_cast<PackedT<T, kVec>*>(dst) = out;
 }

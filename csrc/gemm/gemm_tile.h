@@ -3,8 +3,6 @@
 // engine benchmark.
 #pragma once
 
-#include <type_traits>
-
 #include "gemm/epilogue.h"
 #include "gemm/tile_engine.h"
 
@@ -18,24 +16,11 @@ __device__ __forceinline__ void gemm_tile(T* smem, RowFn&& a_row, const typename
   const auto rows = Eng::a_rows(a_row);
   typename Eng::Acc acc;
   Eng::mainloop(acc, smem, rows, b, K, wait_a);
-  // The epilogue specialized on the bias and on whether columns need a bound
-  // check: runs once per tile, but its per-store branches cost as much as a
-  // few k-tiles of a short-K tile.
-  auto store = [&](auto has_bias, auto check_cols) {
-    Eng::for_each_acc(acc, out_row, [&](T* dst, int c, const float* v) {
-      const int col = b.n0 + c;
-      if (dst != nullptr && (!check_cols.value || col < b.N))
-        store_vec<T, Eng::Atom::kCVec, has_bias.value>(dst + col, v, has_bias.value ? bias + col : nullptr);
-    });
-  };
-  const bool full_cols = b.n0 + Eng::BN <= b.N;
-  if (bias != nullptr) {
-    if (full_cols) store(std::true_type{}, std::false_type{});
-    else store(std::true_type{}, std::true_type{});
-  } else {
-    if (full_cols) store(std::false_type{}, std::false_type{});
-    else store(std::false_type{}, std::true_type{});
-  }
+  Eng::for_each_acc(acc, out_row, [&](T* dst, int c, const float* v) {
+    const int col = b.n0 + c;
+    if (dst != nullptr && col < b.N)
+      store_vec<T, Eng::Atom::kCVec>(dst + col, v, bias != nullptr ? bias + col : nullptr);
+  });
 }
 
 }  // namespace jo::gemm

@@ -198,24 +198,20 @@ struct TileEngine {
   }
 
   // Whether this tile takes load_stage_fast (uniform across the block; the
-  // 2^24 bound keeps the cursor's element strides in 32 bits).
+  // bound on ld keeps the cursor's element strides in 32 bits).
   static __device__ __forceinline__ bool interior(const ARows& a, const BSource& b, int K) {
-    if constexpr (!kHasFastLoad) {
-      return false;
-    } else {
-      bool rows = true;
+    bool rows = true;
 #pragma unroll
-      for (int pass = 0; pass < kAPasses; ++pass) rows = rows && a.p[pass] != nullptr;
-      const bool all_rows = __syncthreads_and(rows) != 0;
-      return all_rows && K % BK == 0 && b.n0 + BN <= b.N && b.ld <= (int64_t{1} << 24) / BK;
-    }
+    for (int pass = 0; pass < kAPasses; ++pass) rows = rows && a.p[pass] != nullptr;
+    const bool all_rows = gpu::block_all(rows);
+    return all_rows && K % BK == 0 && b.n0 + BN <= b.N && b.ld <= (int64_t{1} << 24) / BK;
   }
 
   // The k-tile loaders a mainloop runs with: load(stage, kt) copies k-tile
   // kt, called for kt = 0, 1, 2, ... in order.
   struct CheckedLoader {
-    const ARows& a;
-    const BSource& b;
+    ARows a;  // copies, not references: a reference gives the struct an address,
+    BSource b;  // which puts it in scratch memory on AMD
     int K;
     __device__ __forceinline__ void load(T* stage, int kt) { load_stage(stage, a, b, kt * BK, K); }
   };
@@ -348,11 +344,13 @@ struct TileEngine {
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc.c[i][j].r[r] = 0.f;
     const int k_tiles = (K + BK - 1) / BK;
-    if (interior(a, b, K)) {
-      run(acc, smem, FastLoader{fast_cursor(a, b)}, k_tiles, wait_a);
-    } else {
-      run(acc, smem, CheckedLoader{a, b, K}, k_tiles, wait_a);
+    if constexpr (kHasFastLoad) {
+      if (interior(a, b, K)) {
+        run(acc, smem, FastLoader{fast_cursor(a, b)}, k_tiles, wait_a);
+        return;
+      }
     }
+    run(acc, smem, CheckedLoader{a, b, K}, k_tiles, wait_a);
   }
 
   template <class Loader, class WaitA>

@@ -210,6 +210,24 @@ JO_DEVICE Vec16 load16_uncached(const void* p) {
 JO_DEVICE Vec16 load16(const void* p) { return *static_cast<const Vec16*>(p); }
 JO_DEVICE void store16(void* p, const Vec16& v) { *static_cast<Vec16*>(p) = v; }
 
+// Whether `v` holds in every thread of the workgroup (a barrier). HIP's
+// __syncthreads_and needs device-library symbols (the wavefront size) that
+// the compile check does not link: the same through shared memory there.
+#if JO_PLATFORM_HIP
+JO_DEVICE bool block_all(bool v) {
+  __shared__ int any_false;
+  if (threadIdx.x == 0) any_false = 0;
+  __syncthreads();
+  if (!v) any_false = 1;  // every writer stores the same value
+  __syncthreads();
+  const bool all = any_false == 0;
+  __syncthreads();  // any_false is reused by the next call
+  return all;
+}
+#else
+JO_DEVICE bool block_all(bool v) { return __syncthreads_and(v) != 0; }
+#endif
+
 // ---------------------------------------------------------------------------
 // Global -> shared 16-byte copies for the GEMM pipeline. On NVIDIA they are
 // cp.async (L2 only, zero-filled when !valid) tracked in commit groups; on AMD
