@@ -3,7 +3,9 @@
 Enable with jax_overlap.initialize(trace=True) (or JAX_OVERLAP_TRACE=1) before
 running the calls to trace; then `export(path)` writes what the GPUs recorded
 since the last export (the buffer holds 65536 events per GPU) and returns the
-time split: busy time per event kind, summed over workgroups.
+time split: busy time per event kind, summed over workgroups. The switch is a
+word in GPU memory that kernels read as they record, so it also reaches calls
+compiled earlier, including those XLA replays from its command buffers.
 """
 
 from __future__ import annotations

@@ -39,10 +39,14 @@ struct TraceEvent {
   uint32_t arg1;  // shard or peer rank
 };
 
-// Opt-in per-workgroup trace in the workspace; events == nullptr: off.
+// Opt-in per-workgroup trace in the workspace; events == nullptr: none. The
+// on/off switch is a device word, read as events are recorded, so a launch
+// recorded into a CUDA/HIP graph follows jax_overlap.initialize(trace=...)
+// when it replays, not the setting it was recorded under.
 struct TraceSink {
   TraceEvent* events;
   uint32_t* count;
+  const uint32_t* enabled;
   uint32_t capacity;
 };
 

@@ -80,7 +80,7 @@ __device__ __forceinline__ bool block_agree(bool thread0_ok) {
 
 __device__ __forceinline__ void trace_event(const TraceSink& t, TraceKind kind, uint64_t start, uint32_t arg0,
                                             uint32_t arg1) {
-  if (t.events == nullptr || threadIdx.x != 0) return;
+  if (t.events == nullptr || threadIdx.x != 0 || *static_cast<const volatile uint32_t*>(t.enabled) == 0) return;
   const uint32_t i = gpu::atomic_add_dev(t.count, 1u);
   if (i < t.capacity) t.events[i] = TraceEvent{start, gpu::timer_ticks(), blockIdx.x, static_cast<uint32_t>(kind), arg0, arg1};
 }

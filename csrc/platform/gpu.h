@@ -58,6 +58,7 @@ using hipDeviceProp_t = cudaDeviceProp;
 #define hipMemset cudaMemset
 #define hipMemcpy cudaMemcpy
 #define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define hipMemcpyHostToDevice cudaMemcpyHostToDevice
 #define hipStreamCreateWithFlags cudaStreamCreateWithFlags
 #define hipStreamNonBlocking cudaStreamNonBlocking
 #define hipStreamDestroy cudaStreamDestroy

@@ -49,9 +49,8 @@ Status query_device(int ordinal, DeviceInfo* info) {
 }
 
 TraceSink Workspace::trace_sink() const {
-  if (!trace) return TraceSink{nullptr, nullptr, 0};
   return TraceSink{reinterpret_cast<TraceEvent*>(base + kTraceEventsOffset), reinterpret_cast<uint32_t*>(base),
-                   kTraceCapacity};
+                   reinterpret_cast<const uint32_t*>(base + kTraceEnabledOffset), kTraceCapacity};
 }
 
 uint32_t* Workspace::epoch_counter(uint64_t region_offset) {
@@ -109,7 +108,11 @@ Status Runtime::set_options(int ordinal, double watchdog_seconds, bool sync_afte
   if (!(watchdog_seconds > 0)) return Status{"jax_overlap: watchdog_seconds must be positive"};
   ws->timeout_ticks = static_cast<uint64_t>(watchdog_seconds * static_cast<double>(ws->info.ticks_per_second));
   ws->sync_after_launch = sync_after_launch;
-  ws->trace = trace;
+  // Kernels read the switch from device memory (TraceSink::enabled).
+  DeviceScope scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
+  const uint32_t on = trace ? 1u : 0u;
+  JO_RETURN_IF_HIP_ERROR(hipMemcpy(ws->base + kTraceEnabledOffset, &on, sizeof(on), hipMemcpyHostToDevice));
   return {};
 }
 

@@ -6,7 +6,7 @@
 // store. FFI handlers cannot receive Python objects, so they find this state
 // through Runtime::instance() by their device ordinal.
 //
-// Workspace layout: [trace counter, abort flag | trace events | regions...]. Regions are
+// Workspace layout: [trace counter, abort flag, trace switch | trace events | regions...]. Regions are
 // placed by the Python side (jax_overlap/runtime.py) at offsets every rank of
 // a group agrees on; each region has a host-side call counter (its epoch).
 #pragma once
@@ -26,6 +26,7 @@ namespace jo {
 
 inline constexpr uint32_t kTraceCapacity = 1u << 16;  // events per GPU (2 MiB)
 inline constexpr uint64_t kAbortFlagOffset = 64;  // Watchdog::abort
+inline constexpr uint64_t kTraceEnabledOffset = 128;  // TraceSink::enabled
 inline constexpr uint64_t kTraceEventsOffset = 256;
 inline constexpr uint64_t kRegionsOffset =
     (kTraceEventsOffset + kTraceCapacity * sizeof(TraceEvent) + 4095) / 4096 * 4096;
@@ -75,7 +76,6 @@ struct Workspace {
   int ranks_per_gpu = 1;
   uint64_t timeout_ticks = 0;
   bool sync_after_launch = false;  // debugging: surface watchdog errors on the failing call
-  bool trace = false;
   std::map<int64_t, char*> peer_bases;  // global device id -> its workspace here (own included)
   std::vector<void*> ipc_mappings;
   std::map<uint64_t, std::unique_ptr<uint32_t>> epochs;  // region offset -> calls so far

@@ -73,7 +73,7 @@ CallContext SimGroup::context(int rank, uint64_t offset, uint32_t epoch, OpKind 
   p.world = world_;
   for (int r = 0; r < world_; ++r) p.regions[r] = bases_[r] + offset;
   const Watchdog wd{records_device_[rank], abort_flag(rank), timeout_ticks_, static_cast<uint32_t>(op)};
-  return CallContext{p, epoch, wd, TraceSink{nullptr, nullptr, 0}, LaunchLimits{info_.sm_count, world_, info_.l2_bytes}};
+  return CallContext{p, epoch, wd, TraceSink{nullptr, nullptr, nullptr, 0}, LaunchLimits{info_.sm_count, world_, info_.l2_bytes}};
 }
 
 GemmOperands SimMatmul::operands(int rank) const {

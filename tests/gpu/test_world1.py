@@ -139,3 +139,34 @@ def test_trace_export(tmp_path):
   tiles = [e for e in events if e["name"] == "gemm_tile"]
   assert len(tiles) in {1024 * 1024 // (t.bm * t.bn) for t in native.tile_shapes()}  # one event per output tile
   assert split["gemm_tile"] > 0 and all(e["dur"] >= 0 for e in events)
+
+
+def test_trace_switch_reaches_calls_compiled_before_it(tmp_path):
+  """World-1 calls sit in XLA's command buffers (graphs recorded once, replayed after): tracing turned
+  on after the first run must still reach them, and turned off must silence them."""
+  rng = np.random.default_rng(6)
+  x, w = random(rng, (1024, 1024), jnp.bfloat16), random(rng, (1024, 1024), jnp.bfloat16, 1 / 32)
+  op = jax.shard_map(lambda x, w: jo.matmul_rs(x, w, axis_name="tp", algorithm="fused"), mesh=_mesh(),
+                     in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None))
+  calls = 6  # enough commands for XLA to build a command buffer around them
+
+  @jax.jit
+  def chain(x, w):
+    for _ in range(calls):
+      x = op(x, w)
+    return x
+
+  def gemm_tiles(name):
+    chain(x, w).block_until_ready()
+    jo.tracing.export(str(tmp_path / name))
+    return [e for e in json.load(open(tmp_path / name))["traceEvents"] if e["name"] == "gemm_tile"]
+
+  jo.initialize(trace=False)
+  assert gemm_tiles("off_first.json") == []  # compiled, recorded and run with tracing off
+  try:
+    jo.initialize(trace=True)
+    on = gemm_tiles("on.json")
+  finally:
+    jo.initialize(trace=False)
+  assert len(on) in {calls * 1024 * 1024 // (t.bm * t.bn) for t in native.tile_shapes()}
+  assert gemm_tiles("off_again.json") == []
