@@ -162,7 +162,9 @@ def timeline_stats(events: list[dict], unroll: int, kernel: str) -> dict:
 
 
 def git_commit() -> str:
-  if "JAX_OVERLAP_COMMIT" in os.environ:  # the device machine gets the tree without .git
+  # The device machine's copy of the tree carries no git metadata or stale
+  # metadata (runs there reported the session's first commit): name it.
+  if "JAX_OVERLAP_COMMIT" in os.environ:
     return os.environ["JAX_OVERLAP_COMMIT"]
   try:
     return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True, stderr=subprocess.DEVNULL,

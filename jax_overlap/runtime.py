@@ -110,7 +110,9 @@ def initialize(*, workspace_bytes: int | None = None, watchdog_seconds: float | 
     workspace_bytes: bytes per GPU (default: $JAX_OVERLAP_WORKSPACE_BYTES or 1 GiB).
       Fixed by the first call; a later call asking for a different size raises.
     watchdog_seconds: bound on every wait on a peer (default: $JAX_OVERLAP_WATCHDOG_SECONDS or 5).
-    sync_after_launch: make each fused call wait for its kernel (default: $JAX_OVERLAP_SYNC).
+    sync_after_launch: make each fused call of a group of two or more wait for its kernel
+      (default: $JAX_OVERLAP_SYNC); calls of a group of one have no peer to time out on and
+      may sit in XLA's command buffers, where a host wait cannot run.
     trace: record per-workgroup trace events (default: $JAX_OVERLAP_TRACE); see jax_overlap.tracing.
 
   Returns workspace_info(). On a machine without a GPU build or GPU this does

@@ -4,7 +4,9 @@
 # and the op benchmarks; a summary table last. Logs and results go to $OUT
 # (default /tmp/device_check).
 #
-#   bash tools/device_check.sh [STEP ...]
+#   JAX_OVERLAP_COMMIT=<commit> bash tools/device_check.sh [STEP ...]
+#     (the commit the results files record: the machine's copy of the tree
+#     does not know it)
 #     steps: build gpu_tests multiprocess examples bench gemm_engine cpu_tests  (default: all of these)
 #            per_gpu bench_multi                                               (machines with 2+ GPUs)
 #
