@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "check.h"
 #include "gemm/gemm_tile.h"
 #include "gemm/tile_order.h"
 
@@ -19,14 +20,6 @@ using jo::gemm::TileEngine;
 using jo::gemm::TileShape;
 using T = __nv_bfloat16;
 
-#define CHECK(expr)                                                                                \
-  do {                                                                                             \
-    auto _e = (expr);                                                                              \
-    if (_e != 0) {                                                                                 \
-      std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #expr, static_cast<int>(_e)); \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
 
 // kDrop (a diagnostic, wrong results): the mainloop reads no global memory for
 // A (1), B (2) or both (3) -- the copies zero-fill their shared-memory chunks

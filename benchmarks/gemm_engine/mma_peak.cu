@@ -13,19 +13,35 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "check.h"
 #include "gemm/tile_engine.h"
 
-#define CHECK(expr)                                                                                  \
-  do {                                                                                               \
-    auto _e = (expr);                                                                                \
-    if (_e != 0) {                                                                                   \
-      std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #expr, static_cast<int>(_e)); \
-      std::exit(1);                                                                                  \
-    }                                                                                                \
-  } while (0)
 
 using T = __nv_bfloat16;
 using Atom = jo::gemm::MmaSyncAtom<T>;
+
+// Best of 5 event-timed launches, after one warm-up launch (clocks).
+template <class Launch>
+static float best_ms(Launch&& launch) {
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  launch();
+  float best = 1e30f;
+  for (int rep = 0; rep < 5; ++rep) {
+    CHECK(cudaEventRecord(e0));
+    launch();
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    best = ms < best ? ms : best;
+  }
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
+  return best;
+}
 
 template <int kWarps, int MI, int NI>
 __global__ __launch_bounds__(kWarps * 32, 1) void mma_loop(float* out, int iters) {
@@ -58,21 +74,7 @@ __global__ __launch_bounds__(kWarps * 32, 1) void mma_loop(float* out, int iters
 template <int kWarps, int MI, int NI>
 static void run(float* out, int sms) {
   const int iters = 20000;
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  mma_loop<kWarps, MI, NI><<<sms, kWarps * 32>>>(out, iters);  // warm-up (clocks)
-  float best = 1e30f;
-  for (int rep = 0; rep < 5; ++rep) {
-    CHECK(cudaEventRecord(e0));
-    mma_loop<kWarps, MI, NI><<<sms, kWarps * 32>>>(out, iters);
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    best = ms < best ? ms : best;
-  }
-  CHECK(cudaGetLastError());
+  const float best = best_ms([&] { mma_loop<kWarps, MI, NI><<<sms, kWarps * 32>>>(out, iters); });
   const double flop = 2.0 * Atom::kM * Atom::kN * Atom::kK * MI * NI * double(iters) * kWarps * sms;
   std::printf("mma.sync ceiling  warps/SM %2d  warp tile %3dx%-3d  %7.1f TFLOP/s\n", kWarps, MI * Atom::kM,
               NI * Atom::kN, flop / best / 1e9);
@@ -117,22 +119,8 @@ static void run_smem_fed(float* out, int sms, const char* name) {
   const int smem = Eng::kStageElems * int(sizeof(T));
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int k_tiles = 4000;
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
   const int grid = sms * (256 / Eng::kThreads);  // 8 warps per SM, as the engine runs
-  kernel<<<grid, Eng::kThreads, smem>>>(out, k_tiles);
-  float best = 1e30f;
-  for (int rep = 0; rep < 5; ++rep) {
-    CHECK(cudaEventRecord(e0));
-    kernel<<<grid, Eng::kThreads, smem>>>(out, k_tiles);
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    best = ms < best ? ms : best;
-  }
-  CHECK(cudaGetLastError());
+  const float best = best_ms([&] { kernel<<<grid, Eng::kThreads, smem>>>(out, k_tiles); });
   const double flop = 2.0 * Eng::BM * Eng::BN * Eng::BK * double(k_tiles) * grid;
   std::printf("smem-fed ceiling  %-24s %s  %7.1f TFLOP/s\n", name, kBarrier ? "barrier/k-tile" : "no barrier    ",
               flop / best / 1e9);

@@ -37,15 +37,10 @@ ffi::Error AgMatmulExecute(hipStream_t stream, int32_t ordinal, CallState* state
 // A group of one: y = x @ w (+ bias), nothing gathered.
 ffi::Error AgMatmulLocalExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                                 ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, FusedConfig config) {
-  const auto call = gemm_call("ag_matmul", x, w, bias, {&*y}, config);
-  if (call.has_error()) return call.error();
-  const GemmOperands& op = call.value().op;
-  const int64_t m = call.value().m;
-  if (static_cast<int64_t>(y->element_count()) != op.batch * m * op.n)
-    return ffi::Error::InvalidArgument("jax_overlap ag_matmul: result shape does not match x and w");
-  const auto ctx = local_context(ordinal);
-  if (ctx.has_error()) return ctx.error();
-  const AgMatmulLaunch l{op, y->untyped_data(), nullptr, m, static_cast<int>(config.chunk_k), ctx.value()};
+  const auto c = local_call("ag_matmul", x, w, bias, *y, config, ordinal);
+  if (c.has_error()) return c.error();
+  const LocalCall& lc = c.value();
+  const AgMatmulLaunch l{lc.call.op, y->untyped_data(), nullptr, lc.call.m, static_cast<int>(config.chunk_k), lc.ctx};
   return launch_status(launch_ag_matmul(l, stream), "ag_matmul");
 }
 

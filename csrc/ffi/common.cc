@@ -108,16 +108,25 @@ ffi::Error launch_status(hipError_t launched, const char* op) {
   return ffi::Error::Success();
 }
 
-ffi::ErrorOr<CallContext> local_context(int32_t ordinal) {
+ffi::ErrorOr<LocalCall> local_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+                                   const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out, const FusedConfig& config,
+                                   int32_t ordinal) {
+  auto call = gemm_call(op, x, w, bias, {&out}, config);
+  if (call.has_error()) return ffi::Unexpected(call.error());
+  const GemmOperands& g = call.value().op;
+  if (static_cast<int64_t>(out.element_count()) != g.batch * call.value().m * g.n)
+    return ffi::Unexpected(
+        ffi::Error::InvalidArgument(std::string("jax_overlap ") + op + ": result shape does not match x and w"));
   const Workspace* ws = Runtime::instance().workspace(ordinal);
   if (ws == nullptr)
-    return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition, "jax_overlap: GPU " + std::to_string(ordinal) +
-                                                          " has no workspace; call jax_overlap.initialize() first"));
-  CallContext ctx{};
-  ctx.peers.world = 1;
-  ctx.trace = ws->trace_sink();
-  ctx.limits = ws->limits();
-  return ctx;
+    return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                                      "jax_overlap: GPU " + std::to_string(ordinal) +
+                                          " has no workspace; call jax_overlap.initialize() first"));
+  LocalCall c{call.value(), CallContext{}};
+  c.ctx.peers.world = 1;
+  c.ctx.trace = ws->trace_sink();
+  c.ctx.limits = ws->limits();
+  return c;
 }
 
 ffi::Error finish_launch(hipError_t launched, const Workspace& ws, hipStream_t stream, const char* op) {

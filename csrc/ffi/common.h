@@ -97,11 +97,18 @@ CallContext call_context(const GroupBinding& g, OpKind op);
 // watchdog verdict of this very call.
 ffi::Error finish_launch(hipError_t launched, const Workspace& ws, hipStream_t stream, const char* op);
 
-// The launch context of a group-of-one call on this GPU. Such a call has no
-// peer, flag, epoch or watchdog, and its handler does no host work a replay
-// would miss, so it is declared command-buffer compatible: XLA may record it
-// into the CUDA/HIP graph around it instead of dispatching it from the host.
-ffi::ErrorOr<CallContext> local_context(int32_t ordinal);
+// A group-of-one call: its checked operands (gemm_call, plus `out` being
+// [..., m, n]) and its launch context on this GPU. Such a call has no peer,
+// flag, epoch or watchdog, and its handler does no host work a replay would
+// miss, so it is declared command-buffer compatible: XLA may record it into
+// the CUDA/HIP graph around it instead of dispatching it from the host.
+struct LocalCall {
+  GemmCall call;
+  CallContext ctx;
+};
+ffi::ErrorOr<LocalCall> local_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+                                   const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out, const FusedConfig& config,
+                                   int32_t ordinal);
 
 // After a group-of-one launch: its status only (no sync option: the call may
 // be being recorded into a graph, and it has no peer to time out on).

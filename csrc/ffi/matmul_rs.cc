@@ -37,15 +37,10 @@ ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state
 // A group of one: out = x @ w (+ bias), nothing to reduce.
 ffi::Error MatmulRsLocalExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                                 ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out, FusedConfig config) {
-  const auto call = gemm_call("matmul_rs", x, w, bias, {&*out}, config);
-  if (call.has_error()) return call.error();
-  const GemmOperands& op = call.value().op;
-  const int64_t m = call.value().m;
-  if (static_cast<int64_t>(out->element_count()) != op.batch * m * op.n)
-    return ffi::Error::InvalidArgument("jax_overlap matmul_rs: output shape does not match x and w");
-  const auto ctx = local_context(ordinal);
-  if (ctx.has_error()) return ctx.error();
-  const MatmulRsLaunch l{op, out->untyped_data(), m, ctx.value()};
+  const auto c = local_call("matmul_rs", x, w, bias, *out, config, ordinal);
+  if (c.has_error()) return c.error();
+  const LocalCall& lc = c.value();
+  const MatmulRsLaunch l{lc.call.op, out->untyped_data(), lc.call.m, lc.ctx};
   return launch_status(launch_matmul_rs(l, stream), "matmul_rs");
 }
 
