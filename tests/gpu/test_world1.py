@@ -141,6 +141,24 @@ def test_trace_export(tmp_path):
   assert split["gemm_tile"] > 0 and all(e["dur"] >= 0 for e in events)
 
 
+def test_chained_calls_match_a_rounded_reference():
+  """Six world-1 calls in one program, the form in which XLA records them into a command buffer
+  and replays them: each call's output must match x @ w rounded to bf16 at every step, on every run."""
+  rng = np.random.default_rng(7)
+  x, w = random(rng, (1024, 1024), jnp.bfloat16), random(rng, (1024, 1024), jnp.bfloat16, 1 / 32)
+  for op in (jo.ag_matmul, jo.matmul_rs):
+    call = jax.shard_map(lambda x, w, op=op: op(x, w, axis_name="tp", algorithm="fused"), mesh=_mesh(),
+                         in_specs=(P("tp", None), P(None, None)), out_specs=P("tp", None))
+    chain = jax.jit(lambda x, w: [x := call(x, w) for _ in range(6)])
+    want, cur = [], np.asarray(x, np.float64)
+    for _ in range(6):
+      cur = np.asarray((cur @ np.asarray(w, np.float64)).astype(np.float32).astype(jnp.bfloat16), np.float64)
+      want.append(cur)
+    for run in range(2):  # the second run replays what the first recorded
+      for step, (out, ref) in enumerate(zip(chain(x, w), want)):
+        assert rel_err(np.asarray(out, np.float64), ref) < tolerance(jnp.bfloat16), (op.__name__, run, step)
+
+
 def test_trace_switch_reaches_calls_compiled_before_it(tmp_path):
   """World-1 calls sit in XLA's command buffers (graphs recorded once, replayed after): tracing turned
   on after the first run must still reach them, and turned off must silence them."""
