@@ -224,7 +224,6 @@ def _gpu_lowering(ctx, x, w, *bias, op, axis_name, axis_size, algorithm, w_kmajo
   sub_ctx = ctx.replace(avals_in=avals_in, avals_out=avals_out)
   attrs = {**plan.attribute(), "w_kmajor": np.int64(w_kmajor), "region_offset": np.int64(region_offset),
            "region_bytes": np.int64(region_bytes)}
-  group_ids = np.array([i for g in groups for i in g] or [0], np.int64)
   log.debug("jax_overlap.%s: fused (world %d, tile %d, workers %d, chunk_k %d; model %.0f us vs xla %.0f us)",
             op, world, plan.tile, plan.workers, plan.chunk_k, plan.est_fused_us, plan.est_xla_us)
   if world == 1:
@@ -233,6 +232,7 @@ def _gpu_lowering(ctx, x, w, *bias, op, axis_name, axis_size, algorithm, w_kmajo
     sub_ctx = sub_ctx.replace(avals_out=avals_out[:1])
     results = jax.ffi.ffi_lowering(native.target(op + "_local"))(sub_ctx, x, w, bias_value, config=attrs)
     return [results[0], x] if op == "ag_matmul" else results  # a group of one gathers x itself
+  group_ids = np.array([i for g in groups for i in g], np.int64)
   return jax.ffi.ffi_lowering(native.target(op))(sub_ctx, x, w, bias_value, config=attrs, groups=group_ids,
                                                  world=np.int64(world))
 

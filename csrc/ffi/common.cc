@@ -119,9 +119,7 @@ ffi::ErrorOr<LocalCall> local_call(const char* op, const ffi::AnyBuffer& x, cons
         ffi::Error::InvalidArgument(std::string("jax_overlap ") + op + ": result shape does not match x and w"));
   const Workspace* ws = Runtime::instance().workspace(ordinal);
   if (ws == nullptr)
-    return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                                      "jax_overlap: GPU " + std::to_string(ordinal) +
-                                          " has no workspace; call jax_overlap.initialize() first"));
+    return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition, not_initialized(ordinal).message));
   LocalCall c{call.value(), CallContext{}};
   c.ctx.peers.world = 1;
   c.ctx.trace = ws->trace_sink();

@@ -23,11 +23,6 @@ class DeviceScope {
   hipError_t status_ = hipSuccess;
 };
 
-Status not_initialized(int ordinal) {
-  return Status{"jax_overlap: GPU " + std::to_string(ordinal) +
-                " has no workspace; call jax_overlap.initialize() first"};
-}
-
 }  // namespace
 
 Status query_device(int ordinal, DeviceInfo* info) {
@@ -57,6 +52,11 @@ uint32_t* Workspace::epoch_counter(uint64_t region_offset) {
   auto& slot = epochs[region_offset];
   if (!slot) slot = std::make_unique<uint32_t>(0);
   return slot.get();
+}
+
+Status not_initialized(int ordinal) {
+  return Status{"jax_overlap: GPU " + std::to_string(ordinal) +
+                " has no workspace; call jax_overlap.initialize() first"};
 }
 
 Runtime& Runtime::instance() {

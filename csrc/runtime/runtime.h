@@ -64,6 +64,9 @@ struct DeviceInfo {
 
 Status query_device(int ordinal, DeviceInfo* info);
 
+// The error of a call on a GPU without a workspace.
+Status not_initialized(int ordinal);
+
 // Everything this process knows about one of its GPUs.
 struct Workspace {
   int ordinal = -1;
