@@ -3,7 +3,10 @@
 Columns, all measured in the same run on the same GPU:
   fused     jax_overlap with algorithm="fused" inside shard_map (world 1 on one GPU)
   xla       the reference path (algorithm="xla": XLA all_gather/psum_scatter + dot)
-  cublas    the GEMM alone through torch.matmul (cuBLAS), when torch is present
+  cublas    the GEMM alone through torch.matmul (cuBLAS) on the same data, when torch is present,
+            each call timed alone (the GPU idles between timings)
+  cublas_b2b  the same with UNROLL calls back to back per timing, as the chained fused calls run;
+            kernel_vs_cublas_b2b compares the fused kernel with it
   kernel    the fused kernel's duration on the GPU (CUPTI, through jax.profiler; tracing off)
   trace_span  the same kernel's span from its own trace (first tile start to last tile end)
   gpu_call  GPU time per call of the chained executable (first kernel start to last end / UNROLL),
@@ -77,23 +80,29 @@ def one_gpu_mesh():
   return Mesh(np.array(jax.devices()[:1]), ("tp",))
 
 
-def cublas_us(m: int, n: int, k: int) -> float | None:
+def cublas_us(m: int, n: int, k: int, back_to_back: int = 1) -> float | None:
+  """Time of torch.matmul (cuBLAS) on the benchmark's data, per call, median of 20 timings.
+
+  back_to_back: calls per timing, launched back to back (the chained fused calls'
+  situation); 1 times each call alone, the GPU idling between timings.
+  """
   try:
     import torch
   except ImportError:
     return None
   a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-  b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+  b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) * k ** -0.5
   for _ in range(3):
     torch.matmul(a, b)
   times = []
   for _ in range(20):
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
-    torch.matmul(a, b)
+    for _ in range(back_to_back):
+      torch.matmul(a, b)
     e.record()
     e.synchronize()
-    times.append(s.elapsed_time(e) * 1e3)
+    times.append(s.elapsed_time(e) * 1e3 / back_to_back)
   return statistics.median(times)
 
 
@@ -222,7 +231,7 @@ def _svg_bars(path: str, title: str, groups: list[dict], series, label) -> None:
 def print_table(rows: list[dict], cols=None) -> None:
   cols = cols or ["world", "m", "n", "k", "fused_us", "xla_us", "cublas_us", "kernel_us", "gpu_call_us",
                   "xla_gpu_call_us", "overhead_us", "kernel_tflops", "cublas_tflops", "fused_vs_cublas",
-                  "kernel_vs_cublas", "emulated_us", "single_gemm_us", "protocol_overhead"]
+                  "kernel_vs_cublas", "cublas_b2b_us", "kernel_vs_cublas_b2b", "emulated_us", "single_gemm_us", "protocol_overhead"]
   present = [c for c in cols if any(r.get(c) is not None for r in rows)]
   print(" ".join(f"{c:>14}" for c in present))
   for r in rows:
@@ -323,6 +332,7 @@ def run(op_name: str, make_op, default_shapes, argv=None) -> None:
     timeline = gpu_timeline(fused, x, w)
     trace_span = kernel_span_us(fused, x, w)
     c_us = cublas_us(m, n, k)
+    c_b2b_us = cublas_us(m, n, k, back_to_back=UNROLL)
     kernel = timeline.get("kernel_us")
     rows.append(dict(world=1, m=m, n=n, k=k, fused_us=f_us, xla_us=x_us, cublas_us=c_us, kernel_us=kernel,
                      trace_span_us=trace_span, gpu_call_us=timeline.get("call_us"),
@@ -330,7 +340,9 @@ def run(op_name: str, make_op, default_shapes, argv=None) -> None:
                      fused_tflops=tflops(m, n, k, f_us), xla_tflops=tflops(m, n, k, x_us),
                      kernel_tflops=tflops(m, n, k, kernel), cublas_tflops=tflops(m, n, k, c_us),
                      fused_vs_cublas=(c_us / f_us) if c_us else None,
-                     kernel_vs_cublas=(c_us / kernel) if c_us and kernel else None))
+                     kernel_vs_cublas=(c_us / kernel) if c_us and kernel else None,
+                     cublas_b2b_us=c_b2b_us,
+                     kernel_vs_cublas_b2b=(c_b2b_us / kernel) if c_b2b_us and kernel else None))
     i += 1
     for world in args.emulated:
       progress(i, total, f"emulated {world} ranks M={m}")

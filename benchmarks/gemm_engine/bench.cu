@@ -1,5 +1,8 @@
-// Tile-engine variants against cuBLAS on one NVIDIA GPU: correctness (relative
-// error vs cuBLAS on random bf16 data) and time (median of event-timed runs).
+// Tile-engine variants and the fused kernels' world-1 launches against cuBLAS
+// on one NVIDIA GPU: correctness (relative error vs cuBLAS on random bf16
+// data) and time, two ways: "ms" is the median of single event-timed launches
+// (the GPU idles between them), "b2b ms" the time per launch of 20 launched
+// back to back (as the op benchmarks' chained calls run), median of 5.
 // Build and run: bash benchmarks/gemm_engine/run.sh  (needs nvcc and cuBLAS).
 #include <cublas_v2.h>
 
@@ -14,6 +17,8 @@
 #include "check.h"
 #include "gemm/gemm_tile.h"
 #include "gemm/tile_order.h"
+#include "kernels/ag_matmul.h"
+#include "kernels/matmul_rs.h"
 
 using jo::gemm::BLayout;
 using jo::gemm::TileEngine;
@@ -53,8 +58,13 @@ __global__ __launch_bounds__(Eng::kThreads) void gemm_kernel(const T* x, const T
   }
 }
 
+struct Timing {
+  float ms;      // median single launch
+  float b2b_ms;  // per launch, back to back
+};
+
 struct Result {
-  float ms;
+  Timing t;
   double rel_err;
 };
 
@@ -63,24 +73,31 @@ static float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+// Events around `launches` back-to-back launches, per launch.
 template <class F>
-static float time_ms(F&& launch, int reps) {
+static float events_ms(F&& launch, int launches) {
   cudaEvent_t a, b;
   CHECK(cudaEventCreate(&a));
   CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) launch();
-  std::vector<float> ts;
-  for (int i = 0; i < reps; ++i) {
-    CHECK(cudaEventRecord(a));
-    launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    ts.push_back(ms);
-  }
+  CHECK(cudaEventRecord(a));
+  for (int i = 0; i < launches; ++i) launch();
+  CHECK(cudaEventRecord(b));
+  CHECK(cudaEventSynchronize(b));
+  float ms;
+  CHECK(cudaEventElapsedTime(&ms, a, b));
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
   CHECK(cudaGetLastError());
-  return median(ts);
+  return ms / launches;
+}
+
+template <class F>
+static Timing time_ms(F&& launch, int reps) {
+  for (int i = 0; i < 3; ++i) launch();
+  std::vector<float> single, b2b;
+  for (int i = 0; i < reps; ++i) single.push_back(events_ms(launch, 1));
+  for (int i = 0; i < (reps > 1 ? 5 : 0); ++i) b2b.push_back(events_ms(launch, 20));
+  return {median(single), b2b.empty() ? NAN : median(b2b)};
 }
 
 static double rel_err(const T* d_out, const T* d_ref, size_t n) {
@@ -97,6 +114,17 @@ static double rel_err(const T* d_out, const T* d_ref, size_t n) {
   return std::sqrt(num / den);
 }
 
+// One launch into y poisoned with NaN (every element must be written), its
+// error against ref, then its timing.
+template <class F>
+static Result checked_timing(F&& launch, T* y, const T* ref, size_t n, int reps) {
+  CHECK(cudaMemset(y, 0xFF, n * sizeof(T)));
+  launch();
+  CHECK(cudaDeviceSynchronize());
+  const double err = rel_err(y, ref, n);
+  return {time_ms(launch, reps), err};
+}
+
 // group_cols 0: bands sized to half the L2, as the fused kernels do.
 template <class Shape, BLayout kL, int kDrop = 0>
 static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms, int reps,
@@ -108,16 +136,39 @@ static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int
   CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Eng::kThreads, Eng::kSmemBytes));
   const int tiles = (M + Eng::BM - 1) / Eng::BM * ((N + Eng::BN - 1) / Eng::BN);
   const int grid = std::min(tiles, std::max(per_sm, 1) * sms);
-  CHECK(cudaMemset(y, 0xFF, size_t(M) * N * sizeof(T)));  // NaN poison: every element must be written
   int l2 = 0;
   CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
   const int tiles_n = (N + Eng::BN - 1) / Eng::BN;
   const int cols = group_cols > 0 ? group_cols : jo::gemm::band_columns(tiles_n, Eng::BN, K, sizeof(T), l2);
-  auto launch = [&] { kernel<<<grid, Eng::kThreads, Eng::kSmemBytes>>>(x, w, y, M, N, K, cols); };
-  launch();
-  CHECK(cudaDeviceSynchronize());
-  const double err = rel_err(y, ref, size_t(M) * N);
-  return {time_ms(launch, reps), err};
+  return checked_timing([&] { kernel<<<grid, Eng::kThreads, Eng::kSmemBytes>>>(x, w, y, M, N, K, cols); }, y, ref,
+                        size_t(M) * N, reps);
+}
+
+// The fused kernels as the FFI launches them for a group of one: no peers,
+// no trace, tile 0, w [K, N].
+static jo::CallContext world1_context(int sms) {
+  int l2 = 0;
+  CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+  jo::CallContext ctx{};
+  ctx.peers.world = 1;
+  ctx.limits = jo::LaunchLimits{sms, 1, l2};
+  return ctx;
+}
+
+static jo::GemmOperands world1_operands(const T* x, const T* w, int N, int K) {
+  return jo::GemmOperands{jo::DType::kBF16, 0, false, x, w, nullptr, 1, K, N, 0};
+}
+
+static Result run_fused_ag(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms, int reps) {
+  jo::TileShapeInfo tile{};
+  jo::tile_shape_info(0, &tile);
+  const jo::AgMatmulLaunch l{world1_operands(x, w, N, K), y, nullptr, M, tile.bk, world1_context(sms)};
+  return checked_timing([&] { CHECK(jo::launch_ag_matmul(l, nullptr)); }, y, ref, size_t(M) * N, reps);
+}
+
+static Result run_fused_rs(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms, int reps) {
+  const jo::MatmulRsLaunch l{world1_operands(x, w, N, K), y, M, world1_context(sms)};
+  return checked_timing([&] { CHECK(jo::launch_matmul_rs(l, nullptr)); }, y, ref, size_t(M) * N, reps);
 }
 
 int main() {
@@ -128,7 +179,8 @@ int main() {
   CHECK(cublasCreate(&handle));
   std::mt19937 rng(1234);
   std::normal_distribution<float> nd(0.f, 1.f);
-  std::printf("%-30s %7s %7s %7s %9s %9s %8s\n", "variant", "M", "N", "K", "ms", "TFLOP/s", "relerr");
+  std::printf("%-30s %7s %7s %7s %9s %9s %9s %9s %8s\n", "variant", "M", "N", "K", "ms", "TFLOP/s", "b2b ms",
+              "TFLOP/s", "relerr");
   for (auto& s : shapes) {
     if (std::getenv("JO_BENCH_ONLY") && &s != &shapes[0]) break;
     const int M = s[0], N = s[1], K = s[2];
@@ -156,13 +208,16 @@ int main() {
     CHECK(cudaDeviceSynchronize());
     const double flop = 2.0 * M * N * K;
     auto row = [&](const char* name, Result r) {
-      std::printf("%-30s %7d %7d %7d %9.4f %9.1f %8.1e\n", name, M, N, K, r.ms, flop / r.ms / 1e9, r.rel_err);
+      std::printf("%-30s %7d %7d %7d %9.4f %9.1f %9.4f %9.1f %8.1e\n", name, M, N, K, r.t.ms, flop / r.t.ms / 1e9,
+                  r.t.b2b_ms, flop / r.t.b2b_ms / 1e9, r.rel_err);
     };
     // JO_BENCH_ONLY=<name>: that variant once on the first shape (for ncu).
     const char* only = std::getenv("JO_BENCH_ONLY");
     const int reps = only ? 1 : 20;
     auto want = [&](const char* name) { return only == nullptr || std::strcmp(only, name) == 0; };
     if (want("cublas")) row("cublas", {time_ms(cublas, reps), 0.0});
+    if (want("fused ag_matmul kernel")) row("fused ag_matmul kernel", run_fused_ag(x, w, y, ref, M, N, K, sms, reps));
+    if (want("fused matmul_rs kernel")) row("fused matmul_rs kernel", run_fused_rs(x, w, y, ref, M, N, K, sms, reps));
 #define VARIANT(name, BM, BN, BK, WM, WN, S, PIPE, L)                                                       \
   if (want(name))                                                                                         \
     row(name, run_variant<TileShape<BM, BN, BK, WM, WN, S, PIPE>, BLayout::L>(                             \

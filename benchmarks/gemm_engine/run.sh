@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs the mma.sync ceiling and the tile-engine benchmark (NVIDIA:
-# nvcc + cuBLAS).
+# Builds and runs the mma.sync ceiling and the tile-engine benchmark, which
+# also launches the fused kernels (NVIDIA: nvcc + cuBLAS).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -8,7 +8,8 @@ out=${1:-/tmp/jo_gemm_engine_bench}
 cuda=${CUDA_HOME:-/usr/local/cuda}
 flags=(-O3 -std=c++17 -arch=sm_90 -I"$root/csrc" -DJAX_OVERLAP_CUDA=1)
 nvcc "${flags[@]}" "$here/mma_peak.cu" -o "$out.mma_peak" &
-nvcc "${flags[@]}" "$here/bench.cu" -L"$cuda/lib64" -lcublas -o "$out"
+nvcc "${flags[@]}" "$here/bench.cu" "$root/csrc/kernels/ag_matmul.cu" "$root/csrc/kernels/matmul_rs.cu" \
+  -L"$cuda/lib64" -lcublas -o "$out"
 wait
 "$out.mma_peak"
 "$out"
