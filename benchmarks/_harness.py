@@ -122,13 +122,22 @@ def kernel_span_us(fn, *args) -> float:
   """Median span of the fused kernel per call, from its trace events."""
   ev, ticks_per_us = traced_events(fn, *args)
   ev = ev[ev["kind"] == 0]  # GEMM tiles
-  order = np.argsort(ev["start"])
-  starts, ends = ev["start"][order].astype(np.int64), ev["end"][order].astype(np.int64)
-  # Calls run back to back: split where a gap exceeds 5 us.
-  gaps = np.where(starts[1:] - np.maximum.accumulate(ends)[:-1] > 5 * ticks_per_us)[0]
-  bounds = np.split(np.arange(len(starts)), gaps + 1)
-  spans = [(ends[b].max() - starts[b].min()) / ticks_per_us for b in bounds if len(b)]
-  return float(np.median(spans))
+  spans = call_spans(ev["start"].astype(np.int64), ev["end"].astype(np.int64))
+  # The last call may be cut short by the trace buffer: dropped.
+  return float(np.median(spans[:-1] if len(spans) > 1 else spans)) / ticks_per_us
+
+
+def call_spans(starts: np.ndarray, ends: np.ndarray) -> list[int]:
+  """Span (last end - first start) of each call in tile events of calls run one after another.
+
+  Inside XLA's command buffers the calls follow each other with gaps under a
+  microsecond, so a call is told by its first tile starting after every earlier
+  tile ended (within a call some workgroup is always mid-tile).
+  """
+  order = np.argsort(starts, kind="stable")
+  starts, ends = starts[order], ends[order]
+  firsts = np.where(starts[1:] > np.maximum.accumulate(ends)[:-1])[0] + 1
+  return [int(ends[b].max() - starts[b].min()) for b in np.split(np.arange(len(starts)), firsts) if len(b)]
 
 
 def gpu_timeline(fn, *args, unroll: int = UNROLL, kernel: str = "jo::") -> dict:

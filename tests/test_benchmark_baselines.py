@@ -69,3 +69,11 @@ def test_timeline_stats_counts_gpu_gaps_once():
   stats = _harness.timeline_stats(events, unroll=2, kernel="jo::")
   assert stats == {"kernel_us": 100, "call_us": 105.5, "idle_us": 4.5}  # gaps 3 + 4 + 2 over 2 calls
   assert _harness.timeline_stats(events, unroll=2, kernel="cutlass") == {}
+
+
+def test_call_spans_split_back_to_back_calls():
+  # Two calls 1 tick apart, tiles overlapping within each call, listed out of order.
+  starts = np.array([0, 5, 2, 31, 30, 40])
+  ends = np.array([10, 29, 20, 50, 45, 60])
+  assert _harness.call_spans(starts, ends) == [29, 30]
+  assert _harness.call_spans(starts[:3], ends[:3]) == [29]

@@ -7,9 +7,12 @@ root=$(cd "$here/../.." && pwd)
 out=${1:-/tmp/jo_gemm_engine_bench}
 cuda=${CUDA_HOME:-/usr/local/cuda}
 flags=(-O3 -std=c++17 -arch=sm_90 -I"$root/csrc" -DJAX_OVERLAP_CUDA=1)
-nvcc "${flags[@]}" "$here/mma_peak.cu" -o "$out.mma_peak" &
-nvcc "${flags[@]}" "$here/bench.cu" "$root/csrc/kernels/ag_matmul.cu" "$root/csrc/kernels/matmul_rs.cu" \
-  -L"$cuda/lib64" -lcublas -o "$out"
-wait
+pids=()
+nvcc "${flags[@]}" "$here/mma_peak.cu" -o "$out.mma_peak" & pids+=($!)
+for src in "$here/bench.cu" "$root/csrc/kernels/ag_matmul.cu" "$root/csrc/kernels/matmul_rs.cu"; do
+  nvcc "${flags[@]}" -c "$src" -o "$out.$(basename "$src" .cu).o" & pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+nvcc -arch=sm_90 "$out.bench.o" "$out.ag_matmul.o" "$out.matmul_rs.o" -L"$cuda/lib64" -lcublas -o "$out"
 "$out.mma_peak"
 "$out"

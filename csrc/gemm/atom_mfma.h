@@ -44,7 +44,7 @@ struct MfmaAtom {
   };
 
   static __device__ __forceinline__ int c_row(int lane, int g) { return 4 * (lane / 16) + g; }
-  static __device__ __forceinline__ int c_col(int lane, int /*g*/) { return lane % 16; }
+  static __device__ __forceinline__ int c_col(int lane) { return lane % 16; }
 
   template <class Tile>
   static __device__ __forceinline__ void load_a(FragA& a, const T* tile, int m0, int k0, int lane) {

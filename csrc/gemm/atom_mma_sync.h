@@ -37,7 +37,7 @@ struct MmaSyncAtom {
   };
 
   static __device__ __forceinline__ int c_row(int lane, int g) { return lane / 4 + 8 * g; }
-  static __device__ __forceinline__ int c_col(int lane, int /*g*/) { return 2 * (lane % 4); }
+  static __device__ __forceinline__ int c_col(int lane) { return 2 * (lane % 4); }
 
   static __device__ __forceinline__ uint32_t smem_addr(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -11,15 +11,12 @@ struct alignas(kVec * sizeof(T)) PackedT {
   T v[kVec];
 };
 
-// dst[i] = v[i] + bias[i] (bias may be nullptr), converted to T.
+// dst[i] = v[i] + bias[i], converted to T.
 template <typename T, int kVec>
-__device__ __forceinline__ void store_vec(T* dst, const float* v, const T* bias) {
+__device__ __forceinline__ void store_vec(T* dst, const float* v, const float* bias) {
   PackedT<T, kVec> out;
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    const float b = bias != nullptr ? gpu::to_float(bias[i]) : 0.f;
-    out.v[i] = gpu::from_float<T>(v[i] + b);
-  }
+  for (int i = 0; i < kVec; ++i) out.v[i] = gpu::from_float<T>(v[i] + bias[i]);
   *reinterpret_cast<PackedT<T, kVec>*>(dst) = out;
 }
 

@@ -39,7 +39,7 @@ struct AgMatmulArgs {
   TraceSink trace;
 };
 
-template <class Eng, bool kPeers, typename T>
+template <class Eng, typename T>
 __device__ void ag_gemm_role(const AgMatmulArgs<T>& a, T* smem, int worker, int workers) {
   const int world = a.peers.world;
   const int rank = a.peers.rank;
@@ -60,12 +60,12 @@ __device__ void ag_gemm_role(const AgMatmulArgs<T>& a, T* smem, int worker, int 
     };
     const typename Eng::BSource b{a.w, ldb, tc.col * Eng::BN, a.n};
     bool aborted = false;
-    if (!kPeers || shard == rank) {
+    if (shard == rank) {
       // Own shard: straight from x, nothing to wait for, in a mainloop of its
       // own that keeps the wait hook's state out of its registers.
       auto a_row = [&](int r) -> const T* { return r0 + r < a.rows ? a.x + (r0 + r) * a.k : nullptr; };
       gemm::gemm_tile<Eng>(smem, a_row, b, a.k, out_row, a.bias, gemm::NoWait{});
-    } else if constexpr (kPeers) {
+    } else {
       auto a_row = [&](int r) -> const T* {
         const int64_t l = r0 + r;
         return l < a.rows ? a.gathered + gathered_row(l, shard, a.m, world) * a.k : nullptr;
@@ -91,19 +91,23 @@ __device__ void ag_gemm_role(const AgMatmulArgs<T>& a, T* smem, int worker, int 
 }
 
 // kPeers == false (world 1): no fetchers and no staged rows, so the kernel is
-// the plain GEMM and compiles without the protocol's registers.
+// the plain GEMM (gemm/gemm_tile.h plain_gemm) without the protocol's registers.
 template <typename T, class Shape, gemm::BLayout L, bool kPeers>
 __global__ __launch_bounds__(Shape::kThreads) void ag_matmul_kernel(AgMatmulArgs<T> a) {
   using Eng = gemm::TileEngine<T, Shape, L>;
   extern __shared__ gpu::Vec16 smem_raw[];
-  if (kPeers && static_cast<int>(blockIdx.x) < a.workers) {
+  T* smem = reinterpret_cast<T*>(smem_raw);
+  if constexpr (!kPeers) {
+    const gemm::PlainGemm<T> g{a.x, a.w, a.bias, a.y, a.rows, a.n, a.k, a.group_cols};
+    gemm::plain_gemm<Eng>(g, smem, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+                          [&](int t, uint64_t t0) { trace_event(a.trace, TraceKind::kGemmTile, t0, t, 0); });
+  } else if (static_cast<int>(blockIdx.x) < a.workers) {
     const GatherArgs g{reinterpret_cast<const char*>(a.x), reinterpret_cast<char*>(a.gathered), a.m, a.layout,
                        a.peers, a.epoch, a.wd, a.trace};
     gather_role(g, static_cast<int>(blockIdx.x), a.workers);
-    return;
+  } else {
+    ag_gemm_role<Eng>(a, smem, static_cast<int>(blockIdx.x) - a.workers, static_cast<int>(gridDim.x) - a.workers);
   }
-  ag_gemm_role<Eng, kPeers>(a, reinterpret_cast<T*>(smem_raw), static_cast<int>(blockIdx.x) - a.workers,
-                            static_cast<int>(gridDim.x) - a.workers);
 }
 
 template <class Shape>

@@ -40,7 +40,7 @@ struct MatmulRsArgs {
   TraceSink trace;
 };
 
-template <class Eng, bool kPeers, typename T>
+template <class Eng, typename T>
 __device__ void rs_gemm_role(const MatmulRsArgs<T>& a, T* smem, int worker, int workers) {
   const int world = a.peers.world;
   const int rank = a.peers.rank;
@@ -65,25 +65,18 @@ __device__ void rs_gemm_role(const MatmulRsArgs<T>& a, T* smem, int worker, int 
       return a.x + (b * a.m_total + block * a.m_block + (l - static_cast<int64_t>(b) * a.m_block)) * a.k;
     };
     const typename Eng::BSource b{a.w, ldb, ct * Eng::BN, a.n};
-    // World 1 writes the output (with the bias); otherwise this rank's
-    // staging slot for the block, which its owner sums.
-    T* dst = a.out;
-    const T* bias = a.bias;
-    if (kPeers) {
-      bool ok = true;
-      if (threadIdx.x == 0 && a.epoch > 2)  // the block's owner read this slot tile two epochs ago
-        ok = spin_until<Scope::kSystem>(a.layout.done_flag(mine, parity, block, tile), a.epoch - 2, a.wd, rank,
-                                        block, world, a.epoch, WaitOn::kReadersDone);
-      if (!block_agree(ok)) return;
-      dst = reinterpret_cast<T*>(a.layout.block_data(mine, parity, block));
-      bias = nullptr;
-    }
+    // The tile goes to this rank's staging slot for the block, which the
+    // block's owner sums (and adds the bias to).
+    bool ok = true;
+    if (threadIdx.x == 0 && a.epoch > 2)  // the block's owner read this slot tile two epochs ago
+      ok = spin_until<Scope::kSystem>(a.layout.done_flag(mine, parity, block, tile), a.epoch - 2, a.wd, rank, block,
+                                      world, a.epoch, WaitOn::kReadersDone);
+    if (!block_agree(ok)) return;
+    T* dst = reinterpret_cast<T*>(a.layout.block_data(mine, parity, block));
     auto out_row = [&](int r) -> T* { return r0 + r < a.block_rows ? dst + (r0 + r) * a.n : nullptr; };
-    gemm::gemm_tile<Eng>(smem, a_row, b, a.k, out_row, bias, gemm::NoWait{});
-    if (kPeers) {
-      __syncthreads();
-      if (threadIdx.x == 0) gpu::store_release_sys(a.layout.ready_flag(mine, parity, block, tile), a.epoch);
-    }
+    gemm::gemm_tile<Eng>(smem, a_row, b, a.k, out_row, static_cast<const T*>(nullptr), gemm::NoWait{});
+    __syncthreads();
+    if (threadIdx.x == 0) gpu::store_release_sys(a.layout.ready_flag(mine, parity, block, tile), a.epoch);
     trace_event(a.trace, TraceKind::kGemmTile, t0, static_cast<uint32_t>(tile), static_cast<uint32_t>(block));
   }
 }
@@ -166,18 +159,22 @@ __device__ void rs_reduce_role(const MatmulRsArgs<T>& a, int worker, int workers
   }
 }
 
-// kPeers == false (world 1): the GEMM writes the output; no staging, no
-// reducers, no protocol registers.
+// kPeers == false (world 1): the plain GEMM (gemm/gemm_tile.h plain_gemm)
+// writes the output; no staging, no reducers, no protocol registers.
 template <typename T, class Shape, gemm::BLayout L, bool kPeers>
 __global__ __launch_bounds__(Shape::kThreads) void matmul_rs_kernel(MatmulRsArgs<T> a) {
   using Eng = gemm::TileEngine<T, Shape, L>;
   extern __shared__ gpu::Vec16 smem_raw[];
-  if (kPeers && static_cast<int>(blockIdx.x) < a.workers) {
+  T* smem = reinterpret_cast<T*>(smem_raw);
+  if constexpr (!kPeers) {
+    const gemm::PlainGemm<T> g{a.x, a.w, a.bias, a.out, a.block_rows, a.n, a.k, a.group_cols};
+    gemm::plain_gemm<Eng>(g, smem, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+                          [&](int t, uint64_t t0) { trace_event(a.trace, TraceKind::kGemmTile, t0, t, 0); });
+  } else if (static_cast<int>(blockIdx.x) < a.workers) {
     rs_reduce_role<Eng>(a, static_cast<int>(blockIdx.x), a.workers);
-    return;
+  } else {
+    rs_gemm_role<Eng>(a, smem, static_cast<int>(blockIdx.x) - a.workers, static_cast<int>(gridDim.x) - a.workers);
   }
-  rs_gemm_role<Eng, kPeers>(a, reinterpret_cast<T*>(smem_raw), static_cast<int>(blockIdx.x) - a.workers,
-                            static_cast<int>(gridDim.x) - a.workers);
 }
 
 template <class Shape>

@@ -122,6 +122,41 @@ def test_matmul_rs(world, dtype, mb, k, n, w_kmajor, tile):
       np.testing.assert_array_equal(again[r].view(np.uint16), results[0][r].view(np.uint16))
 
 
+# World 1 runs the plain GEMM (gemm::plain_gemm): each workgroup walks several
+# tiles with the stage ring carried from one into the next. Rows and columns
+# give every workgroup 2-3 tiles (edge tiles among them); k covers fewer k-tiles
+# than the ring prefetches (1 for tile 0, 2 for tile 1: the next tile starts
+# cold), exactly that many (tile 1: 3), a partial last k-tile, and many.
+@pytest.mark.parametrize("tile,k", [(0, 64), (0, 136), (0, 1024), (1, 64), (1, 96), (1, 1000)])
+@pytest.mark.parametrize("w_kmajor", [False, True])
+def test_world1_tiles_carry_the_ring(tile, k, w_kmajor):
+  dtype, batch, m, n = jnp.bfloat16, 2, 2000, 2056
+  rng = np.random.default_rng(k + tile)
+  x = _dev(random(rng, (batch, m, k), dtype))
+  w_host = random(rng, (k, n), dtype, k ** -0.5)
+  w = _dev(w_host.T.copy() if w_kmajor else w_host)
+  b = _dev(random(rng, (n,), dtype))
+  ref = np.asarray(x, np.float64) @ np.asarray(w_host, np.float64) + np.asarray(b, np.float64)
+  g = _group(1)
+  results = []
+  for op in ("ag", "rs", "ag"):
+    y = _poisoned((batch, m, n), dtype)
+    if op == "ag":
+      _ag_call(g, [x], [w], [b], [y], [None], batch=batch, m=m, k=k, n=n, tile=tile, w_kmajor=w_kmajor,
+               chunk_k=64 if tile == 0 else 32)
+    else:
+      _rs_call(g, [x], [w], [b], [y], batch=batch, m=m, k=k, n=n, tile=tile, w_kmajor=w_kmajor)
+    assert g.errors() == []
+    assert rel_err(y, ref) < tolerance(dtype), op
+    # Element by element too: one k-tile taken from the wrong tile moves
+    # single outputs far more than output rounding (2^-8 relative) does.
+    np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=1e-2, atol=1e-2, err_msg=op)
+    results.append(np.asarray(y).view(np.uint16))
+  # Both ops run the same GEMM at world 1: the same bits, call after call.
+  for again in results[1:]:
+    np.testing.assert_array_equal(again, results[0])
+
+
 def test_many_epochs_without_corruption():
   """300 back-to-back calls per op on one group: slots alternate by epoch parity, flags never reset."""
   world, dtype, m, k, n = 4, jnp.bfloat16, 128, 256, 256
