@@ -27,13 +27,11 @@ using jo::gemm::TileShape;
 using T = __nv_bfloat16;
 
 
-// How the benchmark kernel runs its tiles: kPlain as the fused kernels' world-1
-// path does (gemm::plain_gemm, the stage ring carried from tile to tile);
-// kTileByTile one gemm::gemm_tile at a time (a prologue per tile, as the
-// paths with peers run); the kDrop* diagnostics (wrong results by design) read
-// no global memory for A, B or both -- the copies zero-fill their
-// shared-memory chunks instead -- to show what those loads cost.
-enum class Mode { kPlain, kTileByTile, kDropA, kDropB, kDropAB };
+// kPlain runs the tiles as the fused kernels' world-1 path does
+// (gemm::plain_gemm); the kDrop* diagnostics (wrong results by design) read no
+// global memory for A, B or both -- the copies zero-fill their shared-memory
+// chunks instead -- to show what those loads cost.
+enum class Mode { kPlain, kDropA, kDropB, kDropAB };
 
 template <class Eng, Mode kMode>
 __global__ __launch_bounds__(Eng::kThreads) void gemm_kernel(const T* x, const T* w, T* y, int M, int N, int K,
@@ -233,7 +231,6 @@ int main() {
     auto mode_row = [&](const char* name, auto mode) {
       if (want(name)) row(name, run_variant<Big, BLayout::kNMajor, decltype(mode)::value>(x, w, y, ref, M, N, K, sms, reps));
     };
-    mode_row("128x256x64 s3 pipe tile by tile", std::integral_constant<Mode, Mode::kTileByTile>{});
     mode_row("diag: A not loaded", std::integral_constant<Mode, Mode::kDropA>{});
     mode_row("diag: B not loaded", std::integral_constant<Mode, Mode::kDropB>{});
     mode_row("diag: A, B not loaded", std::integral_constant<Mode, Mode::kDropAB>{});
