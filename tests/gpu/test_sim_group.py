@@ -122,14 +122,13 @@ def test_matmul_rs(world, dtype, mb, k, n, w_kmajor, tile):
       np.testing.assert_array_equal(again[r].view(np.uint16), results[0][r].view(np.uint16))
 
 
-# World 1 runs the plain GEMM (gemm::plain_gemm): each workgroup walks several
-# tiles with the stage ring carried from one into the next. Rows and columns
-# give every workgroup 2-3 tiles (edge tiles among them); k covers fewer k-tiles
-# than the ring prefetches (1 for tile 0, 2 for tile 1: the next tile starts
-# cold), exactly that many (tile 1: 3), a partial last k-tile, and many.
+# World 1 runs the plain GEMM (gemm::plain_gemm): rows and columns give every
+# workgroup 2-3 tiles (edge tiles among them); k covers fewer k-tiles than the
+# pipeline has stages in flight (1 for tile 0, 2 for tile 1), exactly that many
+# (tile 1: 3), a partial last k-tile, and many.
 @pytest.mark.parametrize("tile,k", [(0, 64), (0, 136), (0, 1024), (1, 64), (1, 96), (1, 1000)])
 @pytest.mark.parametrize("w_kmajor", [False, True])
-def test_world1_tiles_carry_the_ring(tile, k, w_kmajor):
+def test_world1_workgroups_run_several_tiles(tile, k, w_kmajor):
   dtype, batch, m, n = jnp.bfloat16, 2, 2000, 2056
   rng = np.random.default_rng(k + tile)
   x = _dev(random(rng, (batch, m, k), dtype))
