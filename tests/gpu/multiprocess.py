@@ -205,7 +205,10 @@ def run_world(world: int, env: dict, per_gpu: bool, timeout: float = 600) -> lis
   port = _free_port()
   with tempfile.TemporaryDirectory() as tmp:
     outs = [os.path.join(tmp, f"rank{r}.json") for r in range(world)]
-    rank_env = lambda r: dict(env, CUDA_VISIBLE_DEVICES=str(r)) if per_gpu else env
+    # Under MPS every rank shares one GPU: the first visible one, also on
+    # machines with several (each process would otherwise see all of them).
+    shared = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    rank_env = lambda r: dict(env, CUDA_VISIBLE_DEVICES=str(r) if per_gpu else shared)
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), "--world", str(world), "--port",
                                str(port), "--out", outs[r]] + (["--per-gpu"] if per_gpu else []), env=rank_env(r))
              for r in range(world)]
