@@ -1,10 +1,10 @@
 // The block tiles compiled into the kernels, by index (the `tile` field of a
 // fused call's config). The large tile is 8 warps of 64x64 with pipelined
 // fragments. On NVIDIA it is 128x256x64, 3 stages: in benchmarks/gemm_engine on
-// the H200 (2026-11-29, 16384x3584x8192) it runs 2.09-2.12 ms alone, and 4
-// stages (2.06 there) measured slower inside the fused kernels, whose k-loop
-// then reloads spilled registers; 256x128 moved between 2.29 and 2.67 ms with
-// the loader's register use. On AMD it is 256x128x64 (fragments not pipelined
+// the H200 (2026-11-29, 16384x3584x8192) it runs 2.04 ms, inside the fused
+// kernels too; 4 stages measured the same (2.04) or slower (spill reloads in
+// the k-loop); 256x128 moved between 2.29 and 2.67 ms with the loader's
+// register use. On AMD it is 256x128x64 (fragments not pipelined
 // there, gpu.h), which passes the no-scratch ISA check that 128x256 does not.
 // 128x128x32, 4 warps, gives small row counts more workgroups and fits a
 // 64 KiB LDS (gfx942).
