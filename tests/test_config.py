@@ -218,17 +218,3 @@ def test_plan_takes_only_tiles_that_fit_shared_memory(op, rows):
   assert plan(op, rows=rows, device=small_lds, tiles=(_tile(1), _tile(0)), algorithm="fused")[0].tile == 0
   p, why = plan(op, device=small_lds, tiles=(_tile(1),), algorithm="fused")
   assert p is None and why == "no compiled tile fits 65536 bytes of shared memory per workgroup"
-
-
-def test_tail_slots_only_for_a_partial_wave_of_one_workgroup_per_sm_tiles():
-  dev = config.DeviceProps(sm_count=132, smem_per_block=232448)
-  big = config.TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456)
-  small = config.TileShape(index=1, bm=128, bn=128, bk=32, threads=128, smem_bytes=65536)
-  assert config.tail_slots(big, 2048, 3584, dev) == 132  # 224 tiles: 1.7 waves
-  assert config.tail_slots(big, 16384, 3584, dev) == 132  # 1792 tiles: 13.6 waves
-  assert config.tail_slots(big, 128 * 132, 256, dev) == 0  # exactly one wave
-  assert config.tail_slots(big, 128 * 11, 256 * 24, dev) == 0  # 264 tiles: two whole waves
-  assert config.tail_slots(big, 1024, 3584, dev) == 0  # 112 tiles: less than a wave
-  assert config.tail_slots(small, 2048, 3584, dev) == 0  # two workgroups may share an SM: grid unknown here
-  half = config.DeviceProps(sm_count=132, smem_per_block=232448, ranks_per_gpu=2)
-  assert config.tail_slots(big, 2048, 3584, half) == 66  # a rank's share of the SMs

@@ -87,21 +87,4 @@ def test_group_of_one_lowers_to_the_command_buffer_target(fake_gpu_runtime, make
   calls = _custom_calls(f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text())
   assert len(calls) == 1 and f"@jax_overlap_{op}_local(" in calls[0]
   assert "groups" not in calls[0] and "world" not in calls[0]
-  # y, no gathered result; an empty tail scratch (32 rows: no partial wave to even out)
-  assert re.search(r"-> \(tensor<32x256xbf16>, tensor<0xui8>\)$", calls[0].split(" : ")[-1].strip())
-  assert "tail_slots = 0" in calls[0]
-
-
-@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
-def test_group_of_one_with_a_partial_wave_gets_tail_scratch(fake_gpu_runtime, make_mesh, op):
-  # 2048 x 3584 per shard: 224 tiles of 128 x 256 on 132 SMs, a partial second wave.
-  mesh = make_mesh((8, 1), ("dp", "tp"))
-  x, w = jnp.zeros((8 * 2048, 512), jnp.bfloat16), jnp.zeros((512, 3584), jnp.bfloat16)
-  fn = getattr(jax_overlap, op)
-  f = jax.jit(jax.shard_map(lambda x, w: fn(x, w, axis_name="tp", algorithm="fused"), mesh=mesh,
-                            in_specs=(P("dp"), P()), out_specs=P(("dp", "tp"))))
-  calls = _custom_calls(f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text())
-  assert len(calls) == 1 and "tail_slots = 132" in calls[0] and "tile = 0" in calls[0]
-  nbytes = native.module().tail_scratch_bytes(0, 132)
-  assert nbytes == 528 + 132 * 128 * 256 * 4  # flags (16-byte multiple), then fp32 tiles
-  assert re.search(rf"-> \(tensor<2048x3584xbf16>, tensor<{nbytes}xui8>\)$", calls[0].split(" : ")[-1].strip())
+  assert re.search(r"-> tensor<32x256xbf16>$", calls[0].split(" : ")[-1].strip())  # y alone, no gathered result

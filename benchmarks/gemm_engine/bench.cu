@@ -1,5 +1,4 @@
-// Tile-engine variants and the fused kernels' world-1 launches (with their
-// stream-K tail scratch, as the FFI gives it) against cuBLAS
+// Tile-engine variants and the fused kernels' world-1 launches against cuBLAS
 // on one NVIDIA GPU: correctness (relative error vs cuBLAS on random bf16
 // data) and time, two ways: "ms" is the median of single event-timed launches
 // (the GPU idles between them), "b2b ms" the time per launch of 20 launched
@@ -29,19 +28,19 @@ using T = __nv_bfloat16;
 
 
 // kPlain runs the tiles as the fused kernels' world-1 path does
-// (gemm::plain_gemm, with or without the stream-K tail); the kDrop* diagnostics (wrong results by design) read no
+// (gemm::plain_gemm); the kDrop* diagnostics (wrong results by design) read no
 // global memory for A, B or both -- the copies zero-fill their shared-memory
 // chunks instead -- to show what those loads cost.
 enum class Mode { kPlain, kDropA, kDropB, kDropAB };
 
 template <class Eng, Mode kMode>
 __global__ __launch_bounds__(Eng::kThreads) void gemm_kernel(const T* x, const T* w, T* y, int M, int N, int K,
-                                                            int group_cols, jo::gemm::TailSplit tail) {
+                                                            int group_cols) {
   extern __shared__ jo::gpu::Vec16 smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
   if constexpr (kMode == Mode::kPlain) {
     const jo::gemm::PlainGemm<T> g{x, w, nullptr, y, M, N, K, group_cols};
-    jo::gemm::plain_gemm<Eng>(g, smem, blockIdx.x, gridDim.x, tail, [](int, uint64_t) {});
+    jo::gemm::plain_gemm<Eng>(g, smem, blockIdx.x, gridDim.x, [](int, uint64_t) {});
     return;
   }
   constexpr bool kDropA = kMode == Mode::kDropA || kMode == Mode::kDropAB;
@@ -135,22 +134,10 @@ static Result checked_timing(F&& launch, T* y, const T* ref, size_t n, int reps)
   return {t, std::memcmp(first.data(), again.data(), n * sizeof(T)) == 0 ? err : INFINITY};
 }
 
-// Scratch of the stream-K tail (gemm/tile_order.h) for tile shape 0, one slot
-// per SM as jax_overlap/config.py gives it; clear() zeroes its flags, as the
-// FFI handler does before each launch.
-struct TailScratchBuffer {
-  void* data = nullptr;
-  int slots;
-  explicit TailScratchBuffer(int sms) : slots(sms) { CHECK(cudaMalloc(&data, jo::tail_scratch_bytes(0, slots))); }
-  ~TailScratchBuffer() { cudaFree(data); }
-  void clear() const { CHECK(cudaMemsetAsync(data, 0, jo::gemm::tail_flags_bytes(slots))); }
-};
-
-// Bands sized to half the L2, as the fused kernels do; tail: with the
-// stream-K tail where the tiles leave a partial wave.
+// group_cols 0: bands sized to half the L2, as the fused kernels do.
 template <class Shape, BLayout kL, Mode kMode = Mode::kPlain>
 static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms, int reps,
-                          bool tail = false) {
+                          int group_cols = 0) {
   using Eng = TileEngine<T, Shape, kL>;
   auto kernel = gemm_kernel<Eng, kMode>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Eng::kSmemBytes));
@@ -161,16 +148,9 @@ static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int
   int l2 = 0;
   CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
   const int tiles_n = (N + Eng::BN - 1) / Eng::BN;
-  const int cols = jo::gemm::band_columns(tiles_n, Eng::BN, K, sizeof(T), l2);
-  const TailScratchBuffer scratch(sms);
-  const jo::gemm::TailSplit split =
-      jo::gemm::tail_split(tiles, grid, Eng::BM * Eng::BN, tail ? scratch.data : nullptr, scratch.slots);
-  return checked_timing(
-      [&] {
-        if (tail) scratch.clear();
-        kernel<<<grid, Eng::kThreads, Eng::kSmemBytes>>>(x, w, y, M, N, K, cols, split);
-      },
-      y, ref, size_t(M) * N, reps);
+  const int cols = group_cols > 0 ? group_cols : jo::gemm::band_columns(tiles_n, Eng::BN, K, sizeof(T), l2);
+  return checked_timing([&] { kernel<<<grid, Eng::kThreads, Eng::kSmemBytes>>>(x, w, y, M, N, K, cols); }, y, ref,
+                        size_t(M) * N, reps);
 }
 
 // The fused kernels as the FFI launches them for a group of one: no peers,
@@ -191,26 +171,13 @@ static jo::GemmOperands world1_operands(const T* x, const T* w, int N, int K) {
 static Result run_fused_ag(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms, int reps) {
   jo::TileShapeInfo tile{};
   jo::tile_shape_info(0, &tile);
-  const TailScratchBuffer scratch(sms);
-  const jo::AgMatmulLaunch l{world1_operands(x, w, N, K), y, nullptr, M, tile.bk, world1_context(sms),
-                             {scratch.data, scratch.slots}};
-  return checked_timing(
-      [&] {
-        scratch.clear();
-        CHECK(jo::launch_ag_matmul(l, nullptr));
-      },
-      y, ref, size_t(M) * N, reps);
+  const jo::AgMatmulLaunch l{world1_operands(x, w, N, K), y, nullptr, M, tile.bk, world1_context(sms)};
+  return checked_timing([&] { CHECK(jo::launch_ag_matmul(l, nullptr)); }, y, ref, size_t(M) * N, reps);
 }
 
 static Result run_fused_rs(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms, int reps) {
-  const TailScratchBuffer scratch(sms);
-  const jo::MatmulRsLaunch l{world1_operands(x, w, N, K), y, M, world1_context(sms), {scratch.data, scratch.slots}};
-  return checked_timing(
-      [&] {
-        scratch.clear();
-        CHECK(jo::launch_matmul_rs(l, nullptr));
-      },
-      y, ref, size_t(M) * N, reps);
+  const jo::MatmulRsLaunch l{world1_operands(x, w, N, K), y, M, world1_context(sms)};
+  return checked_timing([&] { CHECK(jo::launch_matmul_rs(l, nullptr)); }, y, ref, size_t(M) * N, reps);
 }
 
 int main() {
@@ -268,8 +235,6 @@ int main() {
     VARIANT("128x256x64 w2x4 s4 pipe", 128, 256, 64, 2, 4, 4, true, kNMajor)
     VARIANT("128x256x64 w2x4 s3 pipe Kmaj", 128, 256, 64, 2, 4, 3, true, kKMajor)
     using Big = TileShape<128, 256, 64, 2, 4, 3, true>;
-    if (want("128x256x64 s3 pipe tail split"))
-      row("128x256x64 s3 pipe tail split", run_variant<Big, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, reps, true));
     auto mode_row = [&](const char* name, auto mode) {
       if (want(name)) row(name, run_variant<Big, BLayout::kNMajor, decltype(mode)::value>(x, w, y, ref, M, N, K, sms, reps));
     };

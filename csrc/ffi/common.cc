@@ -2,9 +2,6 @@
 
 #include <string>
 
-#include "gemm/tile_order.h"
-#include "kernels/ag_matmul.h"
-
 namespace jo {
 
 ffi::TypeId CallState::id = {};
@@ -112,8 +109,8 @@ ffi::Error launch_status(hipError_t launched, const char* op) {
 }
 
 ffi::ErrorOr<LocalCall> local_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
-                                   const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out, ffi::AnyBuffer scratch,
-                                   const FusedConfig& config, int32_t ordinal, hipStream_t stream) {
+                                   const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out, const FusedConfig& config,
+                                   int32_t ordinal) {
   auto call = gemm_call(op, x, w, bias, {&out}, config);
   if (call.has_error()) return ffi::Unexpected(call.error());
   const GemmOperands& g = call.value().op;
@@ -123,18 +120,10 @@ ffi::ErrorOr<LocalCall> local_call(const char* op, const ffi::AnyBuffer& x, cons
   const Workspace* ws = Runtime::instance().workspace(ordinal);
   if (ws == nullptr)
     return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition, not_initialized(ordinal).message));
-  const int slots = static_cast<int>(config.tail_slots);
-  if (config.tail_slots < 0 || scratch.size_bytes() != tail_scratch_bytes(static_cast<int>(config.tile), slots))
-    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string("jax_overlap ") + op +
-                                                       ": tail scratch does not match config.tail_slots"));
-  LocalCall c{call.value(), CallContext{}, TailScratch{slots > 0 ? scratch.untyped_data() : nullptr, slots}};
+  LocalCall c{call.value(), CallContext{}};
   c.ctx.peers.world = 1;
   c.ctx.trace = ws->trace_sink();
   c.ctx.limits = ws->limits();
-  if (slots > 0) {
-    const hipError_t e = hipMemsetAsync(scratch.untyped_data(), 0, gemm::tail_flags_bytes(slots), stream);
-    if (e != hipSuccess) return ffi::Unexpected(launch_status(e, op));
-  }
   return c;
 }
 

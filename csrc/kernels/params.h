@@ -87,14 +87,6 @@ struct CallContext {
   LaunchLimits limits;
 };
 
-// Scratch of a group-of-one call's stream-K tail (gemm/tile_order.h
-// TailSplit): `slots` flags, zeroed before the launch, then `slots` fp32
-// tiles. data == nullptr: whole tiles only.
-struct TailScratch {
-  void* data;
-  int slots;
-};
-
 // The GEMM operands and schedule of a fused ag_matmul / matmul_rs launch.
 struct GemmOperands {
   DType dtype;

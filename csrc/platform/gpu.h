@@ -56,7 +56,6 @@ using hipDeviceProp_t = cudaDeviceProp;
 #define hipHostGetDevicePointer cudaHostGetDevicePointer
 #define hipHostMallocMapped cudaHostAllocMapped
 #define hipMemset cudaMemset
-#define hipMemsetAsync cudaMemsetAsync
 #define hipMemcpy cudaMemcpy
 #define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
 #define hipMemcpyHostToDevice cudaMemcpyHostToDevice
