@@ -240,7 +240,8 @@ def _svg_bars(path: str, title: str, groups: list[dict], series, label) -> None:
 def print_table(rows: list[dict], cols=None) -> None:
   cols = cols or ["world", "m", "n", "k", "fused_us", "xla_us", "cublas_us", "kernel_us", "gpu_call_us",
                   "xla_gpu_call_us", "overhead_us", "kernel_tflops", "cublas_tflops", "fused_vs_cublas",
-                  "kernel_vs_cublas", "cublas_b2b_us", "kernel_vs_cublas_b2b", "emulated_us", "single_gemm_us", "protocol_overhead"]
+                  "kernel_vs_cublas", "cublas_b2b_us", "kernel_vs_cublas_b2b", "emulated_us", "single_gemm_us",
+                  "protocol_overhead"]
   present = [c for c in cols if any(r.get(c) is not None for r in rows)]
   print(" ".join(f"{c:>14}" for c in present))
   for r in rows:

@@ -183,7 +183,8 @@ static Result run_fused_rs(const T* x, const T* w, T* y, const T* ref, int M, in
 int main() {
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int shapes[][3] = {{16384, 3584, 8192}, {16384, 8192, 3584}, {2048, 3584, 8192}, {1024, 3584, 8192}, {1000, 3576, 8184}};
+  const int shapes[][3] = {
+      {16384, 3584, 8192}, {16384, 8192, 3584}, {2048, 3584, 8192}, {1024, 3584, 8192}, {1000, 3576, 8184}};
   cublasHandle_t handle;
   CHECK(cublasCreate(&handle));
   std::mt19937 rng(1234);
@@ -236,7 +237,8 @@ int main() {
     VARIANT("128x256x64 w2x4 s3 pipe Kmaj", 128, 256, 64, 2, 4, 3, true, kKMajor)
     using Big = TileShape<128, 256, 64, 2, 4, 3, true>;
     auto mode_row = [&](const char* name, auto mode) {
-      if (want(name)) row(name, run_variant<Big, BLayout::kNMajor, decltype(mode)::value>(x, w, y, ref, M, N, K, sms, reps));
+      if (want(name))
+        row(name, run_variant<Big, BLayout::kNMajor, decltype(mode)::value>(x, w, y, ref, M, N, K, sms, reps));
     };
     mode_row("diag: A not loaded", std::integral_constant<Mode, Mode::kDropA>{});
     mode_row("diag: B not loaded", std::integral_constant<Mode, Mode::kDropB>{});
