@@ -138,6 +138,7 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("ag_matmul_region_bytes", &ag_matmul_region_bytes, py::arg("world"), py::arg("rows"), py::arg("k"),
         py::arg("tile"), py::arg("chunk_k"), py::arg("elem_bytes"));
+  m.def("tail_scratch_bytes", &tail_scratch_bytes, py::arg("tile"), py::arg("slots"));
   m.def("matmul_rs_region_bytes", &matmul_rs_region_bytes, py::arg("world"), py::arg("batch"),
         py::arg("m_total"), py::arg("n"), py::arg("tile"), py::arg("elem_bytes"));
   m.def("all_gather_region_bytes", &all_gather_region_bytes, py::arg("world"), py::arg("rows"),

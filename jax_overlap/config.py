@@ -98,6 +98,27 @@ def fitting_tiles(tiles, device: DeviceProps) -> list:
   return [t for t in tiles if t.smem_bytes <= device.smem_per_block]
 
 
+def tail_slots(tile: TileShape, rows: int, n: int, k: int, w_kmajor: bool, device: DeviceProps) -> int:
+  """Workgroup slots of a group-of-one call's stream-K tail scratch, 0 for none.
+
+  The tail (csrc/gemm/tile_order.h TailSplit) evens out the last, partial wave
+  of output tiles by splitting the k-tiles of the last waves over all
+  workgroups; its scratch has one slot per workgroup. The kernel takes it for
+  GEMMs of whole tiles only (rows, n and k multiples of the tile;
+  csrc/gemm/gemm_tile.h plain_gemm). The grid is known here only for tiles of
+  which one workgroup fills an SM's shared memory: other tiles, and calls
+  whose tiles make whole waves or less than one, run whole tiles only.
+  """
+  slots = gemm_slots(device)
+  tiles = math.ceil(rows / tile.bm) * math.ceil(n / tile.bn)
+  whole_tiles = rows % tile.bm == 0 and n % tile.bn == 0 and k % tile.bk == 0
+  ld = k if w_kmajor else n  # w's row stride: the kernel's fast copies need ld * bk < 2^24
+  if (not whole_tiles or ld * tile.bk > 2 ** 24 or 2 * tile.smem_bytes <= device.smem_per_block or tiles <= slots
+      or tiles % slots == 0):
+    return 0
+  return slots
+
+
 def gemm_slots(device: DeviceProps) -> int:
   """Co-resident workgroups one rank may launch (persistent kernels must fit at once)."""
   return max(device.sm_count // max(device.ranks_per_gpu, 1), 1)

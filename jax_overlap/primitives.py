@@ -222,16 +222,22 @@ def _gpu_lowering(ctx, x, w, *bias, op, axis_name, axis_size, algorithm, w_kmajo
   else:
     avals_out = list(ctx.avals_out)
   sub_ctx = ctx.replace(avals_in=avals_in, avals_out=avals_out)
+  tile = next(t for t in native.tile_shapes() if t.index == plan.tile)
+  slots = config.tail_slots(tile, batch * m, n, k, bool(w_kmajor), runtime.device_props()) if world == 1 else 0
+  if nat.tail_scratch_bytes(plan.tile, slots) == 0:
+    slots = 0  # the build has no tail (AMD: csrc/gemm/tile_order.h)
   attrs = {**plan.attribute(), "w_kmajor": np.int64(w_kmajor), "region_offset": np.int64(region_offset),
-           "region_bytes": np.int64(region_bytes)}
+           "region_bytes": np.int64(region_bytes), "tail_slots": np.int64(slots)}
   log.debug("jax_overlap.%s: fused (world %d, tile %d, workers %d, chunk_k %d; model %.0f us vs xla %.0f us)",
             op, world, plan.tile, plan.workers, plan.chunk_k, plan.est_fused_us, plan.est_xla_us)
   if world == 1:
     # No protocol: the stateless, command-buffer-compatible target, so XLA
     # can keep the call inside its CUDA/HIP graph.
-    sub_ctx = sub_ctx.replace(avals_out=avals_out[:1])
-    results = jax.ffi.ffi_lowering(native.target(op + "_local"))(sub_ctx, x, w, bias_value, config=attrs)
-    return [results[0], x] if op == "ag_matmul" else results  # a group of one gathers x itself
+    # The second result is the stream-K tail's scratch (config.tail_slots).
+    scratch = jax.core.ShapedArray((nat.tail_scratch_bytes(plan.tile, slots),), np.uint8)
+    sub_ctx = sub_ctx.replace(avals_out=[avals_out[0], scratch])
+    y = jax.ffi.ffi_lowering(native.target(op + "_local"))(sub_ctx, x, w, bias_value, config=attrs)[0]
+    return [y, x] if op == "ag_matmul" else [y]  # a group of one gathers x itself
   group_ids = np.array([i for g in groups for i in g], np.int64)
   return jax.ffi.ffi_lowering(native.target(op))(sub_ctx, x, w, bias_value, config=attrs, groups=group_ids,
                                                  world=np.int64(world))

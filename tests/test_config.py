@@ -218,3 +218,25 @@ def test_plan_takes_only_tiles_that_fit_shared_memory(op, rows):
   assert plan(op, rows=rows, device=small_lds, tiles=(_tile(1), _tile(0)), algorithm="fused")[0].tile == 0
   p, why = plan(op, device=small_lds, tiles=(_tile(1),), algorithm="fused")
   assert p is None and why == "no compiled tile fits 65536 bytes of shared memory per workgroup"
+
+
+def test_tail_slots_only_for_a_partial_wave_of_whole_tiles_one_workgroup_per_sm():
+  dev = config.DeviceProps(sm_count=132, smem_per_block=232448)
+  big = config.TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456)
+  small = config.TileShape(index=1, bm=128, bn=128, bk=32, threads=128, smem_bytes=65536)
+
+  def slots(tile, rows, n, k=512, w_kmajor=False, device=dev):
+    return config.tail_slots(tile, rows, n, k, w_kmajor, device)
+
+  assert slots(big, 2048, 3584) == 132  # 224 tiles: 1.7 waves
+  assert slots(big, 16384, 3584, 8192) == 132  # 1792 tiles: 13.6 waves
+  assert slots(big, 16384, 8192, 3584, w_kmajor=True) == 132  # 4096 tiles: 31.03 waves
+  assert slots(big, 128 * 132, 256) == 0  # exactly one wave
+  assert slots(big, 128 * 11, 256 * 24) == 0  # 264 tiles: two whole waves
+  assert slots(big, 1024, 3584) == 0  # 112 tiles: less than a wave
+  assert slots(small, 2048, 3584) == 0  # two workgroups may share an SM: grid unknown here
+  # The kernel's tail runs on whole tiles only: rows, n and k multiples of 128, 256 and 64.
+  assert slots(big, 2048 - 8, 3584) == slots(big, 2048, 3584 - 8) == slots(big, 2048, 3584, k=520) == 0
+  assert slots(big, 2048, 2 ** 18 + 256) == 0  # w's row stride past the fast copies' 32-bit strides
+  half = config.DeviceProps(sm_count=132, smem_per_block=232448, ranks_per_gpu=2)
+  assert slots(big, 2048, 3584, device=half) == 66  # a rank's share of the SMs

@@ -87,4 +87,23 @@ def test_group_of_one_lowers_to_the_command_buffer_target(fake_gpu_runtime, make
   calls = _custom_calls(f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text())
   assert len(calls) == 1 and f"@jax_overlap_{op}_local(" in calls[0]
   assert "groups" not in calls[0] and "world" not in calls[0]
-  assert re.search(r"-> tensor<32x256xbf16>$", calls[0].split(" : ")[-1].strip())  # y alone, no gathered result
+  # y, no gathered result; an empty tail scratch (32 rows: no partial wave to even out)
+  assert re.search(r"-> \(tensor<32x256xbf16>, tensor<0xui8>\)$", calls[0].split(" : ")[-1].strip())
+  assert "tail_slots = 0" in calls[0]
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+@pytest.mark.parametrize("k,slots", [(512, 132), (520, 0)])
+def test_group_of_one_with_a_partial_wave_gets_tail_scratch(fake_gpu_runtime, make_mesh, op, k, slots):
+  # 2048 x 3584 per shard: 224 tiles of 128 x 256 on 132 SMs, a partial second wave; the tail
+  # runs on whole tiles only, which k = 520 (not a multiple of 64) is not.
+  mesh = make_mesh((8, 1), ("dp", "tp"))
+  x, w = jnp.zeros((8 * 2048, k), jnp.bfloat16), jnp.zeros((k, 3584), jnp.bfloat16)
+  fn = getattr(jax_overlap, op)
+  f = jax.jit(jax.shard_map(lambda x, w: fn(x, w, axis_name="tp", algorithm="fused"), mesh=mesh,
+                            in_specs=(P("dp"), P()), out_specs=P(("dp", "tp"))))
+  calls = _custom_calls(f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text())
+  assert len(calls) == 1 and f"tail_slots = {slots}" in calls[0] and "tile = 0" in calls[0]
+  nbytes = native.module().tail_scratch_bytes(0, slots)
+  assert nbytes == (1056 + 132 * 128 * 256 * 4 if slots else 0)  # 8-byte flags (16-byte multiple), fp32 tiles
+  assert re.search(rf"-> \(tensor<2048x3584xbf16>, tensor<{nbytes}xui8>\)$", calls[0].split(" : ")[-1].strip())

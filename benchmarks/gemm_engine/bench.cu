@@ -1,18 +1,26 @@
-// Tile-engine variants and the fused kernels' world-1 launches against cuBLAS
-// on one NVIDIA GPU: correctness (relative error vs cuBLAS on random bf16
-// data) and time, two ways: "ms" is the median of single event-timed launches
-// (the GPU idles between them), "b2b ms" the time per launch of 20 launched
-// back to back (as the op benchmarks' chained calls run), median of 5.
+// Tile-engine variants and the fused kernels' world-1 launches (with their
+// stream-K tail scratch, as the FFI gives it) against cuBLAS on one NVIDIA
+// GPU: correctness (relative error vs cuBLAS on random bf16 data; infinite
+// unless a second launch repeats the bits) and time, three ways:
+// - "ms": median of 20 single event-timed launches, one after the other (a
+//   host sync between them);
+// - "b2b ms": per launch of 20 launched back to back (as the op benchmarks'
+//   chained calls run), median of 5: sustained load, at the power cap;
+// - "rested, alternated": each fused kernel and cuBLAS launched alone after
+//   the GPU idled, in turns (paired_ms): the kernel/cuBLAS throughput figure.
 // Build and run: bash benchmarks/gemm_engine/run.sh  (needs nvcc and cuBLAS).
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -28,19 +36,19 @@ using T = __nv_bfloat16;
 
 
 // kPlain runs the tiles as the fused kernels' world-1 path does
-// (gemm::plain_gemm); the kDrop* diagnostics (wrong results by design) read no
+// (gemm::plain_gemm, with or without the stream-K tail); the kDrop* diagnostics (wrong results by design) read no
 // global memory for A, B or both -- the copies zero-fill their shared-memory
 // chunks instead -- to show what those loads cost.
 enum class Mode { kPlain, kDropA, kDropB, kDropAB };
 
 template <class Eng, Mode kMode>
 __global__ __launch_bounds__(Eng::kThreads) void gemm_kernel(const T* x, const T* w, T* y, int M, int N, int K,
-                                                            int group_cols) {
+                                                            int group_cols, jo::gemm::TailSplit tail) {
   extern __shared__ jo::gpu::Vec16 smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
   if constexpr (kMode == Mode::kPlain) {
     const jo::gemm::PlainGemm<T> g{x, w, nullptr, y, M, N, K, group_cols};
-    jo::gemm::plain_gemm<Eng>(g, smem, blockIdx.x, gridDim.x, [](int, uint64_t) {});
+    jo::gemm::plain_gemm<Eng>(g, smem, blockIdx.x, gridDim.x, tail, [](int, uint64_t) {});
     return;
   }
   constexpr bool kDropA = kMode == Mode::kDropA || kMode == Mode::kDropAB;
@@ -102,6 +110,34 @@ static Timing time_ms(F&& launch, int reps) {
   return {median(single), b2b.empty() ? NAN : median(b2b)};
 }
 
+// Single launches of a and b alternated, each after the GPU idled for
+// kIdleMs, `rounds` rounds: every launch starts from the same rested clock
+// and power state, so neither inherits the other's (under sustained load the
+// H200 runs at its power cap, and launches right after a power-hungry kernel
+// start on lowered clocks), and drift over the run reaches both alike.
+// Medians of each and of the per-round ratio a / b.
+struct Paired {
+  float a_ms, b_ms, ratio;
+};
+template <class A, class B>
+static Paired paired_ms(A&& a, B&& b, int rounds) {
+  constexpr int kIdleMs = 25;
+  auto rested = [&](auto&& launch) {
+    CHECK(cudaDeviceSynchronize());
+    std::this_thread::sleep_for(std::chrono::milliseconds(kIdleMs));
+    return events_ms(launch, 1);
+  };
+  a();
+  b();
+  std::vector<float> ta, tb, r;
+  for (int i = 0; i < rounds; ++i) {
+    ta.push_back(rested(a));
+    tb.push_back(rested(b));
+    r.push_back(ta.back() / tb.back());
+  }
+  return {median(ta), median(tb), median(r)};
+}
+
 static double rel_err(const T* d_out, const T* d_ref, size_t n) {
   std::vector<T> out(n), ref(n);
   CHECK(cudaMemcpy(out.data(), d_out, n * sizeof(T), cudaMemcpyDeviceToHost));
@@ -134,10 +170,27 @@ static Result checked_timing(F&& launch, T* y, const T* ref, size_t n, int reps)
   return {t, std::memcmp(first.data(), again.data(), n * sizeof(T)) == 0 ? err : INFINITY};
 }
 
-// group_cols 0: bands sized to half the L2, as the fused kernels do.
+// Scratch of the stream-K tail (gemm/tile_order.h) for tile shape 0, one slot
+// per SM as jax_overlap/config.py gives it. Filled with a byte pattern once,
+// never cleared: the kernels take it as XLA hands it over, holding whatever
+// an earlier user (or their own earlier launch) left.
+struct TailScratchBuffer {
+  void* data = nullptr;
+  int slots;
+  explicit TailScratchBuffer(int sms) : slots(sms) {
+    CHECK(cudaMalloc(&data, jo::tail_scratch_bytes(0, slots)));
+    CHECK(cudaMemset(data, 0xA5, jo::tail_scratch_bytes(0, slots)));
+  }
+  ~TailScratchBuffer() { cudaFree(data); }
+  jo::TailScratch view() const { return {data, slots, kTailTimeoutNs}; }
+  static constexpr uint64_t kTailTimeoutNs = 5'000'000'000ull;  // %globaltimer ticks
+};
+
+// Bands sized to half the L2, as the fused kernels do; tail: with the
+// stream-K tail where the tiles leave a partial wave.
 template <class Shape, BLayout kL, Mode kMode = Mode::kPlain>
 static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms, int reps,
-                          int group_cols = 0) {
+                          bool tail = false) {
   using Eng = TileEngine<T, Shape, kL>;
   auto kernel = gemm_kernel<Eng, kMode>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Eng::kSmemBytes));
@@ -148,9 +201,14 @@ static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int
   int l2 = 0;
   CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
   const int tiles_n = (N + Eng::BN - 1) / Eng::BN;
-  const int cols = group_cols > 0 ? group_cols : jo::gemm::band_columns(tiles_n, Eng::BN, K, sizeof(T), l2);
-  return checked_timing([&] { kernel<<<grid, Eng::kThreads, Eng::kSmemBytes>>>(x, w, y, M, N, K, cols); }, y, ref,
-                        size_t(M) * N, reps);
+  const int cols = jo::gemm::band_columns(tiles_n, Eng::BN, K, sizeof(T), l2);
+  const TailScratchBuffer scratch(sms);
+  const jo::gemm::TailSplit split =
+      jo::gemm::tail_split(tiles, grid, Eng::BM * Eng::BN, tail ? scratch.data : nullptr, scratch.slots,
+                           TailScratchBuffer::kTailTimeoutNs);
+  return checked_timing(
+      [&] { kernel<<<grid, Eng::kThreads, Eng::kSmemBytes>>>(x, w, y, M, N, K, cols, split); },
+      y, ref, size_t(M) * N, reps);
 }
 
 // The fused kernels as the FFI launches them for a group of one: no peers,
@@ -171,12 +229,15 @@ static jo::GemmOperands world1_operands(const T* x, const T* w, int N, int K) {
 static Result run_fused_ag(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms, int reps) {
   jo::TileShapeInfo tile{};
   jo::tile_shape_info(0, &tile);
-  const jo::AgMatmulLaunch l{world1_operands(x, w, N, K), y, nullptr, M, tile.bk, world1_context(sms)};
+  const TailScratchBuffer scratch(sms);
+  const jo::AgMatmulLaunch l{world1_operands(x, w, N, K), y, nullptr, M, tile.bk, world1_context(sms),
+                             scratch.view()};
   return checked_timing([&] { CHECK(jo::launch_ag_matmul(l, nullptr)); }, y, ref, size_t(M) * N, reps);
 }
 
 static Result run_fused_rs(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms, int reps) {
-  const jo::MatmulRsLaunch l{world1_operands(x, w, N, K), y, M, world1_context(sms)};
+  const TailScratchBuffer scratch(sms);
+  const jo::MatmulRsLaunch l{world1_operands(x, w, N, K), y, M, world1_context(sms), scratch.view()};
   return checked_timing([&] { CHECK(jo::launch_matmul_rs(l, nullptr)); }, y, ref, size_t(M) * N, reps);
 }
 
@@ -236,6 +297,8 @@ int main() {
     VARIANT("128x256x64 w2x4 s4 pipe", 128, 256, 64, 2, 4, 4, true, kNMajor)
     VARIANT("128x256x64 w2x4 s3 pipe Kmaj", 128, 256, 64, 2, 4, 3, true, kKMajor)
     using Big = TileShape<128, 256, 64, 2, 4, 3, true>;
+    if (want("128x256x64 s3 pipe tail split"))
+      row("128x256x64 s3 pipe tail split", run_variant<Big, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, reps, true));
     auto mode_row = [&](const char* name, auto mode) {
       if (want(name))
         row(name, run_variant<Big, BLayout::kNMajor, decltype(mode)::value>(x, w, y, ref, M, N, K, sms, reps));
@@ -244,6 +307,22 @@ int main() {
     mode_row("diag: B not loaded", std::integral_constant<Mode, Mode::kDropB>{});
     mode_row("diag: A, B not loaded", std::integral_constant<Mode, Mode::kDropAB>{});
 #undef VARIANT
+    if (only == nullptr) {
+      // The issues' figure: each fused kernel against cuBLAS, alternated
+      // single launches on a rested GPU.
+      const TailScratchBuffer scratch(sms);
+      jo::TileShapeInfo tile{};
+      jo::tile_shape_info(0, &tile);
+      const jo::AgMatmulLaunch la{world1_operands(x, w, N, K), y, nullptr, M, tile.bk, world1_context(sms),
+                                  scratch.view()};
+      const jo::MatmulRsLaunch lr{world1_operands(x, w, N, K), y, M, world1_context(sms), scratch.view()};
+      auto ag = [&] { CHECK(jo::launch_ag_matmul(la, nullptr)); };
+      auto rs = [&] { CHECK(jo::launch_matmul_rs(lr, nullptr)); };
+      for (auto [name, p] : {std::pair{"ag_matmul", paired_ms(cublas, ag, 40)},
+                             std::pair{"matmul_rs", paired_ms(cublas, rs, 40)}})
+        std::printf("rested, alternated %-11s %7d %7d %7d  cuBLAS %.4f ms, kernel %.4f ms: kernel/cuBLAS %.3f\n",
+                    name, M, N, K, p.a_ms, p.b_ms, p.ratio);
+    }
     CHECK(cudaFree(x));
     CHECK(cudaFree(w));
     CHECK(cudaFree(wt));

@@ -36,11 +36,13 @@ ffi::Error AgMatmulExecute(hipStream_t stream, int32_t ordinal, CallState* state
 
 // A group of one: y = x @ w (+ bias), nothing gathered.
 ffi::Error AgMatmulLocalExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                                ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, FusedConfig config) {
-  const auto c = local_call("ag_matmul", x, w, bias, *y, config, ordinal);
+                                ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
+                                ffi::Result<ffi::AnyBuffer> scratch, FusedConfig config) {
+  const auto c = local_call("ag_matmul", x, w, bias, *y, *scratch, config, ordinal);
   if (c.has_error()) return c.error();
   const LocalCall& lc = c.value();
-  const AgMatmulLaunch l{lc.call.op, y->untyped_data(), nullptr, lc.call.m, static_cast<int>(config.chunk_k), lc.ctx};
+  const AgMatmulLaunch l{lc.call.op, y->untyped_data(), nullptr, lc.call.m, static_cast<int>(config.chunk_k), lc.ctx,
+                         lc.tail};
   return launch_status(launch_ag_matmul(l, stream), "ag_matmul");
 }
 
@@ -75,5 +77,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulLocalExecute, jo::AgMatmulLocalExecute,
                                   .Arg<xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
                                   .Arg<xla::ffi::AnyBuffer>()  // bias [n], or [0] for none
                                   .Ret<xla::ffi::AnyBuffer>()  // y [..., m, n]
+                                  .Ret<xla::ffi::AnyBuffer>()  // tail scratch, u8 [tail_scratch_bytes]
                                   .Attr<jo::FusedConfig>("config"),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "kernels/ag_matmul.h"
+
 namespace jo {
 
 ffi::TypeId CallState::id = {};
@@ -109,8 +111,8 @@ ffi::Error launch_status(hipError_t launched, const char* op) {
 }
 
 ffi::ErrorOr<LocalCall> local_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
-                                   const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out, const FusedConfig& config,
-                                   int32_t ordinal) {
+                                   const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out, ffi::AnyBuffer scratch,
+                                   const FusedConfig& config, int32_t ordinal) {
   auto call = gemm_call(op, x, w, bias, {&out}, config);
   if (call.has_error()) return ffi::Unexpected(call.error());
   const GemmOperands& g = call.value().op;
@@ -120,7 +122,12 @@ ffi::ErrorOr<LocalCall> local_call(const char* op, const ffi::AnyBuffer& x, cons
   const Workspace* ws = Runtime::instance().workspace(ordinal);
   if (ws == nullptr)
     return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition, not_initialized(ordinal).message));
-  LocalCall c{call.value(), CallContext{}};
+  const int slots = static_cast<int>(config.tail_slots);
+  if (config.tail_slots < 0 || scratch.size_bytes() != tail_scratch_bytes(static_cast<int>(config.tile), slots))
+    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string("jax_overlap ") + op +
+                                                       ": tail scratch does not match config.tail_slots"));
+  LocalCall c{call.value(), CallContext{},
+              TailScratch{slots > 0 ? scratch.untyped_data() : nullptr, slots, ws->timeout_ticks}};
   c.ctx.peers.world = 1;
   c.ctx.trace = ws->trace_sink();
   c.ctx.limits = ws->limits();

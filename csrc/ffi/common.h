@@ -26,6 +26,7 @@ struct FusedConfig {
   int64_t w_kmajor;
   int64_t region_offset;
   int64_t region_bytes;
+  int64_t tail_slots;  // group of one: workgroup slots of its stream-K tail scratch (0: none)
 };
 
 // The region of an all_gather call.
@@ -98,17 +99,20 @@ CallContext call_context(const GroupBinding& g, OpKind op);
 ffi::Error finish_launch(hipError_t launched, const Workspace& ws, hipStream_t stream, const char* op);
 
 // A group-of-one call: its checked operands (gemm_call, plus `out` being
-// [..., m, n]) and its launch context on this GPU. Such a call has no peer,
-// flag, epoch or watchdog, and its handler does no host work a replay would
-// miss, so it is declared command-buffer compatible: XLA may record it into
-// the CUDA/HIP graph around it instead of dispatching it from the host.
+// [..., m, n]), its launch context on this GPU and its stream-K tail scratch
+// (an XLA result of config.tail_slots slots, used as it comes: the kernel's
+// flags hold per-launch tags, gemm/tile_order.h). Such a call has no peer or
+// epoch, and its handler does no host work a replay would miss, so it is
+// declared command-buffer compatible: XLA may record it into the CUDA/HIP
+// graph around it instead of dispatching it from the host.
 struct LocalCall {
   GemmCall call;
   CallContext ctx;
+  TailScratch tail;
 };
 ffi::ErrorOr<LocalCall> local_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
-                                   const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out, const FusedConfig& config,
-                                   int32_t ordinal);
+                                   const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out, ffi::AnyBuffer scratch,
+                                   const FusedConfig& config, int32_t ordinal);
 
 // After a group-of-one launch: its status only (no sync option: the call may
 // be being recorded into a graph, and it has no peer to time out on).
@@ -121,6 +125,7 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::FusedConfig, ::xla::ffi::StructMembe
                                       ::xla::ffi::StructMember<int64_t>("chunk_k"),
                                       ::xla::ffi::StructMember<int64_t>("w_kmajor"),
                                       ::xla::ffi::StructMember<int64_t>("region_offset"),
-                                      ::xla::ffi::StructMember<int64_t>("region_bytes"));
+                                      ::xla::ffi::StructMember<int64_t>("region_bytes"),
+                                      ::xla::ffi::StructMember<int64_t>("tail_slots"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::RegionConfig, ::xla::ffi::StructMember<int64_t>("region_offset"),
                                       ::xla::ffi::StructMember<int64_t>("region_bytes"));

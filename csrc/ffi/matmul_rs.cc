@@ -36,11 +36,12 @@ ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state
 
 // A group of one: out = x @ w (+ bias), nothing to reduce.
 ffi::Error MatmulRsLocalExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                                ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out, FusedConfig config) {
-  const auto c = local_call("matmul_rs", x, w, bias, *out, config, ordinal);
+                                ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out,
+                                ffi::Result<ffi::AnyBuffer> scratch, FusedConfig config) {
+  const auto c = local_call("matmul_rs", x, w, bias, *out, *scratch, config, ordinal);
   if (c.has_error()) return c.error();
   const LocalCall& lc = c.value();
-  const MatmulRsLaunch l{lc.call.op, out->untyped_data(), lc.call.m, lc.ctx};
+  const MatmulRsLaunch l{lc.call.op, out->untyped_data(), lc.call.m, lc.ctx, lc.tail};
   return launch_status(launch_matmul_rs(l, stream), "matmul_rs");
 }
 
@@ -74,5 +75,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsLocalExecute, jo::MatmulRsLocalExecute,
                                   .Arg<xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
                                   .Arg<xla::ffi::AnyBuffer>()  // bias [n], or [0] for none
                                   .Ret<xla::ffi::AnyBuffer>()  // out [..., m, n]
+                                  .Ret<xla::ffi::AnyBuffer>()  // tail scratch, u8 [tail_scratch_bytes]
                                   .Attr<jo::FusedConfig>("config"),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -205,7 +205,13 @@ struct TileEngine {
 #pragma unroll
     for (int pass = 0; pass < kAPasses; ++pass) rows = rows && a.p[pass] != nullptr;
     const bool all_rows = gpu::block_all(rows);
-    return all_rows && K % BK == 0 && b.n0 + BN <= b.N && b.ld <= (int64_t{1} << 24) / BK;
+    return all_rows && K % BK == 0 && b.n0 + BN <= b.N && b.ld <= kMaxFastLd;
+  }
+  static constexpr int64_t kMaxFastLd = (int64_t{1} << 24) / BK;
+
+  // Whether every tile of a rows x n x k GEMM (w's row stride ld) is interior.
+  static __host__ __device__ constexpr bool interior_gemm(int64_t rows, int n, int k, int64_t ld) {
+    return rows % BM == 0 && n % BN == 0 && k % BK == 0 && ld <= kMaxFastLd;
   }
 
   // The k-tile loaders a mainloop runs with: load(stage, kt) copies k-tile
@@ -327,68 +333,91 @@ struct TileEngine {
       for (int j = 0; j < NI; ++j) Atom::mma(acc.c[i][j], f.a[i], f.b[j]);
   }
 
-  // acc = A_tile @ B_tile over K. wait_a(kt) runs, uniformly across the block,
-  // before the A operand of k-tile kt is copied: the hook in which fused
-  // kernels wait for staged rows to arrive. Leaves shared memory free for the
-  // next tile.
-  //
-  // Software pipeline: global->shared copies run STAGES-1 k-tiles ahead; with
-  // Shape::kPipelineFrags the fragments of the next atom k-step are also read
-  // from shared memory while the MMAs of the current one issue.
-  template <class WaitA>
-  static __device__ __forceinline__ void mainloop(Acc& acc, T* smem, const ARows& a, const BSource& b, int K,
-                                                  WaitA&& wait_a) {
+  static __device__ __forceinline__ void zero(Acc& acc) {
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll
       for (int j = 0; j < NI; ++j)
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc.c[i][j].r[r] = 0.f;
-    const int k_tiles = (K + BK - 1) / BK;
+  }
+
+  // acc = A_tile @ B_tile over K. wait_a(kt) runs, uniformly across the block,
+  // before the A operand of k-tile kt is copied: the hook in which fused
+  // kernels wait for staged rows to arrive. Leaves shared memory free for the
+  // next tile.
+  template <class WaitA>
+  static __device__ __forceinline__ void mainloop(Acc& acc, T* smem, const ARows& a, const BSource& b, int K,
+                                                  WaitA&& wait_a) {
+    zero(acc);
+    with_loader(a, b, K, [&](auto loader) {
+      const int k_tiles = (K + BK - 1) / BK;
+      fill(smem, loader, k_tiles, wait_a);
+      compute(acc, smem, loader, k_tiles, wait_a);
+    });
+  }
+
+  // fn(loader) with the tile's loader: FastLoader for interior tiles,
+  // CheckedLoader otherwise (a block-uniform choice).
+  template <class Fn>
+  static __device__ __forceinline__ void with_loader(const ARows& a, const BSource& b, int K, Fn&& fn) {
     if constexpr (kHasFastLoad) {
       if (interior(a, b, K)) {
-        run(acc, smem, FastLoader{fast_cursor(a, b)}, k_tiles, wait_a);
+        fn(FastLoader{fast_cursor(a, b)});
         return;
       }
     }
-    run(acc, smem, CheckedLoader{a, b, K}, k_tiles, wait_a);
+    fn(CheckedLoader{a, b, K});
   }
 
+  // Software pipeline, in two calls so that a caller can run other work (the
+  // previous tile's epilogue) while the first copies are in flight:
+  // fill() copies k-tiles 0 .. STAGES - 2 into slots 0 .. STAGES - 2 (shared
+  // memory must be free: mainloop/compute leave it so); compute() runs the
+  // k-loop, in which global->shared copies run STAGES-1 k-tiles ahead and,
+  // with Shape::kPipelineFrags, the fragments of the next atom k-step are read
+  // from shared memory while the MMAs of the current one issue. compute()
+  // adds to acc.
+  //
   // Ring slots rotate: k-tile kt is in slot kt % STAGES, and the copy issued
   // in iteration kt (k-tile kt + STAGES - 1) refills the slot of k-tile
   // kt - 1, which every warp finished reading at iteration kt - 1's barrier.
   // The slot indices are carried from iteration to iteration (a compare and
   // select each) rather than derived from kt.
   template <class Loader, class WaitA>
-  static __device__ __forceinline__ void run(Acc& acc, T* smem, Loader loader, int k_tiles, WaitA&& wait_a) {
+  static __device__ __forceinline__ void fill(T* smem, Loader& loader, int k_tiles, WaitA&& wait_a) {
+#pragma unroll
+    for (int kt = 0; kt < STAGES - 1; ++kt) {
+      if (kt < k_tiles) {
+        wait_a(kt);
+        loader.load(smem + kt * kStageElems, kt);
+      }
+      gpu::copy_async_commit();
+    }
+  }
+
+  template <class Loader, class WaitA>
+  static __device__ __forceinline__ void compute(Acc& acc, T* smem, Loader& loader, int k_tiles, WaitA&& wait_a) {
     constexpr int kSteps = BK / Atom::kK;  // atom k-steps per k-tile
     static_assert(kSteps % 2 == 0, "fragment buffers alternate, so each k-tile starts on buffer 0");
     const FragOffsets fo = frag_offsets();
     auto slot_after = [](int s) { return s + 1 == STAGES ? 0 : s + 1; };
     auto stage_at = [&](int s) { return smem + s * kStageElems; };
-#pragma unroll
-    for (int kt = 0; kt < STAGES - 1; ++kt) {
-      if (kt < k_tiles) {
-        wait_a(kt);
-        loader.load(stage_at(kt), kt);
-      }
-      gpu::copy_async_commit();
-    }
     // Every iteration commits one group (possibly empty), so before
     // iteration kt's wait STAGES - 1 + kt + 1 groups are committed; k-tile
     // kt + 1 is complete once at most STAGES - 2 of them are pending.
     gpu::copy_async_wait<STAGES - 2>();
     __syncthreads();
-    auto copy = [&](int kt, int fill) {
+    auto copy = [&](int kt, int slot) {
       const int pf = kt + STAGES - 1;
       if (pf < k_tiles) {
         wait_a(pf);
-        loader.load(stage_at(fill), pf);
+        loader.load(stage_at(slot), pf);
       }
       gpu::copy_async_commit();
     };
     int cur = 0;              // slot of k-tile kt
-    int fill = STAGES - 1;    // slot of k-tile kt - 1 (mod STAGES)
+    int refill = STAGES - 1;  // slot of k-tile kt - 1 (mod STAGES)
 
     if constexpr (!Shape::kPipelineFrags) {
       for (int kt = 0; kt < k_tiles; ++kt) {
@@ -396,7 +425,7 @@ struct TileEngine {
           gpu::copy_async_wait<STAGES - 2>();
           __syncthreads();
         }
-        copy(kt, fill);
+        copy(kt, refill);
         const T* stage = stage_at(cur);
 #pragma unroll
         for (int step = 0; step < kSteps; ++step) {
@@ -404,7 +433,7 @@ struct TileEngine {
           load_frags(f, stage, step, fo);
           mma_frags(acc, f);
         }
-        fill = cur;
+        refill = cur;
         cur = slot_after(cur);
       }
     } else {
@@ -428,10 +457,10 @@ struct TileEngine {
           } else if (kt + 1 < k_tiles) {
             load_frags(frags[(step + 1) % 2], stage_at(nxt), 0, fo);
           }
-          if (step == 0) copy(kt, fill);
+          if (step == 0) copy(kt, refill);
           mma_frags(acc, frags[step % 2]);
         }
-        fill = cur;
+        refill = cur;
         cur = nxt;
       }
     }

@@ -37,6 +37,7 @@ struct AgMatmulArgs {
   uint32_t epoch;
   Watchdog wd;
   TraceSink trace;
+  gemm::TailSplit tail;  // world 1
 };
 
 template <class Eng, typename T>
@@ -99,7 +100,7 @@ __global__ __launch_bounds__(Shape::kThreads) void ag_matmul_kernel(AgMatmulArgs
   T* smem = reinterpret_cast<T*>(smem_raw);
   if constexpr (!kPeers) {
     const gemm::PlainGemm<T> g{a.x, a.w, a.bias, a.y, a.rows, a.n, a.k, a.group_cols};
-    gemm::plain_gemm<Eng>(g, smem, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+    gemm::plain_gemm<Eng>(g, smem, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), a.tail,
                           [&](int t, uint64_t t0) { trace_event(a.trace, TraceKind::kGemmTile, t0, t, 0); });
   } else if (static_cast<int>(blockIdx.x) < a.workers) {
     const GatherArgs g{reinterpret_cast<const char*>(a.x), reinterpret_cast<char*>(a.gathered), a.m, a.layout,
@@ -133,7 +134,9 @@ hipError_t launch_typed(const AgMatmulLaunch& l, hipStream_t stream) {
                     static_cast<T*>(l.y), static_cast<T*>(l.gathered), l.m, rows, static_cast<int>(op.k),
                     static_cast<int>(op.n), l.chunk_k, workers, group_cols,
                     ag_layout<Shape>(world, rows, op.k, l.chunk_k, sizeof(T)), l.ctx.peers, l.ctx.epoch, l.ctx.wd,
-                    l.ctx.trace};
+                    l.ctx.trace,
+                    tail_split<Eng>(kPeers ? TailScratch{} : l.tail, ceil_div(rows, Shape::BM) * ceil_div(op.n, Shape::BN),
+                                    grid)};
   kernel<<<grid, Shape::kThreads, Eng::kSmemBytes, stream>>>(a);
   return hipGetLastError();
 }
@@ -153,6 +156,15 @@ uint64_t ag_matmul_region_bytes(int world, int64_t rows, int64_t k, int tile, in
   uint64_t bytes = 0;
   gemm::with_tile_shape(tile, [&](auto shape) {
     bytes = ag_layout<decltype(shape)>(world, rows, k, chunk_k, elem_bytes).total;
+  });
+  return bytes;
+}
+
+uint64_t tail_scratch_bytes(int tile, int slots) {
+  uint64_t bytes = 0;
+  gemm::with_tile_shape(tile, [&](auto shape) {
+    using S = decltype(shape);
+    bytes = gemm::tail_scratch_bytes(slots, S::BM * S::BN);
   });
   return bytes;
 }

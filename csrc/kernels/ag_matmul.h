@@ -16,11 +16,16 @@ struct AgMatmulLaunch {
   int64_t m;
   int chunk_k;  // K columns per ready flag, a multiple of the tile's BK
   CallContext ctx;
+  TailScratch tail{};  // group of one only
 };
 
 // Bytes of the symmetric region a call of this shape needs (0 when world == 1).
 uint64_t ag_matmul_region_bytes(int world, int64_t rows, int64_t k, int tile, int chunk_k, int elem_bytes);
 
 hipError_t launch_ag_matmul(const AgMatmulLaunch& launch, hipStream_t stream);
+
+// Bytes of a group-of-one call's tail scratch with `slots` workgroup slots
+// for tile shape `tile` (gemm/tile_order.h tail_scratch_bytes; both ops).
+uint64_t tail_scratch_bytes(int tile, int slots);
 
 }  // namespace jo

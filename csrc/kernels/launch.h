@@ -54,4 +54,11 @@ hipError_t gemm_grid(const LaunchLimits& limits, int workers, int64_t tiles, int
   return hipSuccess;
 }
 
+// The stream-K tail of a group-of-one launch of `grid` workgroups.
+template <class Eng>
+gemm::TailSplit tail_split(const TailScratch& scratch, int64_t tiles, int grid) {
+  return gemm::tail_split(static_cast<int>(tiles), grid, Eng::BM * Eng::BN, scratch.data, scratch.slots,
+                          scratch.timeout_ticks);
+}
+
 }  // namespace jo

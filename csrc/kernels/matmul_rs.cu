@@ -38,6 +38,7 @@ struct MatmulRsArgs {
   uint32_t epoch;
   Watchdog wd;
   TraceSink trace;
+  gemm::TailSplit tail;  // world 1
 };
 
 template <class Eng, typename T>
@@ -168,7 +169,7 @@ __global__ __launch_bounds__(Shape::kThreads) void matmul_rs_kernel(MatmulRsArgs
   T* smem = reinterpret_cast<T*>(smem_raw);
   if constexpr (!kPeers) {
     const gemm::PlainGemm<T> g{a.x, a.w, a.bias, a.out, a.block_rows, a.n, a.k, a.group_cols};
-    gemm::plain_gemm<Eng>(g, smem, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+    gemm::plain_gemm<Eng>(g, smem, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), a.tail,
                           [&](int t, uint64_t t0) { trace_event(a.trace, TraceKind::kGemmTile, t0, t, 0); });
   } else if (static_cast<int>(blockIdx.x) < a.workers) {
     rs_reduce_role<Eng>(a, static_cast<int>(blockIdx.x), a.workers);
@@ -200,7 +201,9 @@ hipError_t launch_typed(const MatmulRsLaunch& l, hipStream_t stream) {
   MatmulRsArgs<T> a{static_cast<const T*>(op.x), static_cast<const T*>(op.w), static_cast<const T*>(op.bias),
                     static_cast<T*>(l.out), l.m_total, m_block, block_rows, static_cast<int>(op.k),
                     static_cast<int>(op.n), workers, group_cols, rs_layout<Shape>(world, block_rows, op.n, sizeof(T)),
-                    l.ctx.peers, l.ctx.epoch, l.ctx.wd, l.ctx.trace};
+                    l.ctx.peers, l.ctx.epoch, l.ctx.wd, l.ctx.trace,
+                    tail_split<Eng>(kPeers ? TailScratch{} : l.tail,
+                                    ceil_div(block_rows, Shape::BM) * ceil_div(op.n, Shape::BN), grid)};
   kernel<<<grid, Shape::kThreads, Eng::kSmemBytes, stream>>>(a);
   return hipGetLastError();
 }

@@ -14,6 +14,7 @@ struct MatmulRsLaunch {
   void* out;        // [batch, m_total / world, n]
   int64_t m_total;
   CallContext ctx;
+  TailScratch tail{};  // group of one only
 };
 
 uint64_t matmul_rs_region_bytes(int world, int64_t batch, int64_t m_total, int64_t n, int tile, int elem_bytes);

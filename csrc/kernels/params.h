@@ -87,6 +87,15 @@ struct CallContext {
   LaunchLimits limits;
 };
 
+// Scratch of a group-of-one call's stream-K tail (gemm/tile_order.h
+// TailSplit): `slots` flags, then `slots` fp32 tiles, as left by earlier
+// users. data == nullptr: whole tiles only.
+struct TailScratch {
+  void* data;
+  int slots;
+  uint64_t timeout_ticks;  // a wait on a partial tile longer than this traps
+};
+
 // The GEMM operands and schedule of a fused ag_matmul / matmul_rs launch.
 struct GemmOperands {
   DType dtype;

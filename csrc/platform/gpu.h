@@ -144,6 +144,12 @@ JO_DEVICE void store_release_sys(uint32_t* p, uint32_t v) {
 JO_DEVICE void store_release_dev(uint32_t* p, uint32_t v) {
   __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
 }
+JO_DEVICE uint64_t load_acquire_dev(const uint64_t* p) {
+  return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+}
+JO_DEVICE void store_release_dev(uint64_t* p, uint64_t v) {
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+}
 JO_DEVICE uint32_t atomic_cas_sys(uint32_t* p, uint32_t expected, uint32_t desired) {
   __hip_atomic_compare_exchange_strong(p, &expected, desired, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE,
                                        __HIP_MEMORY_SCOPE_SYSTEM);
@@ -154,6 +160,7 @@ JO_DEVICE uint32_t atomic_add_dev(uint32_t* p, uint32_t v) {
 }
 JO_DEVICE uint64_t timer_ticks() { return __builtin_amdgcn_s_memrealtime(); }
 JO_DEVICE void backoff() { __builtin_amdgcn_s_sleep(2); }
+JO_DEVICE void trap() { __builtin_trap(); }
 #else
 JO_DEVICE uint32_t load_acquire_sys(const uint32_t* p) {
   uint32_t v;
@@ -171,6 +178,14 @@ JO_DEVICE void store_release_sys(uint32_t* p, uint32_t v) {
 JO_DEVICE void store_release_dev(uint32_t* p, uint32_t v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+JO_DEVICE uint64_t load_acquire_dev(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+JO_DEVICE void store_release_dev(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 JO_DEVICE uint32_t atomic_cas_sys(uint32_t* p, uint32_t expected, uint32_t desired) {
   return atomicCAS_system(p, expected, desired);
 }
@@ -181,6 +196,7 @@ JO_DEVICE uint64_t timer_ticks() {
   return t;
 }
 JO_DEVICE void backoff() { __nanosleep(64); }
+JO_DEVICE void trap() { __trap(); }
 #endif
 
 // ---------------------------------------------------------------------------

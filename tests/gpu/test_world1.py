@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +75,58 @@ def test_matmul_rs_fused(dtype, lead, m, k, n, with_bias):
     ref = ref + np.asarray(b, np.float64)
   assert rel_err(z, ref) < tolerance(dtype)
   np.testing.assert_array_equal(np.asarray(f(x, w, b)).view(np.uint16), np.asarray(z).view(np.uint16))
+
+
+def _tail_slots(f, *args) -> int:
+  slots = [int(v) for v in re.findall(r"tail_slots = (\d+)", _hlo_targets(f, *args))]
+  assert slots and slots[0] > 0, "this shape should take the stream-K tail on the GPU under test"
+  return slots[0]
+
+
+# 2048 x 3584 per call is 224 tiles of 128 x 256: on a GPU with fewer SMs (the
+# H200 has 132) the call ends in the stream-K tail, tiles cut between two
+# workgroups (csrc/gemm/tile_order.h TailSplit), at k = 512 into pieces of a
+# few k-tiles. The bias must be added once.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+@pytest.mark.parametrize("k", [512, 3584])
+def test_stream_k_tail_matches_reference_and_repeats_bits(dtype, op, k):
+  m, n = 2048, 3584
+  rng = np.random.default_rng(k + len(op))
+  x, w, b = random(rng, (m, k), dtype), random(rng, (k, n), dtype, k ** -0.5), random(rng, (n,), dtype)
+  fn = getattr(jo, op)
+  f = jax.jit(jax.shard_map(lambda x, w, b: fn(x, w, b, axis_name="tp", algorithm="fused"), mesh=_mesh(),
+                            in_specs=(P("tp"), P(), P()), out_specs=P("tp")))
+  _tail_slots(f, x, w, b)
+  y = f(x, w, b)
+  ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64) + np.asarray(b, np.float64)
+  assert rel_err(y, ref) < tolerance(dtype)
+  # Element by element: a piece summed twice, lost, or read before it was
+  # published moves whole tiles far beyond output rounding (2^-8 relative).
+  np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=1e-2, atol=1e-2)
+  for _ in range(3):
+    np.testing.assert_array_equal(np.asarray(f(x, w, b)).view(np.uint16), np.asarray(y).view(np.uint16))
+
+
+def test_stream_k_tail_chained_calls_on_fresh_data():
+  """Six tail-taking calls in one program (recorded into a command buffer, then replayed), run on
+  new data each time. Their scratch is never cleared: a head that took a flag left by an earlier
+  launch or replay as its tail's would add that launch's partial sums, not this one's."""
+  rng = np.random.default_rng(11)
+  m, k, n = 2048, 512, 3584
+  w = random(rng, (k, n), jnp.bfloat16, k ** -0.5)
+  for op in (jo.ag_matmul, jo.matmul_rs):
+    call = jax.shard_map(lambda x, w, op=op: op(x, w, axis_name="tp", algorithm="fused"), mesh=_mesh(),
+                         in_specs=(P("tp"), P()), out_specs=P("tp"))
+    chain = jax.jit(lambda xs, w: [call(x, w) for x in xs])
+    for run in range(3):
+      xs = [random(rng, (m, k), jnp.bfloat16) for _ in range(6)]
+      if run == 0:
+        _tail_slots(chain, xs, w)
+      for step, (x, y) in enumerate(zip(xs, chain(xs, w))):
+        ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+        np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=1e-2, atol=1e-2,
+                                   err_msg=f"{op.__name__} run {run} call {step}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
