@@ -81,16 +81,18 @@ def _round_up(a: int, b: int) -> int:
   return -(-a // b) * b
 
 
-def _tile_cost(tile: TileShape, row_tiles: int, col_tiles: int, slots: int) -> float:
-  """Relative time of a tiling: whole waves of tiles, each costing its area."""
-  waves = math.ceil(row_tiles * col_tiles / max(slots, 1))
-  return waves * tile.bm * tile.bn
+def _tile_cost(tile: TileShape, row_tiles: int, col_tiles: int, slots: int, evened: bool) -> float:
+  """Relative time of a tiling: waves of tiles, each costing its area; whole waves unless the
+  kernel evens out the last one (the stream-K tail)."""
+  waves = row_tiles * col_tiles / max(slots, 1)
+  return (waves if evened else math.ceil(waves)) * tile.bm * tile.bn
 
 
-def choose_tile(tiles, rows: int, n: int, slots: int, groups: int = 1) -> TileShape:
-  """The compiled tile with the least wave-quantized work for `groups` row blocks of `rows`."""
-  return min(tiles, key=lambda t: (_tile_cost(t, groups * math.ceil(rows / t.bm), math.ceil(n / t.bn), slots),
-                                   -t.bm * t.bn))
+def choose_tile(tiles, rows: int, n: int, slots: int, groups: int = 1, evened=lambda tile: False) -> TileShape:
+  """The compiled tile with the least wave-quantized work for `groups` row blocks of `rows`;
+  evened(tile): the kernel runs this tiling with a stream-K tail (tail_slots > 0)."""
+  return min(tiles, key=lambda t: (_tile_cost(t, groups * math.ceil(rows / t.bm), math.ceil(n / t.bn), slots,
+                                              evened(t)), -t.bm * t.bn))
 
 
 def fitting_tiles(tiles, device: DeviceProps) -> list:
@@ -98,7 +100,7 @@ def fitting_tiles(tiles, device: DeviceProps) -> list:
   return [t for t in tiles if t.smem_bytes <= device.smem_per_block]
 
 
-def tail_slots(tile: TileShape, rows: int, n: int, k: int, w_kmajor: bool, device: DeviceProps) -> int:
+def tail_slots(tile: TileShape, rows: int, n: int, k: int, device: DeviceProps) -> int:
   """Workgroup slots of a group-of-one call's stream-K tail scratch, 0 for none.
 
   The tail (csrc/gemm/tile_order.h TailSplit) evens out the last, partial wave
@@ -112,9 +114,10 @@ def tail_slots(tile: TileShape, rows: int, n: int, k: int, w_kmajor: bool, devic
   slots = gemm_slots(device)
   tiles = math.ceil(rows / tile.bm) * math.ceil(n / tile.bn)
   whole_tiles = rows % tile.bm == 0 and n % tile.bn == 0 and k % tile.bk == 0
-  ld = k if w_kmajor else n  # w's row stride: the kernel's fast copies need ld * bk < 2^24
-  if (not whole_tiles or ld * tile.bk > 2 ** 24 or 2 * tile.smem_bytes <= device.smem_per_block or tiles <= slots
-      or tiles % slots == 0):
+  # w's row stride (n, or k for a transposed w) times bk must stay within the
+  # kernel's 32-bit copy strides; checked for both layouts.
+  if (not whole_tiles or max(n, k) * tile.bk > 2 ** 24 or 2 * tile.smem_bytes <= device.smem_per_block
+      or tiles <= slots or tiles % slots == 0):
     return 0
   return slots
 
@@ -183,7 +186,8 @@ def plan_ag_matmul(*, dtype_name: str, rows: int, k: int, n: int, world: int, de
   pull_bytes = (world - 1) * rows * k * elem
   flops = 2.0 * world * rows * n * k
   workers = _comm_workers(world, pull_bytes, flops, device, slots)
-  tile = choose_tile(tiles, rows, n, slots - workers, groups=world)
+  tile = choose_tile(tiles, rows, n, slots - workers, groups=world,
+                     evened=lambda t: world == 1 and tail_slots(t, rows, n, k, device) > 0)
   k_tiles = math.ceil(k / tile.bk)
   # About 8 ready flags along K: GEMM blocks start on a tile once its first
   # chunk has landed, without a flag wait every k-tile.
@@ -214,7 +218,8 @@ def plan_matmul_rs(*, dtype_name: str, rows: int, k: int, n: int, world: int, de
   # Each rank reads its row block from every rank's staged partials.
   pull_bytes = (world - 1) * (rows // world) * n * elem
   workers = _comm_workers(world, world * (rows // world) * n * elem, flops, device, slots)
-  tile = choose_tile(tiles, rows // world, n, slots - workers, groups=world)
+  tile = choose_tile(tiles, rows // world, n, slots - workers, groups=world,
+                     evened=lambda t: world == 1 and tail_slots(t, rows, n, k, device) > 0)
   if world > 1:  # no more reducers than tiles of a row block
     workers = min(workers, math.ceil(rows // world / tile.bm) * math.ceil(n / tile.bn))
   est_fused, est_xla = _estimates(flops, pull_bytes, device, slots, workers)

@@ -225,12 +225,12 @@ def test_tail_slots_only_for_a_partial_wave_of_whole_tiles_one_workgroup_per_sm(
   big = config.TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456)
   small = config.TileShape(index=1, bm=128, bn=128, bk=32, threads=128, smem_bytes=65536)
 
-  def slots(tile, rows, n, k=512, w_kmajor=False, device=dev):
-    return config.tail_slots(tile, rows, n, k, w_kmajor, device)
+  def slots(tile, rows, n, k=512, device=dev):
+    return config.tail_slots(tile, rows, n, k, device)
 
   assert slots(big, 2048, 3584) == 132  # 224 tiles: 1.7 waves
   assert slots(big, 16384, 3584, 8192) == 132  # 1792 tiles: 13.6 waves
-  assert slots(big, 16384, 8192, 3584, w_kmajor=True) == 132  # 4096 tiles: 31.03 waves
+  assert slots(big, 16384, 8192, 3584) == 132  # 4096 tiles: 31.03 waves
   assert slots(big, 128 * 132, 256) == 0  # exactly one wave
   assert slots(big, 128 * 11, 256 * 24) == 0  # 264 tiles: two whole waves
   assert slots(big, 1024, 3584) == 0  # 112 tiles: less than a wave
@@ -238,5 +238,18 @@ def test_tail_slots_only_for_a_partial_wave_of_whole_tiles_one_workgroup_per_sm(
   # The kernel's tail runs on whole tiles only: rows, n and k multiples of 128, 256 and 64.
   assert slots(big, 2048 - 8, 3584) == slots(big, 2048, 3584 - 8) == slots(big, 2048, 3584, k=520) == 0
   assert slots(big, 2048, 2 ** 18 + 256) == 0  # w's row stride past the fast copies' 32-bit strides
+  assert slots(big, 2048, 3584, k=2 ** 18 + 64) == 0  # the same for a transposed w
   half = config.DeviceProps(sm_count=132, smem_per_block=232448, ranks_per_gpu=2)
   assert slots(big, 2048, 3584, device=half) == 66  # a rank's share of the SMs
+
+
+@pytest.mark.parametrize("op", PLANNERS)
+def test_group_of_one_takes_the_tile_whose_last_wave_its_tail_evens_out(op):
+  # The H200's compiled tiles. 16384 x 8192 is 4096 tiles of 128 x 256 on 132 SMs, 31.03 waves:
+  # whole waves would cost 32 x 32768, more than the 128 x 128 tile's 63 x 16384; but the large
+  # tile's stream-K tail runs them as 31.03, the least work. With peers there is no tail.
+  big = config.TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456)
+  small = config.TileShape(index=1, bm=128, bn=128, bk=32, threads=128, smem_bytes=65536)
+  p, _ = plan(op, rows=16384, k=3584, n=8192, world=1, tiles=(big, small), algorithm="fused")
+  assert p.tile == 0
+  assert config.choose_tile((big, small), rows=16384, n=8192, slots=132).index == 1

@@ -296,6 +296,7 @@ int main() {
     VARIANT("128x256x64 w2x4 s3 pipe", 128, 256, 64, 2, 4, 3, true, kNMajor)
     VARIANT("128x256x64 w2x4 s4 pipe", 128, 256, 64, 2, 4, 4, true, kNMajor)
     VARIANT("128x256x64 w2x4 s3 pipe Kmaj", 128, 256, 64, 2, 4, 3, true, kKMajor)
+    VARIANT("128x128x32 w2x2 s4", 128, 128, 32, 2, 2, 4, false, kNMajor)
     using Big = TileShape<128, 256, 64, 2, 4, 3, true>;
     if (want("128x256x64 s3 pipe tail split"))
       row("128x256x64 s3 pipe tail split", run_variant<Big, BLayout::kNMajor>(x, w, y, ref, M, N, K, sms, reps, true));
