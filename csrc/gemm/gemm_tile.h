@@ -149,9 +149,10 @@ __device__ __forceinline__ void plain_gemm_interior(int first, int stride, int t
 // `first` is the workgroup's index and `stride` the grid; on_tile(t,
 // start_ticks) runs after each tile or piece (tracing).
 //
-// When every tile is interior (rows, n and k whole tiles) the tiles take the
-// fast loader, the stream-K tail (tile_order.h TailSplit) when the launch has
-// one, and a pipeline that runs across units: each unit's first k-tiles are
+// When every tile is interior (rows, n and k whole tiles) and the tile
+// pipelines its fragments, the tiles take the fast loader, the stream-K tail
+// (tile_order.h TailSplit) when the launch has one, and a pipeline that runs
+// across units: each unit's first k-tiles are
 // copied before the previous unit's epilogue, whose stores then overlap the
 // copies' latency instead of preceding it. (Carrying the whole stage ring from
 // one tile into the next, copies issued in the previous tile's last
@@ -180,7 +181,11 @@ __device__ __forceinline__ void plain_gemm(const PlainGemm<T>& g, T* smem, int f
                tc.col * Eng::BN, g.n, g.bias);
   };
 
-  if constexpr (Eng::kHasFastLoad) {
+  // Like pipelined fragments (tile_engine.h), the pipeline across units pays
+  // for the 8-warp tile that has an SM to itself; the 4-warp tile shares its
+  // SM with a second workgroup, which hides its epilogue, and measured 22%
+  // slower with it (H200, benchmarks/results/NOTES.md).
+  if constexpr (Eng::kHasFastLoad && Eng::kPipelineFrags) {
     if (Eng::interior_gemm(g.rows, g.n, g.k, ldb)) {
       plain_gemm_interior<Eng>(first, stride, row_tiles * col_tiles, k_tiles, split, smem, coord, a_rows, b_source,
                                store, on_tile);

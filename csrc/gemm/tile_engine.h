@@ -50,6 +50,7 @@ struct TileEngine {
   static constexpr int BK = Shape::BK;
   static constexpr int STAGES = Shape::STAGES;
   static constexpr int kThreads = Shape::kThreads;
+  static constexpr bool kPipelineFrags = Shape::kPipelineFrags;
   static constexpr bool kBKMajor = kBLayout == BLayout::kKMajor;
   // B's layout in shared memory: as in global memory, except for atoms that
   // read B k-contiguous only (MFMA), which get an [N, K] w transposed while it
