@@ -1,26 +1,23 @@
 // Tile-engine variants and the fused kernels' world-1 launches (with their
 // stream-K tail scratch, as the FFI gives it) against cuBLAS on one NVIDIA
 // GPU: correctness (relative error vs cuBLAS on random bf16 data; infinite
-// unless a second launch repeats the bits) and time, three ways:
+// unless a second launch repeats the bits) and time, two ways:
 // - "ms": median of 20 single event-timed launches, one after the other (a
 //   host sync between them);
 // - "b2b ms": per launch of 20 launched back to back (as the op benchmarks'
-//   chained calls run), median of 5: sustained load, at the power cap;
-// - "rested, alternated": each fused kernel and cuBLAS launched alone after
-//   the GPU idled, in turns (paired_ms): the kernel/cuBLAS throughput figure.
+//   chained calls run), median of 5: sustained load, at the power cap.
+// (Launches timed after the GPU idled start on clocks still ramping up from
+// idle, which costs cuBLAS's shorter runs more: not a fair comparison.)
 // Build and run: bash benchmarks/gemm_engine/run.sh  (needs nvcc and cuBLAS).
 #include <cublas_v2.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
-#include <thread>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -108,34 +105,6 @@ static Timing time_ms(F&& launch, int reps) {
   for (int i = 0; i < reps; ++i) single.push_back(events_ms(launch, 1));
   for (int i = 0; i < (reps > 1 ? 5 : 0); ++i) b2b.push_back(events_ms(launch, 20));
   return {median(single), b2b.empty() ? NAN : median(b2b)};
-}
-
-// Single launches of a and b alternated, each after the GPU idled for
-// kIdleMs, `rounds` rounds: every launch starts from the same rested clock
-// and power state, so neither inherits the other's (under sustained load the
-// H200 runs at its power cap, and launches right after a power-hungry kernel
-// start on lowered clocks), and drift over the run reaches both alike.
-// Medians of each and of the per-round ratio a / b.
-struct Paired {
-  float a_ms, b_ms, ratio;
-};
-template <class A, class B>
-static Paired paired_ms(A&& a, B&& b, int rounds) {
-  constexpr int kIdleMs = 25;
-  auto rested = [&](auto&& launch) {
-    CHECK(cudaDeviceSynchronize());
-    std::this_thread::sleep_for(std::chrono::milliseconds(kIdleMs));
-    return events_ms(launch, 1);
-  };
-  a();
-  b();
-  std::vector<float> ta, tb, r;
-  for (int i = 0; i < rounds; ++i) {
-    ta.push_back(rested(a));
-    tb.push_back(rested(b));
-    r.push_back(ta.back() / tb.back());
-  }
-  return {median(ta), median(tb), median(r)};
 }
 
 static double rel_err(const T* d_out, const T* d_ref, size_t n) {
@@ -308,22 +277,6 @@ int main() {
     mode_row("diag: B not loaded", std::integral_constant<Mode, Mode::kDropB>{});
     mode_row("diag: A, B not loaded", std::integral_constant<Mode, Mode::kDropAB>{});
 #undef VARIANT
-    if (only == nullptr) {
-      // The issues' figure: each fused kernel against cuBLAS, alternated
-      // single launches on a rested GPU.
-      const TailScratchBuffer scratch(sms);
-      jo::TileShapeInfo tile{};
-      jo::tile_shape_info(0, &tile);
-      const jo::AgMatmulLaunch la{world1_operands(x, w, N, K), y, nullptr, M, tile.bk, world1_context(sms),
-                                  scratch.view()};
-      const jo::MatmulRsLaunch lr{world1_operands(x, w, N, K), y, M, world1_context(sms), scratch.view()};
-      auto ag = [&] { CHECK(jo::launch_ag_matmul(la, nullptr)); };
-      auto rs = [&] { CHECK(jo::launch_matmul_rs(lr, nullptr)); };
-      for (auto [name, p] : {std::pair{"ag_matmul", paired_ms(cublas, ag, 40)},
-                             std::pair{"matmul_rs", paired_ms(cublas, rs, 40)}})
-        std::printf("rested, alternated %-11s %7d %7d %7d  cuBLAS %.4f ms, kernel %.4f ms: kernel/cuBLAS %.3f\n",
-                    name, M, N, K, p.a_ms, p.b_ms, p.ratio);
-    }
     CHECK(cudaFree(x));
     CHECK(cudaFree(w));
     CHECK(cudaFree(wt));

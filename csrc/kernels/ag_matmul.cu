@@ -135,8 +135,8 @@ hipError_t launch_typed(const AgMatmulLaunch& l, hipStream_t stream) {
                     static_cast<int>(op.n), l.chunk_k, workers, group_cols,
                     ag_layout<Shape>(world, rows, op.k, l.chunk_k, sizeof(T)), l.ctx.peers, l.ctx.epoch, l.ctx.wd,
                     l.ctx.trace,
-                    tail_split<Eng>(kPeers ? TailScratch{} : l.tail, ceil_div(rows, Shape::BM) * ceil_div(op.n, Shape::BN),
-                                    grid)};
+                    tail_split<Eng>(kPeers ? TailScratch{} : l.tail,
+                                    ceil_div(rows, Shape::BM) * ceil_div(op.n, Shape::BN), grid)};
   kernel<<<grid, Shape::kThreads, Eng::kSmemBytes, stream>>>(a);
   return hipGetLastError();
 }
