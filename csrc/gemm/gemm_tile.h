@@ -152,12 +152,12 @@ __device__ __forceinline__ void plain_gemm_interior(int first, int stride, int t
 // When every tile is interior (rows, n and k whole tiles) and the tile
 // pipelines its fragments, the tiles take the fast loader, the stream-K tail
 // (tile_order.h TailSplit) when the launch has one, and a pipeline that runs
-// across units: each unit's first k-tiles are
-// copied before the previous unit's epilogue, whose stores then overlap the
-// copies' latency instead of preceding it. (Carrying the whole stage ring from
-// one tile into the next, copies issued in the previous tile's last
-// k-iterations, measured 5% slower on the H200: benchmarks/results/NOTES.md.)
-// Other GEMMs run whole tiles, one after the other.
+// across units: each unit's first k-tiles are copied before the previous
+// unit's epilogue, whose stores then overlap the copies' latency instead of
+// preceding it. (Carrying the whole stage ring from one tile into the next,
+// copies issued in the previous tile's last k-iterations, measured 5% slower
+// on the H200: benchmarks/results/NOTES.md.) Other GEMMs run whole tiles, one
+// after the other.
 template <class Eng, typename T, class OnTile>
 __device__ __forceinline__ void plain_gemm(const PlainGemm<T>& g, T* smem, int first, int stride,
                                            const TailSplit& split, OnTile&& on_tile) {

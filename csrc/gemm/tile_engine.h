@@ -351,24 +351,18 @@ struct TileEngine {
   static __device__ __forceinline__ void mainloop(Acc& acc, T* smem, const ARows& a, const BSource& b, int K,
                                                   WaitA&& wait_a) {
     zero(acc);
-    with_loader(a, b, K, [&](auto loader) {
-      const int k_tiles = (K + BK - 1) / BK;
+    const int k_tiles = (K + BK - 1) / BK;
+    auto run = [&](auto loader) {
       fill(smem, loader, k_tiles, wait_a);
       compute(acc, smem, loader, k_tiles, wait_a);
-    });
-  }
-
-  // fn(loader) with the tile's loader: FastLoader for interior tiles,
-  // CheckedLoader otherwise (a block-uniform choice).
-  template <class Fn>
-  static __device__ __forceinline__ void with_loader(const ARows& a, const BSource& b, int K, Fn&& fn) {
+    };
     if constexpr (kHasFastLoad) {
-      if (interior(a, b, K)) {
-        fn(FastLoader{fast_cursor(a, b)});
+      if (interior(a, b, K)) {  // block-uniform
+        run(FastLoader{fast_cursor(a, b)});
         return;
       }
     }
-    fn(CheckedLoader{a, b, K});
+    run(CheckedLoader{a, b, K});
   }
 
   // Software pipeline, in two calls so that a caller can run other work (the
