@@ -49,6 +49,7 @@ py::dict tile_shape_dict(int index) {
   d["bk"] = info.bk;
   d["threads"] = info.threads;
   d["smem_bytes"] = info.smem_bytes;
+  d["stream_k"] = info.stream_k;
   return d;
 }
 

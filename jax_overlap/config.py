@@ -37,6 +37,7 @@ class TileShape:
   bk: int
   threads: int
   smem_bytes: int
+  stream_k: bool = False  # its group-of-one kernels can end in the stream-K tail (tail_slots)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +108,8 @@ def tail_slots(tile: TileShape, rows: int, n: int, k: int, device: DeviceProps) 
   of output tiles by splitting the k-tiles of the last waves over all
   workgroups; its scratch has one slot per workgroup. The kernel takes it for
   GEMMs of whole tiles only (rows, n and k multiples of the tile;
-  csrc/gemm/gemm_tile.h plain_gemm). The grid is known here only for tiles of
+  csrc/gemm/gemm_tile.h plain_gemm), with the tiles the build compiles it for
+  (tile.stream_k: none on AMD). The grid is known here only for tiles of
   which one workgroup fills an SM's shared memory: other tiles, and calls
   whose tiles make whole waves or less than one, run whole tiles only.
   """
@@ -116,8 +118,8 @@ def tail_slots(tile: TileShape, rows: int, n: int, k: int, device: DeviceProps) 
   whole_tiles = rows % tile.bm == 0 and n % tile.bn == 0 and k % tile.bk == 0
   # w's row stride (n, or k for a transposed w) times bk must stay within the
   # kernel's 32-bit copy strides; checked for both layouts.
-  if (not whole_tiles or max(n, k) * tile.bk > 2 ** 24 or 2 * tile.smem_bytes <= device.smem_per_block
-      or tiles <= slots or tiles % slots == 0):
+  if (not tile.stream_k or not whole_tiles or max(n, k) * tile.bk > 2 ** 24
+      or 2 * tile.smem_bytes <= device.smem_per_block or tiles <= slots or tiles % slots == 0):
     return 0
   return slots
 

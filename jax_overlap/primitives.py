@@ -224,8 +224,6 @@ def _gpu_lowering(ctx, x, w, *bias, op, axis_name, axis_size, algorithm, w_kmajo
   sub_ctx = ctx.replace(avals_in=avals_in, avals_out=avals_out)
   tile = next(t for t in native.tile_shapes() if t.index == plan.tile)
   slots = config.tail_slots(tile, batch * m, n, k, runtime.device_props()) if world == 1 else 0
-  if nat.tail_scratch_bytes(plan.tile, slots) == 0:
-    slots = 0  # the build has no tail (AMD: csrc/gemm/tile_order.h)
   attrs = {**plan.attribute(), "w_kmajor": np.int64(w_kmajor), "region_offset": np.int64(region_offset),
            "region_bytes": np.int64(region_bytes), "tail_slots": np.int64(slots)}
   log.debug("jax_overlap.%s: fused (world %d, tile %d, workers %d, chunk_k %d; model %.0f us vs xla %.0f us)",

@@ -3,6 +3,7 @@
 Tile shapes and device properties are made up here; only their relations matter.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -222,8 +223,8 @@ def test_plan_takes_only_tiles_that_fit_shared_memory(op, rows):
 
 def test_tail_slots_only_for_a_partial_wave_of_whole_tiles_one_workgroup_per_sm():
   dev = config.DeviceProps(sm_count=132, smem_per_block=232448)
-  big = config.TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456)
-  small = config.TileShape(index=1, bm=128, bn=128, bk=32, threads=128, smem_bytes=65536)
+  big = config.TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456, stream_k=True)
+  small = config.TileShape(index=1, bm=128, bn=128, bk=32, threads=128, smem_bytes=65536, stream_k=True)
 
   def slots(tile, rows, n, k=512, device=dev):
     return config.tail_slots(tile, rows, n, k, device)
@@ -241,6 +242,7 @@ def test_tail_slots_only_for_a_partial_wave_of_whole_tiles_one_workgroup_per_sm(
   assert slots(big, 2048, 3584, k=2 ** 18 + 64) == 0  # the same for a transposed w
   half = config.DeviceProps(sm_count=132, smem_per_block=232448, ranks_per_gpu=2)
   assert slots(big, 2048, 3584, device=half) == 66  # a rank's share of the SMs
+  assert slots(dataclasses.replace(big, stream_k=False), 2048, 3584) == 0  # a build without the tail (AMD)
 
 
 @pytest.mark.parametrize("op", PLANNERS)
@@ -248,8 +250,10 @@ def test_group_of_one_takes_the_tile_whose_last_wave_its_tail_evens_out(op):
   # The H200's compiled tiles. 16384 x 8192 is 4096 tiles of 128 x 256 on 132 SMs, 31.03 waves:
   # whole waves would cost 32 x 32768, more than the 128 x 128 tile's 63 x 16384; but the large
   # tile's stream-K tail runs them as 31.03, the least work. With peers there is no tail.
-  big = config.TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456)
+  big = config.TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456, stream_k=True)
   small = config.TileShape(index=1, bm=128, bn=128, bk=32, threads=128, smem_bytes=65536)
   p, _ = plan(op, rows=16384, k=3584, n=8192, world=1, tiles=(big, small), algorithm="fused")
   assert p.tile == 0
+  no_tail = dataclasses.replace(big, stream_k=False)  # e.g. an AMD build: whole waves count again
+  assert plan(op, rows=16384, k=3584, n=8192, world=1, tiles=(no_tail, small), algorithm="fused")[0].tile == 1
   assert config.choose_tile((big, small), rows=16384, n=8192, slots=132).index == 1

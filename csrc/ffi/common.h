@@ -100,8 +100,8 @@ ffi::Error finish_launch(hipError_t launched, const Workspace& ws, hipStream_t s
 
 // A group-of-one call: its checked operands (gemm_call, plus `out` being
 // [..., m, n]), its launch context on this GPU and its stream-K tail scratch
-// (an XLA result of config.tail_slots slots, used as it comes: the kernel's
-// flags hold per-launch tags, gemm/tile_order.h). Such a call has no peer or
+// (an XLA result of config.tail_slots slots, used as it comes: the kernel
+// clears every flag it sets, gemm/tile_order.h). Such a call has no peer or
 // epoch, and its handler does no host work a replay would miss, so it is
 // declared command-buffer compatible: XLA may record it into the CUDA/HIP
 // graph around it instead of dispatching it from the host.

@@ -56,7 +56,8 @@ inline int band_columns(int col_tiles, int bn, int64_t k, int elem_bytes, int64_
 //
 // Compiled for NVIDIA only: on gfx942/gfx950 the tail's code put the 256x128
 // tile's accumulators in scratch memory (tools/check_isa.py), so AMD runs
-// whole tiles and reports no tail scratch (tail_scratch_bytes == 0).
+// whole tiles (its tiles take plain_gemm's tile-by-tile path) and reports no
+// tail scratch (tail_scratch_bytes == 0).
 #if JO_PLATFORM_HIP
 inline constexpr bool kTailSplitCompiled = false;
 #else

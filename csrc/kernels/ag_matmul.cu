@@ -147,7 +147,8 @@ bool tile_shape_info(int index, TileShapeInfo* info) {
   return gemm::with_tile_shape(index, [&](auto shape) {
     using S = decltype(shape);
     *info = TileShapeInfo{S::BM, S::BN, S::BK, S::kThreads,
-                          gemm::TileEngine<gpu::bf16, S, gemm::BLayout::kNMajor>::kSmemBytes};
+                          gemm::TileEngine<gpu::bf16, S, gemm::BLayout::kNMajor>::kSmemBytes,
+                          gemm::kTailSplitCompiled && S::kPipelineFrags};
   });
 }
 
@@ -164,7 +165,7 @@ uint64_t tail_scratch_bytes(int tile, int slots) {
   uint64_t bytes = 0;
   gemm::with_tile_shape(tile, [&](auto shape) {
     using S = decltype(shape);
-    bytes = gemm::tail_scratch_bytes(slots, S::BM * S::BN);
+    if (S::kPipelineFrags) bytes = gemm::tail_scratch_bytes(slots, S::BM * S::BN);  // as TileShapeInfo::stream_k
   });
   return bytes;
 }

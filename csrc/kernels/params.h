@@ -113,6 +113,7 @@ struct GemmOperands {
 // host and Python see it.
 struct TileShapeInfo {
   int bm, bn, bk, threads, smem_bytes;
+  bool stream_k;  // its group-of-one kernels can end in the stream-K tail (gemm/tile_order.h)
 };
 inline constexpr int kTileShapeCount = 2;
 // False when no tile shape has this index.
