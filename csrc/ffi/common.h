@@ -129,3 +129,20 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::FusedConfig, ::xla::ffi::StructMembe
                                       ::xla::ffi::StructMember<int64_t>("tail_slots"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::RegionConfig, ::xla::ffi::StructMember<int64_t>("region_offset"),
                                       ::xla::ffi::StructMember<int64_t>("region_bytes"));
+
+namespace jo {
+
+// The FFI signature of both ops' group-of-one targets (handlers.h).
+inline auto local_gemm_binding() {
+  return ::xla::ffi::Ffi::Bind()
+      .Ctx<::xla::ffi::PlatformStream<hipStream_t>>()
+      .Ctx<::xla::ffi::DeviceOrdinal>()
+      .Arg<::xla::ffi::AnyBuffer>()  // x [..., m, k]
+      .Arg<::xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
+      .Arg<::xla::ffi::AnyBuffer>()  // bias [n], or [0] for none
+      .Ret<::xla::ffi::AnyBuffer>()  // y [..., m, n]
+      .Ret<::xla::ffi::AnyBuffer>()  // stream-K tail scratch, u8 [tail_scratch_bytes]
+      .Attr<FusedConfig>("config");
+}
+
+}  // namespace jo

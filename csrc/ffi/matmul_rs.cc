@@ -67,14 +67,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsExecute, jo::MatmulRsExecute,
                                   .Attr<xla::ffi::Span<const int64_t>>("groups")
                                   .Attr<int64_t>("world"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsLocalExecute, jo::MatmulRsLocalExecute,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // x [..., m, k]
-                                  .Arg<xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
-                                  .Arg<xla::ffi::AnyBuffer>()  // bias [n], or [0] for none
-                                  .Ret<xla::ffi::AnyBuffer>()  // out [..., m, n]
-                                  .Ret<xla::ffi::AnyBuffer>()  // tail scratch, u8 [tail_scratch_bytes]
-                                  .Attr<jo::FusedConfig>("config"),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsLocalExecute, jo::MatmulRsLocalExecute, jo::local_gemm_binding(),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -181,11 +181,7 @@ __device__ __forceinline__ void plain_gemm(const PlainGemm<T>& g, T* smem, int f
                tc.col * Eng::BN, g.n, g.bias);
   };
 
-  // Like pipelined fragments (tile_engine.h), the pipeline across units pays
-  // for the 8-warp tile that has an SM to itself; the 4-warp tile shares its
-  // SM with a second workgroup, which hides its epilogue, and measured 22%
-  // slower with it (H200, benchmarks/results/NOTES.md).
-  if constexpr (Eng::kHasFastLoad && Eng::kPipelineFrags) {
+  if constexpr (Eng::kCrossTilePipeline) {
     if (Eng::interior_gemm(g.rows, g.n, g.k, ldb)) {
       plain_gemm_interior<Eng>(first, stride, row_tiles * col_tiles, k_tiles, split, smem, coord, a_rows, b_source,
                                store, on_tile);

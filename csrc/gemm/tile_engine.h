@@ -50,7 +50,6 @@ struct TileEngine {
   static constexpr int BK = Shape::BK;
   static constexpr int STAGES = Shape::STAGES;
   static constexpr int kThreads = Shape::kThreads;
-  static constexpr bool kPipelineFrags = Shape::kPipelineFrags;
   static constexpr bool kBKMajor = kBLayout == BLayout::kKMajor;
   // B's layout in shared memory: as in global memory, except for atoms that
   // read B k-contiguous only (MFMA), which get an [N, K] w transposed while it
@@ -159,6 +158,12 @@ struct TileEngine {
   // (row, k, n) for each 16-byte chunk of every k-tile: in the k-loop that
   // integer work competed with the MMAs for issue slots and registers.
   static constexpr bool kHasFastLoad = !(kBSmemKMajor && !kBKMajor);  // not for B transposed in registers
+  // plain_gemm's pipeline across tiles and stream-K tail (gemm_tile.h): for
+  // the tiles that pipeline fragments, the 8-warp tile that has an SM to
+  // itself; the 4-warp tile shares its SM with a second workgroup, which
+  // hides its epilogue, and measured 22% slower with them (H200,
+  // benchmarks/results/NOTES.md).
+  static constexpr bool kCrossTilePipeline = kHasFastLoad && Shape::kPipelineFrags;
 
   struct FastCursor {
     const T* a[kAPasses];  // this thread's A chunk of each pass, at the next k-tile

@@ -148,7 +148,8 @@ bool tile_shape_info(int index, TileShapeInfo* info) {
     using S = decltype(shape);
     *info = TileShapeInfo{S::BM, S::BN, S::BK, S::kThreads,
                           gemm::TileEngine<gpu::bf16, S, gemm::BLayout::kNMajor>::kSmemBytes,
-                          gemm::kTailSplitCompiled && S::kPipelineFrags};
+                          gemm::kTailSplitCompiled &&
+                              gemm::TileEngine<gpu::bf16, S, gemm::BLayout::kNMajor>::kCrossTilePipeline};
   });
 }
 
@@ -162,12 +163,9 @@ uint64_t ag_matmul_region_bytes(int world, int64_t rows, int64_t k, int tile, in
 }
 
 uint64_t tail_scratch_bytes(int tile, int slots) {
-  uint64_t bytes = 0;
-  gemm::with_tile_shape(tile, [&](auto shape) {
-    using S = decltype(shape);
-    if (S::kPipelineFrags) bytes = gemm::tail_scratch_bytes(slots, S::BM * S::BN);  // as TileShapeInfo::stream_k
-  });
-  return bytes;
+  TileShapeInfo info{};
+  if (!tile_shape_info(tile, &info) || !info.stream_k) return 0;
+  return gemm::tail_scratch_bytes(slots, info.bm * info.bn);
 }
 
 hipError_t launch_ag_matmul(const AgMatmulLaunch& l, hipStream_t stream) {
