@@ -14,6 +14,8 @@
 #include "kernels/ag_matmul.h"
 #include "kernels/all_gather.h"
 #include "kernels/matmul_rs.h"
+#include "pipelined/measure.h"
+#include "pipelined/schedule.h"
 #include "platform/gpu.h"
 #include "runtime/runtime.h"
 #include "runtime/sim_group.h"
@@ -57,7 +59,7 @@ py::object error_record(int ordinal) {
   Workspace* ws = Runtime::instance().workspace(ordinal);
   if (!ws) throw std::runtime_error("jax_overlap: GPU " + std::to_string(ordinal) + " has no workspace");
   const ErrorRecord& r = *ws->error_host;
-  if (!*static_cast<const volatile uint32_t*>(&r.valid)) return py::none();
+  if (!error_recorded(r)) return py::none();
   py::dict d;
   d["op"] = op_name(r.op);
   d["rank"] = r.rank;
@@ -86,7 +88,45 @@ SimMatmul sim_call(py::dict c) {
   s.bias = c["bias"].cast<std::vector<uintptr_t>>();
   s.out = c["out"].cast<std::vector<uintptr_t>>();
   if (c.contains("gathered")) s.gathered = c["gathered"].cast<std::vector<uintptr_t>>();
+  if (c.contains("scratch")) s.scratch = c["scratch"].cast<std::vector<uintptr_t>>();
+  if (c.contains("stages")) s.stages = c["stages"].cast<std::vector<int64_t>>();
+  if (c.contains("site")) s.site = c["site"].cast<uint32_t>();
+  if (c.contains("ranks")) s.ranks = c["ranks"].cast<std::vector<int>>();
+  if (c.contains("sync")) s.sync = c["sync"].cast<bool>();
   return s;
+}
+
+DType dtype_of(const std::string& name) {
+  if (name == "bfloat16") return DType::kBF16;
+  if (name == "float16") return DType::kF16;
+  throw std::invalid_argument("jax_overlap: the pipelined algorithm takes bfloat16 or float16, got " + name);
+}
+
+OpKind op_of(const std::string& name) {
+  if (name == "ag_matmul") return OpKind::kAgMatmul;
+  if (name == "matmul_rs") return OpKind::kMatmulRs;
+  throw std::invalid_argument("jax_overlap: no op " + name);
+}
+
+// A loopback call of the op (pipelined/schedule.h) from a dict of device pointers and sizes.
+pipelined::Operands loopback_operands(py::dict c, std::vector<int64_t>* stages) {
+  pipelined::Operands o{};
+  o.dtype = dtype_of(c["dtype"].cast<std::string>());
+  o.x = reinterpret_cast<const void*>(c["x"].cast<uintptr_t>());
+  o.w = reinterpret_cast<const void*>(c["w"].cast<uintptr_t>());
+  o.bias = reinterpret_cast<const void*>(c["bias"].cast<uintptr_t>());
+  o.out = reinterpret_cast<void*>(c["out"].cast<uintptr_t>());
+  o.gathered = reinterpret_cast<void*>(c.contains("gathered") ? c["gathered"].cast<uintptr_t>() : 0);
+  o.scratch = reinterpret_cast<void*>(c["scratch"].cast<uintptr_t>());
+  o.batch = c["batch"].cast<int64_t>();
+  o.m = c["m"].cast<int64_t>();
+  o.k = c["k"].cast<int64_t>();
+  o.n = c["n"].cast<int64_t>();
+  o.w_kmajor = c["w_kmajor"].cast<bool>();
+  *stages = c["stages"].cast<std::vector<int64_t>>();
+  o.stages = stages->data();
+  o.stage_count = static_cast<int>(stages->size());
+  return o;
 }
 
 }  // namespace
@@ -106,7 +146,7 @@ PYBIND11_MODULE(_native, m) {
     return d;
   });
   m.attr("MAX_WORLD") = kMaxWorld;
-  m.attr("REGIONS_OFFSET") = kRegionsOffset;
+  m.attr("DEFAULT_WATCHDOG_SECONDS") = kDefaultWatchdogSeconds;
 
   m.def("targets", [] {
     py::dict d;
@@ -144,6 +184,69 @@ PYBIND11_MODULE(_native, m) {
         py::arg("m_total"), py::arg("n"), py::arg("tile"), py::arg("elem_bytes"));
   m.def("all_gather_region_bytes", &all_gather_region_bytes, py::arg("world"), py::arg("rows"),
         py::arg("row_bytes"));
+  m.def(
+      "pipelined_region_bytes",
+      [](const std::string& op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int elem_bytes) {
+        return pipelined::region_bytes(op_of(op), world, batch, m, k, n, elem_bytes);
+      },
+      py::arg("op"), py::arg("world"), py::arg("batch"), py::arg("m"), py::arg("k"), py::arg("n"),
+      py::arg("elem_bytes"));
+  m.def(
+      "pipelined_scratch_bytes",
+      [](const std::string& op, int world, int64_t batch, int64_t m, int64_t n, int elem_bytes, bool loopback) {
+        return pipelined::scratch_bytes(op_of(op), world, batch, m, n, elem_bytes, loopback);
+      },
+      py::arg("op"), py::arg("world"), py::arg("batch"), py::arg("m"), py::arg("n"), py::arg("elem_bytes"),
+      py::arg("loopback") = false);
+  m.def(
+      "check_stages",
+      [](const std::string& op, int world, std::vector<int64_t> stages) {
+        throw_if_error(pipelined::check_stages(op_of(op), world, stages.data(), static_cast<int>(stages.size())));
+      },
+      py::arg("op"), py::arg("world"), py::arg("stages"));
+  m.def("prepare_vendor_blas", [](int ordinal) {
+    py::gil_scoped_release release;
+    blas::DeviceBlas* blas = nullptr;
+    throw_if_error(blas::DeviceBlas::get(ordinal, &blas));
+  });
+  m.def(
+      "time_gemms",
+      [](int ordinal, const std::string& dtype, std::vector<int64_t> rows, int64_t n, int64_t k, bool w_kmajor,
+         int repeats) {
+        std::vector<double> us;
+        py::gil_scoped_release release;
+        throw_if_error(pipelined::time_gemms(ordinal, dtype_of(dtype), rows, n, k, w_kmajor, repeats, &us));
+        return us;
+      },
+      py::arg("ordinal"), py::arg("dtype"), py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("w_kmajor") = false,
+      py::arg("repeats") = 5);
+  m.def(
+      "time_copy",
+      [](int ordinal, uintptr_t src, uint64_t bytes, int repeats) {
+        double us = 0;
+        py::gil_scoped_release release;
+        throw_if_error(pipelined::time_copy(ordinal, reinterpret_cast<const void*>(src), bytes, repeats, &us));
+        return us;
+      },
+      py::arg("ordinal"), py::arg("src"), py::arg("bytes"), py::arg("repeats") = 5);
+  m.def(
+      "time_loopback",
+      [](int ordinal, const std::string& op, int world, py::dict call, int repeats) {
+        std::vector<int64_t> stages;
+        const pipelined::Operands o = loopback_operands(call, &stages);
+        double us = 0;
+        py::gil_scoped_release release;
+        throw_if_error(pipelined::time_loopback(ordinal, op_of(op), o, world, repeats, &us));
+        return us;
+      },
+      py::arg("ordinal"), py::arg("op"), py::arg("world"), py::arg("call"), py::arg("repeats") = 10);
+  m.def("workspace_peer_base", [](int ordinal, int64_t global_id) {
+    Workspace* ws = Runtime::instance().workspace(ordinal);
+    if (ws == nullptr || !ws->peer_bases.count(global_id))
+      throw std::runtime_error("jax_overlap: device " + std::to_string(global_id) + " is not mapped on GPU " +
+                               std::to_string(ordinal));
+    return reinterpret_cast<uintptr_t>(ws->peer_bases.at(global_id));
+  });
 
   m.def("device_info", [](int ordinal) {
     DeviceInfo info;
@@ -156,29 +259,49 @@ PYBIND11_MODULE(_native, m) {
     d["name"] = info.name;
     return d;
   });
-  m.def("init_device", [](int ordinal, int64_t global_id, uint64_t bytes) {
-    throw_if_error(Runtime::instance().init_device(ordinal, global_id, bytes));
+  // Calls that allocate, synchronize or map memory release the GIL while they wait on the GPU.
+  m.def("init_device", [](int ordinal, int64_t global_id) {
+    py::gil_scoped_release release;
+    throw_if_error(Runtime::instance().init_device(ordinal, global_id));
+  });
+  m.def("allocate_workspace", [](int ordinal, uint64_t bytes) {
+    py::gil_scoped_release release;
+    throw_if_error(Runtime::instance().allocate_workspace(ordinal, bytes));
   });
   m.def("set_options", [](int ordinal, double watchdog_seconds, bool sync_after_launch, bool trace) {
+    py::gil_scoped_release release;
     throw_if_error(Runtime::instance().set_options(ordinal, watchdog_seconds, sync_after_launch, trace));
   });
+  m.def("set_abort_on_timeout", [](bool abort) { Runtime::instance().set_abort_on_timeout(abort); });
+  m.def("generation", [] { return Runtime::instance().generation(); });
   m.def("export_handle", [](int ordinal) {
     std::string h;
-    throw_if_error(Runtime::instance().export_handle(ordinal, &h));
+    {
+      py::gil_scoped_release release;
+      throw_if_error(Runtime::instance().export_handle(ordinal, &h));
+    }
     return py::bytes(h);
   });
   m.def("import_peer", [](int ordinal, int64_t peer_id, py::bytes handle) {
-    throw_if_error(Runtime::instance().import_peer(ordinal, peer_id, std::string(handle)));
+    const std::string h(handle);
+    py::gil_scoped_release release;
+    throw_if_error(Runtime::instance().import_peer(ordinal, peer_id, h));
   });
   m.def("map_local_peer", [](int ordinal, int peer_ordinal) {
+    py::gil_scoped_release release;
     throw_if_error(Runtime::instance().map_local_peer(ordinal, peer_ordinal));
   });
   m.def("set_ranks_per_gpu", [](int ordinal, int ranks) {
     throw_if_error(Runtime::instance().set_ranks_per_gpu(ordinal, ranks));
   });
   m.def("error_record", &error_record);
-  m.def("clear_error", [](int ordinal) {
-    throw_if_error(Runtime::instance().clear_error(ordinal));
+  m.def("stop_after_error", [](int ordinal) {
+    py::gil_scoped_release release;
+    throw_if_error(Runtime::instance().stop_after_error(ordinal));
+  });
+  m.def("restart_after_error", [](int ordinal) {
+    py::gil_scoped_release release;
+    throw_if_error(Runtime::instance().restart_after_error(ordinal));
   });
   m.def("read_trace", [](int ordinal) {
     std::string events;
@@ -219,6 +342,23 @@ PYBIND11_MODULE(_native, m) {
               int64_t row_bytes) {
              py::gil_scoped_release release;
              throw_if_error(g.all_gather(x, gathered, batch, m, row_bytes));
+           })
+      .def("pipelined_ag_matmul",
+           [](SimGroup& g, py::dict call) {
+             SimMatmul c = sim_call(call);
+             py::gil_scoped_release release;
+             throw_if_error(g.pipelined(OpKind::kAgMatmul, c));
+           })
+      .def("pipelined_matmul_rs",
+           [](SimGroup& g, py::dict call) {
+             SimMatmul c = sim_call(call);
+             py::gil_scoped_release release;
+             throw_if_error(g.pipelined(OpKind::kMatmulRs, c));
+           })
+      .def("synchronize",
+           [](SimGroup& g) {
+             py::gil_scoped_release release;
+             throw_if_error(g.synchronize());
            })
       .def("errors", &SimGroup::errors)
       .def("clear_errors",

@@ -28,11 +28,8 @@ from jax_overlap import _compat, config, native, partitioning, primitives
 def _check_algorithm(op: str, algorithm) -> None:
   if algorithm not in config.ALGORITHMS:
     raise ValueError(f"jax_overlap.{op}: algorithm must be one of {config.ALGORITHMS}, got {algorithm!r}")
-  if algorithm == "pipelined":
-    raise ValueError(f"jax_overlap.{op}: algorithm='pipelined' is not available in this version; "
-                     f"use 'auto', 'fused' or 'xla'")
-  if algorithm == "fused" and native.platform() is None:
-    raise ValueError(f"jax_overlap.{op}: algorithm='fused' needs the native GPU extension, and this "
+  if algorithm in ("fused", "pipelined") and native.platform() is None:
+    raise ValueError(f"jax_overlap.{op}: algorithm={algorithm!r} needs the native GPU extension, and this "
                      f"installation has none ({native.build_info().get('note', '')}); use 'auto' or 'xla'")
 
 

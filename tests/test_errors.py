@@ -115,28 +115,23 @@ def test_unknown_algorithm(op, algorithm):
     trace(op, spec((8, 16)), spec((16, 8)), algorithm=algorithm)
 
 
-@pytest.mark.parametrize("op", OPS)
-def test_pipelined_not_available(op):
-  with pytest.raises(ValueError, match=rf"{op}: algorithm='pipelined' is not available in this version"):
-    trace(op, spec((8, 16)), spec((16, 8)), algorithm="pipelined")
-
-
+@pytest.mark.parametrize("algorithm", ["fused", "pipelined"])
 @pytest.mark.parametrize("mode", ["shard_map", "global"])
 @pytest.mark.parametrize("op", OPS)
-def test_fused_on_cpu(op, mode, make_mesh):
-  """The platform is known only at lowering, so 'fused' on CPU fails there: when jit lowers, before running."""
+def test_gpu_algorithm_on_cpu(op, mode, algorithm, make_mesh):
+  """The platform is known only at lowering, so a GPU algorithm on CPU fails there: when jit lowers, before running."""
   if mode == "shard_map":
     mesh = make_mesh((4,), ("tp",))
     x_spec, w_spec = (P("tp", None), P(None, "tp")) if op == "ag_matmul" else (P(None, "tp"), P("tp", None))
-    f = jax.jit(jax.shard_map(lambda x, w: getattr(jax_overlap, op)(x, w, axis_name="tp", algorithm="fused"),
+    f = jax.jit(jax.shard_map(lambda x, w: getattr(jax_overlap, op)(x, w, axis_name="tp", algorithm=algorithm),
                               mesh=mesh, in_specs=(x_spec, w_spec), out_specs=P(None, "tp")))
   else:
-    f = jax.jit(lambda x, w: getattr(jax_overlap, op)(x, w, algorithm="fused"))
+    f = jax.jit(lambda x, w: getattr(jax_overlap, op)(x, w, algorithm=algorithm))
   x, w = jnp.asarray(np.random.default_rng(1).standard_normal((8, 16)), jnp.bfloat16), \
       jnp.asarray(np.random.default_rng(2).standard_normal((16, 8)), jnp.bfloat16)
   # With the GPU extension built it fails at lowering for cpu; on a pure-Python install, already at trace time.
-  with pytest.raises(ValueError, match=rf"(?s){op}: algorithm='fused' (runs on GPU|needs the native GPU extension)"
-                                      rf".*'auto' or 'xla'"):
+  with pytest.raises(ValueError, match=rf"(?s){op}: algorithm='{algorithm}' (runs on GPU|needs the native GPU "
+                                      rf"extension).*'auto' or 'xla'"):
     f.lower(x, w)
 
 

@@ -12,31 +12,56 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_overlap
-from jax_overlap import config, native, runtime
+from jax_overlap import calibration, config, gpu_lowering, native, pipeline_plan, runtime
 
 pytestmark = pytest.mark.skipif(native.platform() != "cuda", reason="needs the CUDA build of the extension")
+
+# Stand-in measurements: the GEMM at 700 TFLOP/s, each chunk's share of it 5% slower than the whole.
+_GEMM_FLOPS_PER_US = 7e8
+
+
+def _figures(link_bytes_per_us):
+  def figures(op, dtype_name, rows, k, n, world, w_kmajor, shared):
+    chunk = pipeline_plan.chunk_rows(op, rows, world)
+    gemm = tuple(2.0 * s * chunk * k * n / _GEMM_FLOPS_PER_US * (1.05 if s < world else 1.0)
+                 for s in range(1, world + 1))
+    return pipeline_plan.Figures(gemm, pipeline_plan.chunk_bytes(op, rows, k, n, world), link_bytes_per_us, 2e6)
+  return figures
 
 
 @pytest.fixture
 def fake_gpu_runtime(monkeypatch):
-  """A runtime that believes it has every CPU device as a reachable GPU."""
+  """A runtime that believes it has every CPU device as a reachable GPU, with a 300 GB/s link."""
   monkeypatch.setattr(runtime._state, "active", True)
   monkeypatch.setattr(runtime._state, "workspace_bytes", 1 << 30)
-  monkeypatch.setattr(runtime._state, "next_offset", native.module().REGIONS_OFFSET)
+  monkeypatch.setattr(runtime._state, "next_offset", 0)
   monkeypatch.setattr(runtime._state, "regions", {})
   monkeypatch.setattr(runtime._state, "reachable", {d.id for d in jax.devices()})
+  monkeypatch.setattr(runtime._state, "link_bytes_per_us", 3e5)
   monkeypatch.setattr(runtime, "initialize", lambda **kw: runtime.workspace_info())
   monkeypatch.setattr(runtime, "device_props", lambda: config.DeviceProps(sm_count=132, smem_per_block=232448))
+  monkeypatch.setattr(runtime, "local_device_ids", lambda: {d.id for d in jax.devices()})
+  monkeypatch.setattr(runtime, "generation", lambda: 7)
   monkeypatch.setattr(native, "ensure_registered", lambda: None)
+  monkeypatch.setattr(gpu_lowering, "_vendor_blas", lambda: None)
+  monkeypatch.setattr(calibration, "figures", _figures(3e5))
 
 
 def _custom_calls(text):
   return [line for line in text.splitlines() if "stablehlo.custom_call @jax_overlap" in line]
 
 
+def _ints(line, name):
+  """An integer-array attribute of a custom call, as either JAX version prints it (a splat included)."""
+  found = re.search(rf"{name} = (?:dense<(\[?[-\d, ]+\]?)> : tensor<(\d+)xi64>|array<i64: ([-\d, ]+)>)", line)
+  if found.group(3):
+    return [int(v) for v in found.group(3).split(",")]
+  values = [int(v) for v in found.group(1).strip("[]").split(",")]
+  return values * int(found.group(2)) if len(values) == 1 else values
+
+
 def _groups(line):
-  ids = re.search(r"groups = (?:dense<\[?([-\d, ]+)\]?>|array<i64: ([-\d, ]+)>)", line)
-  return [int(v) for v in (ids.group(1) or ids.group(2)).split(",")]
+  return _ints(line, "groups")
 
 
 @pytest.mark.parametrize("axis,want", [("tp", [0, 1, 2, 3, 4, 5, 6, 7]), ("dp", [0, 4, 1, 5, 2, 6, 3, 7])])
@@ -107,3 +132,137 @@ def test_group_of_one_with_a_partial_wave_gets_tail_scratch(fake_gpu_runtime, ma
   nbytes = native.module().tail_scratch_bytes(0, slots)
   assert nbytes == (1056 + 132 * 128 * 256 * 4 if slots else 0)  # 8-byte flags (16-byte multiple), fp32 tiles
   assert re.search(rf"-> \(tensor<2048x3584xbf16>, tensor<{nbytes}xui8>\)$", calls[0].split(" : ")[-1].strip())
+
+
+def _lowered(f, *args) -> str:
+  return f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _op_fn(op, mesh, algorithm, axis="tp"):
+  specs = {"ag_matmul": (P(axis), P(None, axis), P(None, axis)), "matmul_rs": (P(None, axis), P(axis), P(axis))}
+  x_spec, w_spec, out_spec = specs[op]
+  fn = getattr(jax_overlap, op)
+  return jax.jit(jax.shard_map(lambda x, w: fn(x, w, axis_name=axis, algorithm=algorithm), mesh=mesh,
+                               in_specs=(x_spec, w_spec), out_specs=out_spec))
+
+
+def _operands(op, world, rows, k, n):
+  """Global x, w (shapes only) whose per-rank GEMM is [rows, k] @ [k, n] (ag_matmul: rows of the gathered x)."""
+  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+  if op == "ag_matmul":
+    return spec(rows, k), spec(k, world * n)
+  return spec(rows, world * k), spec(world * k, n)
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_pipelined_lowers_to_its_target_with_its_plan(fake_gpu_runtime, make_mesh, op):
+  mesh = make_mesh((4,), ("tp",))
+  calls = _custom_calls(_lowered(_op_fn(op, mesh, "pipelined"), *_operands(op, 4, 4096, 512, 256)))
+  assert len(calls) == 1 and f"@jax_overlap_{op}_pipelined(" in calls[0], calls
+  stages = _ints(calls[0], "stages")
+  assert sum(stages) == 4 and all(s >= 1 for s in stages)
+  if op == "ag_matmul":
+    assert stages[0] == 1  # its own shard first, alone
+  assert "site = 1" in calls[0] and "generation = 7" in calls[0] and "world = 4" in calls[0]
+  assert _groups(calls[0]) == [0, 1, 2, 3]
+  m = 1024 if op == "ag_matmul" else 4096  # x's rows per rank
+  scratch = native.module().pipelined_scratch_bytes(op, 4, 1, m, 256, 2)
+  assert f"tensor<{scratch}xui8>" in calls[0].split(" : ")[-1]
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_pipelined_group_of_one_is_the_vendor_gemm(fake_gpu_runtime, make_mesh, op):
+  mesh = make_mesh((8, 1), ("dp", "tp"))
+  fn = getattr(jax_overlap, op)
+  f = jax.jit(jax.shard_map(lambda x, w: fn(x, w, axis_name="tp", algorithm="pipelined"), mesh=mesh,
+                            in_specs=(P("dp"), P()), out_specs=P(("dp", "tp"))))
+  calls = _custom_calls(_lowered(f, jnp.zeros((256, 512), jnp.bfloat16), jnp.zeros((512, 256), jnp.bfloat16)))
+  assert len(calls) == 1 and "@jax_overlap_vendor_gemm(" in calls[0]
+  workspace = native.module().pipelined_scratch_bytes(op, 1, 1, 32, 256, 2)
+  assert re.search(rf"-> \(tensor<32x256xbf16>, tensor<{workspace}xui8>\)$", calls[0].split(" : ")[-1].strip())
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+@pytest.mark.parametrize("link,target", [(3e5, "pipelined"), (3e7, None)])
+def test_auto_takes_pipelined_where_the_cost_model_says_so(fake_gpu_runtime, monkeypatch, make_mesh, op, link,
+                                                           target):
+  # 300 GB/s: the transfer is a quarter of the GEMM and overlapping it pays; 30 TB/s: it is nearly free, and
+  # chunking only costs.
+  monkeypatch.setattr(calibration, "figures", _figures(link))
+  monkeypatch.setattr(runtime._state, "link_bytes_per_us", link)
+  calls = _custom_calls(_lowered(_op_fn(op, make_mesh((8,), ("tp",)), "auto"), *_operands(op, 8, 16384, 8192, 8192)))
+  if target is None:
+    assert calls == []
+  else:
+    assert len(calls) == 1 and f"@jax_overlap_{op}_{target}(" in calls[0]
+
+
+def _refuse(*args, **kwargs):
+  raise AssertionError("nothing may be set up for this call")
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_xla_and_a_group_of_one_under_auto_set_nothing_up(fake_gpu_runtime, monkeypatch, make_mesh, op):
+  monkeypatch.setattr(runtime, "initialize", _refuse)
+  monkeypatch.setattr(runtime, "prepare_devices", _refuse)
+  monkeypatch.setattr(runtime, "region", _refuse)
+  assert _custom_calls(_lowered(_op_fn(op, make_mesh((4,), ("tp",)), "xla"), *_operands(op, 4, 256, 64, 64))) == []
+  mesh = make_mesh((8, 1), ("dp", "tp"))
+  fn = getattr(jax_overlap, op)
+  f = jax.jit(jax.shard_map(lambda x, w: fn(x, w, axis_name="tp", algorithm="auto"), mesh=mesh,
+                            in_specs=(P("dp"), P()), out_specs=P(("dp", "tp"))))
+  assert _custom_calls(_lowered(f, jnp.zeros((256, 512), jnp.bfloat16), jnp.zeros((512, 256), jnp.bfloat16))) == []
+
+
+@pytest.mark.parametrize("algorithm", ["fused", "pipelined", "auto"])
+def test_kill_switch_forces_the_xla_path(fake_gpu_runtime, monkeypatch, make_mesh, algorithm):
+  monkeypatch.setenv(gpu_lowering.KILL_SWITCH, "1")
+  text = _lowered(_op_fn("ag_matmul", make_mesh((4,), ("tp",)), algorithm), *_operands("ag_matmul", 4, 16384, 8192, 8192))
+  assert _custom_calls(text) == [] and "all_gather" in text
+
+
+def test_call_sites_sharing_a_region_get_their_own_numbers(fake_gpu_runtime, make_mesh):
+  mesh = make_mesh((4,), ("tp",))
+
+  def two_layers(x, w1, w2, b):  # the same shapes; one with a bias (JAX lowers identical calls once)
+    y = jax_overlap.ag_matmul(x, w1, axis_name="tp", algorithm="pipelined")
+    return jax_overlap.ag_matmul(x, w2, b, axis_name="tp", algorithm="pipelined") + y
+
+  f = jax.jit(jax.shard_map(two_layers, mesh=mesh, in_specs=(P("tp"), P(None, "tp"), P(None, "tp"), P("tp")),
+                            out_specs=P(None, "tp")))
+  x, w = _operands("ag_matmul", 4, 1024, 256, 128)
+  calls = _custom_calls(_lowered(f, x, w, w, jnp.zeros((512,), jnp.bfloat16)))
+  assert len(calls) == 2 and len(runtime._state.regions) == 1  # one region, shared
+  assert [int(re.search(r"site = (\d+)", c).group(1)) for c in calls] == [1, 2]
+  assert len({re.search(r"region_offset = (\d+)", c).group(1) for c in calls}) == 1
+
+
+def test_only_this_process_groups_must_be_reachable(fake_gpu_runtime, monkeypatch, make_mesh):
+  # This process has devices 0-3 (one host); 4-7 are another host's, never mapped here.
+  monkeypatch.setattr(runtime, "local_device_ids", lambda: {0, 1, 2, 3})
+  monkeypatch.setattr(runtime._state, "reachable", {0, 1, 2, 3})
+  x, w = jnp.zeros((256, 512), jnp.bfloat16), jnp.zeros((512, 256), jnp.bfloat16)
+  # tp inside the host (dp across hosts): this process's group is reachable.
+  mesh = make_mesh((2, 4), ("dp", "tp"))
+  f = jax.jit(jax.shard_map(lambda x, w: jax_overlap.ag_matmul(x, w, axis_name="tp", algorithm="fused"), mesh=mesh,
+                            in_specs=(P("tp"), P()), out_specs=P("tp")))
+  calls = _custom_calls(_lowered(f, x, w))
+  assert len(calls) == 1 and _groups(calls[0]) == [0, 1, 2, 3, 4, 5, 6, 7]
+  # tp across the hosts: refused when asked for, the XLA path under auto.
+  mesh = make_mesh((2, 4), ("tp", "dp"))
+  for algorithm in ("fused", "auto"):
+    f = jax.jit(jax.shard_map(lambda x, w: jax_overlap.ag_matmul(x, w, axis_name="tp", algorithm=algorithm),
+                              mesh=mesh, in_specs=(P("tp"), P()), out_specs=P("tp")))
+    if algorithm == "fused":
+      with pytest.raises(ValueError, match="cannot take this call: the group spans devices this process cannot reach"):
+        _lowered(f, x, w)
+    else:
+      assert _custom_calls(_lowered(f, x, w)) == []
+
+
+def test_a_full_workspace_falls_back_under_auto_and_raises_when_asked_for(fake_gpu_runtime, monkeypatch, make_mesh):
+  monkeypatch.setattr(runtime._state, "workspace_bytes", 4096)
+  args = _operands("matmul_rs", 8, 16384, 8192, 8192)
+  assert _custom_calls(_lowered(_op_fn("matmul_rs", make_mesh((8,), ("tp",)), "auto"), *args)) == []
+  with pytest.raises(ValueError, match=r"algorithm='pipelined' cannot take this call: .*bytes of symmetric workspace"):
+    _lowered(_op_fn("matmul_rs", make_mesh((8,), ("tp",)), "pipelined"), *args)

@@ -9,8 +9,8 @@ import pytest
 import jax_overlap
 from jax_overlap import native, runtime, tracing
 
-WORKSPACE_KEYS = {"active", "workspace_bytes", "used_bytes", "regions", "watchdog_seconds", "sync_after_launch",
-                  "trace", "devices", "reachable_devices"}
+WORKSPACE_KEYS = {"active", "workspace_bytes", "used_bytes", "regions", "watchdog_seconds", "on_timeout",
+                  "sync_after_launch", "trace", "devices", "reachable_devices", "link_gbps"}
 
 
 def test_public_names():
@@ -37,15 +37,29 @@ def test_initialize_says_what_it_would_do(caplog, monkeypatch):
   assert f"would allocate {3 << 28} bytes per GPU" in text and "2.5 s" in text
 
 
+def test_default_watchdog_is_minutes_and_has_one_source(monkeypatch):
+  monkeypatch.delenv("JAX_OVERLAP_WATCHDOG_SECONDS", raising=False)
+  assert runtime.default_watchdog_seconds() >= 60
+  if native.module() is not None:  # the native runtime's constant is the only one
+    assert runtime.default_watchdog_seconds() == native.module().DEFAULT_WATCHDOG_SECONDS
+  assert jax_overlap.workspace_info()["watchdog_seconds"] == runtime.default_watchdog_seconds()
+
+
+def test_infinite_watchdog_is_accepted():
+  assert jax_overlap.initialize(watchdog_seconds=float("inf"))["active"] is False
+
+
 def test_initialize_is_idempotent():
   first = jax_overlap.initialize(trace=True, sync_after_launch=True)
   assert jax_overlap.initialize() == first
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(workspace_bytes=0), r"initialize: workspace_bytes must be larger than the workspace header .*got 0"),
-    (dict(watchdog_seconds=0), r"initialize: watchdog_seconds must be positive, got 0"),
-    (dict(watchdog_seconds=-1.0), r"initialize: watchdog_seconds must be positive, got -1.0"),
+    (dict(workspace_bytes=0), r"initialize: workspace_bytes must be positive, got 0"),
+    (dict(watchdog_seconds=0), r"initialize: watchdog_seconds must be positive \(math.inf for none\), got 0"),
+    (dict(watchdog_seconds=-1.0), r"initialize: watchdog_seconds must be positive \(math.inf for none\), got -1.0"),
+    (dict(watchdog_seconds=float("nan")), r"initialize: watchdog_seconds must be positive .*got nan"),
+    (dict(on_timeout="exit"), r"initialize: on_timeout must be one of \('abort', 'raise'\), got 'exit'"),
 ])
 def test_initialize_rejects_bad_settings(kwargs, match):
   with pytest.raises(ValueError, match=match):

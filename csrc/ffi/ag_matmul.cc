@@ -5,33 +5,42 @@
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 #include "kernels/ag_matmul.h"
+#include "kernels/pipeline_kernels.h"
 
 namespace jo {
 namespace {
 
 ffi::ErrorOr<std::unique_ptr<CallState>> AgMatmulInstantiate(FusedConfig config, ffi::Span<const int64_t> groups,
                                                              int64_t world) {
-  return make_call_state(groups, world, config.region_offset, config.region_bytes);
+  return make_call_state(groups, world, {config.region_offset, config.region_bytes, config.generation});
 }
 
 ffi::Error AgMatmulExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
                            ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
                            ffi::Result<ffi::AnyBuffer> gathered, FusedConfig config,
                            ffi::Span<const int64_t> /*groups*/, int64_t world) {
-  const auto call = gemm_call("ag_matmul", x, w, bias, {&*y, &*gathered}, config);
+  auto call = gemm_call("ag_matmul", x, w, bias, {&*y, &*gathered}, config.w_kmajor != 0);
   if (call.has_error()) return call.error();
-  const GemmOperands& op = call.value().op;
+  GemmOperands& op = call.value().op;
+  op.tile = static_cast<int>(config.tile);
+  op.workers = static_cast<int>(config.workers);
   const int64_t m = call.value().m;
-  if (static_cast<int64_t>(y->element_count()) != op.batch * world * m * op.n ||
-      static_cast<int64_t>(gathered->element_count()) != (world > 1 ? op.batch * world * m * op.k : 0))
-    return ffi::Error::InvalidArgument("jax_overlap ag_matmul: result shapes do not match x, w and the group");
+  if (auto e = check_elements("ag_matmul", "result y", *y, op.batch * world * m * op.n); e.failure()) return e;
+  if (auto e = check_elements("ag_matmul", "result gathered", *gathered, world > 1 ? op.batch * world * m * op.k : 0);
+      e.failure())
+    return e;
 
   const auto bound = prepare_call(state, ordinal);
   if (bound.has_error()) return bound.error();
   const GroupBinding& g = *bound.value();
   const AgMatmulLaunch l{op, y->untyped_data(), world > 1 ? gathered->untyped_data() : nullptr, m,
                          static_cast<int>(config.chunk_k), call_context(g, OpKind::kAgMatmul)};
-  return finish_launch(launch_ag_matmul(l, stream), *g.ws, stream, "ag_matmul");
+  hipError_t launched = launch_ag_matmul(l, stream);
+  // A timed-out call's tiles hold whatever arrived: none of it may look like a result.
+  if (launched == hipSuccess)
+    launched = launch_poison_if_aborted(g.ws->abort_flag(), y->untyped_data(), y->size_bytes(),
+                                        gathered->untyped_data(), gathered->size_bytes(), stream);
+  return finish_launch(launched, *g.ws, stream, "ag_matmul");
 }
 
 // A group of one: y = x @ w (+ bias), nothing gathered.

@@ -4,13 +4,14 @@
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 #include "kernels/all_gather.h"
+#include "kernels/pipeline_kernels.h"
 
 namespace jo {
 namespace {
 
 ffi::ErrorOr<std::unique_ptr<CallState>> AllGatherInstantiate(RegionConfig config, ffi::Span<const int64_t> groups,
                                                               int64_t world) {
-  return make_call_state(groups, world, config.region_offset, config.region_bytes);
+  return make_call_state(groups, world, {config.region_offset, config.region_bytes, config.generation});
 }
 
 ffi::Error AllGatherExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
@@ -39,7 +40,11 @@ ffi::Error AllGatherExecute(hipStream_t stream, int32_t ordinal, CallState* stat
   l.m = m;
   l.row_bytes = row_bytes;
   l.ctx = call_context(g, OpKind::kAllGather);
-  return finish_launch(launch_all_gather(l, stream), *g.ws, stream, "all_gather");
+  hipError_t launched = launch_all_gather(l, stream);
+  if (launched == hipSuccess)
+    launched = launch_poison_if_aborted(g.ws->abort_flag(), gathered->untyped_data(), gathered->size_bytes(), nullptr,
+                                        0, stream);
+  return finish_launch(launched, *g.ws, stream, "all_gather");
 }
 
 }  // namespace

@@ -10,15 +10,16 @@ ffi::TypeId CallState::id = {};
 const XLA_FFI_TypeInfo kCallStateTypeInfo = ffi::MakeTypeInfo<CallState>();
 
 ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t> groups, int64_t world,
-                                                          int64_t region_offset, int64_t region_bytes) {
+                                                          const RegionPlacement& region) {
   if (world < 1 || world > kMaxWorld)
-    return ffi::Unexpected(ffi::Error::InvalidArgument("jax_overlap: group size " + std::to_string(world) + " is not in [1, " +
-                                       std::to_string(kMaxWorld) + "]"));
+    return ffi::Unexpected(invalid_argument("call", "the group size", "1 to " + std::to_string(kMaxWorld),
+                                            std::to_string(world)));
   auto state = std::make_unique<CallState>();
   state->groups.assign(groups.begin(), groups.end());
   state->world = static_cast<int>(world);
-  state->region_offset = static_cast<uint64_t>(region_offset);
-  state->region_bytes = static_cast<uint64_t>(region_bytes);
+  state->region_offset = static_cast<uint64_t>(region.offset);
+  state->region_bytes = static_cast<uint64_t>(region.bytes);
+  state->generation = static_cast<uint64_t>(region.generation);
   return state;
 }
 
@@ -26,6 +27,12 @@ ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal
   if (ordinal < 0 || ordinal >= kMaxLocalDevices)
     return ffi::Unexpected(ffi::Error::InvalidArgument("jax_overlap: device ordinal " + std::to_string(ordinal) +
                                                        " out of range"));
+  // Checked before the binding is touched: after shutdown() it points at freed memory.
+  if (state->generation != Runtime::instance().generation())
+    return ffi::Unexpected(ffi::Error(
+        ffi::ErrorCode::kFailedPrecondition,
+        "jax_overlap: this compiled call was lowered for a workspace that jax_overlap.shutdown() freed; trace and "
+        "compile it again (for example after jax.clear_caches())"));
   GroupBinding& binding = state->bindings[ordinal];
   if (!state->bound[ordinal]) {
     const Status s = Runtime::instance().bind_group(ordinal, state->groups.data(), state->groups.size(),
@@ -35,7 +42,7 @@ ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal
     state->bound[ordinal] = true;
   }
   const Workspace& ws = *binding.ws;
-  if (*static_cast<volatile uint32_t*>(&ws.error_host->valid) != 0)
+  if (error_recorded(*ws.error_host))
     return ffi::Unexpected(ffi::Error::Internal(describe_error(*ws.error_host, ws.info.ticks_per_second)));
   return &binding;
 }
@@ -60,39 +67,49 @@ int64_t leading_batch(ffi::Span<const int64_t> dims) {
   return b;
 }
 
+ffi::Error invalid_argument(const char* op, const char* name, const std::string& expected, const std::string& got) {
+  return ffi::Error::InvalidArgument(std::string("jax_overlap ") + op + ": invalid " + name + ": expected " + expected +
+                                     ", got " + got);
+}
+
+ffi::Error check_elements(const char* op, const char* name, const ffi::AnyBuffer& buffer, int64_t elements) {
+  if (static_cast<int64_t>(buffer.element_count()) == elements) return ffi::Error::Success();
+  return invalid_argument(op, name, std::to_string(elements) + " elements",
+                          dims_str(buffer.dimensions()) + " (" + std::to_string(buffer.element_count()) + ")");
+}
+
 ffi::ErrorOr<GemmCall> gemm_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
                                  const ffi::AnyBuffer& bias, std::initializer_list<const ffi::AnyBuffer*> results,
-                                 const FusedConfig& config) {
+                                 bool w_kmajor) {
   // Strings only on the error path: this runs on every call.
-  auto invalid = [&](const std::string& what) {
-    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string("jax_overlap ") + op + ": " + what));
-  };
   const auto dtype = kernel_dtype(x.element_type());
-  if (!dtype) return invalid("x must be bfloat16 or float16");
+  if (!dtype) return ffi::Unexpected(invalid_argument(op, "dtype of x", "bfloat16 or float16", "another dtype"));
   bool same = w.element_type() == x.element_type() && (!bias.element_count() || bias.element_type() == x.element_type());
   for (const ffi::AnyBuffer* r : results) same = same && (!r->element_count() || r->element_type() == x.element_type());
-  if (!same) return invalid("w, bias and the results must have x's dtype");
+  if (!same) return ffi::Unexpected(invalid_argument(op, "dtypes", "w, bias and the results in x's dtype", "others"));
   const auto xd = x.dimensions();
   const auto wd = w.dimensions();
-  if (xd.size() < 2 || wd.size() != 2)
-    return invalid("x must be [..., m, k] and w 2-D, got x " + dims_str(xd) + ", w " + dims_str(wd));
+  if (xd.size() < 2) return ffi::Unexpected(invalid_argument(op, "shape of x", "[..., m, k]", dims_str(xd)));
   GemmCall c{};
   c.m = xd[xd.size() - 2];
   c.op.k = xd[xd.size() - 1];
-  c.op.n = config.w_kmajor ? wd[0] : wd[1];
-  if ((config.w_kmajor ? wd[1] : wd[0]) != c.op.k)
-    return invalid("w " + dims_str(wd) + " does not contract with x " + dims_str(xd));
+  if (wd.size() != 2 || (w_kmajor ? wd[1] : wd[0]) != c.op.k)
+    return ffi::Unexpected(invalid_argument(op, "shape of w", w_kmajor ? "[n, k] with k = x's last dim" :
+                                                                         "[k, n] with k = x's last dim",
+                                            dims_str(wd) + " for x " + dims_str(xd)));
+  c.op.n = w_kmajor ? wd[0] : wd[1];
   if (bias.element_count() != 0 && static_cast<int64_t>(bias.element_count()) != c.op.n)
-    return invalid("bias must have " + std::to_string(c.op.n) + " elements");
-  if (c.op.k % 8 || c.op.n % 8) return invalid("k and n must be multiples of 8");
+    return ffi::Unexpected(invalid_argument(op, "shape of bias", "[" + std::to_string(c.op.n) + "] or none",
+                                            dims_str(bias.dimensions())));
+  if (c.op.k % 8 || c.op.n % 8)
+    return ffi::Unexpected(invalid_argument(op, "k and n", "multiples of 8",
+                                            "k = " + std::to_string(c.op.k) + ", n = " + std::to_string(c.op.n)));
   c.op.dtype = *dtype;
-  c.op.tile = static_cast<int>(config.tile);
-  c.op.w_kmajor = config.w_kmajor != 0;
+  c.op.w_kmajor = w_kmajor;
   c.op.x = x.untyped_data();
   c.op.w = w.untyped_data();
   c.op.bias = bias.element_count() ? bias.untyped_data() : nullptr;
   c.op.batch = leading_batch(xd);
-  c.op.workers = static_cast<int>(config.workers);
   return c;
 }
 
@@ -113,19 +130,21 @@ ffi::Error launch_status(hipError_t launched, const char* op) {
 ffi::ErrorOr<LocalCall> local_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
                                    const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out, ffi::AnyBuffer scratch,
                                    const FusedConfig& config, int32_t ordinal) {
-  auto call = gemm_call(op, x, w, bias, {&out}, config);
+  auto call = gemm_call(op, x, w, bias, {&out}, config.w_kmajor != 0);
   if (call.has_error()) return ffi::Unexpected(call.error());
+  call.value().op.tile = static_cast<int>(config.tile);
   const GemmOperands& g = call.value().op;
-  if (static_cast<int64_t>(out.element_count()) != g.batch * call.value().m * g.n)
-    return ffi::Unexpected(
-        ffi::Error::InvalidArgument(std::string("jax_overlap ") + op + ": result shape does not match x and w"));
+  if (auto e = check_elements(op, "result y", out, g.batch * call.value().m * g.n); e.failure())
+    return ffi::Unexpected(std::move(e));
   const Workspace* ws = Runtime::instance().workspace(ordinal);
   if (ws == nullptr)
     return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition, not_initialized(ordinal).message));
   const int slots = static_cast<int>(config.tail_slots);
   if (config.tail_slots < 0 || scratch.size_bytes() != tail_scratch_bytes(static_cast<int>(config.tile), slots))
-    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string("jax_overlap ") + op +
-                                                       ": tail scratch does not match config.tail_slots"));
+    return ffi::Unexpected(invalid_argument(op, "tail scratch",
+                                            std::to_string(tail_scratch_bytes(static_cast<int>(config.tile), slots)) +
+                                                " bytes for config.tail_slots = " + std::to_string(slots),
+                                            std::to_string(scratch.size_bytes()) + " bytes"));
   LocalCall c{call.value(), CallContext{},
               TailScratch{slots > 0 ? scratch.untyped_data() : nullptr, slots, ws->timeout_ticks}};
   c.ctx.peers.world = 1;
@@ -134,16 +153,28 @@ ffi::ErrorOr<LocalCall> local_call(const char* op, const ffi::AnyBuffer& x, cons
   return c;
 }
 
+namespace {
+
+ffi::Error sync_verdict(const Workspace& ws, hipStream_t stream, const char* op) {
+  if (!ws.sync_after_launch) return ffi::Error::Success();
+  const hipError_t synced = hipStreamSynchronize(stream);
+  if (synced != hipSuccess)
+    return ffi::Error::Internal(std::string("jax_overlap: ") + op + " failed: " + hipGetErrorString(synced));
+  if (error_recorded(*ws.error_host))
+    return ffi::Error::Internal(describe_error(*ws.error_host, ws.info.ticks_per_second));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
 ffi::Error finish_launch(hipError_t launched, const Workspace& ws, hipStream_t stream, const char* op) {
   if (launched != hipSuccess) return launch_status(launched, op);
-  if (ws.sync_after_launch) {
-    const hipError_t synced = hipStreamSynchronize(stream);
-    if (synced != hipSuccess)
-      return ffi::Error::Internal(std::string("jax_overlap: ") + op + " failed: " + hipGetErrorString(synced));
-    if (*static_cast<volatile uint32_t*>(&ws.error_host->valid) != 0)
-      return ffi::Error::Internal(describe_error(*ws.error_host, ws.info.ticks_per_second));
-  }
-  return ffi::Error::Success();
+  return sync_verdict(ws, stream, op);
+}
+
+ffi::Error finish_launch(const Status& enqueued, const Workspace& ws, hipStream_t stream, const char* op) {
+  if (!enqueued.ok()) return ffi::Error::Internal(std::string("jax_overlap ") + op + ": " + enqueued.message);
+  return sync_verdict(ws, stream, op);
 }
 
 }  // namespace jo

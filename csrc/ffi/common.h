@@ -27,12 +27,25 @@ struct FusedConfig {
   int64_t region_offset;
   int64_t region_bytes;
   int64_t tail_slots;  // group of one: workgroup slots of its stream-K tail scratch (0: none)
+  int64_t site;        // the call site's number among those sharing the region (pipelined flags check it)
+  int64_t generation;  // the runtime generation the call was lowered under (Runtime::generation)
 };
 
 // The region of an all_gather call.
 struct RegionConfig {
   int64_t region_offset;
   int64_t region_bytes;
+  int64_t generation;
+};
+
+// A pipelined call (jax_overlap/pipeline_plan.py); its stages come as the
+// "stages" attribute.
+struct PipelinedConfig {
+  int64_t w_kmajor;
+  int64_t region_offset;
+  int64_t region_bytes;
+  int64_t site;
+  int64_t generation;
 };
 
 inline constexpr int kMaxLocalDevices = 64;
@@ -47,6 +60,9 @@ struct CallState {
   int world = 1;
   uint64_t region_offset = 0;
   uint64_t region_bytes = 0;
+  uint64_t generation = 0;
+  uint32_t site = 0;
+  std::vector<int64_t> stages;  // pipelined: ring positions per stage
   bool bound[kMaxLocalDevices] = {};
   GroupBinding bindings[kMaxLocalDevices];
 };
@@ -61,11 +77,19 @@ inline ffi::Error internal_error(const Status& s) { return ffi::Error::Internal(
     if (!jo_ffi_status_.ok()) return ::jo::internal_error(jo_ffi_status_); \
   } while (0)
 
-ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t> groups, int64_t world,
-                                                          int64_t region_offset, int64_t region_bytes);
+// Where the call's region is, and which runtime generation placed it.
+struct RegionPlacement {
+  int64_t offset;
+  int64_t bytes;
+  int64_t generation;
+};
 
-// This device's binding of `state`, made on first use; fails when this GPU's
-// watchdog fired earlier (sticky until jax_overlap.clear_errors()).
+ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t> groups, int64_t world,
+                                                          const RegionPlacement& region);
+
+// This device's binding of `state`, made on first use; fails when the call was
+// lowered before jax_overlap.shutdown() freed its workspace, and when this
+// GPU's watchdog fired earlier (sticky until jax_overlap.clear_errors()).
 ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal);
 
 // The 16-bit float dtypes the kernels take.
@@ -77,19 +101,25 @@ std::string dims_str(ffi::Span<const int64_t> dims);
 // Product of all but the last two dimensions (1 for rank 2).
 int64_t leading_batch(ffi::Span<const int64_t> dims);
 
-// A fused GEMM call's operands, checked, and x's row count m (dim -2).
+// A GEMM call's operands, checked, and x's row count m (dim -2).
 struct GemmCall {
   GemmOperands op;
   int64_t m;
 };
 
-// The checks the fused GEMM handlers share, naming `op` in their errors: x is
+// The checks every GEMM handler shares, naming `op` in their errors: x is
 // [..., m, k] in bf16 or fp16; w is 2-D and contracts with x ([k, n], or [n, k]
-// with config.w_kmajor); bias is empty or [n]; w, bias and every non-empty
-// result have x's dtype; k and n are multiples of 8 (16-byte vectors).
+// with w_kmajor); bias is empty or [n]; w, bias and every non-empty result
+// have x's dtype; k and n are multiples of 8 (16-byte vectors). The fused
+// handlers add their tile and movers from the config.
 ffi::ErrorOr<GemmCall> gemm_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
                                  const ffi::AnyBuffer& bias, std::initializer_list<const ffi::AnyBuffer*> results,
-                                 const FusedConfig& config);
+                                 bool w_kmajor);
+
+// "jax_overlap <op>: <what> for <name>: expected <expected>, got <got>" (jax's CheckShape form).
+ffi::Error invalid_argument(const char* op, const char* name, const std::string& expected, const std::string& got);
+// Checks that `buffer` holds `elements` elements.
+ffi::Error check_elements(const char* op, const char* name, const ffi::AnyBuffer& buffer, int64_t elements);
 
 // The launch context of one call on its binding; takes the call's epoch.
 CallContext call_context(const GroupBinding& g, OpKind op);
@@ -97,6 +127,7 @@ CallContext call_context(const GroupBinding& g, OpKind op);
 // After a launch: the launch status, and in sync mode (debugging) the
 // watchdog verdict of this very call.
 ffi::Error finish_launch(hipError_t launched, const Workspace& ws, hipStream_t stream, const char* op);
+ffi::Error finish_launch(const Status& enqueued, const Workspace& ws, hipStream_t stream, const char* op);
 
 // A group-of-one call: its checked operands (gemm_call, plus `out` being
 // [..., m, n]), its launch context on this GPU and its stream-K tail scratch
@@ -126,9 +157,17 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::FusedConfig, ::xla::ffi::StructMembe
                                       ::xla::ffi::StructMember<int64_t>("w_kmajor"),
                                       ::xla::ffi::StructMember<int64_t>("region_offset"),
                                       ::xla::ffi::StructMember<int64_t>("region_bytes"),
-                                      ::xla::ffi::StructMember<int64_t>("tail_slots"));
+                                      ::xla::ffi::StructMember<int64_t>("tail_slots"),
+                                      ::xla::ffi::StructMember<int64_t>("site"),
+                                      ::xla::ffi::StructMember<int64_t>("generation"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::RegionConfig, ::xla::ffi::StructMember<int64_t>("region_offset"),
-                                      ::xla::ffi::StructMember<int64_t>("region_bytes"));
+                                      ::xla::ffi::StructMember<int64_t>("region_bytes"),
+                                      ::xla::ffi::StructMember<int64_t>("generation"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::PipelinedConfig, ::xla::ffi::StructMember<int64_t>("w_kmajor"),
+                                      ::xla::ffi::StructMember<int64_t>("region_offset"),
+                                      ::xla::ffi::StructMember<int64_t>("region_bytes"),
+                                      ::xla::ffi::StructMember<int64_t>("site"),
+                                      ::xla::ffi::StructMember<int64_t>("generation"));
 
 namespace jo {
 

@@ -14,6 +14,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsLocalExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAllGatherInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAllGatherExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoPipelinedInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAgMatmulPipelinedExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsPipelinedExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoVendorGemmExecute);
 
 namespace jo {
 
@@ -32,6 +36,10 @@ inline const std::vector<FfiTarget>& ffi_targets() {
       {"ag_matmul_local", "jax_overlap_ag_matmul_local", nullptr, JoAgMatmulLocalExecute},
       {"matmul_rs_local", "jax_overlap_matmul_rs_local", nullptr, JoMatmulRsLocalExecute},
       {"all_gather", "jax_overlap_all_gather", JoAllGatherInstantiate, JoAllGatherExecute},
+      // The pipelined algorithm; its group of one is the vendor GEMM alone (command-buffer compatible).
+      {"ag_matmul_pipelined", "jax_overlap_ag_matmul_pipelined", JoPipelinedInstantiate, JoAgMatmulPipelinedExecute},
+      {"matmul_rs_pipelined", "jax_overlap_matmul_rs_pipelined", JoPipelinedInstantiate, JoMatmulRsPipelinedExecute},
+      {"vendor_gemm", "jax_overlap_vendor_gemm", nullptr, JoVendorGemmExecute},
   };
   return targets;
 }

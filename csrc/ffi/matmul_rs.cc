@@ -5,33 +5,39 @@
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 #include "kernels/matmul_rs.h"
+#include "kernels/pipeline_kernels.h"
 
 namespace jo {
 namespace {
 
 ffi::ErrorOr<std::unique_ptr<CallState>> MatmulRsInstantiate(FusedConfig config, ffi::Span<const int64_t> groups,
                                                              int64_t world) {
-  return make_call_state(groups, world, config.region_offset, config.region_bytes);
+  return make_call_state(groups, world, {config.region_offset, config.region_bytes, config.generation});
 }
 
 ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
                            ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out,
                            FusedConfig config, ffi::Span<const int64_t> /*groups*/, int64_t world) {
-  const auto call = gemm_call("matmul_rs", x, w, bias, {&*out}, config);
+  auto call = gemm_call("matmul_rs", x, w, bias, {&*out}, config.w_kmajor != 0);
   if (call.has_error()) return call.error();
-  const GemmOperands& op = call.value().op;
+  GemmOperands& op = call.value().op;
+  op.tile = static_cast<int>(config.tile);
+  op.workers = static_cast<int>(config.workers);
   const int64_t m_total = call.value().m;
   if (m_total % world != 0)
-    return ffi::Error::InvalidArgument("jax_overlap matmul_rs: rows " + std::to_string(m_total) +
-                                       " not divisible by the group size " + std::to_string(world));
-  if (static_cast<int64_t>(out->element_count()) != op.batch * (m_total / world) * op.n)
-    return ffi::Error::InvalidArgument("jax_overlap matmul_rs: output shape does not match x, w and the group");
+    return invalid_argument("matmul_rs", "rows of x", "a multiple of the group size " + std::to_string(world),
+                            std::to_string(m_total));
+  if (auto e = check_elements("matmul_rs", "result", *out, op.batch * (m_total / world) * op.n); e.failure()) return e;
 
   const auto bound = prepare_call(state, ordinal);
   if (bound.has_error()) return bound.error();
   const GroupBinding& g = *bound.value();
   const MatmulRsLaunch l{op, out->untyped_data(), m_total, call_context(g, OpKind::kMatmulRs)};
-  return finish_launch(launch_matmul_rs(l, stream), *g.ws, stream, "matmul_rs");
+  hipError_t launched = launch_matmul_rs(l, stream);
+  // Workgroups of a timed-out call leave the previous output in place: replace it.
+  if (launched == hipSuccess)
+    launched = launch_poison_if_aborted(g.ws->abort_flag(), out->untyped_data(), out->size_bytes(), nullptr, 0, stream);
+  return finish_launch(launched, *g.ws, stream, "matmul_rs");
 }
 
 // A group of one: out = x @ w (+ bias), nothing to reduce.

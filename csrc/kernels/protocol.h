@@ -22,10 +22,11 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   }
 }
 
-// Epochs compare modulo 2^32.
-__device__ __forceinline__ bool reached(uint32_t value, uint32_t target) {
-  return static_cast<int32_t>(value - target) >= 0;
-}
+// A flag matches only its exact epoch: a stale value (a peer one call behind,
+// or left from before clear_errors()) is never a pass, it waits and times out.
+// Every flag's writer is itself held back by the readers' done flags, so it
+// cannot run ahead past the value a reader waits for.
+__device__ __forceinline__ bool matches(uint32_t value, uint32_t target) { return value == target; }
 
 __device__ __forceinline__ bool watchdog_fired(const Watchdog& wd) {
   return *static_cast<volatile uint32_t*>(wd.abort) != 0;
@@ -46,17 +47,17 @@ __device__ __forceinline__ void record_timeout(const Watchdog& wd, uint32_t rank
   gpu::store_release_sys(&r->valid, 1u);
 }
 
-// Single-thread spin until *flag reaches target. False when this wait timed
+// Single-thread spin until *flag holds target. False when this wait timed
 // out or another workgroup's did (the kernel is abandoning the call).
 template <Scope S>
 __device__ __forceinline__ bool spin_until(const uint32_t* flag, uint32_t target, const Watchdog& wd,
                                         uint32_t rank, uint32_t peer, uint32_t world, uint32_t epoch,
                                         WaitOn what) {
-  if (reached(load_acquire<S>(flag), target)) return true;
+  if (matches(load_acquire<S>(flag), target)) return true;
   const uint64_t t0 = gpu::timer_ticks();
   for (uint32_t it = 1;; ++it) {
     gpu::backoff();
-    if (reached(load_acquire<S>(flag), target)) return true;
+    if (matches(load_acquire<S>(flag), target)) return true;
     if ((it & 63) == 0) {
       if (watchdog_fired(wd)) return false;
       const uint64_t waited = gpu::timer_ticks() - t0;

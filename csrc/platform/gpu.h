@@ -14,6 +14,7 @@
 #include <hip/hip_runtime.h>
 #elif defined(JAX_OVERLAP_CUDA) || defined(__CUDACC__)
 #define JO_PLATFORM_CUDA 1
+#include <cuda.h>  // driver types of the entry points resolved at run time
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -74,6 +75,20 @@ using hipDeviceProp_t = cudaDeviceProp;
 #define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
 #define hipDeviceAttributeSharedMemPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
 #define hipDeviceAttributeL2CacheSize cudaDevAttrL2CacheSize
+using hipEvent_t = cudaEvent_t;
+#define hipMemcpyAsync cudaMemcpyAsync
+#define hipMemcpy2DAsync cudaMemcpy2DAsync
+#define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define hipStreamCreateWithPriority cudaStreamCreateWithPriority
+#define hipDeviceGetStreamPriorityRange cudaDeviceGetStreamPriorityRange
+#define hipStreamWaitEvent cudaStreamWaitEvent
+#define hipEventCreate cudaEventCreate
+#define hipEventCreateWithFlags cudaEventCreateWithFlags
+#define hipEventDisableTiming cudaEventDisableTiming
+#define hipEventRecord cudaEventRecord
+#define hipEventSynchronize cudaEventSynchronize
+#define hipEventElapsedTime cudaEventElapsedTime
+#define hipEventDestroy cudaEventDestroy
 #endif
 
 namespace jo::gpu {
@@ -122,6 +137,59 @@ inline int64_t timer_ticks_per_second(int device) {
   return 1000000000;  // %globaltimer counts nanoseconds.
 #endif
 }
+
+// The copy kind of the pipelined algorithm's transfers: on AMD an SDMA engine,
+// never a copy kernel on the compute units (hipMemcpyDeviceToDeviceNoCU, 1024
+// in ROCm >= 6.2, spelled here for older headers); NVIDIA copies between
+// devices and IPC mappings with its copy engines by itself.
+#if JO_PLATFORM_HIP
+inline constexpr hipMemcpyKind kCopyEngineCopy = static_cast<hipMemcpyKind>(1024);
+#else
+inline constexpr cudaMemcpyKind kCopyEngineCopy = cudaMemcpyDeviceToDevice;
+#endif
+
+// Memory that peer GPUs read and write while this GPU's kernels run (the
+// symmetric workspace). On AMD, hipMalloc memory is coarse-grained: coherent
+// between GPUs only at kernel boundaries, so a flag a peer releases mid-kernel
+// may never be seen; uncached device memory (what RCCL, iris and mori use for
+// peer-visible buffers; hipDeviceMallocUncached, 0x3, missing from older
+// headers) is coherent while kernels run, and IPC-exportable. Unverified on
+// AMD hardware. NVIDIA's device memory is coherent for peers' system-scope
+// accesses already.
+#if JO_PLATFORM_HIP
+inline hipError_t malloc_peer_coherent(void** ptr, size_t bytes) {
+  return hipExtMallocWithFlags(ptr, bytes, /*hipDeviceMallocUncached=*/0x3);
+}
+#else
+inline hipError_t malloc_peer_coherent(void** ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
+#endif
+
+// Enqueues a 32-bit store of `value` to device memory (this GPU's or a peer's)
+// on `stream`, ordered after the stream's earlier work and preceded by a
+// memory fence: the signal of the pipelined algorithm. NVIDIA's
+// cuStreamWriteValue32 is a driver entry point, resolved at run time so that
+// the build links no driver library.
+#if JO_PLATFORM_HIP
+inline hipError_t stream_write_u32(hipStream_t stream, uint32_t* address, uint32_t value) {
+  return hipStreamWriteValue32(stream, address, value, 0);
+}
+#else
+inline hipError_t stream_write_u32(hipStream_t stream, uint32_t* address, uint32_t value) {
+  using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  static const WriteValue32 write = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const bool ok = cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault,
+                                                     &found) == cudaSuccess &&
+                    found == cudaDriverEntryPointSuccess;
+    return ok ? reinterpret_cast<WriteValue32>(fn) : nullptr;
+  }();
+  if (write == nullptr) return cudaErrorNotSupported;
+  // Driver and runtime error codes coincide for the errors this can return.
+  return static_cast<cudaError_t>(
+      write(stream, reinterpret_cast<CUdeviceptr>(address), value, CU_STREAM_WRITE_VALUE_DEFAULT));
+}
+#endif
 
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
 

@@ -16,6 +16,8 @@ enum class WaitOn : uint32_t {
   kStaged = 2,     // a chunk staged locally by this GPU's fetchers
   kReadersDone = 3,  // peers finished reading a slot about to be overwritten
   kPartialReady = 4,  // a peer's staged partial-product tile (matmul_rs)
+  kCallSite = 5,      // a peer released this epoch for another call site: the ranks' call orders differ
+  kTailPartial = 6,   // a stream-K tail piece of the same launch (a group of one; a bug, not a peer)
 };
 
 struct ErrorRecord {
@@ -29,6 +31,10 @@ struct ErrorRecord {
   uint32_t what;     // WaitOn
   uint64_t waited_ticks;
 };
+
+// Whether a kernel has completed a record: an acquire on `valid`, so the
+// fields it published before are read after it.
+inline bool error_recorded(const ErrorRecord& r) { return __atomic_load_n(&r.valid, __ATOMIC_ACQUIRE) != 0; }
 
 inline const char* op_name(uint32_t op) {
   switch (static_cast<OpKind>(op)) {
@@ -45,6 +51,8 @@ inline const char* wait_name(uint32_t what) {
     case WaitOn::kStaged: return "locally staged chunk";
     case WaitOn::kReadersDone: return "readers done with slot";
     case WaitOn::kPartialReady: return "partial-product tile";
+    case WaitOn::kCallSite: return "the same call site (the peer released this epoch for another one)";
+    case WaitOn::kTailPartial: return "stream-K tail partial of the same launch";
   }
   return "unknown flag";
 }

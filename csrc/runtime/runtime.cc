@@ -1,7 +1,11 @@
 #include "runtime/runtime.h"
 
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace jo {
 namespace {
@@ -23,6 +27,10 @@ class DeviceScope {
   hipError_t status_ = hipSuccess;
 };
 
+// How often the monitor thread reads the error records (host-mapped: a read
+// costs nothing on the GPU).
+constexpr auto kMonitorPeriod = std::chrono::milliseconds(100);
+
 }  // namespace
 
 Status query_device(int ordinal, DeviceInfo* info) {
@@ -43,20 +51,20 @@ Status query_device(int ordinal, DeviceInfo* info) {
   return {};
 }
 
-TraceSink Workspace::trace_sink() const {
-  return TraceSink{reinterpret_cast<TraceEvent*>(base + kTraceEventsOffset), reinterpret_cast<uint32_t*>(base),
-                   reinterpret_cast<const uint32_t*>(base + kTraceEnabledOffset), kTraceCapacity};
+uint64_t timeout_ticks(double seconds, int64_t ticks_per_second) {
+  const double ticks = seconds * static_cast<double>(ticks_per_second);
+  // 2^63 ticks are centuries on either vendor's timer: a bound that large, or infinite, never fires.
+  return std::isfinite(ticks) && ticks < 9.2e18 ? static_cast<uint64_t>(ticks) : UINT64_MAX;
 }
 
-uint32_t* Workspace::epoch_counter(uint64_t region_offset) {
-  auto& slot = epochs[region_offset];
-  if (!slot) slot = std::make_unique<uint32_t>(0);
-  return slot.get();
+TraceSink Workspace::trace_sink() const {
+  return TraceSink{reinterpret_cast<TraceEvent*>(header + kTraceEventsOffset), reinterpret_cast<uint32_t*>(header),
+                   reinterpret_cast<const uint32_t*>(header + kTraceEnabledOffset), kTraceCapacity};
 }
 
 Status not_initialized(int ordinal) {
   return Status{"jax_overlap: GPU " + std::to_string(ordinal) +
-                " has no workspace; call jax_overlap.initialize() first"};
+                " is not set up; lower the call through jax (or call jax_overlap.initialize()) first"};
 }
 
 Runtime& Runtime::instance() {
@@ -70,24 +78,19 @@ Workspace* Runtime::workspace(int ordinal) {
   return it == devices_.end() ? nullptr : it->second.get();
 }
 
-Status Runtime::init_device(int ordinal, int64_t global_id, uint64_t bytes) {
+Status Runtime::init_device(int ordinal, int64_t global_id) {
   std::lock_guard<std::mutex> lock(mu_);
   if (devices_.count(ordinal)) return {};
-  if (bytes < kRegionsOffset)
-    return Status{"jax_overlap: workspace of " + std::to_string(bytes) + " bytes is below the minimum of " +
-                  std::to_string(kRegionsOffset)};
   auto ws = std::make_unique<Workspace>();
   ws->ordinal = ordinal;
   ws->global_id = global_id;
-  ws->bytes = bytes;
   JO_RETURN_IF_ERROR(query_device(ordinal, &ws->info));
   DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
-  void* base = nullptr;
-  JO_RETURN_IF_HIP_ERROR(hipMalloc(&base, bytes));
-  ws->base = static_cast<char*>(base);
-  // Zero once: every flag starts at epoch 0 and is never reset afterwards.
-  JO_RETURN_IF_HIP_ERROR(hipMemset(base, 0, bytes));
+  void* header = nullptr;
+  JO_RETURN_IF_HIP_ERROR(hipMalloc(&header, kHeaderBytes));
+  ws->header = static_cast<char*>(header);
+  JO_RETURN_IF_HIP_ERROR(hipMemset(header, 0, kHeaderBytes));
   void* record = nullptr;
   JO_RETURN_IF_HIP_ERROR(hipHostMalloc(&record, sizeof(ErrorRecord), hipHostMallocMapped));
   std::memset(record, 0, sizeof(ErrorRecord));
@@ -96,9 +99,30 @@ Status Runtime::init_device(int ordinal, int64_t global_id, uint64_t bytes) {
   JO_RETURN_IF_HIP_ERROR(hipHostGetDevicePointer(&record_device, record, 0));
   ws->error_device = static_cast<ErrorRecord*>(record_device);
   JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
-  ws->peer_bases[global_id] = ws->base;
-  ws->timeout_ticks = static_cast<uint64_t>(5.0 * static_cast<double>(ws->info.ticks_per_second));
+  ws->timeout_ticks = timeout_ticks(kDefaultWatchdogSeconds, ws->info.ticks_per_second);
   devices_[ordinal] = std::move(ws);
+  start_monitor();
+  return {};
+}
+
+Status Runtime::allocate_workspace(int ordinal, uint64_t bytes) {
+  Workspace* ws = workspace(ordinal);
+  if (!ws) return not_initialized(ordinal);
+  if (ws->base != nullptr) {
+    if (ws->bytes == bytes) return {};
+    return Status{"jax_overlap: GPU " + std::to_string(ordinal) + " already has a workspace of " +
+                  std::to_string(ws->bytes) + " bytes"};
+  }
+  DeviceScope scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
+  void* base = nullptr;
+  JO_RETURN_IF_HIP_ERROR(gpu::malloc_peer_coherent(&base, bytes));
+  ws->base = static_cast<char*>(base);
+  ws->bytes = bytes;
+  // Zero once: every flag starts at epoch 0 and is never reset afterwards.
+  JO_RETURN_IF_HIP_ERROR(hipMemset(base, 0, bytes));
+  JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
+  ws->peer_bases[ws->global_id] = ws->base;
   return {};
 }
 
@@ -106,19 +130,43 @@ Status Runtime::set_options(int ordinal, double watchdog_seconds, bool sync_afte
   Workspace* ws = workspace(ordinal);
   if (!ws) return not_initialized(ordinal);
   if (!(watchdog_seconds > 0)) return Status{"jax_overlap: watchdog_seconds must be positive"};
-  ws->timeout_ticks = static_cast<uint64_t>(watchdog_seconds * static_cast<double>(ws->info.ticks_per_second));
+  ws->timeout_ticks = timeout_ticks(watchdog_seconds, ws->info.ticks_per_second);
   ws->sync_after_launch = sync_after_launch;
   // Kernels read the switch from device memory (TraceSink::enabled).
   DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   const uint32_t on = trace ? 1u : 0u;
-  JO_RETURN_IF_HIP_ERROR(hipMemcpy(ws->base + kTraceEnabledOffset, &on, sizeof(on), hipMemcpyHostToDevice));
+  JO_RETURN_IF_HIP_ERROR(hipMemcpy(ws->header + kTraceEnabledOffset, &on, sizeof(on), hipMemcpyHostToDevice));
   return {};
+}
+
+void Runtime::set_abort_on_timeout(bool abort) { abort_on_timeout_.store(abort, std::memory_order_release); }
+
+void Runtime::start_monitor() {
+  if (monitor_started_) return;  // mu_ held
+  monitor_started_ = true;
+  // NCCL's watchdog does the same: a timed-out collective leaves its group out
+  // of step, so the process ends with the error record printed (the outputs
+  // of the call are NaN already; this keeps them from being used at all).
+  std::thread([this] {
+    for (;;) {
+      std::this_thread::sleep_for(kMonitorPeriod);
+      if (!abort_on_timeout_.load(std::memory_order_acquire)) continue;
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [ordinal, ws] : devices_) {
+        if (!error_recorded(*ws->error_host)) continue;
+        std::fprintf(stderr, "%s\njax_overlap: aborting the process (JAX_OVERLAP_ON_TIMEOUT=abort).\n",
+                     describe_error(*ws->error_host, ws->info.ticks_per_second).c_str());
+        std::fflush(stderr);
+        std::abort();
+      }
+    }
+  }).detach();
 }
 
 Status Runtime::export_handle(int ordinal, std::string* handle) {
   Workspace* ws = workspace(ordinal);
-  if (!ws) return not_initialized(ordinal);
+  if (!ws || !ws->base) return not_initialized(ordinal);
   DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   hipIpcMemHandle_t h;
@@ -129,7 +177,7 @@ Status Runtime::export_handle(int ordinal, std::string* handle) {
 
 Status Runtime::import_peer(int ordinal, int64_t peer_id, const std::string& handle) {
   Workspace* ws = workspace(ordinal);
-  if (!ws) return not_initialized(ordinal);
+  if (!ws || !ws->base) return not_initialized(ordinal);
   if (handle.size() != sizeof(hipIpcMemHandle_t))
     return Status{"jax_overlap: IPC handle of device " + std::to_string(peer_id) + " has " +
                   std::to_string(handle.size()) + " bytes, expected " + std::to_string(sizeof(hipIpcMemHandle_t))};
@@ -148,8 +196,8 @@ Status Runtime::import_peer(int ordinal, int64_t peer_id, const std::string& han
 Status Runtime::map_local_peer(int ordinal, int peer_ordinal) {
   Workspace* ws = workspace(ordinal);
   Workspace* peer = workspace(peer_ordinal);
-  if (!ws) return not_initialized(ordinal);
-  if (!peer) return not_initialized(peer_ordinal);
+  if (!ws || !ws->base) return not_initialized(ordinal);
+  if (!peer || !peer->base) return not_initialized(peer_ordinal);
   if (ordinal != peer_ordinal) {
     int can = 0;
     JO_RETURN_IF_HIP_ERROR(hipDeviceCanAccessPeer(&can, ordinal, peer_ordinal));
@@ -183,13 +231,13 @@ Status Runtime::read_trace(int ordinal, std::string* events, double* ticks_per_u
   JO_RETURN_IF_HIP_ERROR(scope.status());
   JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
   uint32_t count = 0;
-  JO_RETURN_IF_HIP_ERROR(hipMemcpy(&count, ws->base, sizeof(count), hipMemcpyDeviceToHost));
+  JO_RETURN_IF_HIP_ERROR(hipMemcpy(&count, ws->header, sizeof(count), hipMemcpyDeviceToHost));
   const uint32_t kept = count < kTraceCapacity ? count : kTraceCapacity;
   events->resize(static_cast<size_t>(kept) * sizeof(TraceEvent));
   if (kept)
     JO_RETURN_IF_HIP_ERROR(
-        hipMemcpy(events->data(), ws->base + kTraceEventsOffset, events->size(), hipMemcpyDeviceToHost));
-  JO_RETURN_IF_HIP_ERROR(hipMemset(ws->base, 0, sizeof(uint32_t)));
+        hipMemcpy(events->data(), ws->header + kTraceEventsOffset, events->size(), hipMemcpyDeviceToHost));
+  JO_RETURN_IF_HIP_ERROR(hipMemset(ws->header, 0, sizeof(uint32_t)));
   *ticks_per_us = static_cast<double>(ws->info.ticks_per_second) / 1e6;
   return {};
 }
@@ -206,9 +254,30 @@ Status clear_watchdog(int ordinal, ErrorRecord* record, uint32_t* abort_flag) {
   return {};
 }
 
-Status Runtime::clear_error(int ordinal) {
+Status Runtime::stop_after_error(int ordinal) {
   Workspace* ws = workspace(ordinal);
-  return ws == nullptr ? Status{} : clear_watchdog(ordinal, ws->error_host, ws->abort_flag());
+  if (ws == nullptr) return {};
+  DeviceScope scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
+  // Every wait still spinning here (on a peer that will never answer) leaves
+  // once it reads the abort flag; then nothing of this GPU's runs any more.
+  const uint32_t one = 1;
+  JO_RETURN_IF_HIP_ERROR(hipMemcpy(ws->abort_flag(), &one, sizeof(one), hipMemcpyHostToDevice));
+  JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
+  return {};
+}
+
+Status Runtime::restart_after_error(int ordinal) {
+  Workspace* ws = workspace(ordinal);
+  if (ws == nullptr) return {};
+  DeviceScope scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
+  if (ws->base != nullptr) JO_RETURN_IF_HIP_ERROR(hipMemset(ws->base, 0, ws->bytes));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [offset, epoch] : ws->epochs) *epoch = 0;
+  }
+  return clear_watchdog(ordinal, ws->error_host, ws->abort_flag());
 }
 
 Status Runtime::release() {
@@ -216,11 +285,21 @@ Status Runtime::release() {
   for (auto& [ordinal, ws] : devices_) {
     DeviceScope scope(ordinal);
     JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
+    ws->side_streams.reset();
     for (void* p : ws->ipc_mappings) JO_RETURN_IF_HIP_ERROR(hipIpcCloseMemHandle(p));
-    JO_RETURN_IF_HIP_ERROR(hipFree(ws->base));
+    if (ws->base != nullptr) JO_RETURN_IF_HIP_ERROR(hipFree(ws->base));
+    JO_RETURN_IF_HIP_ERROR(hipFree(ws->header));
     JO_RETURN_IF_HIP_ERROR(hipHostFree(ws->error_host));
   }
   devices_.clear();
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  return {};
+}
+
+Status Runtime::side_streams(Workspace* ws, pipelined::SideStreams** out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ws->side_streams) JO_RETURN_IF_ERROR(pipelined::SideStreams::create(ws->ordinal, &ws->side_streams));
+  *out = ws->side_streams.get();
   return {};
 }
 
@@ -242,7 +321,8 @@ Status Runtime::bind_group(int ordinal, const int64_t* groups, size_t n_ids, int
   out->peers.rank = world > 1 ? static_cast<int>(first % world) : 0;
   out->epoch = nullptr;
   if (world == 1) return {};
-  if (region_offset < kRegionsOffset || region_offset + region_bytes > ws->bytes)
+  if (ws->base == nullptr) return Status{"jax_overlap: GPU " + std::to_string(ordinal) + " has no symmetric workspace"};
+  if (region_offset + region_bytes > ws->bytes)
     return Status{"jax_overlap: region [" + std::to_string(region_offset) + ", +" + std::to_string(region_bytes) +
                   ") does not fit the workspace of " + std::to_string(ws->bytes) + " bytes"};
   const size_t group_start = static_cast<size_t>(first / world) * world;
@@ -255,16 +335,28 @@ Status Runtime::bind_group(int ordinal, const int64_t* groups, size_t n_ids, int
                     "; jax_overlap.initialize() maps peers on the same host only"};
     out->peers.regions[r] = it->second + region_offset;
   }
-  out->epoch = ws->epoch_counter(region_offset);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& slot = ws->epochs[region_offset];
+  if (!slot) slot = std::make_unique<uint32_t>(0);
+  out->epoch = slot.get();
   return {};
 }
 
 std::string describe_error(const ErrorRecord& r, int64_t ticks_per_second) {
   // snprintf, not iostreams: this runs on error paths where nothing else should go wrong.
-  char text[512];
+  char text[640];
+  if (static_cast<WaitOn>(r.what) == WaitOn::kCallSite) {
+    std::snprintf(text, sizeof(text),
+                  "jax_overlap: %s on rank %u of %u found rank %u's release of epoch %u made by another call site "
+                  "sharing the region: the ranks ran their jax_overlap calls in different orders (no data was "
+                  "used). Fused and pipelined calls on this GPU fail until jax_overlap.clear_errors().",
+                  op_name(r.op), r.rank, r.world, r.peer, r.epoch);
+    return text;
+  }
   std::snprintf(text, sizeof(text),
                 "jax_overlap: %s on rank %u of %u timed out after %.3g s waiting for rank %u (%s, epoch %u); "
-                "the peer is stalled or gone. Fused calls on this GPU fail until jax_overlap.clear_errors().",
+                "the peer is stalled or gone. The call's outputs are NaN, and fused and pipelined calls on this GPU "
+                "fail until jax_overlap.clear_errors().",
                 op_name(r.op), r.rank, r.world,
                 static_cast<double>(r.waited_ticks) / static_cast<double>(ticks_per_second), r.peer,
                 wait_name(r.what), r.epoch);

@@ -1,16 +1,22 @@
-// The symmetric workspace runtime. One device allocation per local GPU, made
-// once by jax_overlap.initialize() (never during graph capture or inside an
-// execute handler) and zeroed, so every flag starts at epoch 0. Peers'
-// workspaces are mapped into this process once: by peer access between local
-// GPUs, or by IPC handles exchanged through the jax.distributed key-value
-// store. FFI handlers cannot receive Python objects, so they find this state
-// through Runtime::instance() by their device ordinal.
+// The runtime behind every GPU call: per local GPU, a small device state (the
+// watchdog's abort flag and error record, the trace buffer, the options) made
+// when a program first lowers a call onto that GPU, and the symmetric
+// workspace that groups of two or more need, made only by
+// jax_overlap.initialize() when such a call takes a workspace path (never
+// during graph capture or inside an execute handler). The workspace is zeroed
+// once, so every flag starts at epoch 0; peers' workspaces are mapped into
+// this process once: by peer access between local GPUs, or by IPC handles
+// exchanged through the jax.distributed key-value store. FFI handlers cannot
+// receive Python objects, so they find this state through Runtime::instance()
+// by their device ordinal.
 //
-// Workspace layout: [trace counter, abort flag, trace switch | trace events | regions...]. Regions are
-// placed by the Python side (jax_overlap/runtime.py) at offsets every rank of
-// a group agrees on; each region has a host-side call counter (its epoch).
+// Regions of the workspace are placed by jax_overlap/runtime.py at offsets
+// every rank of a group agrees on; each region has a host-side call counter
+// (its epoch). shutdown() frees the workspaces and starts a new generation:
+// a compiled call lowered under another generation refuses to run.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -19,38 +25,25 @@
 #include <vector>
 
 #include "kernels/params.h"
+#include "pipelined/streams.h"
 #include "platform/gpu.h"
+#include "platform/status.h"
 #include "runtime/error_record.h"
 
 namespace jo {
 
+// Default bound on every wait on a peer: minutes, like NCCL's, so that a peer
+// writing a checkpoint or waiting on its data loader is a straggler, not a
+// failure (jax_overlap/runtime.py reads it from here).
+inline constexpr double kDefaultWatchdogSeconds = 600.0;
+
+// The device state's header: [trace counter | abort flag | trace switch | trace events].
 inline constexpr uint32_t kTraceCapacity = 1u << 16;  // events per GPU (2 MiB)
 inline constexpr uint64_t kAbortFlagOffset = 64;  // Watchdog::abort
 inline constexpr uint64_t kTraceEnabledOffset = 128;  // TraceSink::enabled
 inline constexpr uint64_t kTraceEventsOffset = 256;
-inline constexpr uint64_t kRegionsOffset =
+inline constexpr uint64_t kHeaderBytes =
     (kTraceEventsOffset + kTraceCapacity * sizeof(TraceEvent) + 4095) / 4096 * 4096;
-
-// Empty message: success.
-struct Status {
-  std::string message;
-  bool ok() const { return message.empty(); }
-};
-
-// "file:line: expr failed: <runtime message>" for any failing HIP/CUDA call.
-#define JO_RETURN_IF_HIP_ERROR(expr)                                                                  \
-  do {                                                                                                \
-    const hipError_t jo_err_ = (expr);                                                                \
-    if (jo_err_ != hipSuccess)                                                                        \
-      return ::jo::Status{std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " #expr " failed: " + \
-                          hipGetErrorString(jo_err_)};                                                \
-  } while (0)
-
-#define JO_RETURN_IF_ERROR(expr)            \
-  do {                                      \
-    ::jo::Status jo_status_ = (expr);       \
-    if (!jo_status_.ok()) return jo_status_; \
-  } while (0)
 
 struct DeviceInfo {
   int sm_count = 0;
@@ -64,29 +57,40 @@ struct DeviceInfo {
 
 Status query_device(int ordinal, DeviceInfo* info);
 
-// The error of a call on a GPU without a workspace.
+// The error of a call on a GPU the runtime has not set up.
 Status not_initialized(int ordinal);
+
+// Timer ticks of a watchdog bound; infinity (or any bound past the counter's
+// range) never times out.
+uint64_t timeout_ticks(double seconds, int64_t ticks_per_second);
 
 // Everything this process knows about one of its GPUs.
 struct Workspace {
   int ordinal = -1;
   int64_t global_id = -1;
-  char* base = nullptr;
-  uint64_t bytes = 0;
+  DeviceInfo info;
+  char* header = nullptr;               // device memory, kHeaderBytes
   ErrorRecord* error_host = nullptr;    // host-mapped pinned memory
   ErrorRecord* error_device = nullptr;  // the same, as the kernels address it
-  DeviceInfo info;
   int ranks_per_gpu = 1;
   uint64_t timeout_ticks = 0;
   bool sync_after_launch = false;  // debugging: surface watchdog errors on the failing call
+
+  // The symmetric workspace (groups of two or more), absent until allocated.
+  char* base = nullptr;
+  uint64_t bytes = 0;
   std::map<int64_t, char*> peer_bases;  // global device id -> its workspace here (own included)
   std::vector<void*> ipc_mappings;
   std::map<uint64_t, std::unique_ptr<uint32_t>> epochs;  // region offset -> calls so far
+  // The pipelined calls' streams, made on their first execute.
+  std::unique_ptr<pipelined::SideStreams> side_streams;
 
   TraceSink trace_sink() const;
-  uint32_t* abort_flag() const { return reinterpret_cast<uint32_t*>(base + kAbortFlagOffset); }
+  uint32_t* abort_flag() const { return reinterpret_cast<uint32_t*>(header + kAbortFlagOffset); }
   LaunchLimits limits() const { return {info.sm_count, ranks_per_gpu, info.l2_bytes}; }
-  uint32_t* epoch_counter(uint64_t region_offset);
+  Watchdog watchdog(OpKind op) const {
+    return Watchdog{error_device, abort_flag(), timeout_ticks, static_cast<uint32_t>(op)};
+  }
 };
 
 // Where a call runs: its rank in the group and every rank's region.
@@ -100,28 +104,49 @@ class Runtime {
  public:
   static Runtime& instance();
 
-  Status init_device(int ordinal, int64_t global_id, uint64_t bytes);
+  // The device state of GPU `ordinal` (idempotent).
+  Status init_device(int ordinal, int64_t global_id);
+  // Its symmetric workspace, zeroed (idempotent for the same size).
+  Status allocate_workspace(int ordinal, uint64_t bytes);
   Status set_options(int ordinal, double watchdog_seconds, bool sync_after_launch, bool trace);
+  // What a recorded timeout does: abort the process with the record printed
+  // (true, a monitor thread polls the records), or only poison and refuse.
+  void set_abort_on_timeout(bool abort);
   Status export_handle(int ordinal, std::string* handle);
   Status import_peer(int ordinal, int64_t peer_id, const std::string& handle);
   Status map_local_peer(int ordinal, int peer_ordinal);
   Status set_ranks_per_gpu(int ordinal, int ranks);
   Status read_trace(int ordinal, std::string* events, double* ticks_per_us);
-  // Forgets a watchdog error on this GPU: the abort flag, then the record.
-  Status clear_error(int ordinal);
+  // After a timeout, in two steps that every rank of every group takes, with
+  // a barrier after each (jax_overlap.clear_errors() is collective): stop
+  // this GPU's waits (the abort flag) and let its work finish; then zero every
+  // flag and epoch and forget the error. No rank can then still write into a
+  // zeroed workspace, and the ranks restart in step at epoch 1.
+  Status stop_after_error(int ordinal);
+  Status restart_after_error(int ordinal);
+  // Frees every workspace and device state; calls lowered before refuse to run.
   Status release();
 
-  // nullptr when initialize() has not set this GPU up.
+  // nullptr when this GPU is not set up.
   Workspace* workspace(int ordinal);
+  // Bumped by release(): the generation calls are lowered under.
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
 
   // Maps a call's `groups` attribute (world ids per group, groups
   // concatenated) to this device's rank and the group's regions.
   Status bind_group(int ordinal, const int64_t* groups, size_t n_ids, int world, uint64_t region_offset,
                     uint64_t region_bytes, GroupBinding* out);
+  // This GPU's pipelined side streams, made on first use.
+  Status side_streams(Workspace* ws, pipelined::SideStreams** out);
 
  private:
+  void start_monitor();
+
   std::mutex mu_;
   std::map<int, std::unique_ptr<Workspace>> devices_;
+  std::atomic<uint64_t> generation_{1};
+  std::atomic<bool> abort_on_timeout_{true};
+  bool monitor_started_ = false;
 };
 
 // Forgets a watchdog error on GPU `ordinal`: its abort flag, then its

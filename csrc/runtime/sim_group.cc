@@ -6,17 +6,18 @@
 #include "kernels/all_gather.h"
 #include "kernels/matmul_rs.h"
 #include "kernels/region_layout.h"
+#include "pipelined/schedule.h"
 
 namespace jo {
 namespace {
 
-enum SimOp { kSimAg = 0, kSimRs = 1, kSimGather = 2 };
+enum SimOp { kSimAg = 0, kSimRs = 1, kSimGather = 2, kSimPipelinedAg = 3, kSimPipelinedRs = 4 };
 
 }  // namespace
 
 Status SimGroup::create(int ordinal, int world, uint64_t bytes_per_rank, double watchdog_seconds,
                         std::unique_ptr<SimGroup>* out) {
-  if (world < 1 || world > kMaxWorld) return Status{"SimGroup: world must be in [1, 16]"};
+  if (world < 1 || world > kMaxWorld) return Status{"SimGroup: world must be in [1, " + std::to_string(kMaxWorld) + "]"};
   std::unique_ptr<SimGroup> g(new SimGroup());
   g->ordinal_ = ordinal;
   g->world_ = world;
@@ -39,7 +40,10 @@ Status SimGroup::create(int ordinal, int world, uint64_t bytes_per_rank, double 
     hipStream_t s;
     JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&s, hipStreamNonBlocking));
     g->streams_.push_back(s);
+    g->side_streams_.emplace_back();
+    JO_RETURN_IF_ERROR(pipelined::SideStreams::create(ordinal, &g->side_streams_.back()));
   }
+  JO_RETURN_IF_ERROR(blas::DeviceBlas::get(ordinal, &g->blas_));
   JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
   *out = std::move(g);
   return {};
@@ -48,6 +52,7 @@ Status SimGroup::create(int ordinal, int world, uint64_t bytes_per_rank, double 
 SimGroup::~SimGroup() {
   (void)hipSetDevice(ordinal_);
   (void)hipDeviceSynchronize();
+  side_streams_.clear();
   for (char* b : bases_) (void)hipFree(b);
   for (ErrorRecord* r : records_host_) (void)hipHostFree(r);
   for (hipStream_t s : streams_) (void)hipStreamDestroy(s);
@@ -82,15 +87,36 @@ GemmOperands SimMatmul::operands(int rank) const {
                       workers};
 }
 
-Status SimGroup::run(const std::function<hipError_t(int, hipStream_t)>& launch) {
+Status SimGroup::run(uint64_t offset, const std::vector<int>& ranks, bool sync,
+                     const std::function<Status(int, hipStream_t, uint32_t)>& launch) {
   JO_RETURN_IF_HIP_ERROR(hipSetDevice(ordinal_));
-  for (int r = 0; r < world_; ++r)
-    if (r != absent_) JO_RETURN_IF_HIP_ERROR(launch(r, streams_[r]));
-  for (int r = 0; r < world_; ++r) JO_RETURN_IF_HIP_ERROR(hipStreamSynchronize(streams_[r]));
+  std::vector<uint32_t>& epochs = epochs_[offset];
+  epochs.resize(world_, 0);
+  std::vector<int> all;
+  for (int r = 0; r < world_; ++r) all.push_back(r);
+  const std::vector<int>& chosen = ranks.empty() ? all : ranks;
+  for (int r : chosen) {
+    if (r < 0 || r >= world_) return Status{"SimGroup: no rank " + std::to_string(r)};
+    if (r != absent_) JO_RETURN_IF_ERROR(launch(r, streams_[r], ++epochs[r]));
+  }
+  if (sync)
+    for (int r : chosen) JO_RETURN_IF_HIP_ERROR(hipStreamSynchronize(streams_[r]));
+  return {};
+}
+
+Status SimGroup::synchronize() {
+  for (hipStream_t s : streams_) JO_RETURN_IF_HIP_ERROR(hipStreamSynchronize(s));
   return {};
 }
 
 Status SimGroup::clear_errors() {
+  // As jax_overlap.clear_errors(): stop every rank's waits, then zero every
+  // rank's regions and epochs, then forget the records: the ranks restart in step.
+  JO_RETURN_IF_HIP_ERROR(hipSetDevice(ordinal_));
+  for (int r = 0; r < world_; ++r) JO_RETURN_IF_HIP_ERROR(hipMemset(abort_flag(r), 0xFF, sizeof(uint32_t)));
+  JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
+  for (int r = 0; r < world_; ++r) JO_RETURN_IF_HIP_ERROR(hipMemset(bases_[r] + kHeaderBytes, 0, bytes_ - kHeaderBytes));
+  epochs_.clear();
   for (int r = 0; r < world_; ++r)
     JO_RETURN_IF_ERROR(clear_watchdog(ordinal_, records_host_[r], abort_flag(r)));
   return {};
@@ -99,7 +125,7 @@ Status SimGroup::clear_errors() {
 std::vector<std::string> SimGroup::errors() const {
   std::vector<std::string> out;
   for (ErrorRecord* r : records_host_)
-    if (*static_cast<volatile uint32_t*>(&r->valid)) out.push_back(describe_error(*r, info_.ticks_per_second));
+    if (error_recorded(*r)) out.push_back(describe_error(*r, info_.ticks_per_second));
   return out;
 }
 
@@ -108,12 +134,12 @@ Status SimGroup::ag_matmul(const SimMatmul& c) {
   uint64_t offset = 0;
   JO_RETURN_IF_ERROR(region(kSimAg, ag_matmul_region_bytes(world_, c.batch * c.m, c.k, c.tile, c.chunk_k, elem),
                             &offset));
-  const uint32_t epoch = ++epochs_[offset];
-  return run([&](int r, hipStream_t s) {
+  return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, uint32_t epoch) -> Status {
     const AgMatmulLaunch l{c.operands(r), reinterpret_cast<void*>(c.out[r]),
                            world_ > 1 ? reinterpret_cast<void*>(c.gathered[r]) : nullptr, c.m, c.chunk_k,
                            context(r, offset, epoch, OpKind::kAgMatmul)};
-    return launch_ag_matmul(l, s);
+    JO_RETURN_IF_HIP_ERROR(launch_ag_matmul(l, s));
+    return {};
   });
 }
 
@@ -121,11 +147,11 @@ Status SimGroup::matmul_rs(const SimMatmul& c) {
   const int elem = 2;
   uint64_t offset = 0;
   JO_RETURN_IF_ERROR(region(kSimRs, matmul_rs_region_bytes(world_, c.batch, c.m, c.n, c.tile, elem), &offset));
-  const uint32_t epoch = ++epochs_[offset];
-  return run([&](int r, hipStream_t s) {
+  return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, uint32_t epoch) -> Status {
     const MatmulRsLaunch l{c.operands(r), reinterpret_cast<void*>(c.out[r]), c.m,
                            context(r, offset, epoch, OpKind::kMatmulRs)};
-    return launch_matmul_rs(l, s);
+    JO_RETURN_IF_HIP_ERROR(launch_matmul_rs(l, s));
+    return {};
   });
 }
 
@@ -133,8 +159,7 @@ Status SimGroup::all_gather(const std::vector<uintptr_t>& x, const std::vector<u
                             int64_t m, int64_t row_bytes) {
   uint64_t offset = 0;
   JO_RETURN_IF_ERROR(region(kSimGather, all_gather_region_bytes(world_, batch * m, row_bytes), &offset));
-  const uint32_t epoch = ++epochs_[offset];
-  return run([&](int r, hipStream_t s) {
+  return run(offset, {}, true, [&](int r, hipStream_t s, uint32_t epoch) -> Status {
     AllGatherLaunch l{};
     l.x = reinterpret_cast<const void*>(x[r]);
     l.gathered = reinterpret_cast<void*>(gathered[r]);
@@ -142,7 +167,38 @@ Status SimGroup::all_gather(const std::vector<uintptr_t>& x, const std::vector<u
     l.m = m;
     l.row_bytes = row_bytes;
     l.ctx = context(r, offset, epoch, OpKind::kAllGather);
-    return launch_all_gather(l, s);
+    JO_RETURN_IF_HIP_ERROR(launch_all_gather(l, s));
+    return {};
+  });
+}
+
+Status SimGroup::pipelined(OpKind op, const SimMatmul& c) {
+  const bool ag = op == OpKind::kAgMatmul;
+  const int64_t m_total = ag ? world_ * c.m : c.m;
+  uint64_t offset = 0;
+  JO_RETURN_IF_ERROR(region(ag ? kSimPipelinedAg : kSimPipelinedRs,
+                            pipelined::region_bytes(op, world_, c.batch, c.m, c.k, c.n, 2), &offset));
+  JO_RETURN_IF_ERROR(pipelined::check_stages(op, world_, c.stages.data(), static_cast<int>(c.stages.size())));
+  if (!ag && m_total % world_ != 0) return Status{"SimGroup: rows must be a multiple of the world size"};
+  return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, uint32_t epoch) {
+    pipelined::Operands o{};
+    o.dtype = c.dtype;
+    o.x = reinterpret_cast<const void*>(c.x[r]);
+    o.w = reinterpret_cast<const void*>(c.w[r]);
+    o.bias = reinterpret_cast<const void*>(c.bias[r]);
+    o.out = reinterpret_cast<void*>(c.out[r]);
+    o.gathered = ag ? reinterpret_cast<void*>(c.gathered[r]) : nullptr;
+    o.scratch = reinterpret_cast<void*>(c.scratch[r]);
+    o.batch = c.batch;
+    o.m = c.m;
+    o.k = c.k;
+    o.n = c.n;
+    o.w_kmajor = c.w_kmajor;
+    o.stages = c.stages.data();
+    o.stage_count = static_cast<int>(c.stages.size());
+    const CallContext cc = context(r, offset, epoch, op);
+    pipelined::Context ctx{side_streams_[r].get(), blas_, cc.peers, epoch, c.site, cc.wd, info_.sm_count, false};
+    return ag ? pipelined::enqueue_ag_matmul(o, ctx, s) : pipelined::enqueue_matmul_rs(o, ctx, s);
   });
 }
 

@@ -1,8 +1,11 @@
 // Several simulated ranks on ONE GPU in one process, for protocol tests and
-// emulated-rank benchmarks: one workspace and one stream per rank, the peer
-// table pointing at the sibling workspaces. Each op launches every rank's
-// kernel on its own stream, then waits for all of them. Grids are split so
-// that all ranks' persistent kernels are co-resident (ranks_per_gpu = world).
+// emulated-rank benchmarks: one workspace, one stream and one set of pipelined
+// side streams per rank, the peer table pointing at the sibling workspaces.
+// Each op launches the listed ranks' work (every rank's by default), each on
+// its own stream, and by default waits for all of them; without that wait, and
+// with ranks launched in separate calls, ranks run calls ahead of each other.
+// Grids are split so that all ranks' persistent kernels are co-resident
+// (ranks_per_gpu = world).
 #pragma once
 
 #include <cstdint>
@@ -13,7 +16,9 @@
 #include <utility>
 #include <vector>
 
+#include "blas/gemm.h"
 #include "kernels/params.h"
+#include "pipelined/streams.h"
 #include "runtime/runtime.h"
 
 namespace jo {
@@ -26,6 +31,11 @@ struct SimMatmul {
   bool w_kmajor;
   int64_t batch, m, k, n;  // ag: m local rows; rs: m total rows (per batch element)
   std::vector<uintptr_t> x, w, bias, out, gathered;  // one device pointer per rank (bias may be 0)
+  std::vector<uintptr_t> scratch;  // pipelined: each rank's scratch (pipelined::scratch_bytes)
+  std::vector<int64_t> stages;     // pipelined: the stage plan
+  uint32_t site = 1;               // pipelined: the call site's number
+  std::vector<int> ranks;          // the ranks to launch; empty: all
+  bool sync = true;                // wait for the launched ranks before returning
 
   GemmOperands operands(int rank) const;
 };
@@ -38,6 +48,9 @@ class SimGroup {
 
   Status ag_matmul(const SimMatmul& call);
   Status matmul_rs(const SimMatmul& call);
+  Status pipelined(OpKind op, const SimMatmul& call);
+  // Waits for every rank's stream.
+  Status synchronize();
   Status all_gather(const std::vector<uintptr_t>& x, const std::vector<uintptr_t>& gathered, int64_t batch,
                     int64_t m, int64_t row_bytes);
   // Timed-out records, one string per rank that has one.
@@ -51,8 +64,11 @@ class SimGroup {
  private:
   SimGroup() = default;
   Status region(int op, uint64_t bytes, uint64_t* offset);
-  // Launches launch(rank, stream) for every rank, then waits for all ranks.
-  Status run(const std::function<hipError_t(int rank, hipStream_t stream)>& launch);
+  // Runs launch(rank, stream, epoch) for each of `ranks` (all when empty) but
+  // the absent one, with that rank's next epoch on the region at `offset`;
+  // then, with `sync`, waits for them.
+  Status run(uint64_t offset, const std::vector<int>& ranks, bool sync,
+             const std::function<Status(int rank, hipStream_t stream, uint32_t epoch)>& launch);
   // Rank `rank`'s view of the region at `offset` for one call.
   CallContext context(int rank, uint64_t offset, uint32_t epoch, OpKind op) const;
   // Rank `rank`'s watchdog abort flag (its workspace header, as in Workspace).
@@ -62,15 +78,17 @@ class SimGroup {
   int world_ = 0;
   int absent_ = -1;
   uint64_t bytes_ = 0;
-  uint64_t next_offset_ = kRegionsOffset;
+  uint64_t next_offset_ = kHeaderBytes;  // each rank's allocation: its device-state header, then regions
   DeviceInfo info_;
   uint64_t timeout_ticks_ = 0;
   std::vector<char*> bases_;
   std::vector<ErrorRecord*> records_host_;
   std::vector<ErrorRecord*> records_device_;
   std::vector<hipStream_t> streams_;
-  std::map<std::pair<int, uint64_t>, uint64_t> regions_;  // (op, bytes) -> offset
-  std::map<uint64_t, uint32_t> epochs_;                  // offset -> calls so far
+  std::vector<std::unique_ptr<pipelined::SideStreams>> side_streams_;
+  blas::DeviceBlas* blas_ = nullptr;
+  std::map<std::pair<int, uint64_t>, uint64_t> regions_;      // (op, bytes) -> offset
+  std::map<uint64_t, std::vector<uint32_t>> epochs_;         // offset -> calls so far, per rank
 };
 
 }  // namespace jo

@@ -1,0 +1,104 @@
+#include "kernels/pipeline_kernels.h"
+
+#include "kernels/protocol.h"
+
+namespace jo {
+namespace {
+
+// Element i of a kernel-parameter array without copying the array to scratch
+// memory (a run-time index into a parameter array does that on AMD).
+template <typename T>
+__device__ __forceinline__ T pick(const T (&values)[kMaxWorld], int i) {
+  T out{};
+#pragma unroll
+  for (int j = 0; j < kMaxWorld; ++j)
+    if (j == i) out = values[j];
+  return out;
+}
+
+// One thread per flag; threads beyond the count only join the exit.
+__global__ void pipeline_wait_kernel(FlagWait w) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i >= w.count) return;
+  const PipeFlag* flag = pick(w.flags, i);
+  const uint32_t peer = pick(w.peers, i);
+  if (!spin_until<Scope::kSystem>(&flag->epoch, w.epoch, w.wd, w.rank, peer, w.world, w.epoch, w.what)) return;
+  // Read after the epoch's acquire: the site of that same release.
+  if (w.site != 0 && gpu::load_acquire_sys(&flag->site) != w.site)
+    record_timeout(w.wd, w.rank, peer, w.world, w.epoch, WaitOn::kCallSite, 0);
+}
+
+__global__ void pipeline_poison_kernel(const uint32_t* abort, gpu::Vec16* a, uint64_t a_vecs, gpu::Vec16* b,
+                                       uint64_t b_vecs) {
+  if (*static_cast<const volatile uint32_t*>(abort) == 0) return;
+  const gpu::Vec16 nan{{~0u, ~0u, ~0u, ~0u}};
+  for (uint64_t i = threadIdx.x; i < a_vecs; i += blockDim.x) gpu::store16(a + i, nan);
+  for (uint64_t i = threadIdx.x; i < b_vecs; i += blockDim.x) gpu::store16(b + i, nan);
+}
+
+template <typename T>
+__global__ void pipeline_reduce_kernel(ReduceArgs a) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool aborted = a.abort != nullptr && *static_cast<const volatile uint32_t*>(a.abort) != 0;
+  const int64_t block_elems = a.rows * a.n;
+  const int64_t vecs = a.batch * block_elems / kVec;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vecs; v += step) {
+    // n is a multiple of kVec: a vector never straddles a row or a batch element.
+    const int64_t e = v * kVec;
+    const int64_t b = e / block_elems;
+    const int64_t within = e - b * block_elems;
+    float acc[kVec] = {};
+#pragma unroll
+    for (int q = 0; q < kMaxWorld; ++q) {
+      if (q >= a.count) break;
+      const T* src = static_cast<const T*>(a.partials[q]) + b * a.partial_batch_stride[q] + within;
+      T vals[kVec];
+      const gpu::Vec16 raw = gpu::load16(src);
+      __builtin_memcpy(vals, &raw, sizeof(raw));
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) acc[i] += gpu::to_float(vals[i]);
+    }
+    const int64_t col = within % a.n;
+    T out[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const float bias = a.bias != nullptr ? gpu::to_float(static_cast<const T*>(a.bias)[col + i]) : 0.f;
+      out[i] = gpu::from_float<T>(acc[i] + bias);  // the bias, once, after the sum
+    }
+    gpu::Vec16 packed;
+    __builtin_memcpy(&packed, out, sizeof(packed));
+    if (aborted) packed = gpu::Vec16{{~0u, ~0u, ~0u, ~0u}};
+    gpu::store16(static_cast<T*>(a.out) + e, packed);
+  }
+}
+
+}  // namespace
+
+hipError_t launch_flag_wait(const FlagWait& wait, hipStream_t stream) {
+  if (wait.count < 1 || wait.count > kMaxWorld) return hipErrorInvalidValue;
+  pipeline_wait_kernel<<<1, gpu::kWarpSize, 0, stream>>>(wait);
+  return hipGetLastError();
+}
+
+hipError_t launch_poison_if_aborted(const uint32_t* abort, void* a, uint64_t a_bytes, void* b, uint64_t b_bytes,
+                                    hipStream_t stream) {
+  // One workgroup: it returns at once unless the call was aborted, when speed no longer matters.
+  pipeline_poison_kernel<<<1, 1024, 0, stream>>>(abort, static_cast<gpu::Vec16*>(a), a_bytes / 16,
+                                                 static_cast<gpu::Vec16*>(b), b_bytes / 16);
+  return hipGetLastError();
+}
+
+hipError_t launch_reduce(const ReduceArgs& args, int sm_count, hipStream_t stream) {
+  const int64_t vecs = args.batch * args.rows * args.n / 8;
+  const int64_t blocks = (vecs + 255) / 256;
+  const int grid = static_cast<int>(blocks < 4 * sm_count ? blocks : 4 * sm_count);
+  if (grid < 1) return hipSuccess;
+  if (args.dtype == DType::kBF16)
+    pipeline_reduce_kernel<gpu::bf16><<<grid, 256, 0, stream>>>(args);
+  else
+    pipeline_reduce_kernel<gpu::fp16><<<grid, 256, 0, stream>>>(args);
+  return hipGetLastError();
+}
+
+}  // namespace jo

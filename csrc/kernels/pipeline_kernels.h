@@ -1,0 +1,63 @@
+// Device work of the pipelined algorithm (csrc/pipelined/): bounded waits on
+// its flags, matmul_rs's fixed-order reduction, and the poisoning of the
+// outputs of a call the watchdog aborted. Everything else it runs is the
+// vendor GEMM and copy-engine transfers.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/params.h"
+#include "platform/gpu.h"
+
+namespace jo {
+
+// A flag of the pipelined protocol: the epoch of the call that released it
+// and that call's site (jax_overlap/runtime.py numbers the call sites sharing
+// a region). The writer stores `site`, then `epoch`, each a stream write
+// preceded by a memory fence, so a reader that acquires `epoch` reads the
+// `site` of the same release. A reader's done flag carries the epoch only.
+struct alignas(8) PipeFlag {
+  uint32_t epoch;
+  uint32_t site;
+};
+
+// Waits, in one launch, until every listed flag holds `epoch` exactly (and,
+// when `site` is nonzero, was released by that call site). On a timeout, or a
+// flag released for another call site, it records the error, sets the abort
+// flag and returns; it also returns as soon as another wait of this GPU did.
+struct FlagWait {
+  const PipeFlag* flags[kMaxWorld];
+  uint32_t peers[kMaxWorld];  // the rank that releases each flag, for the error record
+  int count;
+  uint32_t epoch;
+  uint32_t site;
+  WaitOn what;
+  uint32_t rank;
+  uint32_t world;
+  Watchdog wd;
+};
+hipError_t launch_flag_wait(const FlagWait& wait, hipStream_t stream);
+
+// Fills `bytes` of each buffer with NaN (0xFFFF in bf16 and fp16) when this
+// GPU's watchdog has fired: then no output of the aborted call, or of a call
+// queued behind it, looks like a result.
+hipError_t launch_poison_if_aborted(const uint32_t* abort, void* a, uint64_t a_bytes, void* b, uint64_t b_bytes,
+                                    hipStream_t stream);
+
+// matmul_rs's reduction of one rank's row block:
+//   out[b][i][j] = round(sum_{q = 0 .. count-1} partial_q[b][i][j] + bias[j])
+// summed in fp32 in rank order (bitwise reproducible; the fused kernel's
+// numerics), NaN everywhere when the watchdog has fired.
+struct ReduceArgs {
+  DType dtype;
+  const void* partials[kMaxWorld];        // [batch][rows][n] each, rows contiguous
+  int64_t partial_batch_stride[kMaxWorld];  // elements between batch elements
+  int count;
+  const void* bias;  // [n] or nullptr
+  void* out;         // [batch][rows][n]
+  int64_t batch, rows, n;
+  const uint32_t* abort;  // nullptr: never poisoned (loopback)
+};
+hipError_t launch_reduce(const ReduceArgs& args, int sm_count, hipStream_t stream);
+
+}  // namespace jo

@@ -1,0 +1,84 @@
+// The pipelined algorithm: the vendor GEMM per chunk of rows, on two compute
+// streams forked from the caller's stream, with the rows moved between ranks
+// by copy engines on a copy stream (no SM spent on moving data, no host
+// synchronization), and epoch flags in the symmetric workspace between ranks.
+//
+// ag_matmul, rank r of T, y = all_gather(x) @ w + bias:
+//   copy stream:    [wait: readers done with slot(e-2)] copy x -> my slot; release pub(e);
+//                   wait: every peer's pub(e); for s = r+1, r+2, ... (ring order, so each rank
+//                   is read by one peer at a time): pull peer s's slot into s's rows of
+//                   `gathered`, release done(e) in s's region, record arrived[i]; finally copy x
+//                   into my own rows of `gathered`.
+//   compute streams: stage 0 = my own shard from x, at once; then the stages of the plan
+//                   (consecutive ring positions, one GEMM per contiguous range of rows), each
+//                   after its last shard arrived, alternating between the two streams.
+//   then:           join; NaN over y and gathered if the watchdog fired.
+// matmul_rs, rank r of T, out = psum_scatter(x @ w) + bias:
+//   compute streams: stages over the row blocks in the order r+1, r+2, ..., r (my own last):
+//                   [wait: the blocks' owners done with staging(e-2)] GEMM the blocks' rows of x
+//                   into my staging slot (bf16/fp16, the output dtype), release ready(e) per block.
+//   copy stream:    for q = r-1, r-2, ... (the order in which peers compute my block): wait for
+//                   q's ready(e) of block r, pull it into my receive area, release done(e) in q's
+//                   region.
+//   then:           join; the fixed-order reduction (fp32, ranks 0..T-1, bias once) into out,
+//                   NaN if the watchdog fired.
+// Every wait is a bounded wait kernel (kernels/pipeline_kernels.h): a stream-
+// memory-op wait cannot time out, a kernel records the error and returns.
+// Loopback (benchmarks and tests on one GPU): the same streams, GEMMs and
+// copies with my own data standing in for every peer's, and no flags.
+#pragma once
+
+#include <cstdint>
+
+#include "blas/gemm.h"
+#include "kernels/params.h"
+#include "pipelined/layout.h"
+#include "pipelined/streams.h"
+#include "platform/status.h"
+
+namespace jo::pipelined {
+
+// Where and how one rank runs a call.
+struct Context {
+  SideStreams* streams;
+  blas::DeviceBlas* blas;
+  Peers peers;      // every rank's region of the call (unused in loopback)
+  uint32_t epoch;   // this call's epoch on the region (1, 2, ...)
+  uint32_t site;    // this call site's number among those sharing the region (>= 1)
+  Watchdog wd;      // wd.abort: this GPU's abort flag (nullptr in loopback: no poisoning)
+  int sm_count;
+  bool loopback;
+};
+
+struct Operands {
+  DType dtype;
+  const void* x;
+  const void* w;
+  const void* bias;  // [n] or nullptr
+  void* out;         // ag_matmul: y [batch, world * m, n]; matmul_rs: [batch, m / world, n]
+  void* gathered;    // ag_matmul: [batch, world * m, k]
+  void* scratch;     // scratch_bytes(): the compute streams' vendor workspaces, matmul_rs's receive area
+  int64_t batch;
+  int64_t m;  // ag_matmul: rows of x's shard; matmul_rs: rows of x (all blocks)
+  int64_t k, n;
+  bool w_kmajor;
+  const int64_t* stages;  // ring positions per stage, in order; they sum to the world size
+  int stage_count;
+};
+
+// Bytes of a call's XLA scratch result (and, in loopback, of matmul_rs's
+// stand-in staging after it).
+uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n, int elem_bytes, bool loopback);
+// Bytes of a call's symmetric region (0 for a group of one).
+uint64_t region_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int elem_bytes);
+// Checks a stage plan: positive sizes summing to `world`, ag_matmul's first stage its own shard alone.
+Status check_stages(OpKind op, int world, const int64_t* stages, int stage_count);
+
+Status enqueue_ag_matmul(const Operands& op, const Context& ctx, hipStream_t origin);
+Status enqueue_matmul_rs(const Operands& op, const Context& ctx, hipStream_t origin);
+
+// A group of one: y = x @ w + bias, the vendor GEMM alone on `stream`
+// (scratch: one vendor workspace).
+Status enqueue_local_gemm(const Operands& op, blas::DeviceBlas& blas, hipStream_t stream);
+
+}  // namespace jo::pipelined

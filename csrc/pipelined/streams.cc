@@ -1,0 +1,55 @@
+#include "pipelined/streams.h"
+
+namespace jo::pipelined {
+
+Status SideStreams::create(int ordinal, std::unique_ptr<SideStreams>* out) {
+  int previous = -1;
+  JO_RETURN_IF_HIP_ERROR(hipGetDevice(&previous));
+  JO_RETURN_IF_HIP_ERROR(hipSetDevice(ordinal));
+  std::unique_ptr<SideStreams> s(new SideStreams());
+  const Status made = [&]() -> Status {
+    int least = 0, greatest = 0;
+    JO_RETURN_IF_HIP_ERROR(hipDeviceGetStreamPriorityRange(&least, &greatest));
+    JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithPriority(&s->copy, hipStreamNonBlocking, greatest));
+    for (hipStream_t& c : s->compute) JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithPriority(&c, hipStreamNonBlocking, least));
+    JO_RETURN_IF_HIP_ERROR(hipEventCreateWithFlags(&s->fork, hipEventDisableTiming));
+    for (hipEvent_t& e : s->finished) JO_RETURN_IF_HIP_ERROR(hipEventCreateWithFlags(&e, hipEventDisableTiming));
+    for (hipEvent_t& e : s->arrived) JO_RETURN_IF_HIP_ERROR(hipEventCreateWithFlags(&e, hipEventDisableTiming));
+    return {};
+  }();
+  JO_RETURN_IF_HIP_ERROR(hipSetDevice(previous));
+  JO_RETURN_IF_ERROR(made);
+  *out = std::move(s);
+  return {};
+}
+
+SideStreams::~SideStreams() {
+  // Destroyed only when nothing runs on them any more (SimGroup teardown,
+  // after a device sync); errors have nowhere to go.
+  for (hipEvent_t e : arrived)
+    if (e) (void)hipEventDestroy(e);
+  for (hipEvent_t e : finished)
+    if (e) (void)hipEventDestroy(e);
+  if (fork) (void)hipEventDestroy(fork);
+  for (hipStream_t c : compute)
+    if (c) (void)hipStreamDestroy(c);
+  if (copy) (void)hipStreamDestroy(copy);
+}
+
+Status SideStreams::fork_from(hipStream_t origin) {
+  JO_RETURN_IF_HIP_ERROR(hipEventRecord(fork, origin));
+  JO_RETURN_IF_HIP_ERROR(hipStreamWaitEvent(copy, fork, 0));
+  for (hipStream_t c : compute) JO_RETURN_IF_HIP_ERROR(hipStreamWaitEvent(c, fork, 0));
+  return {};
+}
+
+Status SideStreams::join_into(hipStream_t origin) {
+  const hipStream_t sides[3] = {copy, compute[0], compute[1]};
+  for (int i = 0; i < 3; ++i) {
+    JO_RETURN_IF_HIP_ERROR(hipEventRecord(finished[i], sides[i]));
+    JO_RETURN_IF_HIP_ERROR(hipStreamWaitEvent(origin, finished[i], 0));
+  }
+  return {};
+}
+
+}  // namespace jo::pipelined

@@ -1,0 +1,37 @@
+// The side streams a rank's pipelined calls run on, forked from and joined
+// back into XLA's stream with events: one copy stream at the device's highest
+// priority (transfers and their signals), and two compute streams that take
+// the chunk GEMMs in turn, so one GEMM's partial last wave can overlap the
+// next. Made once per GPU (per simulated rank in SimGroup) outside any
+// execute handler's hot path and never destroyed while calls may run.
+#pragma once
+
+#include <memory>
+#include <mutex>
+
+#include "kernels/params.h"
+#include "platform/status.h"
+
+namespace jo::pipelined {
+
+struct SideStreams {
+  hipStream_t copy = nullptr;
+  hipStream_t compute[2] = {};
+  hipEvent_t fork = nullptr;                // recorded on the caller's stream
+  hipEvent_t finished[3] = {};             // copy, compute[0], compute[1]
+  hipEvent_t arrived[kMaxWorld] = {};      // ag_matmul: ring position i's shard is in `gathered`
+  // One call enqueues at a time: calls share the events (a later call's
+  // record does not disturb waits an earlier one already enqueued).
+  std::mutex mu;
+
+  // Streams and events on GPU `ordinal` (made current for the call).
+  static Status create(int ordinal, std::unique_ptr<SideStreams>* out);
+  ~SideStreams();
+
+  // The side streams wait for the work `origin` holds so far.
+  Status fork_from(hipStream_t origin);
+  // `origin` waits for everything enqueued on the side streams so far.
+  Status join_into(hipStream_t origin);
+};
+
+}  // namespace jo::pipelined

@@ -1,0 +1,58 @@
+"""Figures measured on this machine's GPUs for the cost model (jax_overlap/pipeline_plan.py).
+
+- GEMM times: the vendor GEMM (what the pipelined algorithm runs, and close to
+  what XLA's dot runs) timed at the rows each number of chunks of a call
+  covers, once per shape and dtype, at the first lowering that needs them.
+- The peer link and the local copy rate: copy-engine copies timed when
+  initialize() maps the peers (runtime.py). Before that, the decision whether
+  to set the workspace up at all guesses the link at a quarter of the local
+  copy rate (H200: about 0.5 of 2 TB/s, near NVLink's 450 GB/s per direction;
+  MI300X: about 0.4 TB/s, near its 7 xGMI links): the measurement then
+  replaces the guess, and the call may still take the XLA path.
+
+Processes of one group must decide alike, so for groups that span processes
+process 0's figures are published through the jax.distributed key-value store
+and every process uses them (runtime.agree).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from jax_overlap import native, pipeline_plan, runtime
+
+
+LINK_GUESS_FRACTION = 0.25
+
+
+@functools.cache
+def _local_copy_bytes_per_us(ordinal: int) -> float:
+  """A copy-engine copy within this GPU, before any workspace exists (64 MiB between temporary buffers)."""
+  probe = 64 << 20
+  return probe / native.module().time_copy(ordinal, 0, probe)
+
+
+@functools.cache
+def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmajor: bool, shared: bool) -> tuple:
+  """The vendor GEMM's time (us) over s chunks of `chunk_rows` rows, s = 1 .. world."""
+  rows = [chunk_rows * s for s in range(1, world + 1)]
+  measured = native.module().time_gemms(runtime.first_ordinal(), dtype_name, rows, n, k, w_kmajor)
+  if shared:
+    measured = runtime.agree(f"gemm/{dtype_name}/{chunk_rows}x{world}/{n}/{k}/{int(w_kmajor)}", measured)
+  return tuple(measured)
+
+
+def figures(op: str, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor: bool,
+            shared: bool) -> pipeline_plan.Figures:
+  """The model's figures for one call: measured link and copy rates once the workspace exists, else the
+  local copy rate and the link guessed from it (see the module docstring)."""
+  link, local = runtime.link_bytes_per_us(), runtime.local_bytes_per_us()
+  if link is None:
+    local = _local_copy_bytes_per_us(runtime.first_ordinal())
+    if shared:
+      local = runtime.agree("local_copy", local)
+    link = LINK_GUESS_FRACTION * local
+  return pipeline_plan.Figures(
+      gemm_us=gemm_us(dtype_name, pipeline_plan.chunk_rows(op, rows, world), world, n, k, w_kmajor, shared),
+      chunk_bytes=pipeline_plan.chunk_bytes(op, rows, k, n, world),
+      link_bytes_per_us=link, local_bytes_per_us=local)
