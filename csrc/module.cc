@@ -272,6 +272,15 @@ PYBIND11_MODULE(_native, m) {
     py::gil_scoped_release release;
     throw_if_error(Runtime::instance().set_options(ordinal, watchdog_seconds, sync_after_launch, trace));
   });
+  m.def("synchronize", [](int ordinal) {
+    py::gil_scoped_release release;
+    int previous = 0;
+    throw_if_error(Status{hipGetDevice(&previous) == hipSuccess ? "" : "jax_overlap: no current device"});
+    const hipError_t set = hipSetDevice(ordinal);
+    const hipError_t synced = set == hipSuccess ? hipDeviceSynchronize() : set;
+    (void)hipSetDevice(previous);
+    if (synced != hipSuccess) throw std::runtime_error(std::string("jax_overlap: ") + hipGetErrorString(synced));
+  });
   m.def("set_abort_on_timeout", [](bool abort) { Runtime::instance().set_abort_on_timeout(abort); });
   m.def("generation", [] { return Runtime::instance().generation(); });
   m.def("export_handle", [](int ordinal) {

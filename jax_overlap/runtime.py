@@ -455,11 +455,18 @@ def shutdown() -> None:
   """Frees the workspaces and device states and forgets peers and regions; initialize() may run again.
 
   Calls compiled before refuse to run afterwards (they were bound to the freed
-  workspaces): trace and compile them again.
+  workspaces): trace and compile them again. With several processes it is
+  collective: each finishes its GPUs' work, and none frees its workspace
+  before every peer has stopped reading it.
   """
   with _lock:
     if _state.prepared:
-      native.module().release()
+      nat = native.module()
+      for d in _state.devices.values():
+        nat.synchronize(d.ordinal)
+      if _state.active:
+        _barrier("shutdown")
+      nat.release()
     _state.prepared = False
     _state.active = False
     _state.devices = {}

@@ -1,4 +1,4 @@
-"""One process driving every local GPU (2 or more): the fused ops across real peer links.
+"""One process driving every local GPU (2 or more): the fused and pipelined ops across real peer links.
 
 One SPMD executable serves all local GPUs, so per-call state must bind per
 device (a shared binding made every GPU act as the same rank: regression).
@@ -33,18 +33,22 @@ def test_all_gather_exact():
   np.testing.assert_array_equal(np.asarray(f(x)), np.broadcast_to(np.asarray(x), (t, *x.shape)))
 
 
+ALGORITHMS = ["fused", "pipelined"]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_ag_matmul_and_matmul_rs_fused(dtype):
+def test_ag_matmul_and_matmul_rs(dtype, algorithm):
   mesh = _mesh()
   t = mesh.shape["tp"]
   rng = np.random.default_rng(1)
   x, w = random(rng, (2, t * 200, 1024), dtype), random(rng, (1024, t * 384), dtype, 1 / 32)
-  ag = jax.jit(jax.shard_map(lambda x, w: jo.ag_matmul(x, w, axis_name="tp", algorithm="fused"), mesh=mesh,
+  ag = jax.jit(jax.shard_map(lambda x, w: jo.ag_matmul(x, w, axis_name="tp", algorithm=algorithm), mesh=mesh,
                              in_specs=(P(None, "tp"), P(None, "tp")), out_specs=P(None, None, "tp")))
   want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   assert rel_err(ag(x, w), want) < tolerance(dtype)
   h, w2 = random(rng, (2, t * 96, t * 256), dtype), random(rng, (t * 256, 512), dtype, 1 / 32)
-  rs = jax.jit(jax.shard_map(lambda h, w: jo.matmul_rs(h, w, axis_name="tp", algorithm="fused"), mesh=mesh,
+  rs = jax.jit(jax.shard_map(lambda h, w: jo.matmul_rs(h, w, axis_name="tp", algorithm=algorithm), mesh=mesh,
                              in_specs=(P(None, None, "tp"), P("tp", None)), out_specs=P(None, "tp")))
   z1, z2 = rs(h, w2), rs(h, w2)
   assert rel_err(z1, np.asarray(h, np.float64) @ np.asarray(w2, np.float64)) < 2 * tolerance(dtype)
@@ -57,9 +61,10 @@ def _meshes_2d():
   return [Mesh(np.array(jax.devices()[:n]).reshape(s), ("dp", "tp")) for s in shapes]
 
 
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("mesh", _meshes_2d(), ids=lambda m: f"dp{m.shape['dp']}xtp{m.shape['tp']}")
-def test_tp_mlp_grads_on_dp_tp_mesh(mesh):
-  """A dp x tp mesh: groups along tp only, batch split over dp; fused grads vs the XLA path's."""
+def test_tp_mlp_grads_on_dp_tp_mesh(mesh, algorithm):
+  """A dp x tp mesh: groups along tp only, batch split over dp; grads vs the XLA path's."""
   dp, tp = mesh.shape["dp"], mesh.shape["tp"]
   rng = np.random.default_rng(2)
   x = random(rng, (dp * 2, tp * 128, 512), jnp.bfloat16)
@@ -73,7 +78,7 @@ def test_tp_mlp_grads_on_dp_tp_mesh(mesh):
     f = jax.shard_map(body, mesh=mesh, in_specs=(P("dp", "tp"), P(None, "tp"), P("tp", None)), out_specs=P(None))
     return jax.jit(jax.value_and_grad(lambda *a: f(*a)[0], argnums=(0, 1, 2)))
 
-  (l_f, g_f), (l_x, g_x) = loss("fused")(x, w1, w2), loss("xla")(x, w1, w2)
+  (l_f, g_f), (l_x, g_x) = loss(algorithm)(x, w1, w2), loss("xla")(x, w1, w2)
   assert abs(float(l_f) - float(l_x)) < 2e-2 * abs(float(l_x))
   for name, a, b in zip(("dx", "dw1", "dw2"), g_f, g_x):
     assert rel_err(a, np.asarray(b, np.float64)) < 3e-2, name
