@@ -186,8 +186,11 @@ def _fused_call(ctx, op: str, x_aval, w_aval, axis_name, axis_size, algorithm, w
   batch = math.prod(lead)
   n = _n_of(w_aval, w_kmajor)
   planner = config.plan_ag_matmul if op == "ag_matmul" else config.plan_matmul_rs
-  plan, why = planner(dtype_name=np.dtype(x_aval.dtype).name, rows=batch * m, k=k, n=n, world=world,
-                      device=runtime.device_props(), tiles=native.tile_shapes(), algorithm=algorithm)
+  dtype_name, device = np.dtype(x_aval.dtype).name, runtime.device_props()
+  geometry = functools.partial(native.gemm_geometry, op, dtype_name=dtype_name, w_kmajor=w_kmajor, world=world,
+                               batch=batch, m=m, k=k, n=n, device=device)
+  plan, why = planner(dtype_name=dtype_name, rows=batch * m, k=k, n=n, world=world, device=device,
+                      tiles=native.tile_shapes(), geometry=geometry, algorithm=algorithm)
   if plan is None:
     return None, why
   return (plan, groups, world, batch, m, k, n), ""
@@ -205,13 +208,7 @@ def _gpu_lowering(ctx, x, w, *bias, op, axis_name, axis_size, algorithm, w_kmajo
     log.debug("jax_overlap.%s: XLA path (%s)", op, why)
     return _lower_reference(ctx, x, w, *bias, op=op, **params)
   plan, groups, world, batch, m, k, n = fused
-  nat = native.module()
-  elem = np.dtype(x_aval.dtype).itemsize
-  if op == "ag_matmul":
-    region_bytes = nat.ag_matmul_region_bytes(world, batch * m, k, plan.tile, plan.chunk_k, elem)
-  else:
-    region_bytes = nat.matmul_rs_region_bytes(world, batch, m, n, plan.tile, elem)
-  region_offset = runtime.region(op, groups, (batch, m, k, n, plan.tile, plan.chunk_k), region_bytes) \
+  region_offset = runtime.region(op, groups, (batch, m, k, n, plan.tile, plan.chunk_k), plan.region_bytes) \
       if world > 1 else 0
   native.ensure_registered()
   empty = jax.core.ShapedArray((0,), x_aval.dtype)
@@ -222,17 +219,14 @@ def _gpu_lowering(ctx, x, w, *bias, op, axis_name, axis_size, algorithm, w_kmajo
   else:
     avals_out = list(ctx.avals_out)
   sub_ctx = ctx.replace(avals_in=avals_in, avals_out=avals_out)
-  tile = next(t for t in native.tile_shapes() if t.index == plan.tile)
-  slots = config.tail_slots(tile, batch * m, n, k, runtime.device_props()) if world == 1 else 0
-  attrs = {**plan.attribute(), "w_kmajor": np.int64(w_kmajor), "region_offset": np.int64(region_offset),
-           "region_bytes": np.int64(region_bytes), "tail_slots": np.int64(slots)}
-  log.debug("jax_overlap.%s: fused (world %d, tile %d, workers %d, chunk_k %d; model %.0f us vs xla %.0f us)",
-            op, world, plan.tile, plan.workers, plan.chunk_k, plan.est_fused_us, plan.est_xla_us)
+  attrs = plan.attribute(w_kmajor=w_kmajor, region_offset=region_offset)
+  log.debug("jax_overlap.%s: fused (world %d, tile %d, comm workgroups %d, chunk_k %d; model %.0f us vs xla %.0f us)",
+            op, world, plan.tile, plan.comm_workgroups, plan.chunk_k, plan.est_fused_us, plan.est_xla_us)
   if world == 1:
     # No protocol: the stateless, command-buffer-compatible target, so XLA
     # can keep the call inside its CUDA/HIP graph.
-    # The second result is the stream-K tail's scratch (config.tail_slots).
-    scratch = jax.core.ShapedArray((nat.tail_scratch_bytes(plan.tile, slots),), np.uint8)
+    # The second result is the stream-K tail's scratch (FusedPlan.tail_slots).
+    scratch = jax.core.ShapedArray((plan.tail_scratch_bytes,), np.uint8)
     sub_ctx = sub_ctx.replace(avals_out=[avals_out[0], scratch])
     y = jax.ffi.ffi_lowering(native.target(op + "_local"))(sub_ctx, x, w, bias_value, config=attrs)[0]
     return [y, x] if op == "ag_matmul" else [y]  # a group of one gathers x itself

@@ -92,7 +92,7 @@ ffi::ErrorOr<GemmCall> gemm_call(const char* op, const ffi::AnyBuffer& x, const 
   c.op.w = w.untyped_data();
   c.op.bias = bias.element_count() ? bias.untyped_data() : nullptr;
   c.op.batch = leading_batch(xd);
-  c.op.workers = static_cast<int>(config.workers);
+  c.op.comm_workgroups = static_cast<int>(config.comm_workgroups);
   return c;
 }
 

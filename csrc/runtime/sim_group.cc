@@ -79,7 +79,7 @@ CallContext SimGroup::context(int rank, uint64_t offset, uint32_t epoch, OpKind 
 GemmOperands SimMatmul::operands(int rank) const {
   return GemmOperands{dtype, tile, w_kmajor, reinterpret_cast<const void*>(x[rank]),
                       reinterpret_cast<const void*>(w[rank]), reinterpret_cast<const void*>(bias[rank]), batch, k, n,
-                      workers};
+                      comm_workgroups};
 }
 
 Status SimGroup::run(const std::function<hipError_t(int, hipStream_t)>& launch) {
