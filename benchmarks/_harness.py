@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import glob
 import gzip
 import json
@@ -279,10 +280,13 @@ def sim_group_us(world: int, op: str, m_total: int, n: int, k: int) -> float:
     ws = [put((k, n // world), k ** -0.5) for _ in range(world)]
     ys = [jnp.zeros((m_total, n // world), jnp.bfloat16) for _ in range(world)]
     gs = [jnp.zeros((m_total, k), jnp.bfloat16) for _ in range(world)]
+    geometry = functools.partial(native.gemm_geometry, "ag_matmul", dtype_name="bfloat16", w_kmajor=False,
+                                 world=world, batch=1, m=m, k=k, n=n // world, device=_sim_props(world))
     plan, _ = config.plan_ag_matmul(dtype_name="bfloat16", rows=m, k=k, n=n // world, world=world,
-                                       device=_sim_props(world), tiles=native.tile_shapes(), algorithm="fused")
-    call = dict(dtype="bfloat16", tile=plan.tile, workers=plan.workers, chunk_k=plan.chunk_k, w_kmajor=False,
-                batch=1, m=m, k=k, n=n // world, x=[a.unsafe_buffer_pointer() for a in xs],
+                                    device=_sim_props(world), tiles=native.tile_shapes(), geometry=geometry,
+                                    algorithm="fused")
+    call = dict(dtype="bfloat16", tile=plan.tile, comm_workgroups=plan.comm_workgroups, chunk_k=plan.chunk_k,
+                w_kmajor=False, batch=1, m=m, k=k, n=n // world, x=[a.unsafe_buffer_pointer() for a in xs],
                 w=[a.unsafe_buffer_pointer() for a in ws], bias=[0] * world,
                 out=[a.unsafe_buffer_pointer() for a in ys], gathered=[a.unsafe_buffer_pointer() for a in gs])
     launch = lambda: g.ag_matmul(call)
@@ -290,9 +294,13 @@ def sim_group_us(world: int, op: str, m_total: int, n: int, k: int) -> float:
     xs = [put((m_total, k // world)) for _ in range(world)]
     ws = [put((k // world, n), k ** -0.5) for _ in range(world)]
     outs = [jnp.zeros((m_total // world, n), jnp.bfloat16) for _ in range(world)]
+    geometry = functools.partial(native.gemm_geometry, "matmul_rs", dtype_name="bfloat16", w_kmajor=False,
+                                 world=world, batch=1, m=m_total, k=k // world, n=n, device=_sim_props(world))
     plan, _ = config.plan_matmul_rs(dtype_name="bfloat16", rows=m_total, k=k // world, n=n, world=world,
-                                       device=_sim_props(world), tiles=native.tile_shapes(), algorithm="fused")
-    call = dict(dtype="bfloat16", tile=plan.tile, workers=plan.workers, w_kmajor=False, batch=1, m=m_total,
+                                    device=_sim_props(world), tiles=native.tile_shapes(), geometry=geometry,
+                                    algorithm="fused")
+    call = dict(dtype="bfloat16", tile=plan.tile, comm_workgroups=plan.comm_workgroups, w_kmajor=False, batch=1,
+                m=m_total,
                 k=k // world, n=n, x=[a.unsafe_buffer_pointer() for a in xs],
                 w=[a.unsafe_buffer_pointer() for a in ws], bias=[0] * world,
                 out=[a.unsafe_buffer_pointer() for a in outs])

@@ -21,6 +21,7 @@
 #include "runtime/sim_group.h"
 
 namespace py = pybind11;
+using namespace pybind11::literals;
 
 #ifndef JAX_OVERLAP_ARCHS
 #define JAX_OVERLAP_ARCHS "unknown"
@@ -44,15 +45,53 @@ py::capsule capsule(XLA_FFI_Handler* fn) { return py::capsule(reinterpret_cast<v
 py::dict tile_shape_dict(int index) {
   TileShapeInfo info{};
   if (!tile_shape_info(index, &info)) throw std::out_of_range("no tile shape " + std::to_string(index));
-  py::dict d;
-  d["index"] = index;
-  d["bm"] = info.bm;
-  d["bn"] = info.bn;
-  d["bk"] = info.bk;
-  d["threads"] = info.threads;
-  d["smem_bytes"] = info.smem_bytes;
-  d["stream_k"] = info.stream_k;
-  return d;
+  return py::dict("index"_a = index, "bm"_a = info.bm, "bn"_a = info.bn, "bk"_a = info.bk,
+                  "threads"_a = info.threads, "smem_bytes"_a = info.smem_bytes, "stream_k"_a = info.stream_k,
+                  "arch"_a = info.arch);
+}
+
+// The launch of one fused GEMM call (kernels/launch.h gemm_geometry), for
+// jax_overlap/config.py. m: ag_matmul's local rows, matmul_rs's total rows
+// (per batch element). workgroups_per_sm == 0: the kernel's occupancy on the
+// current device.
+py::dict gemm_geometry(const std::string& op, int tile, const std::string& dtype, bool w_kmajor, int world,
+                       int64_t batch, int64_t m, int64_t k, int64_t n, int chunk_k, int comm_workgroups, int sm_count,
+                       int ranks_per_gpu, int64_t l2_bytes, int workgroups_per_sm) {
+  GemmOperands operands{};
+  operands.dtype = dtype == "bfloat16" ? DType::kBF16 : DType::kF16;
+  operands.tile = tile;
+  operands.w_kmajor = w_kmajor;
+  operands.batch = batch;
+  operands.k = k;
+  operands.n = n;
+  operands.comm_workgroups = comm_workgroups;
+  CallContext ctx{};
+  ctx.peers.world = world;
+  ctx.limits = LaunchLimits{sm_count, ranks_per_gpu, l2_bytes};
+  GemmGeometry g{};
+  hipError_t e = hipErrorInvalidValue;
+  if (op == "ag_matmul") {
+    AgMatmulLaunch l{};
+    l.op = operands;
+    l.m = m;
+    l.chunk_k = chunk_k;
+    l.ctx = ctx;
+    e = ag_matmul_geometry(l, workgroups_per_sm, &g);
+  } else if (op == "matmul_rs") {
+    MatmulRsLaunch l{};
+    l.op = operands;
+    l.m_total = m;
+    l.ctx = ctx;
+    e = matmul_rs_geometry(l, workgroups_per_sm, &g);
+  }
+  if (e != hipSuccess && g.workgroups_per_sm == 0)
+    throw std::invalid_argument("jax_overlap: no geometry for " + op + " with tile " + std::to_string(tile) + ": " +
+                                hipGetErrorString(e));
+  return py::dict("workgroups_per_sm"_a = g.workgroups_per_sm, "co_resident"_a = g.co_resident,
+                  "comm_workgroups"_a = g.comm_workgroups, "grid"_a = g.grid, "tiles"_a = g.tiles,
+                  "group_cols"_a = g.group_cols, "tail_slots"_a = g.tail_slots,
+                  "tail_scratch_bytes"_a = g.tail_scratch_bytes, "region_bytes"_a = g.region_bytes,
+                  "launchable"_a = e == hipSuccess);
 }
 
 py::object error_record(int ordinal) {
@@ -76,7 +115,7 @@ SimMatmul sim_call(py::dict c) {
   SimMatmul s{};
   s.dtype = c["dtype"].cast<std::string>() == "bfloat16" ? DType::kBF16 : DType::kF16;
   s.tile = c["tile"].cast<int>();
-  s.workers = c["workers"].cast<int>();
+  s.comm_workgroups = c["comm_workgroups"].cast<int>();
   s.chunk_k = c.contains("chunk_k") ? c["chunk_k"].cast<int>() : 0;
   s.w_kmajor = c["w_kmajor"].cast<bool>();
   s.batch = c["batch"].cast<int64_t>();
@@ -173,13 +212,17 @@ PYBIND11_MODULE(_native, m) {
   });
   m.def("tile_shapes", [] {
     py::list out;
-    for (int i = 0; i < kTileShapeCount; ++i) out.append(tile_shape_dict(i));
+    for (int i = 0; i < tile_shape_count(); ++i) out.append(tile_shape_dict(i));
     return out;
   });
 
   m.def("ag_matmul_region_bytes", &ag_matmul_region_bytes, py::arg("world"), py::arg("rows"), py::arg("k"),
         py::arg("tile"), py::arg("chunk_k"), py::arg("elem_bytes"));
   m.def("tail_scratch_bytes", &tail_scratch_bytes, py::arg("tile"), py::arg("slots"));
+  m.def("gemm_geometry", &gemm_geometry, py::arg("op"), py::arg("tile"), py::arg("dtype"), py::arg("w_kmajor"),
+        py::arg("world"), py::arg("batch"), py::arg("m"), py::arg("k"), py::arg("n"), py::arg("chunk_k"),
+        py::arg("comm_workgroups"), py::arg("sm_count"), py::arg("ranks_per_gpu"), py::arg("l2_bytes"),
+        py::arg("workgroups_per_sm") = 0);
   m.def("matmul_rs_region_bytes", &matmul_rs_region_bytes, py::arg("world"), py::arg("batch"),
         py::arg("m_total"), py::arg("n"), py::arg("tile"), py::arg("elem_bytes"));
   m.def("all_gather_region_bytes", &all_gather_region_bytes, py::arg("world"), py::arg("rows"),
@@ -254,6 +297,7 @@ PYBIND11_MODULE(_native, m) {
     py::dict d;
     d["sm_count"] = info.sm_count;
     d["smem_per_block"] = info.smem_per_block;
+    d["l2_bytes"] = info.l2_bytes;
     d["pci_bus_id"] = info.pci_bus_id;
     d["arch"] = info.arch;
     d["name"] = info.name;

@@ -37,7 +37,41 @@ class TileShape:
   bk: int
   threads: int
   smem_bytes: int
-  stream_k: bool = False  # its group-of-one kernels can end in the stream-K tail (tail_slots)
+  stream_k: bool = False  # its group-of-one kernels can end in the stream-K tail
+  arch: str = "nvidia"  # the ArchTraits its kernels run (csrc/gemm/arch_traits.h)
+
+
+def tiles_for_arch(tiles, arch: str | None = None) -> tuple:
+  """The compiled tiles of one ArchTraits: `arch`, or the build's own (its first tile's) when None.
+
+  A CUDA build also compiles the AMD data path on the mma.sync atom (arch "amd"), which the
+  GPU tests select with JAX_OVERLAP_ARCH_TRAITS=amd (jax_overlap.native.tile_shapes).
+  """
+  arch = arch or tiles[0].arch
+  chosen = tuple(t for t in tiles if t.arch == arch)
+  if not chosen:
+    raise ValueError(f"no compiled tiles for ArchTraits {arch!r}; this build has {sorted({t.arch for t in tiles})}")
+  return chosen
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmGeometry:
+  """A fused call's persistent launch as C++ makes it (csrc/kernels/launch.h gemm_geometry).
+
+  The planner reads these figures (jax_overlap.native.gemm_geometry) and never recomputes them:
+  the launcher and the plan agree by construction.
+  """
+
+  workgroups_per_sm: int  # the kernel's occupancy
+  co_resident: int  # workgroups that run at once on this rank's share of the GPU
+  comm_workgroups: int  # fetchers / reducers among them
+  grid: int  # workgroups launched
+  tiles: int  # output tiles of all the world's row blocks
+  group_cols: int  # tile columns per band of the walk
+  tail_slots: int  # stream-K tail scratch slots of a group of one (0: no tail)
+  tail_scratch_bytes: int
+  region_bytes: int  # symmetric region of a call with peers (0 at world 1)
+  launchable: bool = True  # at least one GEMM workgroup beside the comm workgroups
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +91,7 @@ class DeviceProps:
   sm_count: int
   smem_per_block: int
   ranks_per_gpu: int = 1
+  l2_bytes: int = 0
   engine_flops: float = 4.1e8
   vendor_flops: float = 7.8e8
   link_bytes: float = 3.7e5
@@ -65,68 +100,45 @@ class DeviceProps:
 
 @dataclasses.dataclass(frozen=True)
 class FusedPlan:
-  """Launch configuration of one fused call (the FFI `config` attribute)."""
+  """Launch configuration of one fused call; attribute() is its FFI `config` attribute."""
 
   tile: int  # TileShape.index
-  workers: int  # fetcher (ag_matmul) or reducer (matmul_rs) workgroups
+  comm_workgroups: int  # fetchers (ag_matmul) or reducers (matmul_rs); 0 at world 1
   chunk_k: int  # ag_matmul: K columns covered by one ready flag
+  tail_slots: int  # group of one: slots of its stream-K tail scratch (0: none)
+  tail_scratch_bytes: int  # the scratch result's size
+  region_bytes: int  # symmetric region of a call with peers
   est_fused_us: float
   est_xla_us: float
 
-  def attribute(self) -> dict:
-    return {"tile": np.int64(self.tile), "workers": np.int64(self.workers),
-            "chunk_k": np.int64(self.chunk_k)}
+  def attribute(self, *, w_kmajor: bool, region_offset: int, site: int, generation: int) -> dict:
+    """Every member of csrc/ffi/common.h FusedConfig, by its name (a CPU test compares the two)."""
+    return {"tile": np.int64(self.tile), "comm_workgroups": np.int64(self.comm_workgroups),
+            "chunk_k": np.int64(self.chunk_k), "w_kmajor": np.int64(w_kmajor),
+            "region_offset": np.int64(region_offset), "region_bytes": np.int64(self.region_bytes),
+            "tail_slots": np.int64(self.tail_slots), "site": np.int64(site), "generation": np.int64(generation)}
 
 
-def _round_up(a: int, b: int) -> int:
-  return -(-a // b) * b
+# geometry(tile, comm_workgroups, chunk_k) -> GemmGeometry: the launch C++ makes of the call being
+# planned with that tile (jax_overlap.native.gemm_geometry with the call's shape bound).
 
 
-def _tile_cost(tile: TileShape, row_tiles: int, col_tiles: int, slots: int, evened: bool) -> float:
-  """Relative time of a tiling: waves of tiles, each costing its area; whole waves unless the
-  kernel evens out the last one (the stream-K tail)."""
-  waves = row_tiles * col_tiles / max(slots, 1)
-  return (waves if evened else math.ceil(waves)) * tile.bm * tile.bn
+def _tile_cost(tile: TileShape, geo: GemmGeometry) -> float:
+  """Relative time of a launch: waves of tiles over its GEMM workgroups, a wave costing each SM
+  the area of the tiles it runs at once (workgroups that share an SM share its rate); whole
+  waves, unless the stream-K tail evens out the last one."""
+  waves = geo.tiles / max(geo.co_resident - geo.comm_workgroups, 1)
+  return (waves if geo.tail_slots else math.ceil(waves)) * tile.bm * tile.bn * geo.workgroups_per_sm
 
 
-def choose_tile(tiles, rows: int, n: int, slots: int, groups: int = 1, evened=lambda tile: False) -> TileShape:
-  """The compiled tile with the least wave-quantized work for `groups` row blocks of `rows`;
-  evened(tile): the kernel runs this tiling with a stream-K tail (tail_slots > 0)."""
-  return min(tiles, key=lambda t: (_tile_cost(t, groups * math.ceil(rows / t.bm), math.ceil(n / t.bn), slots,
-                                              evened(t)), -t.bm * t.bn))
+def choose_tile(candidates) -> tuple:
+  """The (tile, geometry) with the least wave-quantized time; ties go to the larger tile."""
+  return min(candidates, key=lambda c: (_tile_cost(*c), -c[0].bm * c[0].bn))
 
 
 def fitting_tiles(tiles, device: DeviceProps) -> list:
   """The compiled tiles whose shared-memory stages a workgroup on this device can hold."""
   return [t for t in tiles if t.smem_bytes <= device.smem_per_block]
-
-
-def tail_slots(tile: TileShape, rows: int, n: int, k: int, device: DeviceProps) -> int:
-  """Workgroup slots of a group-of-one call's stream-K tail scratch, 0 for none.
-
-  The tail (csrc/gemm/tile_order.h TailSplit) evens out the last, partial wave
-  of output tiles by splitting the k-tiles of the last waves over all
-  workgroups; its scratch has one slot per workgroup. The kernel takes it for
-  GEMMs of whole tiles only (rows, n and k multiples of the tile;
-  csrc/gemm/gemm_tile.h plain_gemm), with the tiles the build compiles it for
-  (tile.stream_k: none on AMD). The grid is known here only for tiles of
-  which one workgroup fills an SM's shared memory: other tiles, and calls
-  whose tiles make whole waves or less than one, run whole tiles only.
-  """
-  slots = gemm_slots(device)
-  tiles = math.ceil(rows / tile.bm) * math.ceil(n / tile.bn)
-  whole_tiles = rows % tile.bm == 0 and n % tile.bn == 0 and k % tile.bk == 0
-  # w's row stride (n, or k for a transposed w) times bk must stay within the
-  # kernel's 32-bit copy strides; checked for both layouts.
-  if (not tile.stream_k or not whole_tiles or max(n, k) * tile.bk > 2 ** 24
-      or 2 * tile.smem_bytes <= device.smem_per_block or tiles <= slots or tiles % slots == 0):
-    return 0
-  return slots
-
-
-def gemm_slots(device: DeviceProps) -> int:
-  """Co-resident workgroups one rank may launch (persistent kernels must fit at once)."""
-  return max(device.sm_count // max(device.ranks_per_gpu, 1), 1)
 
 
 def _check_common(dtype_name: str, world: int, k: int, n: int, rows: int) -> str | None:
@@ -147,20 +159,35 @@ def _check_common(dtype_name: str, world: int, k: int, n: int, rows: int) -> str
 COMM_SHARE = 0.5
 
 
-def _comm_workers(world: int, moved_bytes: float, flops: float, device: DeviceProps, slots: int) -> int:
-  """Fetcher/reducer workgroups to move moved_bytes within COMM_SHARE of the GEMM's time (0 for world 1)."""
+def _comm_workgroups(world: int, moved_bytes: float, flops: float, device: DeviceProps, co_resident: int) -> int:
+  """Fetchers/reducers to move moved_bytes within COMM_SHARE of the GEMM's time: at least 2, at most
+  a quarter of the co-resident workgroups (0 for world 1)."""
   if world == 1:
     return 0
   gemm_us = flops / device.engine_flops
   want = math.ceil(moved_bytes / max(COMM_SHARE * gemm_us * device.pull_bytes_per_sm, 1.0))
-  return int(min(max(want, 2), max(slots // 4, 1)))
+  return int(min(max(want, 2), max(co_resident // 4, 1)))
 
 
-def _estimates(flops: float, pull_bytes: float, device: DeviceProps, slots: int, workers: int):
+def _estimates(flops: float, pull_bytes: float, device: DeviceProps, geo: GemmGeometry):
   """(fused, xla) time estimates in us: overlapped max vs GEMM then collective."""
-  gemm_us = flops / device.engine_flops * slots / max(slots - workers, 1)
+  gemm_us = flops / device.engine_flops * geo.co_resident / max(geo.co_resident - geo.comm_workgroups, 1)
   comm_us = pull_bytes / device.link_bytes
   return max(gemm_us, comm_us), flops / device.vendor_flops + comm_us
+
+
+def _plan_tile(tiles, world: int, moved_bytes: float, flops: float, device: DeviceProps, geometry) -> tuple:
+  """(tile, comm_workgroups): each tile with the movers its co-resident workgroups allow, the cheapest."""
+  candidates = []
+  for tile in tiles:
+    comm = _comm_workgroups(world, moved_bytes, flops, device, geometry(tile, 0, 0).co_resident)
+    geo = geometry(tile, comm, 0)
+    if geo.launchable:
+      candidates.append((tile, geo))
+  if not candidates:
+    return None, 0
+  tile, geo = choose_tile(candidates)
+  return tile, geo.comm_workgroups
 
 
 def _decide(algorithm: str, est_fused: float, est_xla: float, world: int) -> str | None:
@@ -175,7 +202,7 @@ def _decide(algorithm: str, est_fused: float, est_xla: float, world: int) -> str
 
 
 def plan_ag_matmul(*, dtype_name: str, rows: int, k: int, n: int, world: int, device: DeviceProps,
-                   tiles, algorithm: str = "auto") -> tuple[FusedPlan | None, str]:
+                   tiles, geometry, algorithm: str = "auto") -> tuple[FusedPlan | None, str]:
   """Plan y[world*rows, n] = all_gather(x[rows, k]) @ w[k, n]. Returns (plan, reason)."""
   bad = _check_common(dtype_name, world, k, n, rows)
   if bad:
@@ -183,28 +210,29 @@ def plan_ag_matmul(*, dtype_name: str, rows: int, k: int, n: int, world: int, de
   tiles = fitting_tiles(tiles, device)
   if not tiles:
     return None, f"no compiled tile fits {device.smem_per_block} bytes of shared memory per workgroup"
-  slots = gemm_slots(device)
   elem = 2
   pull_bytes = (world - 1) * rows * k * elem
   flops = 2.0 * world * rows * n * k
-  workers = _comm_workers(world, pull_bytes, flops, device, slots)
-  tile = choose_tile(tiles, rows, n, slots - workers, groups=world,
-                     evened=lambda t: world == 1 and tail_slots(t, rows, n, k, device) > 0)
+  tile, fetchers = _plan_tile(tiles, world, pull_bytes, flops, device, geometry)
+  if tile is None:
+    return None, "no GEMM workgroup left beside the fetchers"
   k_tiles = math.ceil(k / tile.bk)
   # About 8 ready flags along K: GEMM blocks start on a tile once its first
   # chunk has landed, without a flag wait every k-tile.
   chunk_k = tile.bk * max(1, math.ceil(k_tiles / 8))
   if world > 1:  # no more fetchers than chunks of a shard
-    workers = min(workers, math.ceil(rows / tile.bm) * math.ceil(k / chunk_k))
-  est_fused, est_xla = _estimates(flops, pull_bytes, device, slots, workers)
+    fetchers = min(fetchers, math.ceil(rows / tile.bm) * math.ceil(k / chunk_k))
+  geo = geometry(tile, fetchers, chunk_k)
+  est_fused, est_xla = _estimates(flops, pull_bytes, device, geo)
   why_not = _decide(algorithm, est_fused, est_xla, world)
   if why_not:
     return None, why_not
-  return FusedPlan(tile.index, workers, chunk_k, est_fused, est_xla), "fused"
+  return FusedPlan(tile.index, geo.comm_workgroups, chunk_k, geo.tail_slots, geo.tail_scratch_bytes,
+                   geo.region_bytes, est_fused, est_xla), "fused"
 
 
 def plan_matmul_rs(*, dtype_name: str, rows: int, k: int, n: int, world: int, device: DeviceProps,
-                   tiles, algorithm: str = "auto") -> tuple[FusedPlan | None, str]:
+                   tiles, geometry, algorithm: str = "auto") -> tuple[FusedPlan | None, str]:
   """Plan z[rows/world, n] = reduce_scatter(x[rows, k] @ w[k, n]). Returns (plan, reason)."""
   bad = _check_common(dtype_name, world, k, n, rows)
   if bad:
@@ -214,18 +242,19 @@ def plan_matmul_rs(*, dtype_name: str, rows: int, k: int, n: int, world: int, de
     return None, f"no compiled tile fits {device.smem_per_block} bytes of shared memory per workgroup"
   if rows % world:
     return None, f"rows={rows} not divisible by the group size {world}"
-  slots = gemm_slots(device)
   elem = 2
   flops = 2.0 * rows * n * k
   # Each rank reads its row block from every rank's staged partials.
   pull_bytes = (world - 1) * (rows // world) * n * elem
-  workers = _comm_workers(world, world * (rows // world) * n * elem, flops, device, slots)
-  tile = choose_tile(tiles, rows // world, n, slots - workers, groups=world,
-                     evened=lambda t: world == 1 and tail_slots(t, rows, n, k, device) > 0)
+  tile, reducers = _plan_tile(tiles, world, world * (rows // world) * n * elem, flops, device, geometry)
+  if tile is None:
+    return None, "no GEMM workgroup left beside the reducers"
   if world > 1:  # no more reducers than tiles of a row block
-    workers = min(workers, math.ceil(rows // world / tile.bm) * math.ceil(n / tile.bn))
-  est_fused, est_xla = _estimates(flops, pull_bytes, device, slots, workers)
+    reducers = min(reducers, math.ceil(rows // world / tile.bm) * math.ceil(n / tile.bn))
+  geo = geometry(tile, reducers, 0)
+  est_fused, est_xla = _estimates(flops, pull_bytes, device, geo)
   why_not = _decide(algorithm, est_fused, est_xla, world)
   if why_not:
     return None, why_not
-  return FusedPlan(tile.index, workers, 0, est_fused, est_xla), "fused"
+  return FusedPlan(tile.index, geo.comm_workgroups, 0, geo.tail_slots, geo.tail_scratch_bytes, geo.region_bytes,
+                   est_fused, est_xla), "fused"

@@ -22,6 +22,7 @@ For each call on "cuda"/"rocm" (primitives.py registers these rules):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -139,8 +140,10 @@ def _fused_plan(call: Call, algorithm: str):
     device = dataclasses.replace(device, vendor_flops=vendor, engine_flops=FUSED_ENGINE_RATIO * vendor,
                                  link_bytes=figures.link_bytes_per_us)
   planner = config.plan_ag_matmul if call.op == "ag_matmul" else config.plan_matmul_rs
+  geometry = functools.partial(native.gemm_geometry, call.op, dtype_name=call.dtype_name, w_kmajor=call.w_kmajor,
+                               world=call.world, batch=call.batch, m=call.m, k=call.k, n=call.n, device=device)
   plan, why = planner(dtype_name=call.dtype_name, rows=call.rows, k=call.k, n=call.n, world=call.world,
-                      device=device, tiles=native.tile_shapes(), algorithm=algorithm)
+                      device=device, tiles=native.tile_shapes(), geometry=geometry, algorithm=algorithm)
   if plan is None:
     raise Declined(why)
   return plan
@@ -229,27 +232,18 @@ def _region(call: Call, algorithm: str, nbytes: int, shape_key: tuple) -> tuple[
 
 
 def _emit_fused(ctx, call: Call, plan, x, w, bias):
-  nat = native.module()
   x_aval, w_aval = ctx.avals_in[:2]
   bias_value, empty = _bias_operand(x_aval, bias)
   avals_in = [x_aval, w_aval, ctx.avals_in[2] if bias else empty]
-  if call.op == "ag_matmul":
-    region_bytes = nat.ag_matmul_region_bytes(call.world, call.rows, call.k, plan.tile, plan.chunk_k, 2)
-  else:
-    region_bytes = nat.matmul_rs_region_bytes(call.world, call.batch, call.m, call.n, plan.tile, 2)
-  offset, site = (_region(call, "fused", region_bytes, (call.batch, call.m, call.k, call.n, plan.tile, plan.chunk_k))
-                  if call.world > 1 else (0, 0))
-  tile = next(t for t in native.tile_shapes() if t.index == plan.tile)
-  slots = config.tail_slots(tile, call.rows, call.n, call.k, runtime.device_props()) if call.world == 1 else 0
-  attrs = {**plan.attribute(), "w_kmajor": np.int64(call.w_kmajor), "region_offset": np.int64(offset),
-           "region_bytes": np.int64(region_bytes), "tail_slots": np.int64(slots), "site": np.int64(site),
-           "generation": np.int64(runtime.generation())}
-  log.debug("jax_overlap.%s: fused (world %d, tile %d, workers %d, chunk_k %d; model %.0f us vs xla %.0f us)",
-            call.op, call.world, plan.tile, plan.workers, plan.chunk_k, plan.est_fused_us, plan.est_xla_us)
+  offset, site = (_region(call, "fused", plan.region_bytes,
+                          (call.batch, call.m, call.k, call.n, plan.tile, plan.chunk_k)) if call.world > 1 else (0, 0))
+  attrs = plan.attribute(w_kmajor=call.w_kmajor, region_offset=offset, site=site, generation=runtime.generation())
+  log.debug("jax_overlap.%s: fused (world %d, tile %d, comm workgroups %d, chunk_k %d; model %.0f us vs xla %.0f us)",
+            call.op, call.world, plan.tile, plan.comm_workgroups, plan.chunk_k, plan.est_fused_us, plan.est_xla_us)
   if call.world == 1:
     # No protocol: the stateless, command-buffer-compatible target, so XLA can keep the call inside its
-    # CUDA/HIP graph. The second result is the stream-K tail's scratch (config.tail_slots).
-    sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[ctx.avals_out[0], _u8(nat.tail_scratch_bytes(plan.tile, slots))])
+    # CUDA/HIP graph. The second result is the stream-K tail's scratch (FusedPlan.tail_slots).
+    sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[ctx.avals_out[0], _u8(plan.tail_scratch_bytes)])
     y = jax.ffi.ffi_lowering(native.target(call.op + "_local"))(sub_ctx, x, w, bias_value, config=attrs)[0]
     return [y, x] if call.op == "ag_matmul" else [y]  # a group of one gathers x itself
   sub_ctx = ctx.replace(avals_in=avals_in, avals_out=list(ctx.avals_out))

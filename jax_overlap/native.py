@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 
 import jax
@@ -88,5 +89,22 @@ def target(op: str) -> str:
 
 
 @functools.cache
-def tile_shapes() -> tuple[config.TileShape, ...]:
+def _compiled_tile_shapes() -> tuple[config.TileShape, ...]:
   return tuple(config.TileShape(**d) for d in _native.tile_shapes())
+
+
+def tile_shapes() -> tuple[config.TileShape, ...]:
+  """The compiled tiles the planner takes: the build's own ArchTraits', or those named by
+  JAX_OVERLAP_ARCH_TRAITS (debug: "amd" runs the AMD data path on a CUDA build's mma.sync atom)."""
+  return config.tiles_for_arch(_compiled_tile_shapes(), os.environ.get("JAX_OVERLAP_ARCH_TRAITS") or None)
+
+
+def gemm_geometry(op: str, tile: config.TileShape, comm_workgroups: int, chunk_k: int, *, dtype_name: str,
+                  w_kmajor: bool, world: int, batch: int, m: int, k: int, n: int, device: config.DeviceProps,
+                  workgroups_per_sm: int = 0) -> config.GemmGeometry:
+  """The launch C++ makes of a fused call (csrc/kernels/launch.h gemm_geometry). m: ag_matmul's local
+  rows, matmul_rs's total rows, per batch element. workgroups_per_sm == 0: the kernel's occupancy,
+  queried on the current GPU."""
+  return config.GemmGeometry(**_native.gemm_geometry(
+      op, tile.index, dtype_name, w_kmajor, world, batch, m, k, n, chunk_k, comm_workgroups, device.sm_count,
+      device.ranks_per_gpu, device.l2_bytes, workgroups_per_sm))

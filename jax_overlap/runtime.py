@@ -84,6 +84,7 @@ class _LocalDevice:
   pci_bus_id: str
   sm_count: int
   smem_per_block: int
+  l2_bytes: int
   name: str
   arch: str
   ranks_per_gpu: int = 1
@@ -156,7 +157,7 @@ def prepare_devices() -> bool:
       nat.init_device(d.local_hardware_id, d.id)
       info = nat.device_info(d.local_hardware_id)
       _state.devices[d.id] = _LocalDevice(d.id, d.local_hardware_id, info["pci_bus_id"], info["sm_count"],
-                                          info["smem_per_block"], info["name"], info["arch"])
+                                          info["smem_per_block"], info["l2_bytes"], info["name"], info["arch"])
     _state.prepared = True
     _apply_options(*_options(None, None, None, None))
     return True
@@ -353,7 +354,8 @@ def device_props() -> config.DeviceProps:
   devs = list(_state.devices.values())
   return config.DeviceProps(sm_count=min(d.sm_count for d in devs),
                             smem_per_block=min(d.smem_per_block for d in devs),
-                            ranks_per_gpu=max(d.ranks_per_gpu for d in devs))
+                            ranks_per_gpu=max(d.ranks_per_gpu for d in devs),
+                            l2_bytes=min(d.l2_bytes for d in devs))
 
 
 def local_ordinals() -> list:

@@ -1,10 +1,14 @@
 """config.py: eligibility and launch configuration of the fused kernels, as pure Python (no devices).
 
-Tile shapes and device properties are made up here; only their relations matter.
+Tile shapes and device properties are made up here; only their relations matter. The launch
+geometry is C++'s (csrc/kernels/launch.h); the planner tests use a stand-in with one workgroup
+per SM, and the C++ figures themselves are checked where the extension is built.
 """
 
 import dataclasses
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,10 +26,24 @@ SHARED_GPU = config.DeviceProps(sm_count=132, smem_per_block=232448, ranks_per_g
 PLANNERS = {"ag_matmul": config.plan_ag_matmul, "matmul_rs": config.plan_matmul_rs}
 
 
+def stand_in_geometry(op, *, rows, k, n, world, device, per_sm=1):
+  """A launch like C++'s for the made-up tiles: per_sm workgroups per SM, tail on a partial wave of whole tiles."""
+  def geometry(tile, comm, chunk_k):
+    co_resident = per_sm * device.sm_count // device.ranks_per_gpu
+    group_rows = rows if op == "ag_matmul" else rows // world
+    tiles = math.ceil(group_rows / tile.bm) * math.ceil(n / tile.bn) * world
+    grid = min(co_resident, comm + tiles)
+    whole = group_rows % tile.bm == 0 and n % tile.bn == 0 and k % tile.bk == 0
+    tail = grid if tile.stream_k and world == 1 and whole and tiles > grid and tiles % grid else 0
+    return config.GemmGeometry(per_sm, co_resident, comm, grid, tiles, 1, tail, 0, 0, grid > comm)
+  return geometry
+
+
 def plan(op, *, dtype_name="bfloat16", rows=4096, k=4096, n=4096, world=8, device=H100, tiles=TILES,
          algorithm="auto"):
+  geometry = stand_in_geometry(op, rows=rows, k=k, n=n, world=world, device=device)
   return PLANNERS[op](dtype_name=dtype_name, rows=rows, k=k, n=n, world=world, device=device, tiles=tiles,
-                      algorithm=algorithm)
+                      geometry=geometry, algorithm=algorithm)
 
 
 def _tile(index):
@@ -89,7 +107,7 @@ def test_world_1_auto_declines(op):
 @pytest.mark.parametrize("op", PLANNERS)
 def test_world_1_fused_forced(op):
   p, why = plan(op, world=1, algorithm="fused")
-  assert p is not None and why == "fused" and p.workers == 0
+  assert p is not None and why == "fused" and p.comm_workgroups == 0
 
 
 # A GEMM-bound call (little to gather next to a lot of math): the fused kernel's slower GEMM loses.
@@ -141,21 +159,22 @@ def test_chunk_k_is_whole_k_tiles(shape, device):
 @pytest.mark.parametrize("device", [H100, MI300X, SHARED_GPU], ids=["sm132", "sm304", "sm132_4ranks"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "r{rows}_k{k}_n{n}_w{world}".format(**s))
 def test_workers_bounded(op, shape, device):
-  """World > 1: 2 to a quarter of a rank's slots fetchers/reducers, and never more than they have work units
-  (ag_matmul: row tiles x K chunks of one shard; matmul_rs: tiles of one row block)."""
+  """World > 1: 2 to a quarter of a rank's co-resident workgroups fetchers/reducers, and never more than they
+  have work units (ag_matmul: row tiles x K chunks of one shard; matmul_rs: tiles of one row block)."""
   p, _ = plan(op, **shape, device=device, algorithm="fused")
   tile = _tile(p.tile)
   if op == "ag_matmul":
     units = math.ceil(shape["rows"] / tile.bm) * math.ceil(shape["k"] / p.chunk_k)
   else:
     units = math.ceil(shape["rows"] // shape["world"] / tile.bm) * math.ceil(shape["n"] / tile.bn)
-  assert min(2, units) <= p.workers <= min(config.gemm_slots(device) // 4, units)
+  co_resident = device.sm_count // device.ranks_per_gpu  # the stand-in's one workgroup per SM
+  assert min(2, units) <= p.comm_workgroups <= min(co_resident // 4, units)
 
 
-def test_workers_at_least_two_with_work():
+def test_comm_workgroups_at_least_two_with_work():
   for op in PLANNERS:
     p, _ = plan(op, rows=8192, k=8192, n=8192, world=8, algorithm="fused")
-    assert 2 <= p.workers <= config.gemm_slots(H100) // 4
+    assert 2 <= p.comm_workgroups <= H100.sm_count // 4
 
 
 def test_matmul_rs_has_no_chunks():
@@ -163,17 +182,16 @@ def test_matmul_rs_has_no_chunks():
   assert p.chunk_k == 0
 
 
-def test_plan_attribute():
-  p = config.FusedPlan(tile=1, workers=6, chunk_k=512, est_fused_us=1.0, est_xla_us=2.0)
-  attr = p.attribute()
-  assert attr == {"tile": 1, "workers": 6, "chunk_k": 512}
+def test_plan_attribute_names_every_ffi_config_member():
+  """FusedPlan.attribute() and csrc/ffi/common.h's struct-attribute decoding of FusedConfig name the same members."""
+  p = config.FusedPlan(tile=1, comm_workgroups=6, chunk_k=512, tail_slots=0, tail_scratch_bytes=0,
+                       region_bytes=4096, est_fused_us=1.0, est_xla_us=2.0)
+  attr = p.attribute(w_kmajor=True, region_offset=256, site=3, generation=2)
+  common_h = (Path(__file__).parents[1] / "csrc" / "ffi" / "common.h").read_text()
+  decoding = re.search(r"XLA_FFI_REGISTER_STRUCT_ATTR_DECODING\(::jo::FusedConfig,(.*?)\);", common_h, re.S).group(1)
+  assert list(attr) == re.findall(r'StructMember<int64_t>\("(\w+)"\)', decoding)
+  assert attr["comm_workgroups"] == 6 and attr["w_kmajor"] == 1 and attr["region_offset"] == 256
   assert all(isinstance(v, np.int64) for v in attr.values())
-
-
-def test_gemm_slots():
-  assert config.gemm_slots(H100) == 132
-  assert config.gemm_slots(SHARED_GPU) == 33
-  assert config.gemm_slots(config.DeviceProps(sm_count=2, smem_per_block=1, ranks_per_gpu=8)) == 1
 
 
 # --- tile choice ----------------------------------------------------------------
@@ -184,30 +202,48 @@ BIG = config.TileShape(index=12, bm=128, bn=128, bk=32, threads=256, smem_bytes=
 SMALL = config.TileShape(index=13, bm=64, bn=64, bk=32, threads=256, smem_bytes=1)
 
 
+def _launch(tile, rows, n, co_resident, groups=1, per_sm=1, tail=False):
+  tiles = groups * math.ceil(rows / tile.bm) * math.ceil(n / tile.bn)
+  return tile, config.GemmGeometry(per_sm, co_resident, 0, min(co_resident, tiles), tiles, 1,
+                                   co_resident if tail else 0, 0, 0)
+
+
 def test_tile_fewer_waves_at_equal_area():
-  # rows=128, n=192, 3 slots: 128x64 covers it in 1x3 = 3 tiles (one wave), 64x128 in 2x2 = 4 (two waves).
-  assert config.choose_tile((TALL, WIDE), rows=128, n=192, slots=3) == WIDE
-  assert config.choose_tile((WIDE, TALL), rows=192, n=128, slots=3) == TALL
+  # rows=128, n=192, 3 workgroups: 128x64 covers it in 1x3 = 3 tiles (one wave), 64x128 in 2x2 = 4 (two waves).
+  assert config.choose_tile([_launch(TALL, 128, 192, 3), _launch(WIDE, 128, 192, 3)])[0] == WIDE
+  assert config.choose_tile([_launch(WIDE, 192, 128, 3), _launch(TALL, 192, 128, 3)])[0] == TALL
 
 
 def test_tile_least_quantized_work():
-  # 128x128 in 4 slots: the big tile is one tile (one wave, 16384); the small one 4 tiles, one wave, 4096.
-  assert config.choose_tile((BIG, SMALL), rows=128, n=128, slots=4) == SMALL
+  # 128x128 in 4 workgroups: the big tile is one tile (one wave, 16384); the small one 4 tiles, one wave, 4096.
+  assert config.choose_tile([_launch(BIG, 128, 128, 4), _launch(SMALL, 128, 128, 4)])[0] == SMALL
   # Four row groups (the world's blocks): big 4 tiles = 1 wave (16384); small 16 tiles = 4 waves (16384).
   # The tie goes to the bigger tile.
-  assert config.choose_tile((SMALL, BIG), rows=128, n=128, slots=4, groups=4) == BIG
+  assert config.choose_tile([_launch(SMALL, 128, 128, 4, 4), _launch(BIG, 128, 128, 4, 4)])[0] == BIG
+
+
+def test_tile_cost_counts_workgroups_sharing_an_sm():
+  # 16384 x 8192 on 132 SMs: the 128x256 tile alone on its SM, 4096 tiles in 31.03 waves evened out by the
+  # stream-K tail; the 128x128 tile two to an SM (264 co-resident), 8192 tiles in 32 whole waves of two
+  # tiles per SM. Counted with its real grid, the small tile's waves cost an SM twice its area.
+  big = config.TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456, stream_k=True)
+  small = config.TileShape(index=1, bm=128, bn=128, bk=32, threads=128, smem_bytes=65536)
+  launches = [_launch(big, 16384, 8192, 132, tail=True), _launch(small, 16384, 8192, 264, per_sm=2)]
+  assert config.choose_tile(launches)[0] == big
+  no_tail = [_launch(big, 16384, 8192, 132), launches[1]]  # e.g. an AMD build: whole waves count again
+  assert config.choose_tile(no_tail)[0] == big  # 32 x 32768 vs 32 x 16384 x 2: a tie, to the larger tile
 
 
 @pytest.mark.parametrize("op,rows", [("ag_matmul", 128), ("matmul_rs", 512)])
 def test_plan_tiles_every_row_block_of_the_group(op, rows):
   """The output has `world` row blocks of 128 rows (ag: one per rank's x; rs: the world's partial sums).
 
-  6 SMs: 1 worker and 5 GEMM slots. Over 4 blocks, BIG is 4 tiles (one wave, 16384) and SMALL 16 tiles
-  (four waves, 16384): a tie, so BIG. Had the plan looked at one block, SMALL would win (4096 vs 16384).
+  6 SMs: 1 comm workgroup and 5 GEMM workgroups. Over 4 blocks, BIG is 4 tiles (one wave, 16384) and SMALL 16
+  tiles (four waves, 16384): a tie, so BIG. Had the plan looked at one block, SMALL would win (4096 vs 16384).
   """
   p, _ = plan(op, rows=rows, k=256, n=128, world=4, device=config.DeviceProps(sm_count=6, smem_per_block=1),
               tiles=(SMALL, BIG), algorithm="fused")
-  assert p.workers == 1 and p.tile == BIG.index
+  assert p.comm_workgroups == 1 and p.tile == BIG.index
 
 
 @pytest.mark.parametrize("op,rows", [("ag_matmul", 8192), ("matmul_rs", 16384)])
@@ -221,39 +257,71 @@ def test_plan_takes_only_tiles_that_fit_shared_memory(op, rows):
   assert p is None and why == "no compiled tile fits 65536 bytes of shared memory per workgroup"
 
 
-def test_tail_slots_only_for_a_partial_wave_of_whole_tiles_one_workgroup_per_sm():
-  dev = config.DeviceProps(sm_count=132, smem_per_block=232448)
-  big = config.TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456, stream_k=True)
-  small = config.TileShape(index=1, bm=128, bn=128, bk=32, threads=128, smem_bytes=65536, stream_k=True)
-
-  def slots(tile, rows, n, k=512, device=dev):
-    return config.tail_slots(tile, rows, n, k, device)
-
-  assert slots(big, 2048, 3584) == 132  # 224 tiles: 1.7 waves
-  assert slots(big, 16384, 3584, 8192) == 132  # 1792 tiles: 13.6 waves
-  assert slots(big, 16384, 8192, 3584) == 132  # 4096 tiles: 31.03 waves
-  assert slots(big, 128 * 132, 256) == 0  # exactly one wave
-  assert slots(big, 128 * 11, 256 * 24) == 0  # 264 tiles: two whole waves
-  assert slots(big, 1024, 3584) == 0  # 112 tiles: less than a wave
-  assert slots(small, 2048, 3584) == 0  # two workgroups may share an SM: grid unknown here
-  # The kernel's tail runs on whole tiles only: rows, n and k multiples of 128, 256 and 64.
-  assert slots(big, 2048 - 8, 3584) == slots(big, 2048, 3584 - 8) == slots(big, 2048, 3584, k=520) == 0
-  assert slots(big, 2048, 2 ** 18 + 256) == 0  # w's row stride past the fast copies' 32-bit strides
-  assert slots(big, 2048, 3584, k=2 ** 18 + 64) == 0  # the same for a transposed w
-  half = config.DeviceProps(sm_count=132, smem_per_block=232448, ranks_per_gpu=2)
-  assert slots(big, 2048, 3584, device=half) == 66  # a rank's share of the SMs
-  assert slots(dataclasses.replace(big, stream_k=False), 2048, 3584) == 0  # a build without the tail (AMD)
-
-
 @pytest.mark.parametrize("op", PLANNERS)
-def test_group_of_one_takes_the_tile_whose_last_wave_its_tail_evens_out(op):
-  # The H200's compiled tiles. 16384 x 8192 is 4096 tiles of 128 x 256 on 132 SMs, 31.03 waves:
-  # whole waves would cost 32 x 32768, more than the 128 x 128 tile's 63 x 16384; but the large
-  # tile's stream-K tail runs them as 31.03, the least work. With peers there is no tail.
+def test_group_of_one_plan_carries_the_launch_tail(op):
   big = config.TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456, stream_k=True)
-  small = config.TileShape(index=1, bm=128, bn=128, bk=32, threads=128, smem_bytes=65536)
-  p, _ = plan(op, rows=16384, k=3584, n=8192, world=1, tiles=(big, small), algorithm="fused")
-  assert p.tile == 0
-  no_tail = dataclasses.replace(big, stream_k=False)  # e.g. an AMD build: whole waves count again
-  assert plan(op, rows=16384, k=3584, n=8192, world=1, tiles=(no_tail, small), algorithm="fused")[0].tile == 1
-  assert config.choose_tile((big, small), rows=16384, n=8192, slots=132).index == 1
+  p, _ = plan(op, rows=2048, k=512, n=3584, world=1, tiles=(big,), algorithm="fused")
+  assert p.tail_slots == 132  # 224 tiles on 132 SMs: a partial second wave
+  p, _ = plan(op, rows=2048, k=520, n=3584, world=1, tiles=(big,), algorithm="fused")
+  assert p.tail_slots == 0  # k not whole k-tiles: whole tiles only
+
+
+def test_tiles_for_arch():
+  tiles = (dataclasses.replace(_tile(0), arch="nvidia"), dataclasses.replace(_tile(1), arch="amd"))
+  assert config.tiles_for_arch(tiles) == tiles[:1]  # the build's own: its first tile's
+  assert config.tiles_for_arch(tiles, "amd") == tiles[1:]
+  with pytest.raises(ValueError, match="no compiled tiles for ArchTraits 'gfx'"):
+    config.tiles_for_arch(tiles, "gfx")
+
+
+# --- the C++ geometry (csrc/kernels/launch.h), where the extension is built --------
+
+needs_native = pytest.mark.skipif(native.module() is None, reason="no native extension (pure-Python install)")
+H200 = config.DeviceProps(sm_count=132, smem_per_block=232448, l2_bytes=60 << 20)
+
+
+def _geometry(op, tile, comm=0, chunk_k=0, *, world=1, batch=1, m=2048, k=512, n=3584, per_sm=1, device=H200):
+  return native.gemm_geometry(op, tile, comm, chunk_k, dtype_name="bfloat16", w_kmajor=False, world=world,
+                              batch=batch, m=m, k=k, n=n, device=device, workgroups_per_sm=per_sm)
+
+
+@needs_native
+@pytest.mark.parametrize("op", PLANNERS)
+def test_native_geometry_grid_is_the_co_resident_workgroups(op):
+  tiles = native.tile_shapes()
+  big, small = tiles[0], tiles[1]
+  g = _geometry(op, small, per_sm=2, m=16384, n=8192)
+  assert (g.co_resident, g.grid, g.tiles) == (264, 264, 128 * 64)  # two 4-warp workgroups per SM, all launched
+  shared = dataclasses.replace(H200, ranks_per_gpu=4)
+  g = _geometry(op, big, 8, per_sm=1, world=4, m=4 * 4096 if op == "matmul_rs" else 4096, device=shared)
+  assert (g.co_resident, g.comm_workgroups, g.grid) == (33, 8, 33)  # a rank's share of the SMs
+  assert g.region_bytes == 0 if op == "ag_matmul" else g.region_bytes > 0  # ag_matmul's region needs chunk_k
+
+
+@needs_native
+@pytest.mark.parametrize("op", PLANNERS)
+def test_native_tail_only_for_a_partial_wave_of_whole_tiles(op):
+  big = native.tile_shapes()[0]
+  if not big.stream_k:
+    pytest.skip("this build's large tile has no stream-K tail (AMD)")
+  g = _geometry(op, big)
+  assert g.tail_slots == 132 and g.tail_scratch_bytes == native.module().tail_scratch_bytes(0, 132)
+  assert _geometry(op, big, m=16384, k=8192).tail_slots == 132  # 1792 tiles: 13.6 waves
+  assert _geometry(op, big, m=128 * 132, n=256).tail_slots == 0  # exactly one wave
+  assert _geometry(op, big, m=128 * 11, n=256 * 24).tail_slots == 0  # 264 tiles: two whole waves
+  assert _geometry(op, big, m=1024).tail_slots == 0  # 112 tiles: less than a wave
+  assert _geometry(op, big, m=2040).tail_slots == _geometry(op, big, k=520).tail_slots == 0  # not whole tiles
+  assert _geometry(op, big, n=2 ** 18 + 256).tail_slots == 0  # w's row stride past the fast copies' strides
+  assert _geometry(op, big, per_sm=1, device=dataclasses.replace(H200, ranks_per_gpu=2)).tail_slots == 66
+  assert _geometry(op, native.tile_shapes()[1], per_sm=2).tail_slots == 0  # the 4-warp tile runs whole tiles
+
+
+@needs_native
+def test_native_tiles_list_both_archs_in_a_cuda_build():
+  if native.platform() != "cuda":
+    pytest.skip("only CUDA builds compile the AMD data path beside their own")
+  compiled = native._compiled_tile_shapes()
+  assert [t.arch for t in compiled] == ["nvidia", "nvidia", "amd", "amd"]
+  assert [(t.bm, t.bn, t.bk) for t in compiled if t.arch == "amd"] == [(256, 128, 64), (128, 128, 32)]
+  assert not any(t.stream_k for t in compiled if t.arch == "amd")
+  assert native.tile_shapes() == compiled[:2]

@@ -45,6 +45,11 @@ def fake_gpu_runtime(monkeypatch):
   monkeypatch.setattr(native, "ensure_registered", lambda: None)
   monkeypatch.setattr(gpu_lowering, "_vendor_blas", lambda: None)
   monkeypatch.setattr(calibration, "figures", _figures(3e5))
+  # The kernels' occupancy on an H200 (no GPU to query here): the 8-warp tiles one workgroup per SM,
+  # the 4-warp ones two.
+  compiled = native.gemm_geometry
+  monkeypatch.setattr(native, "gemm_geometry", lambda op, tile, *a, **kw: compiled(
+      op, tile, *a, **kw, workgroups_per_sm=1 if tile.threads >= 256 else 2))
 
 
 def _custom_calls(text):
@@ -111,7 +116,7 @@ def test_group_of_one_lowers_to_the_command_buffer_target(fake_gpu_runtime, make
                             in_specs=(P("dp"), P()), out_specs=P(("dp", "tp"))))
   calls = _custom_calls(f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text())
   assert len(calls) == 1 and f"@jax_overlap_{op}_local(" in calls[0]
-  assert "groups" not in calls[0] and "world" not in calls[0]
+  assert not re.search(r"\b(groups|world) = ", calls[0])
   # y, no gathered result; an empty tail scratch (32 rows: no partial wave to even out)
   assert re.search(r"-> \(tensor<32x256xbf16>, tensor<0xui8>\)$", calls[0].split(" : ")[-1].strip())
   assert "tail_slots = 0" in calls[0]

@@ -22,14 +22,16 @@
 
 #include "check.h"
 #include "gemm/gemm_tile.h"
-#include "gemm/tile_order.h"
+#include "gemm/tile_scheduler.h"
 #include "kernels/ag_matmul.h"
 #include "kernels/matmul_rs.h"
 
 using jo::gemm::BLayout;
-using jo::gemm::TileEngine;
 using jo::gemm::TileShape;
 using T = __nv_bfloat16;
+// The NVIDIA mainloop of a tile shape (the variants below are NvidiaArch tiles).
+template <class Shape, BLayout kL>
+using Engine = jo::gemm::Mainloop<T, jo::gemm::NvidiaArch, Shape, kL>;
 
 
 // kPlain runs the tiles as the fused kernels' world-1 path does
@@ -60,8 +62,8 @@ __global__ __launch_bounds__(Eng::kThreads) void gemm_kernel(const T* x, const T
     const typename Eng::BSource b{w, ldb, tc.col * Eng::BN, kDropB ? 0 : N};
     auto out_row = [&](int r) { return m0 + r < M ? y + int64_t(m0 + r) * N : nullptr; };
     typename Eng::Acc acc;
-    Eng::mainloop(acc, smem, Eng::a_rows(a_row), b, K, jo::gemm::NoWait{});
-    Eng::store(acc, out_row, b.n0, N, static_cast<const T*>(nullptr));
+    Eng::run(acc, smem, Eng::a_rows(a_row), b, K, jo::gemm::NoWait{});
+    jo::gemm::StoreTile<Eng>::apply(acc, out_row, b.n0, N, static_cast<const T*>(nullptr));
   }
 }
 
@@ -139,7 +141,7 @@ static Result checked_timing(F&& launch, T* y, const T* ref, size_t n, int reps)
   return {t, std::memcmp(first.data(), again.data(), n * sizeof(T)) == 0 ? err : INFINITY};
 }
 
-// Scratch of the stream-K tail (gemm/tile_order.h) for tile shape 0, one slot
+// Scratch of the stream-K tail (gemm/tile_scheduler.h) for tile shape 0, one slot
 // per SM as jax_overlap/config.py gives it. Filled with a byte pattern once,
 // never cleared: the kernels take it as XLA hands it over, holding whatever
 // an earlier user (or their own earlier launch) left.
@@ -160,7 +162,7 @@ struct TailScratchBuffer {
 template <class Shape, BLayout kL, Mode kMode = Mode::kPlain>
 static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int N, int K, int sms, int reps,
                           bool tail = false) {
-  using Eng = TileEngine<T, Shape, kL>;
+  using Eng = Engine<Shape, kL>;
   auto kernel = gemm_kernel<Eng, kMode>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Eng::kSmemBytes));
   int per_sm = 0;
@@ -173,8 +175,7 @@ static Result run_variant(const T* x, const T* w, T* y, const T* ref, int M, int
   const int cols = jo::gemm::band_columns(tiles_n, Eng::BN, K, sizeof(T), l2);
   const TailScratchBuffer scratch(sms);
   const jo::gemm::TailSplit split =
-      jo::gemm::tail_split(tiles, grid, Eng::BM * Eng::BN, tail ? scratch.data : nullptr, scratch.slots,
-                           TailScratchBuffer::kTailTimeoutNs);
+      jo::gemm::tail_split(tiles, grid, tail ? scratch.data : nullptr, scratch.slots, TailScratchBuffer::kTailTimeoutNs);
   return checked_timing(
       [&] { kernel<<<grid, Eng::kThreads, Eng::kSmemBytes>>>(x, w, y, M, N, K, cols, split); },
       y, ref, size_t(M) * N, reps);

@@ -14,7 +14,7 @@
 #include <cstdlib>
 
 #include "check.h"
-#include "gemm/tile_engine.h"
+#include "gemm/mainloop.h"
 
 
 using T = __nv_bfloat16;
@@ -114,7 +114,7 @@ __global__ __launch_bounds__(Eng::kThreads) void smem_fed(float* out, int k_tile
 
 template <class Shape, bool kBarrier>
 static void run_smem_fed(float* out, int sms, const char* name) {
-  using Eng = jo::gemm::TileEngine<T, Shape, jo::gemm::BLayout::kNMajor>;
+  using Eng = jo::gemm::Mainloop<T, jo::gemm::NvidiaArch, Shape, jo::gemm::BLayout::kNMajor>;
   auto kernel = smem_fed<Eng, kBarrier>;
   const int smem = Eng::kStageElems * int(sizeof(T));
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));

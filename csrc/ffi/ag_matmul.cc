@@ -23,7 +23,7 @@ ffi::Error AgMatmulExecute(hipStream_t stream, int32_t ordinal, CallState* state
   if (call.has_error()) return call.error();
   GemmOperands& op = call.value().op;
   op.tile = static_cast<int>(config.tile);
-  op.workers = static_cast<int>(config.workers);
+  op.comm_workgroups = static_cast<int>(config.comm_workgroups);
   const int64_t m = call.value().m;
   if (auto e = check_elements("ag_matmul", "result y", *y, op.batch * world * m * op.n); e.failure()) return e;
   if (auto e = check_elements("ag_matmul", "result gathered", *gathered, world > 1 ? op.batch * world * m * op.k : 0);

@@ -21,7 +21,7 @@ namespace ffi = ::xla::ffi;
 // the region the runtime placed for it), decoded from the "config" attribute.
 struct FusedConfig {
   int64_t tile;
-  int64_t workers;
+  int64_t comm_workgroups;  // fetchers (ag_matmul) or reducers (matmul_rs)
   int64_t chunk_k;
   int64_t w_kmajor;
   int64_t region_offset;
@@ -132,7 +132,7 @@ ffi::Error finish_launch(const Status& enqueued, const Workspace& ws, hipStream_
 // A group-of-one call: its checked operands (gemm_call, plus `out` being
 // [..., m, n]), its launch context on this GPU and its stream-K tail scratch
 // (an XLA result of config.tail_slots slots, used as it comes: the kernel
-// clears every flag it sets, gemm/tile_order.h). Such a call has no peer or
+// clears every flag it sets, gemm/tile_scheduler.h). Such a call has no peer or
 // epoch, and its handler does no host work a replay would miss, so it is
 // declared command-buffer compatible: XLA may record it into the CUDA/HIP
 // graph around it instead of dispatching it from the host.
@@ -152,7 +152,7 @@ ffi::Error launch_status(hipError_t launched, const char* op);
 }  // namespace jo
 
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::FusedConfig, ::xla::ffi::StructMember<int64_t>("tile"),
-                                      ::xla::ffi::StructMember<int64_t>("workers"),
+                                      ::xla::ffi::StructMember<int64_t>("comm_workgroups"),
                                       ::xla::ffi::StructMember<int64_t>("chunk_k"),
                                       ::xla::ffi::StructMember<int64_t>("w_kmajor"),
                                       ::xla::ffi::StructMember<int64_t>("region_offset"),

@@ -22,7 +22,7 @@ ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state
   if (call.has_error()) return call.error();
   GemmOperands& op = call.value().op;
   op.tile = static_cast<int>(config.tile);
-  op.workers = static_cast<int>(config.workers);
+  op.comm_workgroups = static_cast<int>(config.comm_workgroups);
   const int64_t m_total = call.value().m;
   if (m_total % world != 0)
     return invalid_argument("matmul_rs", "rows of x", "a multiple of the group size " + std::to_string(world),

@@ -1,7 +1,7 @@
 // AMD MMA atom (gfx942 / gfx950, wave64): v_mfma_f32_16x16x16{bf16_1k,f16},
 // fp32 accumulate. Same interface as MmaSyncAtom. Compile-checked and
 // ISA-inspected in CI; it has not run on AMD hardware. Included by
-// platform/gpu.h after the HIP runtime header.
+// gemm/arch_traits.h in HIP builds.
 //
 // Operand layouts (lane l of 64):
 //   A: A[l % 16][4 * (l / 16) + j], j = 0..3   (4 consecutive k)
@@ -20,11 +20,11 @@ struct MfmaAtom {
   static constexpr int kN = 16;
   static constexpr int kK = 16;
   static constexpr int kBFragsPerLoad = 1;
-  // B fragments are 4 consecutive k per lane: the engine stages B k-contiguous.
-  static constexpr bool kTransposeBInSmem = true;
-  // Fragment addresses computed per load (the engine's precomputed-address
-  // path is for the mma.sync atom's ldmatrix layout).
-  static constexpr bool kLaneAddressing = false;
+  // B fragments are 4 consecutive k per lane: B must be staged k-contiguous.
+  static constexpr bool kNeedsKMajorB = true;
+  // Fragment addresses are computed per load (the precomputed-address path is
+  // for the mma.sync atom's ldmatrix layout).
+  static constexpr bool kHasLaneAddressing = false;
   // Accumulator: lane holds C[4 * (lane / 16) + g][lane % 16], one column.
   static constexpr int kCGroups = 4;
   static constexpr int kCVec = 1;
@@ -52,7 +52,7 @@ struct MfmaAtom {
     a.v = *reinterpret_cast<const Bits4*>(tile + Tile::offset(m0 + lane % 16, k0 + 4 * (lane / 16)));
   }
 
-  // The engine always stages B k-contiguous for this atom (kTransposeBInSmem):
+  // B is always staged k-contiguous for this atom (kNeedsKMajorB):
   // Tile is [BN][BK] (row n, col k), one 8-byte read per lane.
   template <class Tile, bool kKMajor>
   static __device__ __forceinline__ void load_b(FragB* b, const T* tile, int n0, int k0, int lane) {

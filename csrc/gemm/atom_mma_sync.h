@@ -1,10 +1,10 @@
 // NVIDIA MMA atom (sm_80+, used on sm_90): mma.sync.m16n8k16, fp32 accumulate,
-// fragments loaded from swizzled shared memory with ldmatrix. The tile engine
-// sees the interface shared with MfmaAtom (kM/kN/kK, fragment types, load_a,
-// load_b, mma, the accumulator coordinates for the epilogue) and, where the
-// atom has them (kLaneAddressing), the lane coordinates and address-taking
-// loads with which it keeps fragment addresses out of the k-loop.
-// Included by platform/gpu.h after the CUDA headers.
+// fragments loaded from swizzled shared memory with ldmatrix. The
+// mainloop sees the interface shared with MfmaAtom (kM/kN/kK, fragment types,
+// load_a, load_b, mma, the accumulator coordinates for the epilogue) and, as
+// this atom has them (kHasLaneAddressing), the lane coordinates and
+// address-taking loads with which NvidiaArch keeps fragment addresses out of
+// the k-loop. Included by gemm/arch_traits.h in CUDA builds.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +20,8 @@ struct MmaSyncAtom {
   // One ldmatrix.x4 for B yields two n8 fragments.
   static constexpr int kBFragsPerLoad = 2;
   // ldmatrix(.trans) reads B in either shared layout.
-  static constexpr bool kTransposeBInSmem = false;
-  static constexpr bool kLaneAddressing = true;
+  static constexpr bool kNeedsKMajorB = false;
+  static constexpr bool kHasLaneAddressing = true;
   // Accumulator: lane holds C[lane/4 + 8*g][2*(lane%4) + v], g, v in {0, 1}.
   static constexpr int kCGroups = 2;
   static constexpr int kCVec = 2;

@@ -1,15 +1,16 @@
 // Fused all-gather + GEMM (see ag_matmul.h).
 //
-// Workgroups [0, workers) are fetchers (protocol.h gather_role): they publish
+// Workgroups [0, fetchers) are fetchers (protocol.h gather_role): they publish
 // this rank's shard and pull peers' shards into `gathered`, releasing one
 // staged flag per (shard, row tile, k-chunk). The rest are GEMM workgroups:
 // they walk output tiles shard by shard in arrival order (own shard first,
-// read straight from x, then rank + 1, rank + 2, ...) and, before copying the
-// A operand of a k-tile that starts a new chunk, wait for its staged flag.
+// read straight from x, then rank + 1, rank + 2, ...: gemm::shard_ordered)
+// and, before copying the A operand of a k-tile that starts a new chunk, wait
+// for its staged flag.
 #include "kernels/ag_matmul.h"
 
 #include "gemm/gemm_tile.h"
-#include "gemm/tile_order.h"
+#include "gemm/tile_scheduler.h"
 #include "gemm/tile_shapes.h"
 #include "kernels/gemm_variant.h"
 #include "kernels/launch.h"
@@ -17,6 +18,9 @@
 
 namespace jo {
 namespace {
+
+// A wait on a staged flag longer than this is a trace event (2 us on either vendor).
+constexpr uint64_t kTraceWaitTicks = 2 * gpu::kNominalTicksPerMicrosecond;
 
 template <typename T>
 struct AgMatmulArgs {
@@ -30,7 +34,7 @@ struct AgMatmulArgs {
   int k;
   int n;
   int chunk_k;
-  int workers;
+  int fetchers;
   int group_cols;  // tile columns per band (gemm/tile_order.h)
   GatherLayout layout;
   Peers peers;
@@ -40,32 +44,33 @@ struct AgMatmulArgs {
   gemm::TailSplit tail;  // world 1
 };
 
-template <class Eng, typename T>
-__device__ void ag_gemm_role(const AgMatmulArgs<T>& a, T* smem, int worker, int workers) {
+template <class ML, typename T>
+__device__ void ag_gemm_role(const AgMatmulArgs<T>& a, T* smem, int gemm_index, int gemm_workgroups) {
   const int world = a.peers.world;
   const int rank = a.peers.rank;
-  const int row_tiles = static_cast<int>((a.rows + Eng::BM - 1) / Eng::BM);
-  const int col_tiles = (a.n + Eng::BN - 1) / Eng::BN;
-  const int per_shard = row_tiles * col_tiles;
-  const int k_tiles_per_chunk = a.chunk_k / Eng::BK;
-  const int64_t ldb = Eng::kBKMajor ? a.k : a.n;
+  const int row_tiles = static_cast<int>((a.rows + ML::BM - 1) / ML::BM);
+  const int col_tiles = (a.n + ML::BN - 1) / ML::BN;
+  const int k_tiles_per_chunk = a.chunk_k / ML::BK;
+  const int64_t ldb = ML::kBKMajor ? a.k : a.n;
 
-  for (int t = worker; t < per_shard * world; t += workers) {
+  gemm::GroupScheduler sched =
+      gemm::shard_ordered(gemm_index, gemm_workgroups, rank, world, row_tiles, col_tiles, a.group_cols);
+  for (gemm::GroupWork work; sched.next(work);) {
     const uint64_t t0 = gpu::timer_ticks();
-    const int shard = (rank + t / per_shard) % world;
-    const gemm::TileCoord tc = gemm::tile_coord(t % per_shard, row_tiles, col_tiles, a.group_cols);
-    const int64_t r0 = static_cast<int64_t>(tc.row) * Eng::BM;
+    const int shard = work.group;
+    const gemm::TileCoord tc = work.coord;
+    const int64_t r0 = static_cast<int64_t>(tc.row) * ML::BM;
     auto out_row = [&](int r) -> T* {
       const int64_t l = r0 + r;
       return l < a.rows ? a.y + gathered_row(l, shard, a.m, world) * a.n : nullptr;
     };
-    const typename Eng::BSource b{a.w, ldb, tc.col * Eng::BN, a.n};
+    const typename ML::BSource b{a.w, ldb, tc.col * ML::BN, a.n};
     bool aborted = false;
     if (shard == rank) {
       // Own shard: straight from x, nothing to wait for, in a mainloop of its
       // own that keeps the wait hook's state out of its registers.
       auto a_row = [&](int r) -> const T* { return r0 + r < a.rows ? a.x + (r0 + r) * a.k : nullptr; };
-      gemm::gemm_tile<Eng>(smem, a_row, b, a.k, out_row, a.bias, gemm::NoWait{});
+      gemm::gemm_tile<ML>(smem, a_row, b, a.k, out_row, a.bias, gemm::NoWait{});
     } else {
       auto a_row = [&](int r) -> const T* {
         const int64_t l = r0 + r;
@@ -81,33 +86,33 @@ __device__ void ag_gemm_role(const AgMatmulArgs<T>& a, T* smem, int worker, int 
           ok = spin_until<Scope::kDevice>(flags + kt / k_tiles_per_chunk, a.epoch, a.wd, rank, shard, world,
                                           a.epoch, WaitOn::kStaged);
         if (!block_agree(ok)) aborted = true;
-        if (gpu::timer_ticks() - w0 > 2000)
+        if (gpu::timer_ticks() - w0 > kTraceWaitTicks)
           trace_event(a.trace, TraceKind::kWait, w0, tc.row * a.layout.col_chunks + kt / k_tiles_per_chunk, shard);
       };
-      gemm::gemm_tile<Eng>(smem, a_row, b, a.k, out_row, a.bias, wait_a);
+      gemm::gemm_tile<ML>(smem, a_row, b, a.k, out_row, a.bias, wait_a);
     }
-    trace_event(a.trace, TraceKind::kGemmTile, t0, static_cast<uint32_t>(t), static_cast<uint32_t>(shard));
+    trace_event(a.trace, TraceKind::kGemmTile, t0, static_cast<uint32_t>(work.unit), static_cast<uint32_t>(shard));
     if (aborted) return;
   }
 }
 
 // kPeers == false (world 1): no fetchers and no staged rows, so the kernel is
 // the plain GEMM (gemm/gemm_tile.h plain_gemm) without the protocol's registers.
-template <typename T, class Shape, gemm::BLayout L, bool kPeers>
-__global__ __launch_bounds__(Shape::kThreads) void ag_matmul_kernel(AgMatmulArgs<T> a) {
-  using Eng = gemm::TileEngine<T, Shape, L>;
+template <typename T, class Config, gemm::BLayout L, bool kPeers>
+__global__ __launch_bounds__(Config::Shape::kThreads) void ag_matmul_kernel(AgMatmulArgs<T> a) {
+  using ML = gemm::MainloopOf<T, Config, L>;
   extern __shared__ gpu::Vec16 smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
   if constexpr (!kPeers) {
     const gemm::PlainGemm<T> g{a.x, a.w, a.bias, a.y, a.rows, a.n, a.k, a.group_cols};
-    gemm::plain_gemm<Eng>(g, smem, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), a.tail,
-                          [&](int t, uint64_t t0) { trace_event(a.trace, TraceKind::kGemmTile, t0, t, 0); });
-  } else if (static_cast<int>(blockIdx.x) < a.workers) {
+    gemm::plain_gemm<ML>(g, smem, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), a.tail,
+                         [&](int t, uint64_t t0) { trace_event(a.trace, TraceKind::kGemmTile, t0, t, 0); });
+  } else if (static_cast<int>(blockIdx.x) < a.fetchers) {
     const GatherArgs g{reinterpret_cast<const char*>(a.x), reinterpret_cast<char*>(a.gathered), a.m, a.layout,
                        a.peers, a.epoch, a.wd, a.trace};
-    gather_role(g, static_cast<int>(blockIdx.x), a.workers);
+    gather_role(g, static_cast<int>(blockIdx.x), a.fetchers);
   } else {
-    ag_gemm_role<Eng>(a, smem, static_cast<int>(blockIdx.x) - a.workers, static_cast<int>(gridDim.x) - a.workers);
+    ag_gemm_role<ML>(a, smem, static_cast<int>(blockIdx.x) - a.fetchers, static_cast<int>(gridDim.x) - a.fetchers);
   }
 }
 
@@ -116,48 +121,64 @@ GatherLayout ag_layout(int world, int64_t rows, int64_t k, int chunk_k, int elem
   return GatherLayout::make(world, rows, k * elem_bytes, Shape::BM, static_cast<int64_t>(chunk_k) * elem_bytes);
 }
 
-template <typename T, class Shape, gemm::BLayout L, bool kPeers>
-hipError_t launch_typed(const AgMatmulLaunch& l, hipStream_t stream) {
-  using Eng = gemm::TileEngine<T, Shape, L>;
-  constexpr auto kernel = ag_matmul_kernel<T, Shape, L, kPeers>;
-  const GemmOperands& op = l.op;
+// The launch of l (its pointers unused) with per_sm workgroups per SM, or
+// the kernel's occupancy when per_sm == 0.
+template <typename T, class Config, gemm::BLayout L, bool kPeers>
+hipError_t geometry_typed(const AgMatmulLaunch& l, int per_sm, GemmGeometry* geo) {
+  using ML = gemm::MainloopOf<T, Config, L>;
+  if (per_sm == 0) {
+    const hipError_t e =
+        workgroups_per_sm<ag_matmul_kernel<T, Config, L, kPeers>>(ML::kThreads, ML::kSmemBytes, &per_sm);
+    if (e != hipSuccess) return e;
+  }
   const int world = l.ctx.peers.world;
-  const int64_t rows = op.batch * l.m;
-  const int workers = kPeers ? op.workers : 0;
-  if (l.chunk_k % Shape::BK != 0) return hipErrorInvalidValue;
-  int grid = 0, group_cols = 0;
-  const hipError_t e = gemm_grid<kernel, Eng>(l.ctx.limits, workers,
-                                              ceil_div(rows, Shape::BM) * ceil_div(op.n, Shape::BN) * world, op.n,
-                                              op.k, &grid, &group_cols);
+  const int64_t rows = l.op.batch * l.m;
+  const hipError_t e = gemm_geometry<ML>(per_sm, l.ctx.limits, kPeers ? l.op.comm_workgroups : 0, world, rows,
+                                         l.op.n, l.op.k, geo);
+  geo->region_bytes =
+      kPeers && l.chunk_k > 0 ? ag_layout<typename Config::Shape>(world, rows, l.op.k, l.chunk_k, sizeof(T)).total : 0;
+  return e;
+}
+
+template <typename T, class Config, gemm::BLayout L, bool kPeers>
+hipError_t launch_typed(const AgMatmulLaunch& l, hipStream_t stream) {
+  using ML = gemm::MainloopOf<T, Config, L>;
+  if (l.chunk_k % ML::BK != 0) return hipErrorInvalidValue;
+  GemmGeometry geo{};
+  const hipError_t e = geometry_typed<T, Config, L, kPeers>(l, 0, &geo);
   if (e != hipSuccess) return e;
-  AgMatmulArgs<T> a{static_cast<const T*>(op.x), static_cast<const T*>(op.w), static_cast<const T*>(op.bias),
-                    static_cast<T*>(l.y), static_cast<T*>(l.gathered), l.m, rows, static_cast<int>(op.k),
-                    static_cast<int>(op.n), l.chunk_k, workers, group_cols,
-                    ag_layout<Shape>(world, rows, op.k, l.chunk_k, sizeof(T)), l.ctx.peers, l.ctx.epoch, l.ctx.wd,
-                    l.ctx.trace,
-                    tail_split<Eng>(kPeers ? TailScratch{} : l.tail,
-                                    ceil_div(rows, Shape::BM) * ceil_div(op.n, Shape::BN), grid)};
-  kernel<<<grid, Shape::kThreads, Eng::kSmemBytes, stream>>>(a);
-  return hipGetLastError();
+  const GemmOperands& op = l.op;
+  AgMatmulArgs<T> a{};
+  set_gemm_args(a, op, l.ctx, geo);
+  a.y = static_cast<T*>(l.y);
+  a.gathered = static_cast<T*>(l.gathered);
+  a.m = l.m;
+  a.rows = op.batch * l.m;
+  a.chunk_k = l.chunk_k;
+  a.fetchers = geo.comm_workgroups;
+  if constexpr (kPeers) a.layout = ag_layout<typename Config::Shape>(l.ctx.peers.world, a.rows, op.k, l.chunk_k, sizeof(T));
+  a.tail = tail_split<ML>(kPeers ? TailScratch{} : l.tail, geo.tiles, geo.grid);
+  return launch_persistent<ag_matmul_kernel<T, Config, L, kPeers>>(geo.grid, ML::kThreads, ML::kSmemBytes, a,
+                                                                   stream);
 }
 
 }  // namespace
 
 bool tile_shape_info(int index, TileShapeInfo* info) {
-  return gemm::with_tile_shape(index, [&](auto shape) {
-    using S = decltype(shape);
-    *info = TileShapeInfo{S::BM, S::BN, S::BK, S::kThreads,
-                          gemm::TileEngine<gpu::bf16, S, gemm::BLayout::kNMajor>::kSmemBytes,
-                          gemm::kTailSplitCompiled &&
-                              gemm::TileEngine<gpu::bf16, S, gemm::BLayout::kNMajor>::kCrossTilePipeline};
+  return gemm::with_tile_config(index, [&](auto config) {
+    using Config = decltype(config);
+    using ML = gemm::MainloopOf<gpu::bf16, Config, gemm::BLayout::kNMajor>;
+    *info = TileShapeInfo{ML::BM, ML::BN, ML::BK, ML::kThreads, ML::kSmemBytes, ML::kStreamK, Config::Arch::kName};
   });
 }
+
+int tile_shape_count() { return gemm::kTileCount; }
 
 uint64_t ag_matmul_region_bytes(int world, int64_t rows, int64_t k, int tile, int chunk_k, int elem_bytes) {
   if (world <= 1) return 0;
   uint64_t bytes = 0;
-  gemm::with_tile_shape(tile, [&](auto shape) {
-    bytes = ag_layout<decltype(shape)>(world, rows, k, chunk_k, elem_bytes).total;
+  gemm::with_tile_config(tile, [&](auto config) {
+    bytes = ag_layout<typename decltype(config)::Shape>(world, rows, k, chunk_k, elem_bytes).total;
   });
   return bytes;
 }
@@ -168,9 +189,16 @@ uint64_t tail_scratch_bytes(int tile, int slots) {
   return gemm::tail_scratch_bytes(slots, info.bm * info.bn);
 }
 
+hipError_t ag_matmul_geometry(const AgMatmulLaunch& l, int per_sm, GemmGeometry* geo) {
+  return with_gemm_variant(l.op, l.ctx.peers.world > 1, [&](auto type, auto config, auto layout, auto peers) {
+    return geometry_typed<typename decltype(type)::type, decltype(config), decltype(layout)::value,
+                          decltype(peers)::value>(l, per_sm, geo);
+  });
+}
+
 hipError_t launch_ag_matmul(const AgMatmulLaunch& l, hipStream_t stream) {
-  return with_gemm_variant(l.op, l.ctx.peers.world > 1, [&](auto type, auto shape, auto layout, auto peers) {
-    return launch_typed<typename decltype(type)::type, decltype(shape), decltype(layout)::value,
+  return with_gemm_variant(l.op, l.ctx.peers.world > 1, [&](auto type, auto config, auto layout, auto peers) {
+    return launch_typed<typename decltype(type)::type, decltype(config), decltype(layout)::value,
                         decltype(peers)::value>(l, stream);
   });
 }

@@ -10,7 +10,7 @@
 namespace jo {
 
 struct AgMatmulLaunch {
-  GemmOperands op;  // x [batch * m, k]; workers: fetchers
+  GemmOperands op;  // x [batch * m, k]; comm_workgroups: fetchers
   void* y;          // [batch, world * m, n]
   void* gathered;   // [batch, world * m, k]; unused when world == 1
   int64_t m;
@@ -22,10 +22,16 @@ struct AgMatmulLaunch {
 // Bytes of the symmetric region a call of this shape needs (0 when world == 1).
 uint64_t ag_matmul_region_bytes(int world, int64_t rows, int64_t k, int tile, int chunk_k, int elem_bytes);
 
+// The launch launch_ag_matmul makes of `launch` (its pointers unused), with
+// per_sm workgroups per SM, or the kernel's occupancy on the current device
+// when per_sm == 0 (kernels/launch.h gemm_geometry). region_bytes needs a
+// chunk_k (0 without one).
+hipError_t ag_matmul_geometry(const AgMatmulLaunch& launch, int per_sm, GemmGeometry* geometry);
+
 hipError_t launch_ag_matmul(const AgMatmulLaunch& launch, hipStream_t stream);
 
 // Bytes of a group-of-one call's tail scratch with `slots` workgroup slots
-// for tile shape `tile` (gemm/tile_order.h tail_scratch_bytes; both ops).
+// for tile shape `tile` (gemm/tile_scheduler.h tail_scratch_bytes; both ops).
 uint64_t tail_scratch_bytes(int tile, int slots);
 
 }  // namespace jo

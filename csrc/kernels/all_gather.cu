@@ -27,17 +27,24 @@ uint64_t all_gather_region_bytes(int world, int64_t rows, int64_t row_bytes) {
   return world <= 1 ? 0 : layout(world, rows, row_bytes).total;
 }
 
+// One fetcher per chunk, as many as stay co-resident.
 hipError_t launch_all_gather(const AllGatherLaunch& l, hipStream_t stream) {
-  int cap = 0;
-  hipError_t e = co_resident_grid<all_gather_kernel>(kThreads, 0, l.ctx.limits, &cap);
+  int per_sm = 0;
+  const hipError_t e = workgroups_per_sm<all_gather_kernel>(kThreads, 0, &per_sm);
   if (e != hipSuccess) return e;
   const GatherLayout lay = layout(l.ctx.peers.world, l.batch * l.m, l.row_bytes);
-  const int grid = std::min(cap, std::max(lay.chunks(), 1));
+  const int grid = std::min(co_resident_workgroups(per_sm, l.ctx.limits), std::max(lay.chunks(), 1));
   if (grid < 1 || l.row_bytes % 16 != 0) return hipErrorInvalidValue;
-  GatherArgs g{static_cast<const char*>(l.x), static_cast<char*>(l.gathered), l.m, lay, l.ctx.peers, l.ctx.epoch,
-               l.ctx.wd, l.ctx.trace};
-  all_gather_kernel<<<grid, kThreads, 0, stream>>>(g);
-  return hipGetLastError();
+  GatherArgs g{};
+  g.x = static_cast<const char*>(l.x);
+  g.gathered = static_cast<char*>(l.gathered);
+  g.m = l.m;
+  g.layout = lay;
+  g.peers = l.ctx.peers;
+  g.epoch = l.ctx.epoch;
+  g.wd = l.ctx.wd;
+  g.trace = l.ctx.trace;
+  return launch_persistent<all_gather_kernel>(grid, kThreads, 0, g, stream);
 }
 
 }  // namespace jo

@@ -1,6 +1,7 @@
 // The compile-time variant of a fused GEMM kernel that one launch needs:
-// element type, block tile, w's layout, and whether the call has peers
-// (world > 1; world 1 runs an instantiation without the protocol).
+// element type, compiled tile (arch and shape), w's layout, and whether the
+// call has peers (world > 1; world 1 runs an instantiation without the
+// protocol).
 #pragma once
 
 #include <type_traits>
@@ -15,16 +16,16 @@ struct TypeTag {
   using type = T;
 };
 
-// Calls fn(TypeTag<T>{}, Shape{}, std::integral_constant<gemm::BLayout, L>{},
+// Calls fn(TypeTag<T>{}, TileConfig{}, std::integral_constant<gemm::BLayout, L>{},
 // std::bool_constant<kPeers>{}) for the variant of `op` and returns its
 // result; hipErrorInvalidValue when no variant matches.
 template <class Fn>
 hipError_t with_gemm_variant(const GemmOperands& op, bool peers, Fn&& fn) {
   hipError_t e = hipErrorInvalidValue;
   auto with_type = [&](auto type) {
-    gemm::with_tile_shape(op.tile, [&](auto shape) {
+    gemm::with_tile_config(op.tile, [&](auto config) {
       auto with_layout = [&](auto layout) {
-        e = peers ? fn(type, shape, layout, std::true_type{}) : fn(type, shape, layout, std::false_type{});
+        e = peers ? fn(type, config, layout, std::true_type{}) : fn(type, config, layout, std::false_type{});
       };
       if (op.w_kmajor)
         with_layout(std::integral_constant<gemm::BLayout, gemm::BLayout::kKMajor>{});

@@ -2,8 +2,9 @@
 //
 // GEMM workgroups compute the partial product of every rank's row block, in
 // the order rank + 1, rank + 2, ..., rank (own block last, so peers can start
-// reducing early), store each tile to this rank's staging slot and release
-// its ready flag at system scope. Reducer workgroups [0, workers) take the
+// reducing early: gemm::block_ordered), store each tile to this rank's staging
+// slot and release its ready flag at system scope (StageAndRelease). Reducer
+// workgroups [0, reducers) take the
 // tiles of this rank's block, wait until every rank has staged the tile, sum
 // the world partials in rank order 0..world-1 in fp32 (bitwise reproducible),
 // add the bias once and write the output, then tell each rank its slot tile
@@ -11,7 +12,7 @@
 #include "kernels/matmul_rs.h"
 
 #include "gemm/gemm_tile.h"
-#include "gemm/tile_order.h"
+#include "gemm/tile_scheduler.h"
 #include "gemm/tile_shapes.h"
 #include "kernels/gemm_variant.h"
 #include "kernels/launch.h"
@@ -31,7 +32,7 @@ struct MatmulRsArgs {
   int64_t block_rows;  // batch * m_block: rows of one rank's block
   int k;
   int n;
-  int workers;
+  int reducers;
   int group_cols;  // tile columns per band (gemm/tile_order.h)
   ReduceLayout layout;
   Peers peers;
@@ -41,57 +42,78 @@ struct MatmulRsArgs {
   gemm::TailSplit tail;  // world 1
 };
 
-template <class Eng, typename T>
-__device__ void rs_gemm_role(const MatmulRsArgs<T>& a, T* smem, int worker, int workers) {
+// The epilogue of the GEMM workgroups: a tile of the partial product of row
+// block `block` goes to this rank's staging slot for the block, which the
+// block's owner sums (and adds the bias to), and its ready flag is released
+// at system scope.
+template <class ML, typename T>
+struct StageAndRelease {
+  const MatmulRsArgs<T>& a;
+  char* mine;  // this rank's region
+  int parity;
+
+  // Before the tile's mainloop: the block's owner read this staging tile two
+  // epochs ago (same parity); wait until it said so. False: the watchdog fired.
+  __device__ bool claim(int block, int tile) const {
+    bool ok = true;
+    if (threadIdx.x == 0 && a.epoch > 2)
+      ok = spin_until<Scope::kSystem>(a.layout.done_flag(mine, parity, block, tile), a.epoch - 2, a.wd, a.peers.rank,
+                                      block, a.peers.world, a.epoch, WaitOn::kReadersDone);
+    return block_agree(ok);
+  }
+
+  __device__ void apply(const typename ML::Acc& acc, int block, int tile, gemm::TileCoord tc) const {
+    T* dst = reinterpret_cast<T*>(a.layout.block_data(mine, parity, block));
+    const int64_t r0 = static_cast<int64_t>(tc.row) * ML::BM;
+    auto out_row = [&](int r) -> T* { return r0 + r < a.block_rows ? dst + (r0 + r) * a.n : nullptr; };
+    gemm::StoreTile<ML>::apply(acc, out_row, tc.col * ML::BN, a.n, static_cast<const T*>(nullptr));
+    __syncthreads();
+    if (threadIdx.x == 0) gpu::store_release_sys(a.layout.ready_flag(mine, parity, block, tile), a.epoch);
+  }
+};
+
+template <class ML, typename T>
+__device__ void rs_gemm_role(const MatmulRsArgs<T>& a, T* smem, int gemm_index, int gemm_workgroups) {
   const int world = a.peers.world;
   const int rank = a.peers.rank;
-  const int parity = static_cast<int>(a.epoch & 1u);
-  const int col_tiles = (a.n + Eng::BN - 1) / Eng::BN;
-  const int row_tiles = static_cast<int>((a.block_rows + Eng::BM - 1) / Eng::BM);
-  const int per_block = row_tiles * col_tiles;
-  char* mine = a.peers.region(rank);
-  const int64_t ldb = Eng::kBKMajor ? a.k : a.n;
+  const int col_tiles = (a.n + ML::BN - 1) / ML::BN;
+  const int row_tiles = static_cast<int>((a.block_rows + ML::BM - 1) / ML::BM);
+  const int64_t ldb = ML::kBKMajor ? a.k : a.n;
+  const StageAndRelease<ML, T> epilogue{a, a.peers.region(rank), static_cast<int>(a.epoch & 1u)};
 
-  for (int t = worker; t < per_block * world; t += workers) {
+  gemm::GroupScheduler sched =
+      gemm::block_ordered(gemm_index, gemm_workgroups, rank, world, row_tiles, col_tiles, a.group_cols);
+  for (gemm::GroupWork work; sched.next(work);) {
     const uint64_t t0 = gpu::timer_ticks();
-    const int block = (rank + 1 + t / per_block) % world;
-    const gemm::TileCoord tc = gemm::tile_coord(t % per_block, row_tiles, col_tiles, a.group_cols);
+    const int block = work.group;
+    const gemm::TileCoord tc = work.coord;
     const int tile = tc.row * col_tiles + tc.col;  // flag index: row-major, as the reducers count
-    const int64_t r0 = static_cast<int64_t>(tc.row) * Eng::BM;
-    const int ct = tc.col;
+    const int64_t r0 = static_cast<int64_t>(tc.row) * ML::BM;
     auto a_row = [&](int r) -> const T* {
       const int64_t l = r0 + r;  // row of the block: l = b * m_block + i
       if (l >= a.block_rows) return nullptr;
       const uint32_t b = static_cast<uint32_t>(l) / static_cast<uint32_t>(a.m_block);  // see gathered_row
       return a.x + (b * a.m_total + block * a.m_block + (l - static_cast<int64_t>(b) * a.m_block)) * a.k;
     };
-    const typename Eng::BSource b{a.w, ldb, ct * Eng::BN, a.n};
-    // The tile goes to this rank's staging slot for the block, which the
-    // block's owner sums (and adds the bias to).
-    bool ok = true;
-    if (threadIdx.x == 0 && a.epoch > 2)  // the block's owner read this slot tile two epochs ago
-      ok = spin_until<Scope::kSystem>(a.layout.done_flag(mine, parity, block, tile), a.epoch - 2, a.wd, rank, block,
-                                      world, a.epoch, WaitOn::kReadersDone);
-    if (!block_agree(ok)) return;
-    T* dst = reinterpret_cast<T*>(a.layout.block_data(mine, parity, block));
-    auto out_row = [&](int r) -> T* { return r0 + r < a.block_rows ? dst + (r0 + r) * a.n : nullptr; };
-    gemm::gemm_tile<Eng>(smem, a_row, b, a.k, out_row, static_cast<const T*>(nullptr), gemm::NoWait{});
-    __syncthreads();
-    if (threadIdx.x == 0) gpu::store_release_sys(a.layout.ready_flag(mine, parity, block, tile), a.epoch);
+    const typename ML::BSource b{a.w, ldb, tc.col * ML::BN, a.n};
+    if (!epilogue.claim(block, tile)) return;
+    typename ML::Acc acc;
+    ML::run(acc, smem, ML::a_rows(a_row), b, a.k, gemm::NoWait{});
+    epilogue.apply(acc, block, tile, tc);
     trace_event(a.trace, TraceKind::kGemmTile, t0, static_cast<uint32_t>(tile), static_cast<uint32_t>(block));
   }
 }
 
-template <class Eng, typename T>
-__device__ void rs_reduce_role(const MatmulRsArgs<T>& a, int worker, int workers) {
+template <class ML, typename T>
+__device__ void rs_reduce_role(const MatmulRsArgs<T>& a, int reducer, int reducers) {
   constexpr int kVec = 16 / sizeof(T);
   const int world = a.peers.world;
   const int rank = a.peers.rank;
   const int parity = static_cast<int>(a.epoch & 1u);
-  const int col_tiles = (a.n + Eng::BN - 1) / Eng::BN;
-  const int per_block = static_cast<int>((a.block_rows + Eng::BM - 1) / Eng::BM) * col_tiles;
+  const int col_tiles = (a.n + ML::BN - 1) / ML::BN;
+  const int per_block = static_cast<int>((a.block_rows + ML::BM - 1) / ML::BM) * col_tiles;
 
-  for (int tile = worker; tile < per_block; tile += workers) {
+  for (int tile = reducer; tile < per_block; tile += reducers) {
     const uint64_t t0 = gpu::timer_ticks();
     bool ok = true;
     if (threadIdx.x == 0) {
@@ -100,10 +122,10 @@ __device__ void rs_reduce_role(const MatmulRsArgs<T>& a, int worker, int workers
                                         rank, p, world, a.epoch, WaitOn::kPartialReady);
     }
     if (!block_agree(ok)) return;
-    const int64_t r0 = static_cast<int64_t>(tile / col_tiles) * Eng::BM;
-    const int64_t c0 = static_cast<int64_t>(tile % col_tiles) * Eng::BN;
-    const int nrows = static_cast<int>(a.block_rows - r0 < Eng::BM ? a.block_rows - r0 : Eng::BM);
-    const int vecs = static_cast<int>((a.n - c0 < Eng::BN ? a.n - c0 : Eng::BN) / kVec);
+    const int64_t r0 = static_cast<int64_t>(tile / col_tiles) * ML::BM;
+    const int64_t c0 = static_cast<int64_t>(tile % col_tiles) * ML::BN;
+    const int nrows = static_cast<int>(a.block_rows - r0 < ML::BM ? a.block_rows - r0 : ML::BM);
+    const int vecs = static_cast<int>((a.n - c0 < ML::BN ? a.n - c0 : ML::BN) / kVec);
     // Thread t owns vector column t % vecs of rows t / vecs, t / vecs + rows_per_pass, ...
     const int rows_per_pass = static_cast<int>(blockDim.x) / vecs;
     const int vc = static_cast<int>(threadIdx.x) % vecs;
@@ -162,19 +184,19 @@ __device__ void rs_reduce_role(const MatmulRsArgs<T>& a, int worker, int workers
 
 // kPeers == false (world 1): the plain GEMM (gemm/gemm_tile.h plain_gemm)
 // writes the output; no staging, no reducers, no protocol registers.
-template <typename T, class Shape, gemm::BLayout L, bool kPeers>
-__global__ __launch_bounds__(Shape::kThreads) void matmul_rs_kernel(MatmulRsArgs<T> a) {
-  using Eng = gemm::TileEngine<T, Shape, L>;
+template <typename T, class Config, gemm::BLayout L, bool kPeers>
+__global__ __launch_bounds__(Config::Shape::kThreads) void matmul_rs_kernel(MatmulRsArgs<T> a) {
+  using ML = gemm::MainloopOf<T, Config, L>;
   extern __shared__ gpu::Vec16 smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
   if constexpr (!kPeers) {
     const gemm::PlainGemm<T> g{a.x, a.w, a.bias, a.out, a.block_rows, a.n, a.k, a.group_cols};
-    gemm::plain_gemm<Eng>(g, smem, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), a.tail,
-                          [&](int t, uint64_t t0) { trace_event(a.trace, TraceKind::kGemmTile, t0, t, 0); });
-  } else if (static_cast<int>(blockIdx.x) < a.workers) {
-    rs_reduce_role<Eng>(a, static_cast<int>(blockIdx.x), a.workers);
+    gemm::plain_gemm<ML>(g, smem, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), a.tail,
+                         [&](int t, uint64_t t0) { trace_event(a.trace, TraceKind::kGemmTile, t0, t, 0); });
+  } else if (static_cast<int>(blockIdx.x) < a.reducers) {
+    rs_reduce_role<ML>(a, static_cast<int>(blockIdx.x), a.reducers);
   } else {
-    rs_gemm_role<Eng>(a, smem, static_cast<int>(blockIdx.x) - a.workers, static_cast<int>(gridDim.x) - a.workers);
+    rs_gemm_role<ML>(a, smem, static_cast<int>(blockIdx.x) - a.reducers, static_cast<int>(gridDim.x) - a.reducers);
   }
 }
 
@@ -184,28 +206,43 @@ ReduceLayout rs_layout(int world, int64_t block_rows, int64_t n, int elem_bytes)
   return ReduceLayout::make(world, block_rows, n, tiles, elem_bytes);
 }
 
-template <typename T, class Shape, gemm::BLayout L, bool kPeers>
+// The launch of l (its pointers unused) with per_sm workgroups per SM, or
+// the kernel's occupancy when per_sm == 0.
+template <typename T, class Config, gemm::BLayout L, bool kPeers>
+hipError_t geometry_typed(const MatmulRsLaunch& l, int per_sm, GemmGeometry* geo) {
+  using ML = gemm::MainloopOf<T, Config, L>;
+  if (per_sm == 0) {
+    const hipError_t e =
+        workgroups_per_sm<matmul_rs_kernel<T, Config, L, kPeers>>(ML::kThreads, ML::kSmemBytes, &per_sm);
+    if (e != hipSuccess) return e;
+  }
+  const int world = l.ctx.peers.world;
+  const int64_t block_rows = l.op.batch * (l.m_total / world);
+  const hipError_t e = gemm_geometry<ML>(per_sm, l.ctx.limits, kPeers ? l.op.comm_workgroups : 0, world,
+                                         block_rows, l.op.n, l.op.k, geo);
+  geo->region_bytes = kPeers ? rs_layout<typename Config::Shape>(world, block_rows, l.op.n, sizeof(T)).total : 0;
+  return e;
+}
+
+template <typename T, class Config, gemm::BLayout L, bool kPeers>
 hipError_t launch_typed(const MatmulRsLaunch& l, hipStream_t stream) {
-  using Eng = gemm::TileEngine<T, Shape, L>;
-  constexpr auto kernel = matmul_rs_kernel<T, Shape, L, kPeers>;
+  using ML = gemm::MainloopOf<T, Config, L>;
+  GemmGeometry geo{};
+  const hipError_t e = geometry_typed<T, Config, L, kPeers>(l, 0, &geo);
+  if (e != hipSuccess) return e;
   const GemmOperands& op = l.op;
   const int world = l.ctx.peers.world;
-  const int workers = kPeers ? op.workers : 0;
-  const int64_t m_block = l.m_total / world;
-  const int64_t block_rows = op.batch * m_block;
-  int grid = 0, group_cols = 0;
-  const hipError_t e = gemm_grid<kernel, Eng>(l.ctx.limits, workers,
-                                              ceil_div(block_rows, Shape::BM) * ceil_div(op.n, Shape::BN) * world,
-                                              op.n, op.k, &grid, &group_cols);
-  if (e != hipSuccess) return e;
-  MatmulRsArgs<T> a{static_cast<const T*>(op.x), static_cast<const T*>(op.w), static_cast<const T*>(op.bias),
-                    static_cast<T*>(l.out), l.m_total, m_block, block_rows, static_cast<int>(op.k),
-                    static_cast<int>(op.n), workers, group_cols, rs_layout<Shape>(world, block_rows, op.n, sizeof(T)),
-                    l.ctx.peers, l.ctx.epoch, l.ctx.wd, l.ctx.trace,
-                    tail_split<Eng>(kPeers ? TailScratch{} : l.tail,
-                                    ceil_div(block_rows, Shape::BM) * ceil_div(op.n, Shape::BN), grid)};
-  kernel<<<grid, Shape::kThreads, Eng::kSmemBytes, stream>>>(a);
-  return hipGetLastError();
+  MatmulRsArgs<T> a{};
+  set_gemm_args(a, op, l.ctx, geo);
+  a.out = static_cast<T*>(l.out);
+  a.m_total = l.m_total;
+  a.m_block = l.m_total / world;
+  a.block_rows = op.batch * a.m_block;
+  a.reducers = geo.comm_workgroups;
+  a.layout = rs_layout<typename Config::Shape>(world, a.block_rows, op.n, sizeof(T));
+  a.tail = tail_split<ML>(kPeers ? TailScratch{} : l.tail, geo.tiles, geo.grid);
+  return launch_persistent<matmul_rs_kernel<T, Config, L, kPeers>>(geo.grid, ML::kThreads, ML::kSmemBytes, a,
+                                                                   stream);
 }
 
 }  // namespace
@@ -213,15 +250,22 @@ hipError_t launch_typed(const MatmulRsLaunch& l, hipStream_t stream) {
 uint64_t matmul_rs_region_bytes(int world, int64_t batch, int64_t m_total, int64_t n, int tile, int elem_bytes) {
   if (world <= 1) return 0;
   uint64_t bytes = 0;
-  gemm::with_tile_shape(tile, [&](auto shape) {
-    bytes = rs_layout<decltype(shape)>(world, batch * (m_total / world), n, elem_bytes).total;
+  gemm::with_tile_config(tile, [&](auto config) {
+    bytes = rs_layout<typename decltype(config)::Shape>(world, batch * (m_total / world), n, elem_bytes).total;
   });
   return bytes;
 }
 
+hipError_t matmul_rs_geometry(const MatmulRsLaunch& l, int per_sm, GemmGeometry* geo) {
+  return with_gemm_variant(l.op, l.ctx.peers.world > 1, [&](auto type, auto config, auto layout, auto peers) {
+    return geometry_typed<typename decltype(type)::type, decltype(config), decltype(layout)::value,
+                          decltype(peers)::value>(l, per_sm, geo);
+  });
+}
+
 hipError_t launch_matmul_rs(const MatmulRsLaunch& l, hipStream_t stream) {
-  return with_gemm_variant(l.op, l.ctx.peers.world > 1, [&](auto type, auto shape, auto layout, auto peers) {
-    return launch_typed<typename decltype(type)::type, decltype(shape), decltype(layout)::value,
+  return with_gemm_variant(l.op, l.ctx.peers.world > 1, [&](auto type, auto config, auto layout, auto peers) {
+    return launch_typed<typename decltype(type)::type, decltype(config), decltype(layout)::value,
                         decltype(peers)::value>(l, stream);
   });
 }

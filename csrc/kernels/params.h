@@ -87,7 +87,7 @@ struct CallContext {
   LaunchLimits limits;
 };
 
-// Scratch of a group-of-one call's stream-K tail (gemm/tile_order.h
+// Scratch of a group-of-one call's stream-K tail (gemm/tile_scheduler.h
 // TailSplit): `slots` flags, then `slots` fp32 tiles, as left by earlier
 // users. data == nullptr: whole tiles only.
 struct TailScratch {
@@ -106,17 +106,34 @@ struct GemmOperands {
   const void* bias;  // [n] or nullptr
   int64_t batch;     // product of x's leading dims
   int64_t k, n;
-  int workers;  // fetcher (ag_matmul) or reducer (matmul_rs) workgroups when world > 1
+  int comm_workgroups;  // fetchers (ag_matmul) or reducers (matmul_rs) when world > 1
 };
 
 // A block tile compiled into the GEMM kernels (gemm/tile_shapes.h), as the
 // host and Python see it.
 struct TileShapeInfo {
   int bm, bn, bk, threads, smem_bytes;
-  bool stream_k;  // its group-of-one kernels can end in the stream-K tail (gemm/tile_order.h)
+  bool stream_k;     // its group-of-one kernels can end in the stream-K tail (gemm/tile_scheduler.h)
+  const char* arch;  // the ArchTraits it runs: "nvidia" or "amd" (gemm/arch_traits.h)
 };
-inline constexpr int kTileShapeCount = 2;
 // False when no tile shape has this index.
 bool tile_shape_info(int index, TileShapeInfo* info);
+// Tile indices are 0 .. tile_shape_count() - 1.
+int tile_shape_count();
+
+// A persistent GEMM kernel's launch as the launcher makes it, computed by one
+// function per op (kernels/launch.h gemm_geometry) for the launch and, through
+// the Python module, for the planner (jax_overlap/config.py GemmGeometry).
+struct GemmGeometry {
+  int workgroups_per_sm;  // of this kernel, by its occupancy
+  int co_resident;        // workgroups that run at once on this rank's share of the GPU
+  int comm_workgroups;    // fetchers / reducers among them (0 at world 1)
+  int grid;               // workgroups launched: min(co_resident, comm_workgroups + tiles)
+  int64_t tiles;          // output tiles of all groups (the world's shards or row blocks)
+  int group_cols;         // tile columns per band (gemm/tile_order.h)
+  int tail_slots;         // group of one: slots of its stream-K tail scratch (0: none)
+  uint64_t tail_scratch_bytes;
+  uint64_t region_bytes;  // the call's symmetric region (0 at world 1)
+};
 
 }  // namespace jo

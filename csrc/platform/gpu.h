@@ -2,7 +2,9 @@
 // HIP for AMD (gfx942 / gfx950) or as CUDA for NVIDIA (sm_90). Sources use HIP
 // names (hipStream_t, hipMalloc, ...); on NVIDIA they map to CUDA here. Device
 // code gets the few vendor-specific pieces it needs through jo::gpu: memory-
-// ordered flag accesses, a wall-clock timer, 16-byte copies, and the MMA atom.
+// ordered flag accesses at device or system scope, a wall-clock timer, 16-byte
+// moves and the 16-bit float types. The GEMM's vendor pieces (MMA atoms,
+// asynchronous copies) are gemm/arch_traits.h's.
 #pragma once
 
 #include <cstddef>
@@ -96,16 +98,11 @@ namespace jo::gpu {
 #if JO_PLATFORM_HIP
 inline constexpr const char* kPlatformName = "rocm";
 inline constexpr int kWarpSize = 64;
-// Register double-buffering of MMA fragments (TileShape PIPELINE_FRAGS) runs
-// gfx942/gfx950 out of VGPRs with 8-wave tiles (scratch spills in the ISA
-// check), and nothing measured says it pays there: off on AMD.
-inline constexpr bool kPipelineFragsAllowed = false;
 using bf16 = __bf16;
 using fp16 = _Float16;
 #else
 inline constexpr const char* kPlatformName = "cuda";
 inline constexpr int kWarpSize = 32;
-inline constexpr bool kPipelineFragsAllowed = true;
 using bf16 = __nv_bfloat16;
 using fp16 = __half;
 #endif
@@ -120,8 +117,17 @@ inline std::string arch_name(const hipDeviceProp_t& prop) {
 #endif
 }
 
-// Ticks per second of timer_ticks(); the host converts the watchdog timeout
-// and trace timestamps with it.
+// timer_ticks() per microsecond as device code may assume it (thresholds that
+// need not be exact, such as which waits are worth a trace event): NVIDIA's
+// %globaltimer counts nanoseconds, gfx9's s_memrealtime runs at 100 MHz.
+#if JO_PLATFORM_HIP
+inline constexpr uint64_t kNominalTicksPerMicrosecond = 100;
+#else
+inline constexpr uint64_t kNominalTicksPerMicrosecond = 1000;
+#endif
+
+// Ticks per second of timer_ticks(), as the device reports it; the host
+// converts the watchdog timeout and trace timestamps with it.
 inline int64_t timer_ticks_per_second(int device) {
 #if JO_PLATFORM_HIP
   int khz = 100000;  // s_memrealtime runs at a constant 100 MHz on gfx9
@@ -313,35 +319,19 @@ JO_DEVICE bool block_all(bool v) {
 JO_DEVICE bool block_all(bool v) { return __syncthreads_and(v) != 0; }
 #endif
 
-// ---------------------------------------------------------------------------
-// Global -> shared 16-byte copies for the GEMM pipeline. On NVIDIA they are
-// cp.async (L2 only, zero-filled when !valid) tracked in commit groups; on AMD
-// they are a register-staged load and LDS store, so wait/commit are no-ops
-// and the pipeline degenerates to synchronous staging (gfx950's LDS-direct
-// loads are the upgrade path).
-// ---------------------------------------------------------------------------
+// A 16-byte register-staged copy, zero-filled when !valid (then src is not
+// read). AMD: a vector value, not a struct assigned conditionally; the latter
+// is kept in scratch memory by the AMDGPU backend.
 #if JO_PLATFORM_HIP
-JO_DEVICE void copy16_async(void* smem, const void* gmem, bool valid) {
-  // A vector value, not a struct assigned conditionally: the latter is kept
-  // in scratch memory by the AMDGPU backend.
+JO_DEVICE void copy16(void* dst, const void* src, bool valid) {
   using U4 = uint32_t __attribute__((ext_vector_type(4)));
-  const U4 v = valid ? *static_cast<const U4*>(gmem) : U4{0u, 0u, 0u, 0u};
-  *static_cast<U4*>(smem) = v;
+  const U4 v = valid ? *static_cast<const U4*>(src) : U4{0u, 0u, 0u, 0u};
+  *static_cast<U4*>(dst) = v;
 }
-JO_DEVICE void copy_async_commit() {}
-template <int kPending>
-JO_DEVICE void copy_async_wait() {}
 #else
-JO_DEVICE void copy16_async(void* smem, const void* gmem, bool valid) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
-               : "memory");
-}
-JO_DEVICE void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-JO_DEVICE void copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+JO_DEVICE void copy16(void* dst, const void* src, bool valid) {
+  const uint4 v = valid ? *static_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
+  *static_cast<uint4*>(dst) = v;
 }
 #endif
 
@@ -371,20 +361,3 @@ JO_DEVICE fp16 from_float<fp16>(float v) {
 #endif  // device code
 
 }  // namespace jo::gpu
-
-// The MMA atom of this platform: MFMA on gfx942/gfx950, mma.sync on sm_80+.
-#if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
-#if JO_PLATFORM_HIP
-#include "gemm/atom_mfma.h"
-namespace jo::gpu {
-template <typename T>
-using MmaAtom = ::jo::gemm::MfmaAtom<T>;
-}
-#else
-#include "gemm/atom_mma_sync.h"
-namespace jo::gpu {
-template <typename T>
-using MmaAtom = ::jo::gemm::MmaSyncAtom<T>;
-}
-#endif
-#endif

@@ -84,7 +84,7 @@ CallContext SimGroup::context(int rank, uint64_t offset, uint32_t epoch, OpKind 
 GemmOperands SimMatmul::operands(int rank) const {
   return GemmOperands{dtype, tile, w_kmajor, reinterpret_cast<const void*>(x[rank]),
                       reinterpret_cast<const void*>(w[rank]), reinterpret_cast<const void*>(bias[rank]), batch, k, n,
-                      workers};
+                      comm_workgroups};
 }
 
 Status SimGroup::run(uint64_t offset, const std::vector<int>& ranks, bool sync,

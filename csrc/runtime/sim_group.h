@@ -26,7 +26,7 @@ namespace jo {
 struct SimMatmul {
   DType dtype;
   int tile;
-  int workers;
+  int comm_workgroups;  // fetchers (ag_matmul) or reducers (matmul_rs)
   int chunk_k;  // ag_matmul only
   bool w_kmajor;
   int64_t batch, m, k, n;  // ag: m local rows; rs: m total rows (per batch element)

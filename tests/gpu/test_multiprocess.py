@@ -20,16 +20,24 @@ def _failed(results):
           if not c["ok"]}
 
 
-@pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None,
-                    reason="needs NVIDIA MPS to run several processes on one GPU")
-def test_two_processes_one_gpu():
+def failed_under_mps(world: int, **env) -> set:
+  """The failed checks of `world` processes on this GPU under MPS, with `env` added to theirs."""
   with tempfile.TemporaryDirectory() as tmp:
-    env = multiprocess._start_mps(tmp)
+    mps_env = multiprocess._start_mps(tmp)
     try:
-      results = multiprocess.run_world(2, env, per_gpu=False, timeout=300)
+      results = multiprocess.run_world(world, dict(mps_env, **env), per_gpu=False, timeout=300)
     finally:
-      multiprocess._stop_mps(env)
-  failed = _failed(results)
+      multiprocess._stop_mps(mps_env)
+  return _failed(results)
+
+
+requires_mps = pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None,
+                                  reason="needs NVIDIA MPS to run several processes on one GPU")
+
+
+@requires_mps
+def test_two_processes_one_gpu():
+  failed = failed_under_mps(2)
   assert not failed, failed
 
 

@@ -137,7 +137,7 @@ class Ranks:
         if self.op == "ag_matmul" else []
 
   def call(self, stages, **extra):
-    return dict(dtype=np.dtype(self.dtype).name, tile=0, workers=0, w_kmajor=self.w_kmajor, batch=self.batch,
+    return dict(dtype=np.dtype(self.dtype).name, tile=0, comm_workgroups=0, w_kmajor=self.w_kmajor, batch=self.batch,
                 m=self.m, k=self.k, n=self.n, x=[_ptr(v) for v in self.xs], w=[_ptr(v) for v in self.ws],
                 bias=[_ptr(v) for v in self.bs], out=[_ptr(v) for v in self.outs],
                 gathered=[_ptr(v) for v in self.gathered], scratch=[_ptr(v) for v in self.scratch],

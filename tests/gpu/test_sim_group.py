@@ -34,6 +34,10 @@ def _poisoned(shape, dtype):
   return jnp.full(shape, jnp.nan, dtype).block_until_ready()
 
 
+def _bk(tile):
+  return next(t.bk for t in native._compiled_tile_shapes() if t.index == tile)
+
+
 def _ptr(a):
   return a.unsafe_buffer_pointer() if a is not None else 0
 
@@ -57,7 +61,7 @@ def test_all_gather(world, dtype):
 
 
 def _ag_call(g, xs, ws, bs, ys, gs, *, batch, m, k, n, tile=0, workers=2, chunk_k=128, w_kmajor=False):
-  g.ag_matmul(dict(dtype=np.dtype(xs[0].dtype).name, tile=tile, workers=workers, chunk_k=chunk_k,
+  g.ag_matmul(dict(dtype=np.dtype(xs[0].dtype).name, tile=tile, comm_workgroups=workers, chunk_k=chunk_k,
                    w_kmajor=w_kmajor, batch=batch, m=m, k=k, n=n, x=[_ptr(v) for v in xs],
                    w=[_ptr(v) for v in ws], bias=[_ptr(v) for v in bs], out=[_ptr(v) for v in ys],
                    gathered=[_ptr(v) for v in gs]))
@@ -77,8 +81,7 @@ def test_ag_matmul(world, dtype, m, k, n, w_kmajor, tile):
   ys = [_poisoned((batch, world * m, n), dtype) for _ in range(world)]
   gs = [_poisoned((batch, world * m, k), dtype) for _ in range(world)]
   g = _group(world)
-  bk = 64 if tile == 0 else 32
-  _ag_call(g, xs, ws, bs, ys, gs, batch=batch, m=m, k=k, n=n, tile=tile, chunk_k=2 * bk, w_kmajor=w_kmajor)
+  _ag_call(g, xs, ws, bs, ys, gs, batch=batch, m=m, k=k, n=n, tile=tile, chunk_k=2 * _bk(tile), w_kmajor=w_kmajor)
   assert g.errors() == []
   gathered = _gather(xs)
   for r in range(world):
@@ -88,8 +91,8 @@ def test_ag_matmul(world, dtype, m, k, n, w_kmajor, tile):
 
 
 def _rs_call(g, xs, ws, bs, outs, *, batch, m, k, n, tile=0, workers=2, w_kmajor=False):
-  g.matmul_rs(dict(dtype=np.dtype(xs[0].dtype).name, tile=tile, workers=workers, w_kmajor=w_kmajor, batch=batch,
-                   m=m, k=k, n=n, x=[_ptr(v) for v in xs], w=[_ptr(v) for v in ws], bias=[_ptr(v) for v in bs],
+  g.matmul_rs(dict(dtype=np.dtype(xs[0].dtype).name, tile=tile, comm_workgroups=workers, w_kmajor=w_kmajor,
+                   batch=batch, m=m, k=k, n=n, x=[_ptr(v) for v in xs], w=[_ptr(v) for v in ws], bias=[_ptr(v) for v in bs],
                    out=[_ptr(v) for v in outs]))
 
 
@@ -142,7 +145,7 @@ def test_world1_workgroups_run_several_tiles(tile, k, w_kmajor):
     y = _poisoned((batch, m, n), dtype)
     if op == "ag":
       _ag_call(g, [x], [w], [b], [y], [None], batch=batch, m=m, k=k, n=n, tile=tile, w_kmajor=w_kmajor,
-               chunk_k=64 if tile == 0 else 32)
+               chunk_k=_bk(tile))
     else:
       _rs_call(g, [x], [w], [b], [y], batch=batch, m=m, k=k, n=n, tile=tile, w_kmajor=w_kmajor)
     assert g.errors() == []

@@ -1,8 +1,10 @@
-// Block-level GEMM tile engine shared by every kernel and both vendors:
-// global -> shared staging in a STAGES-deep ring, swizzled shared layouts,
-// warp tiling, and accumulator iteration for epilogues. Only the MMA atom
-// (gpu::MmaAtom<T>: mma.sync on NVIDIA, MFMA on AMD) differs per vendor, so
-// running it on the H200 exercises everything the AMD build uses but the atom.
+// The mainloop of every GEMM kernel, for both vendors: acc = A_tile @ B_tile
+// over K for one output tile, through a STAGES-deep ring of k-tiles in
+// swizzled shared memory, warp tiling and the MMA atom. What differs per
+// vendor comes from the ArchTraits (gemm/arch_traits.h): the atom, the copy
+// mode, fragment addressing and pipelining, B's staged layout. Which tiles a
+// workgroup computes is the tile schedulers' (gemm/tile_scheduler.h); what
+// happens to the accumulators, the epilogues' (gemm/epilogue.h).
 //
 // C[BM x BN] += A[BM x K] * B[K x BN]. A rows are given per thread as row
 // pointers (so callers can map gathered/batched rows freely); B is w, either
@@ -13,7 +15,7 @@
 
 #include <type_traits>
 
-#include "gemm/epilogue.h"
+#include "gemm/arch_traits.h"
 #include "gemm/smem_tile.h"
 #include "platform/gpu.h"
 
@@ -21,26 +23,12 @@ namespace jo::gemm {
 
 enum class BLayout : int { kNMajor = 0, kKMajor = 1 };
 
-// PIPELINE_FRAGS: read the next atom k-step's fragments from shared memory
-// while the current MMAs issue (two register buffers). It paid on the H200
-// for 8-warp 128x256 tiles (+12%) and cost for 4-warp 128x128 ones (-6%).
-template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, bool PIPELINE_FRAGS_>
-struct TileShape {
-  static constexpr int BM = BM_;
-  static constexpr int BN = BN_;
-  static constexpr int BK = BK_;
-  static constexpr int WARPS_M = WARPS_M_;
-  static constexpr int WARPS_N = WARPS_N_;
-  static constexpr int STAGES = STAGES_;
-  static constexpr bool kPipelineFrags = PIPELINE_FRAGS_ && gpu::kPipelineFragsAllowed;
-  static constexpr int kThreads = WARPS_M * WARPS_N * gpu::kWarpSize;
-  static_assert(STAGES >= 2, "the ring needs one stage in flight while one is computed");
-};
-
-template <typename T, class Shape, BLayout kBLayout>
-struct TileEngine {
+template <typename T, class Arch_, class Shape, BLayout kBLayout>
+struct Mainloop {
   using Elem = T;
-  using Atom = gpu::MmaAtom<T>;
+  using Arch = Arch_;
+  using Atom = typename Arch::template Atom<T>;
+  using Copy = typename Arch::Copy;
   using FragA = typename Atom::FragA;
   using FragB = typename Atom::FragB;
   using FragC = typename Atom::FragC;
@@ -48,21 +36,27 @@ struct TileEngine {
   static constexpr int BM = Shape::BM;
   static constexpr int BN = Shape::BN;
   static constexpr int BK = Shape::BK;
+  static constexpr int WARPS_M = Shape::WARPS_M;
+  static constexpr int WARPS_N = Shape::WARPS_N;
   static constexpr int STAGES = Shape::STAGES;
   static constexpr int kThreads = Shape::kThreads;
+  static constexpr bool kPipelineFrags = Shape::PIPELINE_FRAGS && Arch::kPipelineFrags;
+  static constexpr bool kLaneAddressing = Arch::kLaneAddressing;
   static constexpr bool kBKMajor = kBLayout == BLayout::kKMajor;
-  // B's layout in shared memory: as in global memory, except for atoms that
-  // read B k-contiguous only (MFMA), which get an [N, K] w transposed while it
-  // is staged through registers.
-  static constexpr bool kBSmemKMajor = kBKMajor || Atom::kTransposeBInSmem;
+  // B's layout in shared memory: as in global memory, unless the arch stages
+  // it k-contiguous (AMD: MFMA reads B that way), when an [N, K] w is
+  // transposed through registers while it is copied.
+  static constexpr bool kBSmemKMajor = kBKMajor || Arch::kStageBKMajor;
+  static_assert(kBSmemKMajor || !Atom::kNeedsKMajorB, "this atom reads B k-contiguous only");
+  static_assert(!kLaneAddressing || Atom::kHasLaneAddressing, "lane addressing needs the atom's lane coordinates");
 
   using ATile = SmemTile<T, BM, BK>;                                                           // (BM, BK)
   using BTile = std::conditional_t<kBSmemKMajor, SmemTile<T, BN, BK>, SmemTile<T, BK, BN>>;  // (BN, BK) | (BK, BN)
   static constexpr int kStageElems = ATile::kElems + BTile::kElems;
   static constexpr int kSmemBytes = STAGES * kStageElems * static_cast<int>(sizeof(T));
 
-  static constexpr int WTM = BM / Shape::WARPS_M;  // warp tile rows
-  static constexpr int WTN = BN / Shape::WARPS_N;  // warp tile cols
+  static constexpr int WTM = BM / WARPS_M;  // warp tile rows
+  static constexpr int WTN = BN / WARPS_N;  // warp tile cols
   static constexpr int MI = WTM / Atom::kM;        // atoms per warp tile, M
   static constexpr int NI = WTN / Atom::kN;        // atoms per warp tile, N
   static_assert(WTM % Atom::kM == 0 && WTN % Atom::kN == 0, "warp tile is whole atoms");
@@ -120,7 +114,7 @@ struct TileEngine {
       for (int pass = 0; pass < kAPasses; ++pass) {
         const int row = t / kAChunksPerRow + pass * kARowsPerPass;
         const bool ok = a.p[pass] != nullptr && k < K;
-        gpu::copy16_async(sa + ATile::offset(row, c * kVec), ok ? a.p[pass] + k : b.w, ok);
+        Copy::copy16(sa + ATile::offset(row, c * kVec), ok ? a.p[pass] + k : b.w, ok);
       }
     }
     {
@@ -146,7 +140,7 @@ struct TileEngine {
 #pragma unroll
           for (int i = 0; i < kVec; ++i) sb[BTile::offset(c * kVec + i, row)] = vals[i];
         } else {
-          gpu::copy16_async(sb + BTile::offset(row, c * kVec), ok ? src : b.w, ok);
+          Copy::copy16(sb + BTile::offset(row, c * kVec), ok ? src : b.w, ok);
         }
       }
     }
@@ -158,12 +152,14 @@ struct TileEngine {
   // (row, k, n) for each 16-byte chunk of every k-tile: in the k-loop that
   // integer work competed with the MMAs for issue slots and registers.
   static constexpr bool kHasFastLoad = !(kBSmemKMajor && !kBKMajor);  // not for B transposed in registers
-  // plain_gemm's pipeline across tiles and stream-K tail (gemm_tile.h): for
-  // the tiles that pipeline fragments, the 8-warp tile that has an SM to
-  // itself; the 4-warp tile shares its SM with a second workgroup, which
-  // hides its epilogue, and measured 22% slower with them (H200,
-  // benchmarks/results/NOTES.md).
-  static constexpr bool kCrossTilePipeline = kHasFastLoad && Shape::kPipelineFrags;
+  // plain_gemm's pipeline across tiles (gemm_tile.h): for the tiles that
+  // pipeline fragments, the 8-warp tile that has an SM to itself; the 4-warp
+  // tile shares its SM with a second workgroup, which hides its epilogue, and
+  // measured 22% slower with it (H200, benchmarks/results/NOTES.md).
+  static constexpr bool kCrossTilePipeline = kHasFastLoad && kPipelineFrags;
+  // The stream-K tail (gemm/tile_scheduler.h StreamKScheduler) runs inside
+  // that pipeline, where the arch has it.
+  static constexpr bool kStreamK = kCrossTilePipeline && Arch::kStreamK;
 
   struct FastCursor {
     const T* a[kAPasses];  // this thread's A chunk of each pass, at the next k-tile
@@ -193,13 +189,13 @@ struct TileEngine {
 #pragma unroll
     for (int pass = 0; pass < kAPasses; ++pass) {
       const int row = t / kAChunksPerRow + pass * kARowsPerPass;
-      gpu::copy16_async(sa + ATile::offset(row, t % kAChunksPerRow * kVec), c.a[pass], true);
+      Copy::copy16(sa + ATile::offset(row, t % kAChunksPerRow * kVec), c.a[pass], true);
       c.a[pass] += BK;
     }
 #pragma unroll
     for (int pass = 0; pass < kBPasses; ++pass) {
       const int row = t / kBChunksPerRow + pass * kBRowsPerPass;
-      gpu::copy16_async(sb + BTile::offset(row, t % kBChunksPerRow * kVec), c.b + pass * c.b_pass, true);
+      Copy::copy16(sb + BTile::offset(row, t % kBChunksPerRow * kVec), c.b + pass * c.b_pass, true);
     }
     c.b += c.b_k_tile;
   }
@@ -252,7 +248,7 @@ struct TileEngine {
   };
 
   static __host__ __device__ constexpr FragOffsets frag_offsets(int lane, int wm, int wn) {
-    if constexpr (Atom::kLaneAddressing) {
+    if constexpr (kLaneAddressing) {
       const int b_elem = kBSmemKMajor ? BTile::offset(wn * WTN + Atom::template b_row<true>(lane),
                                                       Atom::template b_col<true>(lane))
                                       : BTile::offset(Atom::template b_row<false>(lane),
@@ -276,10 +272,10 @@ struct TileEngine {
   // The identities frag_a / frag_b rest on, checked for every lane, warp,
   // fragment and k-step against the atom's own addressing.
   static constexpr bool frag_offsets_hold() {
-    if constexpr (Atom::kLaneAddressing) {
+    if constexpr (kLaneAddressing) {
       for (int lane = 0; lane < gpu::kWarpSize; ++lane)
-        for (int wm = 0; wm < Shape::WARPS_M; ++wm)
-          for (int wn = 0; wn < Shape::WARPS_N; ++wn) {
+        for (int wm = 0; wm < WARPS_M; ++wm)
+          for (int wn = 0; wn < WARPS_N; ++wn) {
             const FragOffsets o = frag_offsets(lane, wm, wn);
             for (int step = 0; step < BK / Atom::kK; ++step) {
               const int k0 = step * Atom::kK;
@@ -304,12 +300,12 @@ struct TileEngine {
 
   static __device__ __forceinline__ FragOffsets frag_offsets() {
     const int warp = static_cast<int>(threadIdx.x) / gpu::kWarpSize;
-    return frag_offsets(static_cast<int>(threadIdx.x) % gpu::kWarpSize, warp % Shape::WARPS_M, warp / Shape::WARPS_M);
+    return frag_offsets(static_cast<int>(threadIdx.x) % gpu::kWarpSize, warp % WARPS_M, warp / WARPS_M);
   }
 
   // The fragments of atom k-step `step` of a stage.
   static __device__ __forceinline__ void load_frags(Frags& f, const T* stage, int step, FragOffsets o) {
-    if constexpr (Atom::kLaneAddressing) {
+    if constexpr (kLaneAddressing) {
       const uint32_t base = Atom::smem_addr(stage);
 #pragma unroll
       for (int i = 0; i < MI; ++i) Atom::load_a_at(f.a[i], base + frag_a(o, i, step));
@@ -322,8 +318,8 @@ struct TileEngine {
       const int kk = step * Atom::kK;
       const int warp = static_cast<int>(threadIdx.x) / gpu::kWarpSize;
       const int lane = static_cast<int>(threadIdx.x) % gpu::kWarpSize;
-      const int wm = warp % Shape::WARPS_M;
-      const int wn = warp / Shape::WARPS_M;
+      const int wm = warp % WARPS_M;
+      const int wn = warp / WARPS_M;
 #pragma unroll
       for (int i = 0; i < MI; ++i) Atom::template load_a<ATile>(f.a[i], sa, wm * WTM + i * Atom::kM, kk, lane);
 #pragma unroll
@@ -353,7 +349,7 @@ struct TileEngine {
   // kernels wait for staged rows to arrive. Leaves shared memory free for the
   // next tile.
   template <class WaitA>
-  static __device__ __forceinline__ void mainloop(Acc& acc, T* smem, const ARows& a, const BSource& b, int K,
+  static __device__ __forceinline__ void run(Acc& acc, T* smem, const ARows& a, const BSource& b, int K,
                                                   WaitA&& wait_a) {
     zero(acc);
     const int k_tiles = (K + BK - 1) / BK;
@@ -372,17 +368,17 @@ struct TileEngine {
 
   // Software pipeline, in two calls so that a caller can run other work (the
   // previous tile's epilogue) while the first copies are in flight:
-  // fill() copies k-tiles 0 .. STAGES - 2 into slots 0 .. STAGES - 2 (shared
-  // memory must be free: mainloop/compute leave it so); compute() runs the
+  // fill() copies k-tiles 0 .. STAGES - 2 into ring stages 0 .. STAGES - 2
+  // (shared memory must be free: run/compute leave it so); compute() runs the
   // k-loop, in which global->shared copies run STAGES-1 k-tiles ahead and,
-  // with Shape::kPipelineFrags, the fragments of the next atom k-step are read
+  // with kPipelineFrags, the fragments of the next atom k-step are read
   // from shared memory while the MMAs of the current one issue. compute()
   // adds to acc.
   //
-  // Ring slots rotate: k-tile kt is in slot kt % STAGES, and the copy issued
-  // in iteration kt (k-tile kt + STAGES - 1) refills the slot of k-tile
+  // Ring stages rotate: k-tile kt is in stage kt % STAGES, and the copy issued
+  // in iteration kt (k-tile kt + STAGES - 1) refills the stage of k-tile
   // kt - 1, which every warp finished reading at iteration kt - 1's barrier.
-  // The slot indices are carried from iteration to iteration (a compare and
+  // The stage indices are carried from iteration to iteration (a compare and
   // select each) rather than derived from kt.
   template <class Loader, class WaitA>
   static __device__ __forceinline__ void fill(T* smem, Loader& loader, int k_tiles, WaitA&& wait_a) {
@@ -392,7 +388,7 @@ struct TileEngine {
         wait_a(kt);
         loader.load(smem + kt * kStageElems, kt);
       }
-      gpu::copy_async_commit();
+      Copy::commit();
     }
   }
 
@@ -401,28 +397,28 @@ struct TileEngine {
     constexpr int kSteps = BK / Atom::kK;  // atom k-steps per k-tile
     static_assert(kSteps % 2 == 0, "fragment buffers alternate, so each k-tile starts on buffer 0");
     const FragOffsets fo = frag_offsets();
-    auto slot_after = [](int s) { return s + 1 == STAGES ? 0 : s + 1; };
+    auto next_stage = [](int s) { return s + 1 == STAGES ? 0 : s + 1; };
     auto stage_at = [&](int s) { return smem + s * kStageElems; };
     // Every iteration commits one group (possibly empty), so before
     // iteration kt's wait STAGES - 1 + kt + 1 groups are committed; k-tile
     // kt + 1 is complete once at most STAGES - 2 of them are pending.
-    gpu::copy_async_wait<STAGES - 2>();
+    Copy::template wait<STAGES - 2>();
     __syncthreads();
-    auto copy = [&](int kt, int slot) {
+    auto copy = [&](int kt, int s) {
       const int pf = kt + STAGES - 1;
       if (pf < k_tiles) {
         wait_a(pf);
-        loader.load(stage_at(slot), pf);
+        loader.load(stage_at(s), pf);
       }
-      gpu::copy_async_commit();
+      Copy::commit();
     };
-    int cur = 0;              // slot of k-tile kt
-    int refill = STAGES - 1;  // slot of k-tile kt - 1 (mod STAGES)
+    int cur = 0;              // stage of k-tile kt
+    int refill = STAGES - 1;  // stage of k-tile kt - 1 (mod STAGES)
 
-    if constexpr (!Shape::kPipelineFrags) {
+    if constexpr (!kPipelineFrags) {
       for (int kt = 0; kt < k_tiles; ++kt) {
         if (kt > 0) {
-          gpu::copy_async_wait<STAGES - 2>();
+          Copy::template wait<STAGES - 2>();
           __syncthreads();
         }
         copy(kt, refill);
@@ -434,7 +430,7 @@ struct TileEngine {
           mma_frags(acc, f);
         }
         refill = cur;
-        cur = slot_after(cur);
+        cur = next_stage(cur);
       }
     } else {
       // Fragments of the next atom k-step are read from shared memory while
@@ -443,13 +439,13 @@ struct TileEngine {
       load_frags(frags[0], stage_at(0), 0, fo);
       for (int kt = 0; kt < k_tiles; ++kt) {
         const T* stage = stage_at(cur);
-        const int nxt = slot_after(cur);
+        const int nxt = next_stage(cur);
 #pragma unroll
         for (int step = 0; step < kSteps; ++step) {
           if (step == kSteps - 1) {
             // Next k-tile must have landed, and every warp must be done reading
-            // the slot of k-tile kt - 1, before anyone refills it below.
-            gpu::copy_async_wait<STAGES - 2>();
+            // the stage of k-tile kt - 1, before anyone refills it below.
+            Copy::template wait<STAGES - 2>();
             __syncthreads();
           }
           if (step < kSteps - 1) {
@@ -464,40 +460,8 @@ struct TileEngine {
         cur = nxt;
       }
     }
-    gpu::copy_async_wait<0>();
+    Copy::template wait<0>();
     __syncthreads();
-  }
-
-  // Epilogue: y = acc (+ bias) in T for the tile at column n0. out_row(r)
-  // gives row r's output (T*, at column 0) or nullptr for rows past the
-  // matrix. A thread's columns are the same for all its rows (c_col), so
-  // their bounds and bias values are read once per tile, and each store is a
-  // predicated kCVec-wide write.
-  template <class OutRowFn>
-  static __device__ __forceinline__ void store(const Acc& acc, OutRowFn&& out_row, int n0, int N, const T* bias) {
-    const int warp = static_cast<int>(threadIdx.x) / gpu::kWarpSize;
-    const int lane = static_cast<int>(threadIdx.x) % gpu::kWarpSize;
-    const int wm = warp % Shape::WARPS_M;
-    const int wn = warp / Shape::WARPS_M;
-    constexpr int kCVec = Atom::kCVec;
-    const int col0 = n0 + wn * WTN + Atom::c_col(lane);
-    float bias_v[NI][kCVec];
-#pragma unroll
-    for (int j = 0; j < NI; ++j)
-#pragma unroll
-      for (int v = 0; v < kCVec; ++v)
-        bias_v[j][v] = bias != nullptr && col0 + j * Atom::kN < N ? gpu::to_float(bias[col0 + j * Atom::kN + v]) : 0.f;
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-      for (int g = 0; g < Atom::kCGroups; ++g) {
-        T* row = out_row(wm * WTM + i * Atom::kM + Atom::c_row(lane, g));
-#pragma unroll
-        for (int j = 0; j < NI; ++j) {
-          const int col = col0 + j * Atom::kN;
-          if (row != nullptr && col < N) store_vec<T, kCVec>(row + col, &acc.c[i][j].r[g * kCVec], bias_v[j]);
-        }
-      }
   }
 };
 
