@@ -20,6 +20,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ag_matmul", "matmul_rs", "AgDotGeneral", "RsDotGeneral", "all_gather", "remat", "build_info", "fused_available",
-    "initialize", "shutdown", "workspace_info", "check_errors", "clear_errors", "PeerTimeoutError", "WorkspaceFullError",
-    "tracing", "__version__",
+    "initialize", "shutdown", "workspace_info", "check_errors", "clear_errors", "PeerTimeoutError",
+    "WorkspaceFullError", "tracing", "__version__",
 ]

@@ -97,7 +97,8 @@ def test_linen_block(axis_type, make_mesh, assert_close):
   for g, p in zip(jax.tree.leaves(got[1]), jax.tree.leaves(sharded)):  # gradients keep the parameters' layout
     assert g.sharding.is_equivalent_to(p.sharding, p.ndim)
   forward = jax.make_jaxpr(LinenBlock(lib=True).apply)(params, x).jaxpr
-  assert (count(forward, "jax_overlap_ag_matmul"), count(forward, "jax_overlap_matmul_rs")) == (4, 2)  # q k v up, out down
+  # query, key, value and up; out and down
+  assert (count(forward, "jax_overlap_ag_matmul"), count(forward, "jax_overlap_matmul_rs")) == (4, 2)
 
 
 @pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])

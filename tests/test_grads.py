@@ -271,7 +271,8 @@ def test_global_ag_grad_uneven_columns(normal, make_mesh, assert_close):
   x, w, ct = normal((8, 16), np.float32), normal((16, 10), np.float32), normal((8, 10), np.float32)
 
   def loss(x, w):
-    return jnp.sum(jax_overlap.ag_matmul(uneven(x, P("tp", None)), uneven(w, P(None, "tp"))) * uneven(ct, P(None, "tp")))
+    y = jax_overlap.ag_matmul(uneven(x, P("tp", None)), uneven(w, P(None, "tp")))
+    return jnp.sum(y * uneven(ct, P(None, "tp")))
 
   dx, dw = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
   x64, w64, ct64 = (a.astype(np.float64) for a in (x, w, ct))
