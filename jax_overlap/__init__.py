@@ -1,14 +1,17 @@
 """jax_overlap: fused communication + GEMM kernels for tensor parallelism in JAX.
 
-  ag_matmul  all-gather + GEMM (column-parallel linear)
-  matmul_rs  GEMM + reduce-scatter (row-parallel linear)
+  ag_matmul     all-gather + GEMM (column-parallel linear)
+  matmul_rs     GEMM + reduce-scatter (row-parallel linear)
+  AgDotGeneral  ag_matmul as a layer's dot_general (flax Dense, DenseGeneral, nnx.Linear, attention qkv)
+  RsDotGeneral  matmul_rs as a layer's dot_general (the row-parallel projections)
 
 Use them inside jax.shard_map (axis_name=...) or on sharded global arrays under
-jax.jit (axis_name=None). See README.md.
+jax.jit (axis_name=None). Checkpoint names of the results: jax_overlap.remat. See README.md.
 """
 
-from jax_overlap import tracing
+from jax_overlap import remat, tracing
 from jax_overlap.api import ag_matmul, all_gather, matmul_rs
+from jax_overlap.linear import AgDotGeneral, RsDotGeneral
 from jax_overlap.native import build_info, fused_available
 from jax_overlap.runtime import (PeerTimeoutError, WorkspaceFullError, check_errors, clear_errors, initialize,
                                  shutdown, workspace_info)
@@ -16,6 +19,7 @@ from jax_overlap.runtime import (PeerTimeoutError, WorkspaceFullError, check_err
 __version__ = "0.1.0"
 
 __all__ = [
-    "ag_matmul", "matmul_rs", "all_gather", "build_info", "fused_available", "initialize", "shutdown", "workspace_info",
-    "check_errors", "clear_errors", "PeerTimeoutError", "WorkspaceFullError", "tracing", "__version__",
+    "ag_matmul", "matmul_rs", "AgDotGeneral", "RsDotGeneral", "all_gather", "remat", "build_info", "fused_available",
+    "initialize", "shutdown", "workspace_info", "check_errors", "clear_errors", "PeerTimeoutError",
+    "WorkspaceFullError", "tracing", "__version__",
 ]

@@ -26,3 +26,12 @@ def make_varying(x, axes: tuple):
 
 def axis_size(axis_name) -> int:
   return lax.axis_size(axis_name)
+
+
+def remat_rank(case) -> int:
+  """How much a jax.checkpoint policy's answer keeps: save 2, offload 1, recompute 0."""
+  from jax._src.interpreters import partial_eval as pe  # the policy answer types (not exported)
+  case = pe.ensure_enum(case)
+  if isinstance(case, pe.SaveableType):
+    return 2
+  return 1 if isinstance(case, pe.Offloadable) else 0

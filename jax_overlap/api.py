@@ -6,24 +6,57 @@ The two ops are each other's gradient:
   matmul_rs  z = RS(x @ W) + b:  dx = AG(dz) @ W^T          (an ag_matmul)
                                  dW = x^T @ AG(dz)          (that ag_matmul's gathered dz)
 so the fused kernels serve the backward pass too; W^T is never materialized
-(the kernels read w in either layout).
+(the kernels read w in either layout). The gather axis of one is the scatter
+axis of its dual.
 
 Inside shard_map every operand is first made varying over the group's axes,
 so the gradient of a replicated operand (a shared bias, replicated weights)
-is summed over the group by JAX's own transpose of that cast.
+is summed over the group by JAX's own transpose of that cast. On global arrays
+the gradients come back in their primal's layout: resharded to its type on an
+Explicit mesh, tied to it with shard_alike on an Auto mesh.
+
+The results the backward pass reads carry checkpoint names (remat.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental.shard_alike import shard_alike
+from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_overlap import _compat, config, native, partitioning, primitives
+from jax_overlap import _compat, config, local, native, partitioning, primitives, remat
+from jax_overlap.sharding_plan import spec_of
 
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+  """How one call runs, besides its operands (static under jit)."""
+
+  axes: tuple | None  # the shard_map group's mesh axes; None for global arrays
+  size: int  # the group's size (1 for global arrays)
+  algorithm: str
+  axis: int | None  # ag_matmul: x's gather dim; matmul_rs: the output's scatter dim (negative; None: the plan's)
+  request: tuple | None = None  # global matmul_rs: the output spec asked for (sharding_plan.spec_of form)
+
+  def dual(self, axis, request=None):
+    return dataclasses.replace(self, axis=axis, request=request)
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """A primal's sharding on an Explicit mesh, kept as a residual (static: no array)."""
+
+  sharding: NamedSharding
+
+
+# --- argument checks -------------------------------------------------------------
 
 def _check_algorithm(op: str, algorithm) -> None:
   if algorithm not in config.ALGORITHMS:
@@ -33,8 +66,7 @@ def _check_algorithm(op: str, algorithm) -> None:
                      f"installation has none ({native.build_info().get('note', '')}); use 'auto' or 'xla'")
 
 
-def _check_operands(op: str, x, w, bias, k_name: str) -> int:
-  """Validates dtypes and shapes; returns the output column count."""
+def _check_arrays(op: str, x, w, bias) -> None:
   for name, v in (("x", x), ("w", w)) + ((("bias", bias),) if bias is not None else ()):
     if not hasattr(v, "shape") or not hasattr(v, "dtype"):
       raise TypeError(f"jax_overlap.{op}: {name} must be an array, got {type(v).__name__}")
@@ -44,16 +76,70 @@ def _check_operands(op: str, x, w, bias, k_name: str) -> int:
     got = f"x {x.dtype}, w {w.dtype}" + (f", bias {bias.dtype}" if bias is not None else "")
     raise TypeError(f"jax_overlap.{op}: x, w and bias must share one dtype, got {got}")
   if x.ndim < 2:
-    raise ValueError(f"jax_overlap.{op}: x must have rank >= 2 ([..., rows, {k_name}]), got shape {x.shape}")
-  if w.ndim != 2:
-    raise ValueError(f"jax_overlap.{op}: w must have rank 2 ([{k_name}, n]), got shape {w.shape}")
+    raise ValueError(f"jax_overlap.{op}: x must have rank >= 2 ([..., rows, K]), got shape {x.shape}")
+  if w.ndim < 2:
+    raise ValueError(f"jax_overlap.{op}: w must have rank >= 2, got shape {w.shape}")
+
+
+def _check_ag_operands(x, w, bias) -> tuple:
+  """w [K, *n]: returns n."""
+  _check_arrays("ag_matmul", x, w, bias)
   if w.shape[0] != x.shape[-1]:
-    raise ValueError(f"jax_overlap.{op}: w's first dim must equal x's last dim ({k_name} = {x.shape[-1]}), "
+    raise ValueError(f"jax_overlap.ag_matmul: w's first dim must equal x's last dim (K = {x.shape[-1]}), "
                      f"got w of shape {w.shape}")
-  n = w.shape[1]
-  if bias is not None and tuple(bias.shape) != (n,):
-    raise ValueError(f"jax_overlap.{op}: bias must have shape ({n},) to match w's columns, got {bias.shape}")
+  n = tuple(w.shape[1:])
+  if bias is not None and tuple(bias.shape) != n:
+    raise ValueError(f"jax_overlap.ag_matmul: bias must have shape {n} to match w's columns, got {bias.shape}")
   return n
+
+
+def _check_rs_operands(x, w, bias) -> int:
+  """w [*k, N], contracted with x's trailing dims: returns N."""
+  _check_arrays("matmul_rs", x, w, bias)
+  k = tuple(w.shape[:-1])
+  if x.ndim < len(k) + 1:
+    raise ValueError(f"jax_overlap.matmul_rs: x must have rank >= {len(k) + 1} (rows and w's {len(k)} contracted "
+                     f"dims {k}), got shape {x.shape}")
+  if tuple(x.shape[x.ndim - len(k):]) != k:
+    if len(k) == 1:
+      raise ValueError(f"jax_overlap.matmul_rs: w's first dim must equal x's last dim (k = {x.shape[-1]}), "
+                       f"got w of shape {w.shape}")
+    raise ValueError(f"jax_overlap.matmul_rs: w's leading dims {k} must equal x's trailing dims, got x of shape "
+                     f"{x.shape}")
+  n = w.shape[-1]
+  if bias is not None and tuple(bias.shape) != (n,):
+    raise ValueError(f"jax_overlap.matmul_rs: bias must have shape ({n},) to match w's columns, got {bias.shape}")
+  return n
+
+
+def _check_axis(op: str, name: str, value, ndim: int, last: int) -> int:
+  """A dim index in [-ndim, last] (negative) or its non-negative equivalent, as a negative index."""
+  valid = f"an int in [{-ndim}, {last}] or [0, {ndim + last}]"
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise TypeError(f"jax_overlap.{op}: {name} must be {valid}, got {value!r}")
+  index = int(value) - ndim if value >= 0 else int(value)
+  if not -ndim <= index <= last:
+    raise ValueError(f"jax_overlap.{op}: {name} must be {valid} for this call's {ndim}-dim "
+                     f"{'x' if name == 'gather_axis' else 'output'}, got {value}")
+  return index
+
+
+def _check_out_sharding(op: str, out_sharding, ndim: int, axis_name) -> None:
+  if out_sharding is None:
+    return
+  if axis_name is not None:
+    raise ValueError(f"jax_overlap.{op}: out_sharding applies to global arrays (axis_name=None); inside "
+                     f"shard_map the output is this rank's block, got axis_name={axis_name!r}")
+  if not isinstance(out_sharding, (NamedSharding, PartitionSpec)):
+    raise TypeError(f"jax_overlap.{op}: out_sharding must be a NamedSharding or a PartitionSpec, "
+                    f"got {type(out_sharding).__name__}")
+  spec = out_sharding.spec if isinstance(out_sharding, NamedSharding) else out_sharding
+  if len(spec) > ndim:
+    raise ValueError(f"jax_overlap.{op}: out_sharding has {len(spec)} entries for a {ndim}-dim output, "
+                     f"got {spec}")
+  if isinstance(out_sharding, PartitionSpec) and jax.sharding.get_abstract_mesh().empty:
+    raise ValueError(f"jax_overlap.{op}: out_sharding={out_sharding} is a PartitionSpec, which needs a mesh: "
+                     f"pass a NamedSharding, or set one with jax.set_mesh")
 
 
 def _group(op: str, axis_name) -> tuple[tuple, int]:
@@ -87,169 +173,257 @@ def _varying(axes, *values):
   return tuple(None if v is None else _compat.make_varying(v, ordered) for v in values)
 
 
-def _empty_result(x, w, bias, rows: int, cols: int, axes):
-  """The value of a call with an empty dimension: the bias (or zeros) in the output's shape."""
-  out = jnp.zeros((*x.shape[:-2], rows, cols), x.dtype)
-  if bias is not None:
-    out = out + bias.astype(x.dtype)
-  return out if axes is None else _compat.make_varying(out, axes)
+# --- layouts of global arrays ------------------------------------------------------
+
+def _explicit_sharding(v):
+  sharding = jax.typeof(v).sharding
+  return sharding if primitives._explicit_mesh(jax.typeof(v)) is not None else None
 
 
-# --- forward functions of either mode: axes None = global arrays (custom partitioning)
-
-def _ag_forward(x, w, bias, axes, size, algorithm, w_kmajor):
-  if axes is None:
-    return partitioning.ag_matmul(x, w, bias, algorithm=algorithm, w_kmajor=w_kmajor)
-  return primitives.ag_matmul(x, w, bias, axis_name=axes, axis_size=size, algorithm=algorithm, w_kmajor=w_kmajor)
-
-
-def _rs_forward(x, w, bias, axes, size, algorithm, w_kmajor):
-  if axes is None:
-    return partitioning.matmul_rs(x, w, bias, algorithm=algorithm, w_kmajor=w_kmajor)
-  return primitives.matmul_rs(x, w, bias, axis_name=axes, axis_size=size, algorithm=algorithm, w_kmajor=w_kmajor)
+def _layout(v, call: _Call):
+  """What v's cotangent must be laid out like: its type on an Explicit mesh, v itself on an Auto mesh."""
+  if call.axes is not None or v is None:
+    return None
+  sharding = _explicit_sharding(v)
+  return v if sharding is None else _Layout(sharding)
 
 
-def _weight_grad(a, b, w_kmajor):
-  """dW for y = a @ W: a^T @ b over all leading dims; transposed when w is stored [n, k]."""
-  lead = tuple(range(a.ndim - 1))
-  dw = lax.dot_general(a, b, ((lead, lead), ((), ())), preferred_element_type=jnp.float32)
-  return (dw.T if w_kmajor else dw).astype(a.dtype)
+def _like(ct, layout):
+  if ct is None or layout is None:
+    return ct
+  if isinstance(layout, _Layout):
+    return ct if jax.typeof(ct).sharding == layout.sharding else jax.sharding.reshard(ct, layout.sharding)
+  return shard_alike(ct, layout)[0]
 
 
-def _bias_grad(dy, bias):
-  return None if bias is None else dy.sum(axis=tuple(range(dy.ndim - 1))).astype(bias.dtype)
+def _request(layout, ndim: int):
+  return tuple(spec_of(layout.sharding, ndim)) if isinstance(layout, _Layout) else None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _ag(x, w, bias, axes, size, algorithm, w_kmajor):
-  return _ag_forward(x, w, bias, axes, size, algorithm, w_kmajor)[0]
+def _constrain(out, out_sharding):
+  """out in the layout out_sharding asks for: a constraint on an Auto mesh, a reshard on an Explicit one."""
+  if out_sharding is None:
+    return out
+  if _explicit_sharding(out) is None:
+    return lax.with_sharding_constraint(out, out_sharding)
+  if spec_of(jax.typeof(out).sharding, out.ndim) == spec_of(out_sharding, out.ndim):
+    return out
+  return jax.sharding.reshard(out, out_sharding)
 
 
-def _ag_fwd(x, w, bias, axes, size, algorithm, w_kmajor):
-  y, gathered = _ag_forward(x, w, bias, axes, size, algorithm, w_kmajor)
-  return y, (gathered, w, bias)
+# --- forward functions of either mode ----------------------------------------------
+
+def _ag_forward(x, w, bias, call: _Call, w_kmajor: bool):
+  if call.axes is None:
+    return partitioning.ag_matmul(x, w, bias, algorithm=call.algorithm, w_kmajor=w_kmajor, gather=call.axis)
+  return local.ag_matmul(x, w, bias, axes=call.axes, size=call.size, algorithm=call.algorithm, w_kmajor=w_kmajor,
+                         gather=call.axis)
 
 
-def _ag_bwd(axes, size, algorithm, w_kmajor, res, dy):
-  gathered, w, bias = res
-  dx = _rs(dy, w, None, axes, size, algorithm, not w_kmajor)
-  return dx, _weight_grad(gathered, dy, w_kmajor), _bias_grad(dy, bias)
+def _rs_forward(x, w, bias, call: _Call, w_kmajor: bool):
+  if call.axes is None:
+    return partitioning.matmul_rs(x, w, bias, algorithm=call.algorithm, w_kmajor=w_kmajor, scatter=call.axis,
+                                  request=call.request)
+  return local.matmul_rs(x, w, bias, axes=call.axes, size=call.size, algorithm=call.algorithm, w_kmajor=w_kmajor,
+                         scatter=call.axis)
 
 
-_ag.defvjp(_ag_fwd, _ag_bwd)
+def _weight_grad(a, b, a_free: int, w_layout, w_kmajor: bool):
+  """dW for out = a @ W: a^T @ b over every dim but a's last a_free and b's own, laid out like w.
+
+  w_kmajor stores W with the contraction last, so the product runs b^T @ a.
+  """
+  lead = tuple(range(a.ndim - a_free))
+  first, second = (b, a) if w_kmajor else (a, b)
+  sharding = w_layout.sharding if isinstance(w_layout, _Layout) else None
+  dw = lax.dot_general(first, second, ((lead, lead), ((), ())), preferred_element_type=jnp.float32,
+                       out_sharding=sharding)
+  return _like(dw.astype(a.dtype), w_layout)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _ag_gathered(x, w, bias, axes, size, algorithm, w_kmajor):
-  return _ag_forward(x, w, bias, axes, size, algorithm, w_kmajor)
+def _bias_grad(dy, bias, bias_layout):
+  if bias is None:
+    return None
+  db = dy.astype(jnp.float32).sum(axis=tuple(range(dy.ndim - bias.ndim))).astype(bias.dtype)
+  return _like(db, bias_layout)
 
 
-def _ag_gathered_fwd(x, w, bias, axes, size, algorithm, w_kmajor):
-  y, gathered = _ag_forward(x, w, bias, axes, size, algorithm, w_kmajor)
-  return (y, gathered), (gathered, w, bias)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _ag(x, w, bias, call, w_kmajor):
+  return _ag_forward(x, w, bias, call, w_kmajor)[0]
 
 
-def _ag_gathered_bwd(axes, size, algorithm, w_kmajor, res, cts):
-  gathered, w, bias = res
-  dy, dgathered = cts
-  dx = _rs(dy, w, None, axes, size, algorithm, not w_kmajor)
-  # The gathered output's own cotangent: the transpose of the all-gather.
-  if axes is None:
-    dx = dx + dgathered
-  else:
-    dx = dx + lax.psum_scatter(dgathered, axes, scatter_dimension=dgathered.ndim - 2, tiled=True)
-  return dx, _weight_grad(gathered, dy, w_kmajor), _bias_grad(dy, bias)
+def _ag_fwd(x, w, bias, call, w_kmajor):
+  y, gathered = _ag_forward(x, w, bias, call, w_kmajor)
+  layouts = tuple(_layout(v, call) for v in (x, w, bias))
+  return y, (remat.tag(gathered, remat.AG_GATHERED), w, bias, layouts)
 
 
-_ag_gathered.defvjp(_ag_gathered_fwd, _ag_gathered_bwd)
+def _ag_grads(call, w_kmajor, res, dy, dgathered=None):
+  gathered, w, bias, (x_layout, w_layout, bias_layout) = res
+  dx = _rs(dy, w, None, call.dual(call.axis if call.axes else None, _request(x_layout, gathered.ndim)),
+           not w_kmajor)
+  if dgathered is not None:  # the gathered output's own cotangent: the transpose of the all-gather
+    if call.axes is None:
+      dx = dx + dgathered
+    else:
+      dx = dx + lax.psum_scatter(dgathered, call.axes, scatter_dimension=dgathered.ndim + call.axis, tiled=True)
+  return _like(dx, x_layout), _weight_grad(gathered, dy, 1, w_layout, w_kmajor), _bias_grad(dy, bias, bias_layout)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _rs(x, w, bias, axes, size, algorithm, w_kmajor):
-  return _rs_forward(x, w, bias, axes, size, algorithm, w_kmajor)
+_ag.defvjp(_ag_fwd, lambda call, w_kmajor, res, dy: _ag_grads(call, w_kmajor, res, dy))
 
 
-def _rs_fwd(x, w, bias, axes, size, algorithm, w_kmajor):
-  return _rs_forward(x, w, bias, axes, size, algorithm, w_kmajor), (x, w, bias)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _ag_gathered(x, w, bias, call, w_kmajor):
+  return _ag_forward(x, w, bias, call, w_kmajor)
 
 
-def _rs_bwd(axes, size, algorithm, w_kmajor, res, dz):
-  x, w, bias = res
-  dx, dz_gathered = _ag_gathered(dz, w, None, axes, size, algorithm, not w_kmajor)
-  return dx, _weight_grad(x, dz_gathered, w_kmajor), _bias_grad(dz, bias)
+def _ag_gathered_fwd(x, w, bias, call, w_kmajor):
+  y, res = _ag_fwd(x, w, bias, call, w_kmajor)
+  return (y, res[0]), res
+
+
+_ag_gathered.defvjp(_ag_gathered_fwd, lambda call, w_kmajor, res, cts: _ag_grads(call, w_kmajor, res, *cts))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _rs(x, w, bias, call, w_kmajor):
+  return _rs_forward(x, w, bias, call, w_kmajor)
+
+
+def _rs_fwd(x, w, bias, call, w_kmajor):
+  layouts = tuple(_layout(v, call) for v in (x, w, bias))
+  return _rs_forward(x, w, bias, call, w_kmajor), (x, w, bias, layouts)
+
+
+def _rs_bwd(call, w_kmajor, res, dz):
+  x, w, bias, (x_layout, w_layout, bias_layout) = res
+  # On global arrays the gather dim points the plan at the dim dz is sharded on; after a scatter of the columns
+  # (-1) no dim of dz matches w's output axes, and the plan's plain partitioning gathers dz through XLA.
+  gather = -2 if call.axis in (None, -1) else call.axis
+  dx, dz_gathered = _ag_gathered(dz, w, None, call.dual(gather), not w_kmajor)
+  k_ndim = w.ndim - 1
+  return (_like(dx, x_layout), _weight_grad(x, dz_gathered, k_ndim, w_layout, w_kmajor),
+          _bias_grad(dz, bias, bias_layout))
 
 
 _rs.defvjp(_rs_fwd, _rs_bwd)
 
 
-def ag_matmul(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", return_gathered: bool = False):
+def _empty_result(shape, dtype, bias, axes):
+  """The value of a call with an empty dimension: the bias (or zeros) in the output's shape."""
+  out = jnp.zeros(shape, dtype)
+  if bias is not None:
+    out = out + bias.astype(dtype)
+  return out if axes is None else _compat.make_varying(out, axes)
+
+
+# --- the public functions ------------------------------------------------------------
+
+def ag_matmul(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", return_gathered: bool = False,
+              gather_axis: int = -2, out_sharding=None):
   """All-gather x's rows over a mesh axis and multiply by w: the column-parallel linear layer.
 
   Inside jax.shard_map (axis_name names a bound mesh axis, or a tuple of axes, of size T):
-    x:    [..., m, K] local row shard (any leading batch dims; gathered along axis -2)
-    w:    [K, n] local column shard of the weight
-    bias: [n] or None
-    returns all_gather(x, axis=-2, tiled) @ w + bias, shape [..., T*m, n], in x's dtype;
+    x:    [..., m, K] local row shard (any leading batch dims; gathered along gather_axis, default -2)
+    w:    [K, *n] local shard of the weight (one or more output dims, e.g. [E, heads, head_dim])
+    bias: [*n] or None
+    returns all_gather(x, gather_axis, tiled) @ w + bias, shape [..., T*m, *n], in x's dtype;
     with return_gathered=True, (y, gathered_x).
   With axis_name=None: global arrays under jit; computes x @ w + bias, partitioned
-  from the input shardings (x's rows and w's columns sharded on one axis -> the
-  fused all-gather GEMM, y sharded by columns; see jax_overlap.partitioning).
+  from the input shardings (x's gather dim and one of w's output dims sharded on
+  the same axes -> the fused all-gather GEMM over them; see jax_overlap.partitioning),
+  and out_sharding (a NamedSharding or PartitionSpec) lays out the result.
 
+  gather_axis: any dim of x but the last; the fused kernels serve every one.
   algorithm: "auto" (fused kernel where eligible and predicted faster, else XLA),
   "fused" (the fused kernel or an error), "xla" (all_gather + dot).
-  Differentiable (reverse mode) and vmappable.
+  Differentiable (reverse mode) and vmappable. Results carry the checkpoint names
+  "jax_overlap.ag_matmul" and "jax_overlap.ag_matmul.gathered" (jax_overlap.remat).
   """
   _check_algorithm("ag_matmul", algorithm)
-  _check_operands("ag_matmul", x, w, bias, "K")
+  n = _check_ag_operands(x, w, bias)
+  gather = _check_axis("ag_matmul", "gather_axis", gather_axis, x.ndim, -2)
+  _check_out_sharding("ag_matmul", out_sharding, x.ndim - 1 + len(n), axis_name)
   if axis_name is None:
-    axes, size = None, 1
+    call = _Call(None, 1, algorithm, gather)
   else:
     axes, size = _group("ag_matmul", axis_name)
     x, w, bias = _varying(axes, x, w, bias)
+    call = _Call(axes, size, algorithm, gather)
   if 0 in x.shape or 0 in w.shape:
-    # Nothing to multiply; collectives of empty arrays do not lower.
-    rows = size * x.shape[-2]
-    y = _empty_result(x, w, bias, rows, w.shape[1], axes)
-    if not return_gathered:
-      return y
-    if 0 in x.shape or axes is None:
-      gathered = jnp.zeros((*x.shape[:-2], rows, x.shape[-1]), x.dtype) if 0 in x.shape else x
-    else:
-      gathered = lax.all_gather(x, axes, axis=x.ndim - 2, tiled=True)
-    return y, gathered
-  if return_gathered:
-    return _ag_gathered(x, w, bias, axes, size, algorithm, False)
-  return _ag(x, w, bias, axes, size, algorithm, False)
+    y, gathered = _ag_empty(x, w, bias, call, n)
+  elif return_gathered:
+    y, gathered = _ag_gathered(x, w, bias, call, False)
+  else:
+    y, gathered = _ag(x, w, bias, call, False), None
+  y = remat.tag(_constrain(y, out_sharding), remat.AG_OUTPUT)
+  return (y, remat.tag(gathered, remat.AG_GATHERED)) if return_gathered else y
 
 
-def matmul_rs(x, w, bias=None, *, axis_name=None, algorithm: str = "auto"):
-  """Multiply by w and reduce-scatter the partial products' rows: the row-parallel linear layer.
+def _ag_empty(x, w, bias, call: _Call, n: tuple):
+  """Nothing to multiply (collectives of empty arrays do not lower): the bias, and x gathered."""
+  gathered_shape = list(x.shape)
+  gathered_shape[call.axis] *= call.size
+  y = _empty_result((*gathered_shape[:-1], *n), x.dtype, bias, call.axes)
+  if 0 in x.shape:
+    return y, jnp.zeros(gathered_shape, x.dtype)
+  if call.axes is None:
+    return y, x
+  return y, lax.all_gather(x, call.axes, axis=x.ndim + call.axis, tiled=True)
+
+
+def matmul_rs(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", scatter_axis: int | None = None,
+              out_sharding=None):
+  """Multiply by w and reduce-scatter the partial products: the row-parallel linear layer.
 
   Inside jax.shard_map (axis_name bound, group size T):
-    x:    [..., M, k] with the contraction dim sharded (k = K/T local)
-    w:    [k, N] local row shard of the weight
+    x:    [..., M, *k] with the contraction sharded (k local; one or more dims, e.g. [heads, head_dim])
+    w:    [*k, N] local shard of the weight
     bias: [N] or None, added once after the reduction
-    returns psum_scatter(x @ w, axis=-2, tiled) + bias, shape [..., M/T, N]; M must be divisible by T.
+    returns psum_scatter(x @ w, scatter_axis, tiled) + bias, shape [..., M/T, N] for the
+    default scatter_axis -2 (the rows); that dim must be divisible by T.
   With axis_name=None: global arrays under jit; computes x @ w + bias, partitioned
-  from the input shardings (x's last dim and w's first dim sharded on one axis ->
-  the fused GEMM reduce-scatter, output sharded by rows).
+  from the input shardings (x's and w's contraction dims sharded alike -> a reduction
+  over those axes, scattered onto scatter_axis, else onto the dim out_sharding shards
+  over them, else the rows; see jax_overlap.partitioning).
 
+  scatter_axis: any output dim. The fused kernels serve every one but the last; -1
+  (the output columns) takes the XLA path (dot + psum_scatter), and the bias is then
+  this rank's block of it.
   algorithm: "auto", "fused" or "xla" (dot + psum_scatter). Differentiable and vmappable.
+  The result carries the checkpoint name "jax_overlap.matmul_rs" (jax_overlap.remat).
   """
   _check_algorithm("matmul_rs", algorithm)
-  _check_operands("matmul_rs", x, w, bias, "k")
+  n = _check_rs_operands(x, w, bias)
+  out_shape = [*x.shape[:x.ndim - (w.ndim - 1)], n]
+  scatter = None if scatter_axis is None else _check_axis("matmul_rs", "scatter_axis", scatter_axis,
+                                                          len(out_shape), -1)
+  _check_out_sharding("matmul_rs", out_sharding, len(out_shape), axis_name)
   if axis_name is None:
-    if 0 in x.shape or 0 in w.shape:
-      return _empty_result(x, w, bias, x.shape[-2], w.shape[1], None)
-    return _rs(x, w, bias, None, 1, algorithm, False)
-  axes, size = _group("matmul_rs", axis_name)
-  if x.shape[-2] % size:
-    raise ValueError(f"jax_overlap.matmul_rs: x's rows ({x.shape[-2]}) must be divisible by the size of axis "
-                     f"{axis_name!r} ({size})")
-  x, w, bias = _varying(axes, x, w, bias)
+    request = None if out_sharding is None else tuple(spec_of(out_sharding, len(out_shape)))
+    call = _Call(None, 1, algorithm, scatter, request)
+  else:
+    axes, size = _group("matmul_rs", axis_name)
+    scatter = -2 if scatter is None else scatter
+    if out_shape[scatter] % size:
+      what = "x's rows" if scatter == -2 else f"the output's dim {scatter}"
+      raise ValueError(f"jax_overlap.matmul_rs: {what} ({out_shape[scatter]}) must be divisible by the size of "
+                       f"axis {axis_name!r} ({size})")
+    out_shape[scatter] //= size
+    x, w, bias = _varying(axes, x, w, bias)
+    call = _Call(axes, size, algorithm, scatter)
   if 0 in x.shape or 0 in w.shape:
-    return _empty_result(x, w, bias, x.shape[-2] // size, w.shape[1], axes)
-  return _rs(x, w, bias, axes, size, algorithm, False)
+    if call.axes is not None and scatter == -1 and bias is not None:
+      bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(call.axes) * out_shape[-1], out_shape[-1])
+    z = _empty_result(out_shape, x.dtype, bias, call.axes)
+  elif call.axes is not None and scatter == -1:  # the XLA path: JAX differentiates it (psum_scatter's transpose)
+    z = local.matmul_rs(x, w, bias, axes=call.axes, size=call.size, algorithm=algorithm, w_kmajor=False,
+                        scatter=-1)
+  else:
+    z = _rs(x, w, bias, call, False)
+  return remat.tag(_constrain(z, out_sharding), remat.RS_OUTPUT)
 
 
 def all_gather(x, *, axis_name):

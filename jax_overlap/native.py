@@ -7,6 +7,7 @@ reference path and `build_info()` says so.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import os
 import threading
@@ -22,7 +23,9 @@ try:
   _IMPORT_ERROR = None
 except ImportError as e:  # pure-Python install, or a broken build
   _native = None
-  _IMPORT_ERROR = e
+  # Without the module file Python words the failed import as a possible
+  # circular import; only a module that exists and fails to load has news.
+  _IMPORT_ERROR = None if importlib.util.find_spec("jax_overlap._native") is None else e
 
 # jax platform names of the GPU backends, and XLA's names for the same.
 _XLA_PLATFORM = {"cuda": "CUDA", "rocm": "ROCM"}
@@ -42,13 +45,26 @@ def platform() -> str | None:
 
 
 def build_info() -> dict:
-  """What this installation is: platform, archs, compiler, FFI API, fused kernels, JAX version."""
+  """What this installation is (platform, archs, compiler, FFI API, fused kernels, JAX version) and what runs here.
+
+  "runs" says which path calls take in this process: a GPU build on a machine
+  without its GPUs runs the XLA path like a pure-Python install.
+  """
   info = {"jax": jax.__version__, "platform": None, "archs": None, "compiler": None, "ffi_api": None,
           "fused_kernels": False}
   if _native is None:
-    info["note"] = f"no native extension ({_IMPORT_ERROR}); the XLA reference path serves every call"
+    why = "no native extension in this installation" if _IMPORT_ERROR is None else \
+        f"the native extension failed to load: {_IMPORT_ERROR}"
+    info["note"] = f"{why}; the XLA reference path serves every call"
+    info["runs"] = f"the XLA path ({why})"
+    return info
+  info.update(_native.build_info())
+  if fused_available():
+    info["runs"] = (f"the fused kernels on {platform()} where a call is eligible (algorithm='auto' picks per call), "
+                    f"else the XLA path")
   else:
-    info.update(_native.build_info())
+    info["runs"] = (f"the XLA path: built for {platform()}, but this process has no {platform()} devices "
+                    f"(JAX backend: {jax.default_backend()})")
   return info
 
 

@@ -1,115 +1,163 @@
 """Global-array mode (axis_name=None under jit): custom partitioning with Shardy rules.
 
-The partitioned body is exactly the shard_map form when the input shardings
-ask for the collective; any other sharding gets a plain partitioning whose
-body is a local product, so the answer is right either way.
+The plans (sharding_plan.py) decide from the operands' shardings; the
+partitioned bodies are the shard_map forms (local.py) when a plan gathers or
+reduces, and a local product otherwise, so the answer is right either way.
 
-ag_matmul  x [..., M, K], w [K, N] (or [N, K] when w_kmajor), bias [N]
-  fused:  x rows and w's N dim sharded on the same mesh axes (K unsharded)
-          -> gather x's rows over those axes; y [..., M, N] sharded on N;
-             the gathered x comes back replicated over them.
-  plain:  x keeps its batch/row sharding, w keeps its N sharding when it is
-          on other axes, K is replicated; y = local product.
-matmul_rs  x [..., M, K], w [K, N] (or [N, K]), bias [N]
-  fused:  x's K and w's K sharded on the same axes, M divisible by their size
-          -> reduce-scatter over them; out [..., M, N] sharded on M.
-  plain:  as above, with K replicated (XLA gathers it).
-Other mesh axes on leading batch dims pass through in both cases.
-
-Rules: ag_matmul's output rows are their own factor ("p"), so propagation
-does not copy x's row sharding onto y (the fused result is column-sharded).
+ag_matmul  x [..., m, K] @ w [K, *n] (+ bias [*n]); the gather dim g (default -2)
+  rule "b.. g k, k n.. -> b.. p n.., b.. p k": the gathered dim is its own factor
+  in the results (p), so propagation does not copy x's gathered sharding onto y
+  (the fused result is sharded on w's n dim instead).
+matmul_rs  x [..., M, *k] @ w [*k, N] (+ bias [N])
+  rule "b.. k.., k.. n -> b.. n" with the k factors reduced. The scatter dim is
+  the scatter_axis argument, else the one the output sharding asks for (the
+  out_sharding argument, or what propagation decided: a constraint or jit's
+  out_shardings downstream), else the rows on Explicit meshes; with no request
+  on an Auto mesh the reduction is an all-reduce, as XLA's own dot would be.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 
 import jax
 import jax.numpy as jnp
-
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 
-from jax_overlap import primitives, reference
+from jax_overlap import local, primitives, reference
 from jax_overlap.sharding_plan import ag_plan, rs_plan, spec_of
+
+log = logging.getLogger("jax_overlap")
 
 
 def _named(mesh, *specs):
   return tuple(NamedSharding(mesh, s) for s in specs)
 
 
+def _explicit_mesh(x):
+  return primitives._explicit_mesh(jax.typeof(x))
+
+
+def _factors(prefix: str, count: int) -> list:
+  return [f"{prefix}{i}" for i in range(count)]
+
+
 @functools.cache
-def _ag_function(ndim: int, has_bias: bool, w_kmajor: bool, algorithm: str):
-  def local(x, w, *bias):
-    return primitives.ag_matmul(x, w, bias[0] if bias else None, axis_name=None, axis_size=1,
-                                algorithm=algorithm, w_kmajor=w_kmajor)
+def _ag_function(ndim: int, w_ndim: int, has_bias: bool, w_kmajor: bool, algorithm: str, gather: int):
+  def plan(mesh, x, w):
+    return ag_plan(mesh, spec_of(x.sharding, ndim), spec_of(w.sharding, w_ndim), x.shape, w.shape, w_kmajor,
+                   gather)
 
-  fn = custom_partitioning(local)
+  def product(x, w, *bias, out_specs=None):
+    return primitives.ag_matmul(x, w, bias[0] if bias else None, axis_name=None, axis_size=1, algorithm=algorithm,
+                                w_kmajor=w_kmajor, out_specs=out_specs)
 
-  def shardings(mesh, arg_shapes):
-    return ag_plan(mesh, spec_of(arg_shapes[0].sharding, ndim), spec_of(arg_shapes[1].sharding, 2), w_kmajor)
+  def traced(x, w, *bias):
+    mesh = _explicit_mesh(x)
+    specs = None
+    if mesh is not None:
+      p = plan(mesh, jax.typeof(x), jax.typeof(w))
+      specs = (p.y, p.gathered)
+    return product(x, w, *bias, out_specs=specs)
+
+  fn = custom_partitioning(traced)
 
   def infer(mesh, arg_shapes, result_shape):
-    _, _, _, _, y, g = shardings(mesh, arg_shapes)
-    return _named(mesh, y, g)
+    p = plan(mesh, *arg_shapes[:2])
+    return _named(mesh, p.y, p.gathered)
 
   def partition(mesh, arg_shapes, result_shape):
-    axes, x, w, b, y, g = shardings(mesh, arg_shapes)
-    arg_sh = _named(mesh, x, w, b)[: 3 if has_bias else 2]
-    if axes is None:
-      return mesh, local, _named(mesh, y, g), arg_sh
-    size = math.prod(mesh.shape[a] for a in axes)
+    p = plan(mesh, *arg_shapes[:2])
+    log.debug("jax_overlap.ag_matmul: global arrays, %s", p.why if p.axes else f"plain partitioning ({p.why})")
+    arg_sh = _named(mesh, p.x, p.w, p.bias)[: 3 if has_bias else 2]
+    if p.axes is None:
+      return mesh, product, _named(mesh, p.y, p.gathered), arg_sh
+    size = math.prod(mesh.shape[a] for a in p.axes)
 
-    def fused(x, w, *bias):
-      return primitives.ag_matmul(x, w, bias[0] if bias else None, axis_name=axes, axis_size=size,
-                                  algorithm=algorithm, w_kmajor=w_kmajor)
+    def gather_and_multiply(x, w, *bias):
+      return local.ag_matmul(x, w, bias[0] if bias else None, axes=p.axes, size=size, algorithm=algorithm,
+                             w_kmajor=w_kmajor, gather=gather)
 
-    return mesh, fused, _named(mesh, y, g), arg_sh
+    return mesh, gather_and_multiply, _named(mesh, p.y, p.gathered), arg_sh
 
-  w_rule = "n k" if w_kmajor else "k n"
-  rule = f"... m k, {w_rule}{', n' if has_bias else ''} -> ... p n, ... p k"
+  batch = _factors("b", ndim - 1)
+  x_f, out_f = list(batch), list(batch)
+  x_f[ndim + gather], out_f[ndim + gather] = "g", "p"
+  n = _factors("n", w_ndim - 1)
+  w_f = [*n, "k"] if w_kmajor else ["k", *n]
+  operands = [" ".join([*x_f, "k"]), " ".join(w_f)] + ([" ".join(n)] if has_bias else [])
+  rule = f"{', '.join(operands)} -> {' '.join([*out_f, *n])}, {' '.join([*out_f, 'k'])}"
   fn.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule)
   return fn
 
 
 @functools.cache
-def _rs_function(ndim: int, has_bias: bool, w_kmajor: bool, algorithm: str, m: int):
-  def local(x, w, *bias):
-    return primitives.matmul_rs(x, w, bias[0] if bias else None, axis_name=None, axis_size=1,
-                                algorithm=algorithm, w_kmajor=w_kmajor)
+def _rs_function(ndim: int, w_ndim: int, has_bias: bool, w_kmajor: bool, algorithm: str, scatter, request):
+  contract = w_ndim - 1
+  out_ndim = ndim - contract + 1
+  if request is not None:  # aligned to the end: vmap adds leading dims
+    request = (None,) * (out_ndim - len(request)) + tuple(request)
 
-  fn = custom_partitioning(local)
+  def plan(mesh, x, w, asked):
+    return rs_plan(mesh, spec_of(x.sharding, ndim), spec_of(w.sharding, w_ndim), x.shape, w.shape, w_kmajor,
+                   scatter, asked)
 
-  def shardings(mesh, arg_shapes):
-    return rs_plan(mesh, spec_of(arg_shapes[0].sharding, ndim), spec_of(arg_shapes[1].sharding, 2), w_kmajor, m)
+  def product(x, w, *bias, out_specs=None):
+    return primitives.matmul_rs(x, w, bias[0] if bias else None, axis_name=None, axis_size=1, algorithm=algorithm,
+                                w_kmajor=w_kmajor, out_specs=out_specs)
+
+  def traced(x, w, *bias):
+    mesh = _explicit_mesh(x)
+    specs = None
+    if mesh is not None:
+      specs = (plan(mesh, jax.typeof(x), jax.typeof(w), request).out,)
+    return product(x, w, *bias, out_specs=specs)
+
+  fn = custom_partitioning(traced)
+
+  def asked(result_shape):
+    # Auto meshes: the output sharding propagation settled on (a downstream
+    # constraint's); Explicit meshes: the type traced() gave, which asks for itself.
+    return request if request is not None else spec_of(result_shape.sharding, out_ndim)
 
   def infer(mesh, arg_shapes, result_shape):
-    return NamedSharding(mesh, shardings(mesh, arg_shapes)[4])
+    return NamedSharding(mesh, plan(mesh, *arg_shapes[:2], request).out)
 
   def partition(mesh, arg_shapes, result_shape):
-    axes, x, w, b, out = shardings(mesh, arg_shapes)
-    arg_sh = _named(mesh, x, w, b)[: 3 if has_bias else 2]
-    if axes is None:
-      return mesh, local, NamedSharding(mesh, out), arg_sh
-    size = math.prod(mesh.shape[a] for a in axes)
+    p = plan(mesh, *arg_shapes[:2], asked(result_shape))
+    log.debug("jax_overlap.matmul_rs: global arrays, %s", p.why if p.axes else f"plain partitioning ({p.why})")
+    arg_sh = _named(mesh, p.x, p.w, p.bias)[: 3 if has_bias else 2]
+    out_sh = NamedSharding(mesh, p.out)
+    if p.axes is None:
+      return mesh, product, out_sh, arg_sh
+    if p.scatter is None:
+      def multiply_and_reduce(x, w, *bias):
+        return local.matmul_psum(x, w, bias[0] if bias else None, axes=p.axes, w_kmajor=w_kmajor)
+      return mesh, multiply_and_reduce, out_sh, arg_sh
+    size = math.prod(mesh.shape[a] for a in p.axes)
 
-    def fused(x, w, *bias):
-      return primitives.matmul_rs(x, w, bias[0] if bias else None, axis_name=axes, axis_size=size,
-                                  algorithm=algorithm, w_kmajor=w_kmajor)
+    def multiply_and_scatter(x, w, *bias):
+      return local.matmul_rs(x, w, bias[0] if bias else None, axes=p.axes, size=size, algorithm=algorithm,
+                             w_kmajor=w_kmajor, scatter=p.scatter)
 
-    return mesh, fused, NamedSharding(mesh, out), arg_sh
+    return mesh, multiply_and_scatter, out_sh, arg_sh
 
-  w_rule = "n k" if w_kmajor else "k n"
-  rule = f"... m k, {w_rule}{', n' if has_bias else ''} -> ... m n"
+  batch, k = _factors("b", out_ndim - 1), _factors("k", contract)
+  w_f = ["n", *k] if w_kmajor else [*k, "n"]
+  operands = [" ".join([*batch, *k]), " ".join(w_f)] + (["n"] if has_bias else [])
+  rule = f"{', '.join(operands)} -> {' '.join([*batch, 'n'])}"
   fn.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
-                   reduction_factors=("k",))
+                   reduction_factors=tuple(k))
   return fn
 
 
 # vmap: custom_partitioning has no batching rule, so each global op is a
 # custom_vmap whose rule folds a batched x into the leading dims (the ops take
-# any) and sends batched weights or bias to the reference product.
+# any; gather and scatter dims count from the end) and sends batched weights or
+# bias to the reference product.
 
 def _batch_rule(partitioned, reference_fn, w_kmajor: bool):
   def rule(axis_size, in_batched, x, w, *bias):
@@ -118,16 +166,16 @@ def _batch_rule(partitioned, reference_fn, w_kmajor: bool):
       out = partitioned(x, w, *bias)
       return out, jax.tree.map(lambda _: True, out)
     args = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip((x, w, *bias), in_batched)]
-    local = lambda x, w, *b: reference_fn(x, w, b[0] if b else None, axis_name=None, w_kmajor=w_kmajor)
-    out = jax.vmap(local)(*args)
+    product = lambda x, w, *b: reference_fn(x, w, b[0] if b else None, axis_name=None, w_kmajor=w_kmajor)
+    out = jax.vmap(product)(*args)
     return out, jax.tree.map(lambda _: True, out)
   return rule
 
 
 @functools.cache
-def _ag_vmappable(has_bias: bool, w_kmajor: bool, algorithm: str):
+def _ag_vmappable(has_bias: bool, w_kmajor: bool, algorithm: str, gather: int):
   def partitioned(x, w, *bias):
-    return _ag_function(x.ndim, has_bias, w_kmajor, algorithm)(x, w, *bias)
+    return _ag_function(x.ndim, w.ndim, has_bias, w_kmajor, algorithm, gather)(x, w, *bias)
 
   fn = jax.custom_batching.custom_vmap(partitioned)
   fn.def_vmap(_batch_rule(partitioned, reference.ag_matmul, w_kmajor))
@@ -135,19 +183,23 @@ def _ag_vmappable(has_bias: bool, w_kmajor: bool, algorithm: str):
 
 
 @functools.cache
-def _rs_vmappable(has_bias: bool, w_kmajor: bool, algorithm: str):
+def _rs_vmappable(has_bias: bool, w_kmajor: bool, algorithm: str, scatter, request):
   def partitioned(x, w, *bias):
-    return _rs_function(x.ndim, has_bias, w_kmajor, algorithm, x.shape[-2])(x, w, *bias)
+    return _rs_function(x.ndim, w.ndim, has_bias, w_kmajor, algorithm, scatter, request)(x, w, *bias)
 
   fn = jax.custom_batching.custom_vmap(partitioned)
   fn.def_vmap(_batch_rule(partitioned, reference.matmul_rs, w_kmajor))
   return fn
 
 
-def ag_matmul(x, w, bias, *, algorithm: str, w_kmajor: bool = False):
-  y, gathered = _ag_vmappable(bias is not None, w_kmajor, algorithm)(x, w, *(() if bias is None else (bias,)))
+def ag_matmul(x, w, bias, *, algorithm: str, w_kmajor: bool = False, gather: int = -2):
+  """(x @ w + bias, x) on global arrays, partitioned from their shardings."""
+  fn = _ag_vmappable(bias is not None, w_kmajor, algorithm, gather)
+  y, gathered = fn(x, w, *(() if bias is None else (bias,)))
   return y, gathered
 
 
-def matmul_rs(x, w, bias, *, algorithm: str, w_kmajor: bool = False):
-  return _rs_vmappable(bias is not None, w_kmajor, algorithm)(x, w, *(() if bias is None else (bias,)))
+def matmul_rs(x, w, bias, *, algorithm: str, w_kmajor: bool = False, scatter: int | None = None, request=None):
+  """x @ w + bias on global arrays; `request`: the asked output spec (a tuple per dim) or None."""
+  fn = _rs_vmappable(bias is not None, w_kmajor, algorithm, scatter, request)
+  return fn(x, w, *(() if bias is None else (bias,)))

@@ -4,26 +4,34 @@
   matmul_rs_p(x, w[, bias]) -> z               z = psum_scatter(x @ w, -2) + bias
   all_gather_p(x) -> gathered                  the runtime's all-gather (tests)
 
-Params: axis_name (tuple of mesh axes, or None for the local product),
-axis_size (the group size), algorithm, and w_kmajor (w given as [n, k]).
-Lowering: on "cuda"/"rocm" gpu_lowering.py picks the algorithm (fused,
-pipelined, or the XLA reference decomposition) and emits its custom call; on
-every other platform, the reference decomposition (reference.py). Autodiff
-lives in api.py (custom VJPs built from these primitives).
+Shapes: ag_matmul x [..., m, K], w [K, *n], bias [*n]; matmul_rs x [..., M, *k],
+w [*k, N], bias [N] (see reference.py). Params: axis_name (tuple of mesh axes,
+or None for the local product), axis_size (the group size), algorithm,
+w_kmajor (w stored with the contraction last: [*n, K], [N, *k]) and out_specs
+(the Explicit-mesh output types of a global-array call, else None).
+Lowering: on "cuda"/"rocm" gpu_lowering.py picks the algorithm (pipelined,
+fused, or the XLA reference decomposition) and emits its custom call (weights
+of other ranks than 2 are reshaped to a matrix first); on every other
+platform, the reference decomposition (reference.py). Autodiff lives in api.py
+(custom VJPs built from these primitives).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import math
 
 import jax
 import jax.numpy as jnp
 from jax.extend import core as jex_core
 from jax.interpreters import batching, mlir
 
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType, PartitionSpec as P
 
-from jax_overlap import gpu_lowering, reference, sharding_plan
+from jax_overlap import gpu_lowering, reference
+
+log = logging.getLogger("jax_overlap")
 
 ag_matmul_p = jex_core.Primitive("jax_overlap_ag_matmul")
 ag_matmul_p.multiple_results = True
@@ -35,15 +43,15 @@ def _bias_args(bias):
   return () if bias is None else (bias,)
 
 
-def ag_matmul(x, w, bias, *, axis_name, axis_size, algorithm, w_kmajor=False):
+def ag_matmul(x, w, bias, *, axis_name, axis_size, algorithm, w_kmajor=False, out_specs=None):
   y, gathered = ag_matmul_p.bind(x, w, *_bias_args(bias), axis_name=axis_name, axis_size=axis_size,
-                                 algorithm=algorithm, w_kmajor=w_kmajor)
+                                 algorithm=algorithm, w_kmajor=w_kmajor, out_specs=out_specs)
   return y, gathered
 
 
-def matmul_rs(x, w, bias, *, axis_name, axis_size, algorithm, w_kmajor=False):
+def matmul_rs(x, w, bias, *, axis_name, axis_size, algorithm, w_kmajor=False, out_specs=None):
   return matmul_rs_p.bind(x, w, *_bias_args(bias), axis_name=axis_name, axis_size=axis_size,
-                          algorithm=algorithm, w_kmajor=w_kmajor)
+                          algorithm=algorithm, w_kmajor=w_kmajor, out_specs=out_specs)
 
 
 def all_gather(x, *, axis_name, axis_size):
@@ -51,12 +59,14 @@ def all_gather(x, *, axis_name, axis_size):
 
 
 # --- abstract evaluation ----------------------------------------------------
-# Outputs keep x's rank, so they take x's type (and with it the manual-axis
-# varying set) with a new shape. Global arrays on a mesh with Explicit axes
-# carry their sharding in the type: the outputs get the sharding the custom
-# partitioning produces (sharding_plan.py), so XLA adds no reshard after it.
+# Outputs take x's type (and with it the manual-axis varying set) with a new
+# shape. Global arrays on a mesh with Explicit axes carry their sharding in the
+# type: `out_specs` (one PartitionSpec per result, from sharding_plan.py via
+# partitioning.py) types the outputs the way the custom partitioning lays them
+# out, so XLA adds no reshard after it. Elsewhere every output dim is unsharded.
 
 def _n_of(w, w_kmajor):
+  """Output columns of a canonical (2-D) w."""
   return w.shape[0] if w_kmajor else w.shape[1]
 
 
@@ -66,29 +76,35 @@ def _explicit_mesh(x):
   return mesh if any(t == AxisType.Explicit for t in types) else None
 
 
-def _ag_abstract_eval(x, w, *bias, axis_name, axis_size, algorithm, w_kmajor):
-  del algorithm, bias
+def _result(x, shape, spec):
+  """An aval of x's type with `shape`, sharded by `spec` on an Explicit mesh, else unsharded."""
+  sharding = getattr(x, "sharding", None)
+  if sharding is None:
+    return x.update(shape=shape)
+  if spec is None or _explicit_mesh(x) is None:
+    spec = P(*([None] * len(shape)))
+  return x.update(shape=shape, sharding=sharding.update(spec=spec))
+
+
+def _specs(out_specs, count):
+  return tuple(out_specs) if out_specs is not None else (None,) * count
+
+
+def _ag_abstract_eval(x, w, *bias, axis_name, axis_size, algorithm, w_kmajor, out_specs):
+  del algorithm, bias, axis_name
   *lead, m, k = x.shape
-  rows = axis_size * m
-  y, g = x.update(shape=(*lead, rows, _n_of(w, w_kmajor))), x.update(shape=(*lead, rows, k))
-  mesh = _explicit_mesh(x) if axis_name is None else None
-  if mesh is not None:
-    plan = sharding_plan.ag_plan(mesh, sharding_plan.spec_of(x.sharding, x.ndim),
-                                 sharding_plan.spec_of(w.sharding, 2), w_kmajor)
-    y, g = y.update(sharding=NamedSharding(mesh, plan[4])), g.update(sharding=NamedSharding(mesh, plan[5]))
-  return y, g
+  n = w.shape[:-1] if w_kmajor else w.shape[1:]
+  y_spec, g_spec = _specs(out_specs, 2)
+  return (_result(x, (*lead, axis_size * m, *n), y_spec), _result(x, (*lead, axis_size * m, k), g_spec))
 
 
-def _rs_abstract_eval(x, w, *bias, axis_name, axis_size, algorithm, w_kmajor):
-  del algorithm, bias
-  *lead, m, _ = x.shape
-  z = x.update(shape=(*lead, m // axis_size, _n_of(w, w_kmajor)))
-  mesh = _explicit_mesh(x) if axis_name is None else None
-  if mesh is not None:
-    plan = sharding_plan.rs_plan(mesh, sharding_plan.spec_of(x.sharding, x.ndim),
-                                 sharding_plan.spec_of(w.sharding, 2), w_kmajor, m)
-    z = z.update(sharding=NamedSharding(mesh, plan[4]))
-  return z
+def _rs_abstract_eval(x, w, *bias, axis_name, axis_size, algorithm, w_kmajor, out_specs):
+  del algorithm, bias, axis_name
+  contract = w.ndim - 1
+  *lead, m = x.shape[:x.ndim - contract]
+  n = w.shape[0] if w_kmajor else w.shape[-1]
+  (z_spec,) = _specs(out_specs, 1)
+  return _result(x, (*lead, m // axis_size, n), z_spec)
 
 
 def _gather_abstract_eval(x, *, axis_name, axis_size):
@@ -112,8 +128,8 @@ def _batch_rule(prim, reference_fn, args, dims, **params):
   return out, (0, 0) if prim.multiple_results else 0
 
 
-def _reference_call(reference_fn, x, w, *bias, axis_name, axis_size, algorithm, w_kmajor):
-  del axis_size, algorithm
+def _reference_call(reference_fn, x, w, *bias, axis_name, axis_size, algorithm, w_kmajor, out_specs=None):
+  del axis_size, algorithm, out_specs
   return reference_fn(x, w, bias[0] if bias else None, axis_name=axis_name, w_kmajor=w_kmajor)
 
 
@@ -131,10 +147,38 @@ def _lower_reference(ctx, *args, op, **params):
 
 
 def _default_lowering(ctx, *args, op, **params):
+  platforms = ", ".join(ctx.module_context.platforms)
   if params["algorithm"] in ("fused", "pipelined"):
     raise ValueError(f"jax_overlap.{op}: algorithm={params['algorithm']!r} runs on GPU, but this computation is "
-                     f"lowered for {', '.join(ctx.module_context.platforms)}; use algorithm='auto' or 'xla'")
+                     f"lowered for {platforms}; use algorithm='auto' or 'xla'")
+  log.debug("jax_overlap.%s: XLA path (lowered for %s)", op, platforms)
   return _lower_reference(ctx, *args, op=op, **params)
+
+
+def _matrix_lowering(ctx, *args, op, out_specs, **params):
+  """The GPU lowering, which takes w as a matrix: other weights are reshaped around it (row-major views, free)."""
+  del out_specs  # types only the global-array trace, never a lowered (local) call
+  if params["algorithm"] == "xla":
+    log.debug("jax_overlap.%s: XLA path (algorithm='xla')", op)
+  if ctx.avals_in[1].ndim == 2:
+    return gpu_lowering.gpu_rule(ctx, *args, op=op, lower_reference=_lower_reference, **params)
+  fn = functools.partial(_ag_as_matrix if op == "ag_matmul" else _rs_as_matrix, **params)
+  return mlir.lower_fun(fn, multiple_results=op == "ag_matmul")(ctx, *args)
+
+
+def _ag_as_matrix(x, w, *bias, w_kmajor, **params):
+  n = w.shape[:-1] if w_kmajor else w.shape[1:]
+  w2 = w.reshape(-1, w.shape[-1]) if w_kmajor else w.reshape(w.shape[0], -1)
+  y, gathered = ag_matmul(x, w2, bias[0].reshape(-1) if bias else None, w_kmajor=w_kmajor, **params)
+  return y.reshape(*y.shape[:-1], *n), gathered
+
+
+def _rs_as_matrix(x, w, *bias, w_kmajor, **params):
+  contract = w.ndim - 1
+  k = math.prod(w.shape[1:] if w_kmajor else w.shape[:-1])
+  w2 = w.reshape(w.shape[0], k) if w_kmajor else w.reshape(k, w.shape[-1])
+  x2 = x.reshape(*x.shape[:x.ndim - contract], k)
+  return matmul_rs(x2, w2, bias[0] if bias else None, w_kmajor=w_kmajor, **params)
 
 
 def _gather_default_lowering(ctx, x, *, axis_name, axis_size):
@@ -152,8 +196,7 @@ def _register():
     batching.primitive_batchers[prim] = functools.partial(_batch_rule, prim, ref)
     mlir.register_lowering(prim, functools.partial(_default_lowering, op=op))
     for platform in ("cuda", "rocm"):
-      mlir.register_lowering(prim, functools.partial(gpu_lowering.gpu_rule, op=op, lower_reference=_lower_reference),
-                             platform=platform)
+      mlir.register_lowering(prim, functools.partial(_matrix_lowering, op=op), platform=platform)
   all_gather_p.def_impl(functools.partial(dispatch.apply_primitive, all_gather_p))
   all_gather_p.def_abstract_eval(_gather_abstract_eval)
   batching.primitive_batchers[all_gather_p] = _gather_batch_rule

@@ -4,11 +4,13 @@ jax.eval_shape traces without lowering or running, so an error raised under it
 is a trace-time error.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
 
@@ -55,9 +57,24 @@ def test_x_rank_1(op):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_w_rank_3(op):
-  with pytest.raises(ValueError, match=rf"{op}: w must have rank 2 .*got shape \(2, 16, 8\)"):
-    trace(op, spec((8, 16)), spec((2, 16, 8)))
+def test_w_rank_1(op):
+  with pytest.raises(ValueError, match=rf"{op}: w must have rank >= 2, got shape \(16,\)"):
+    trace(op, spec((8, 16)), spec((16,)))
+
+
+def test_matmul_rs_contracted_dims_mismatch():
+  """w [*k, N] contracts x's trailing dims: they must match w's leading ones."""
+  with pytest.raises(ValueError, match=r"matmul_rs: w's leading dims \(4, 8\) must equal x's trailing dims, "
+                                       r"got x of shape \(2, 16, 8, 4\)"):
+    trace("matmul_rs", spec((2, 16, 8, 4)), spec((4, 8, 24)))
+  with pytest.raises(ValueError, match=r"matmul_rs: x must have rank >= 3 .*got shape \(8, 32\)"):
+    trace("matmul_rs", spec((8, 32)), spec((4, 8, 24)))
+
+
+def test_ag_matmul_bias_of_multi_dim_weight():
+  with pytest.raises(ValueError, match=r"ag_matmul: bias must have shape \(4, 8\) to match w's columns, "
+                                       r"got \(32,\)"):
+    trace("ag_matmul", spec((8, 16)), spec((16, 4, 8)), spec((32,)))
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -140,3 +157,105 @@ def test_all_gather_bad_input(make_mesh):
     jax.eval_shape(lambda x: jax_overlap.all_gather(x, axis_name="tp"), spec((8,)))
   with pytest.raises(ValueError, match=r"all_gather: axis_name 'tp' is not bound here"):
     jax.eval_shape(lambda x: jax_overlap.all_gather(x, axis_name="tp"), spec((8, 4)))
+
+
+# --- gather_axis, scatter_axis, out_sharding ---------------------------------------
+
+@pytest.mark.parametrize("value", [1.0, "rows", None, True], ids=repr)
+def test_gather_axis_not_an_int(value):
+  with pytest.raises(TypeError, match=r"ag_matmul: gather_axis must be an int in \[-3, -2\] or \[0, 1\], "
+                                      rf"got {re.escape(repr(value))}"):
+    trace("ag_matmul", spec((2, 8, 16)), spec((16, 8)), gather_axis=value)
+
+
+@pytest.mark.parametrize("value", [-1, 2, -4, 3])
+def test_gather_axis_out_of_range(value):
+  """The last dim is the contraction: it cannot be gathered."""
+  with pytest.raises(ValueError, match=r"ag_matmul: gather_axis must be an int in \[-3, -2\] or \[0, 1\] for "
+                                       rf"this call's 3-dim x, got {value}"):
+    trace("ag_matmul", spec((2, 8, 16)), spec((16, 8)), gather_axis=value)
+
+
+@pytest.mark.parametrize("value", [-4, 3])
+def test_scatter_axis_out_of_range(value):
+  with pytest.raises(ValueError, match=r"matmul_rs: scatter_axis must be an int in \[-3, -1\] or \[0, 2\] for "
+                                       rf"this call's 3-dim output, got {value}"):
+    trace("matmul_rs", spec((2, 8, 16)), spec((16, 8)), scatter_axis=value)
+
+
+def test_scatter_axis_not_an_int():
+  with pytest.raises(TypeError, match=r"matmul_rs: scatter_axis must be an int in \[-2, -1\] or \[0, 1\], got 'N'"):
+    trace("matmul_rs", spec((8, 16)), spec((16, 8)), scatter_axis="N")
+
+
+def test_scatter_dim_not_divisible_in_shard_map(make_mesh):
+  mesh = make_mesh((4,), ("tp",))
+  f = jax.shard_map(lambda x, w: jax_overlap.matmul_rs(x, w, axis_name="tp", scatter_axis=-1), mesh=mesh,
+                    in_specs=(P(None, "tp"), P("tp", None)), out_specs=P(None, "tp"))
+  with pytest.raises(ValueError, match=r"matmul_rs: the output's dim -1 \(6\) must be divisible by the size of "
+                                       r"axis 'tp' \(4\)"):
+    jax.eval_shape(f, spec((8, 16)), spec((16, 6)))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_out_sharding_wrong_type(op):
+  with pytest.raises(TypeError, match=rf"{op}: out_sharding must be a NamedSharding or a PartitionSpec, got tuple"):
+    trace(op, spec((8, 16)), spec((16, 8)), out_sharding=("tp", None))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_out_sharding_too_many_entries(op, make_mesh):
+  sharding = NamedSharding(make_mesh((4,), ("tp",)), P(None, "tp", None))
+  with pytest.raises(ValueError, match=rf"{op}: out_sharding has 3 entries for a 2-dim output"):
+    trace(op, spec((8, 16)), spec((16, 8)), out_sharding=sharding)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_out_sharding_spec_without_a_mesh(op):
+  with pytest.raises(ValueError, match=rf"{op}: out_sharding={re.escape(repr(P('tp', None)))} is a PartitionSpec, "
+                                      r"which needs a mesh: pass a NamedSharding, or set one with jax.set_mesh"):
+    trace(op, spec((8, 16)), spec((16, 8)), out_sharding=P("tp", None))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_out_sharding_inside_shard_map(op, make_mesh):
+  mesh = make_mesh((4,), ("tp",))
+  sharding = NamedSharding(mesh, P("tp", None))
+  f = jax.shard_map(lambda x, w: getattr(jax_overlap, op)(x, w, axis_name="tp", out_sharding=sharding), mesh=mesh,
+                    in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None))
+  with pytest.raises(ValueError, match=rf"{op}: out_sharding applies to global arrays \(axis_name=None\)"):
+    jax.eval_shape(f, spec((16, 16)), spec((16, 8)))
+
+
+# --- the dot_general adapters ------------------------------------------------------------
+
+def test_ag_dot_general_wrong_contraction():
+  dot = jax_overlap.AgDotGeneral()
+  with pytest.raises(ValueError, match=r"AgDotGeneral: dimension_numbers must contract x's last dim with the "
+                                       r"kernel's first with no batch dims, i\.e\. \(\(\(1,\), \(0,\)\), "
+                                       r"\(\(\), \(\)\)\) for x of shape \(8, 16\) and kernel of shape "
+                                       r"\(8, 16\), got \(\(\(0,\), \(0,\)\), \(\(\), \(\)\)\)"):
+    jax.eval_shape(lambda x, w: dot(x, w, (((0,), (0,)), ((), ()))), spec((8, 16)), spec((8, 16)))
+
+
+def test_rs_dot_general_batch_dims():
+  dot = jax_overlap.RsDotGeneral()
+  with pytest.raises(ValueError, match=r"RsDotGeneral: dimension_numbers must contract x's last 2 dims with the "
+                                       r"kernel's first 2 with no batch dims, i\.e\. \(\(\(1, 2\), \(0, 1\)\), "
+                                       r"\(\(\), \(\)\)\) .*got \(\(\(2,\), \(1,\)\), \(\(0,\), \(0,\)\)\)"):
+    jax.eval_shape(lambda x, w: dot(x, w, (((2,), (1,)), ((0,), (0,)))), spec((2, 8, 16)), spec((2, 16, 8)))
+
+
+@pytest.mark.parametrize("cls", ["AgDotGeneral", "RsDotGeneral"])
+def test_dot_general_preferred_element_type(cls):
+  dot = getattr(jax_overlap, cls)()
+  with pytest.raises(ValueError, match=rf"{cls}: preferred_element_type must be None or the inputs' dtype "
+                                      r"bfloat16, got float32"):
+    jax.eval_shape(lambda x, w: dot(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32),
+                   spec((8, 16), jnp.bfloat16), spec((16, 8), jnp.bfloat16))
+
+
+def test_dot_general_options_reach_the_op():
+  with pytest.raises(ValueError, match=r"ag_matmul: gather_axis must be an int in \[-2, -2\]"):
+    jax.eval_shape(lambda x, w: jax_overlap.AgDotGeneral(gather_axis=-1)(x, w, (((1,), (0,)), ((), ()))),
+                   spec((8, 16)), spec((16, 8)))

@@ -231,15 +231,54 @@ def test_global_grads_fused_sharding_hlo(op, expected, normal, make_mesh, compil
   assert sorted(compiled_collectives(f, *args)) == sorted(expected)
 
 
-@pytest.mark.xfail(reason="KNOWN LIMITATION (README, Usage): without out_shardings dx of ag_matmul comes back replicated: the backward "
-                          "matmul_rs's output rows are unsharded under its Shardy rule, so XLA all-gathers the "
-                          "reduce-scattered dx (same cause as the forward matmul_rs case in test_global.py)",
-                   raises=AssertionError, strict=True)
 def test_global_ag_grad_keeps_x_sharding(normal, make_mesh, compiled_collectives):
+  """Without out_shardings dx still comes back in x's layout (shard_alike): the backward reduce-scatters it."""
   mesh, args, specs, grad = _fused_grad_setup("ag", normal, make_mesh)
   f = jax.jit(grad)
   assert f(*args)[0].sharding.spec == P("tp", None)
   assert sorted(compiled_collectives(f, *args)) == [("all-gather", (32, 16)), ("reduce-scatter", (8, 16))]
+
+
+# Every layout the forward accepts (test_global.py), on a dp x tp mesh of either axis type (issue 15, item 5:
+# Explicit meshes failed with ShardingTypeError: the weight gradient's dot_general had no out_sharding, and
+# the cotangents came back in the plan's layout instead of the primal's).
+from test_global import AG_SHARDINGS, RS_SHARDINGS, same_layout  # noqa: E402
+
+LAYOUTS = [("ag", *c) for c in AG_SHARDINGS] + [("rs", *c) for c in RS_SHARDINGS]
+
+
+@pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
+@pytest.mark.parametrize("op,name,x_shape,x_spec,w_spec,b_spec", LAYOUTS, ids=[f"{c[0]}-{c[1]}" for c in LAYOUTS])
+def test_global_grads_dp_tp(op, name, x_shape, x_spec, w_spec, b_spec, axis_type, normal, make_mesh, assert_close):
+  mesh = make_mesh((2, WORLD), ("dp", "tp"), getattr(jax.sharding.AxisType, axis_type))
+  x, w, bias = normal(x_shape, np.float32), normal((16, 24), np.float32), normal((24,), np.float32)
+  fn = jax_overlap.ag_matmul if op == "ag" else jax_overlap.matmul_rs
+  args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in ((x, x_spec), (w, w_spec), (bias, b_spec))]
+  grads = jax.jit(jax.grad(lambda x, w, b: jnp.sum(jnp.sin(fn(x, w, b))), argnums=(0, 1, 2)))(*args)
+  x64, w64, b64 = (a.astype(np.float64) for a in (x, w, bias))
+  dy = np.cos(np.einsum("...k,kn->...n", x64, w64) + b64)
+  want = (dy @ w64.T, x64.reshape(-1, 16).T @ dy.reshape(-1, 24), dy.reshape(-1, 24).sum(0))
+  for what, g, r, a in zip(("dx", "dw", "dbias"), grads, want, args):
+    assert_close(g, r, np.float32, int(np.prod(x_shape[:-1])), what=what)
+    if axis_type == "Explicit":
+      assert same_layout(g.sharding, a.sharding.spec), what
+
+
+def test_global_ag_grad_uneven_columns(normal, make_mesh, assert_close):
+  """Issue 15, item 4: N = 10 on 4 devices; the backward matmul_rs contracted the padded columns (7% off)."""
+  mesh = make_mesh((WORLD,), ("tp",))
+  uneven = lambda a, spec: jnp.cos(lax.with_sharding_constraint(a, NamedSharding(mesh, spec)))
+  x, w, ct = normal((8, 16), np.float32), normal((16, 10), np.float32), normal((8, 10), np.float32)
+
+  def loss(x, w):
+    y = jax_overlap.ag_matmul(uneven(x, P("tp", None)), uneven(w, P(None, "tp")))
+    return jnp.sum(y * uneven(ct, P(None, "tp")))
+
+  dx, dw = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
+  x64, w64, ct64 = (a.astype(np.float64) for a in (x, w, ct))
+  ct64 = np.cos(ct64)
+  assert_close(dx, -np.sin(x64) * (ct64 @ np.cos(w64).T), np.float32, 10, what="dx")
+  assert_close(dw, -np.sin(w64) * (np.cos(x64).T @ ct64), np.float32, 8, what="dw")
 
 
 def test_grads_partially_manual_shard_map(normal, make_mesh, assert_close):

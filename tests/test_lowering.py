@@ -271,3 +271,34 @@ def test_a_full_workspace_falls_back_under_auto_and_raises_when_asked_for(fake_g
   assert _custom_calls(_lowered(_op_fn("matmul_rs", make_mesh((8,), ("tp",)), "auto"), *args)) == []
   with pytest.raises(ValueError, match=r"algorithm='pipelined' cannot take this call: .*bytes of symmetric workspace"):
     _lowered(_op_fn("matmul_rs", make_mesh((8,), ("tp",)), "pipelined"), *args)
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_multi_dim_weights_reach_the_kernel_as_a_matrix(fake_gpu_runtime, make_mesh, op):
+  """w [512, 2, 256] (ag_matmul) or [2, 256, 512] with x [..., 2, 256] (matmul_rs): one fused call on the
+  row-major views [512, 512] and x [256, 512], the reshapes around it free."""
+  mesh = make_mesh((4,), ("tp",))
+  if op == "ag_matmul":
+    x, w = jnp.zeros((4 * 64, 512), jnp.bfloat16), jnp.zeros((512, 2, 4 * 256), jnp.bfloat16)
+    specs, out = (P("tp"), P(None, None, "tp")), P(None, None, "tp")
+    want = "(tensor<64x512xbf16>, tensor<512x512xbf16>"
+  else:
+    x, w = jnp.zeros((256, 4 * 2, 256), jnp.bfloat16), jnp.zeros((4 * 2, 256, 512), jnp.bfloat16)
+    specs, out = (P(None, "tp"), P("tp")), P("tp")
+    want = "(tensor<256x512xbf16>, tensor<512x512xbf16>"
+  fn = getattr(jax_overlap, op)
+  f = jax.jit(jax.shard_map(lambda x, w: fn(x, w, axis_name="tp", algorithm="fused"), mesh=mesh,
+                            in_specs=specs, out_specs=out))
+  calls = _custom_calls(f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text())
+  assert len(calls) == 1 and f"@jax_overlap_{op}(" in calls[0]
+  assert want in calls[0].split(" : ")[-1]
+
+
+def test_gather_axis_folds_into_the_kernels_rows(fake_gpu_runtime, make_mesh):
+  mesh = make_mesh((4,), ("tp",))
+  x, w = jnp.zeros((4 * 2, 32, 512), jnp.bfloat16), jnp.zeros((512, 4 * 256), jnp.bfloat16)
+  f = jax.jit(jax.shard_map(lambda x, w: jax_overlap.ag_matmul(x, w, axis_name="tp", algorithm="fused",
+                                                               gather_axis=0),
+                            mesh=mesh, in_specs=(P("tp"), P(None, "tp")), out_specs=P(None, None, "tp")))
+  calls = _custom_calls(f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text())
+  assert len(calls) == 1 and "(tensor<64x512xbf16>" in calls[0].split(" : ")[-1]

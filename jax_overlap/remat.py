@@ -1,0 +1,75 @@
+"""Checkpoint names for the ops' results, and jax.checkpoint's dot policies treating them as dot outputs.
+
+Every result the backward pass needs passes through `tag(value, name)`, an
+identity. Under jax.checkpoint, the policy is asked about it twice, as
+checkpoint_name(value, name) and as the output of a dot without batch dims
+(which the op is: x's leading dims are rows of one matrix product), and the
+more saving answer wins. So save_only_these_names / save_and_offload_only_these_names
+see the names below, and dots_saveable, dots_with_no_batch_dims_saveable and
+offload_dot_with_no_batch_dims save (or offload) these results as they do a
+dot's, instead of recomputing the op, collective included, in the backward pass.
+
+Names (the results the backward pass reads):
+  jax_overlap.ag_matmul           ag_matmul's y
+  jax_overlap.ag_matmul.gathered  ag_matmul's gathered x (its weight gradient reads it)
+  jax_overlap.matmul_rs           matmul_rs's output
+Save both ag_matmul names to keep its backward from recomputing the op.
+"""
+
+from __future__ import annotations
+
+from jax import lax
+from jax.extend import core as jex_core
+from jax.extend.core import primitives as jex_primitives
+from jax.interpreters import ad, batching, mlir
+from jax.interpreters import partial_eval as pe
+
+from jax_overlap import _compat
+
+AG_OUTPUT = "jax_overlap.ag_matmul"
+AG_GATHERED = "jax_overlap.ag_matmul.gathered"
+RS_OUTPUT = "jax_overlap.matmul_rs"
+NAMES = (AG_OUTPUT, AG_GATHERED, RS_OUTPUT)
+
+tag_p = jex_core.Primitive("jax_overlap_tag")
+
+
+def tag(value, name: str):
+  return tag_p.bind(value, name=name)
+
+
+def _as_name_or_dot(saveable):
+  """The policy, asked about a checkpoint_name equation both by its name and as a dot without batch dims."""
+  def policy(prim, *avals, **params):
+    by_name = saveable(prim, *avals, **params)
+    if prim is not jex_primitives.name_p:
+      return by_name
+    by_dot = saveable(lax.dot_general_p, *avals, dimension_numbers=(((), ()), ((), ())), precision=None,
+                      preferred_element_type=None, out_sharding=None)
+    return max((by_name, by_dot), key=_compat.remat_rank)
+  return policy
+
+
+def _partial_eval(saveable, unknowns, instantiated, eqn):
+  # The generic rule of a call, on a one-equation jaxpr: checkpoint_name(x, name).
+  aval = eqn.outvars[0].aval
+  x, y = jex_core.Var(aval), jex_core.Var(aval)
+  named = jex_core.new_jaxpr_eqn([x], [y], jex_primitives.name_p, {"name": eqn.params["name"]}, set())
+  debug = jex_core.DebugInfo("checkpoint_name", "checkpoint_name", ("x",), ("y",))
+  call = jex_core.ClosedJaxpr(jex_core.Jaxpr([], [x], [y], [named], debug_info=debug), [])
+  call_eqn = eqn.replace(primitive=jex_primitives.closed_call_p, params={"call_jaxpr": call})
+  rule = pe.partial_eval_jaxpr_custom_rules[jex_primitives.closed_call_p]
+  return rule(_as_name_or_dot(saveable), unknowns, instantiated, call_eqn)
+
+
+def _register():
+  tag_p.def_impl(lambda x, *, name: x)
+  tag_p.def_abstract_eval(lambda x, *, name: x)
+  mlir.register_lowering(tag_p, lambda ctx, x, *, name: [x])
+  batching.primitive_batchers[tag_p] = lambda args, dims, *, name: (tag(args[0], name), dims[0])
+  ad.primitive_jvps[tag_p] = lambda primals, tangents, *, name: (tag(primals[0], name), tangents[0])
+  ad.primitive_transposes[tag_p] = lambda ct, x, *, name: [ct]
+  pe.partial_eval_jaxpr_custom_rules[tag_p] = _partial_eval
+
+
+_register()
