@@ -141,7 +141,7 @@ def call_spans(starts: np.ndarray, ends: np.ndarray) -> list[int]:
   return [int(ends[b].max() - starts[b].min()) for b in np.split(np.arange(len(starts)), firsts) if len(b)]
 
 
-def gpu_timeline(fn, *args, unroll: int = UNROLL, kernel: str = "jo::") -> dict:
+def gpu_timeline(fn, *args, unroll: int = UNROLL, kernel="jo::") -> dict:
   """One profiled run of fn(*args) (`unroll` chained calls): the GPU's own view, from CUPTI.
 
   {} when the profile holds no GPU kernel (no GPU, or no CUPTI); else timeline_stats of it.
@@ -158,10 +158,10 @@ def gpu_timeline(fn, *args, unroll: int = UNROLL, kernel: str = "jo::") -> dict:
   return timeline_stats(trace["traceEvents"] if isinstance(trace, dict) else trace, unroll, kernel)
 
 
-def timeline_stats(events: list[dict], unroll: int, kernel: str) -> dict:
+def timeline_stats(events: list[dict], unroll: int, kernel) -> dict:
   """Per-call figures from a Chrome/Perfetto trace's GPU events ({} when `kernel` never ran).
 
-  kernel_us: median duration of the kernels whose name contains `kernel`;
+  kernel_us: median duration of the kernels whose name contains `kernel` (or for which it is true, a callable);
   call_us: GPU span per call (first kernel start to last end, over unroll);
   idle_us: GPU idle time per call between the chain's kernels (launch gaps: the
   per-call dispatch overhead the GPU sees); overlapping events count once.
@@ -169,7 +169,8 @@ def timeline_stats(events: list[dict], unroll: int, kernel: str) -> dict:
   gpu_pids = {e["pid"] for e in events
               if e.get("ph") == "M" and e.get("name") == "process_name" and "GPU" in str(e["args"].get("name"))}
   ev = sorted((e for e in events if e.get("ph") == "X" and e.get("pid") in gpu_pids), key=lambda e: e["ts"])
-  ours = [e["dur"] for e in ev if kernel in e["name"]]
+  ours_name = kernel if callable(kernel) else (lambda name: kernel in name)
+  ours = [e["dur"] for e in ev if ours_name(e["name"])]
   if not ours:
     return {}
   span = max(e["ts"] + e["dur"] for e in ev) - ev[0]["ts"]

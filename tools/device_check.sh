@@ -7,7 +7,8 @@
 #   JAX_OVERLAP_COMMIT=<commit> bash tools/device_check.sh [STEP ...]
 #     (the commit the results files record: the machine's copy of the tree
 #     does not know it)
-#     steps: build gpu_tests multiprocess examples bench gemm_engine cpu_tests  (default: all of these)
+#     steps: build gpu_tests multiprocess examples bench bench_pipelined gemm_engine cpu_tests
+#            (default: all of these)
 #            per_gpu bench_multi                                               (machines with 2+ GPUs)
 #
 # The machine has no network: pytest comes from wheels in .whl/ when missing,
@@ -17,13 +18,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/device_check}"
 mkdir -p "$OUT"
 STEPS=("$@")
-[[ ${#STEPS[@]} -gt 0 ]] || STEPS=(build gpu_tests multiprocess examples bench gemm_engine cpu_tests)
+[[ ${#STEPS[@]} -gt 0 ]] || STEPS=(build gpu_tests multiprocess examples bench bench_pipelined gemm_engine cpu_tests)
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (device KINDS.md)
 SUMMARY=()
 
-if ! python3 -c "import pytest" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/jo_site .whl/*.whl
-  export PYTHONPATH="/tmp/jo_site:${PYTHONPATH:-}"
+# The build and test tools, from the wheels carried in .whl/ where the image lacks them.
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --find-links .whl scikit-build-core pybind11 cmake ninja pytest \
+    > "$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
 fi
 
 run() {  # run NAME TIMEOUT CMD...: log to $OUT/NAME.log, record rc and seconds
@@ -45,9 +47,17 @@ for step in "${STEPS[@]}"; do
         python3 -m pip install --no-build-isolation --no-deps -v . ;;
     gpu_tests)
       # One pytest per file: a crash in one cannot hide the other's results.
+      run gpu_pipelined 240 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_pipelined.py
       run gpu_world1 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_world1.py
       run gpu_sim_group 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_sim_group.py
+      run gpu_amd_path 240 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_amd_path.py
       run gpu_multi_gpu 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_multi_gpu.py ;;
+    gpu_new)
+      run gpu_pipelined 240 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_pipelined.py ;;
+    gpu_old)
+      run gpu_world1 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_world1.py
+      run gpu_sim_group 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_sim_group.py
+      run gpu_amd_path 240 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_amd_path.py ;;
     multiprocess)
       run multiprocess 300 python3 tests/gpu/multiprocess.py --worlds 2 4 8 ;;
     per_gpu)
@@ -57,6 +67,7 @@ for step in "${STEPS[@]}"; do
     cpu_tests)
       run cpu_tests 300 env JAX_PLATFORMS=cpu python3 -m pytest -q tests --ignore=tests/gpu ;;
     examples)
+      run example_block 180 python3 examples/transformer_block.py
       run example_shard_map 120 python3 examples/mlp_shard_map.py --batch 4 --seq 2048 --hidden 4096 --ffn 14336
       run example_jit 120 python3 examples/mlp_jit.py --batch 4 --seq 2048 --hidden 4096 --ffn 14336 ;;
     gemm_engine)
@@ -64,6 +75,8 @@ for step in "${STEPS[@]}"; do
     bench)
       run bench_ag 200 python3 benchmarks/bench_ag_matmul.py --out "$OUT"
       run bench_rs 200 python3 benchmarks/bench_matmul_rs.py --out "$OUT" ;;
+    bench_pipelined)
+      run bench_pipelined 300 python3 benchmarks/bench_pipelined.py --out "$OUT" ;;
     *) echo "unknown step $step" >&2 ;;
   esac
 done
