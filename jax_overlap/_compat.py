@@ -35,3 +35,12 @@ def remat_rank(case) -> int:
   if isinstance(case, pe.SaveableType):
     return 2
   return 1 if isinstance(case, pe.Offloadable) else 0
+
+
+def shard_alike(x, y):
+  """jax.experimental.shard_alike.shard_alike, where the installed JAX keeps it (0.11 has only the internal one)."""
+  try:
+    from jax.experimental.shard_alike import shard_alike as impl
+  except ImportError:
+    from jax._src.shard_alike import shard_alike as impl  # jax 0.11
+  return impl(x, y)

@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.experimental.shard_alike import shard_alike
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_overlap import _compat, config, local, native, partitioning, primitives, remat
@@ -193,7 +192,7 @@ def _like(ct, layout):
     return ct
   if isinstance(layout, _Layout):
     return ct if jax.typeof(ct).sharding == layout.sharding else jax.sharding.reshard(ct, layout.sharding)
-  return shard_alike(ct, layout)[0]
+  return _compat.shard_alike(ct, layout)[0]
 
 
 def _request(layout, ndim: int):

@@ -43,8 +43,9 @@ run() {  # run NAME TIMEOUT CMD...: log to $OUT/NAME.log, record rc and seconds
 for step in "${STEPS[@]}"; do
   case "$step" in
     build)
+      # A build directory in the tree: a later call on the same (warm) machine rebuilds what changed only.
       run build 300 env JAX_OVERLAP_PLATFORM=cuda JAX_OVERLAP_INPLACE=ON \
-        python3 -m pip install --no-build-isolation --no-deps -v . ;;
+        python3 -m pip install --no-build-isolation --no-deps -v -C build-dir=build/device . ;;
     gpu_tests)
       # One pytest per file: a crash in one cannot hide the other's results.
       run gpu_pipelined 240 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_pipelined.py
@@ -65,7 +66,7 @@ for step in "${STEPS[@]}"; do
     bench_multi)
       run bench_multi 500 python3 benchmarks/bench_multi_gpu.py --out "$OUT" ;;
     cpu_tests)
-      run cpu_tests 300 env JAX_PLATFORMS=cpu python3 -m pytest -q tests --ignore=tests/gpu ;;
+      run cpu_tests 300 env JAX_PLATFORMS=cpu python3 -m pytest -q -x -n 8 tests --ignore=tests/gpu ;;
     examples)
       run example_block 180 python3 examples/transformer_block.py
       run example_shard_map 120 python3 examples/mlp_shard_map.py --batch 4 --seq 2048 --hidden 4096 --ffn 14336
