@@ -152,6 +152,7 @@ def prepare_devices() -> bool:
     local = _gpu_devices(local=True)
     if not local:
       return False
+    options = _options(None, None, None, None)  # from the environment: nothing is prepared yet
     nat = native.module()
     for d in local:
       nat.init_device(d.local_hardware_id, d.id)
@@ -159,7 +160,7 @@ def prepare_devices() -> bool:
       _state.devices[d.id] = _LocalDevice(d.id, d.local_hardware_id, info["pci_bus_id"], info["sm_count"],
                                           info["smem_per_block"], info["l2_bytes"], info["name"], info["arch"])
     _state.prepared = True
-    _apply_options(*_options(None, None, None, None))
+    _apply_options(*options)
     return True
 
 

@@ -54,7 +54,8 @@ for step in "${STEPS[@]}"; do
       run gpu_amd_path 240 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_amd_path.py
       run gpu_multi_gpu 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_multi_gpu.py ;;
     gpu_new)
-      run gpu_pipelined 240 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_pipelined.py ;;
+      run gpu_pipelined 400 env JAX_PLATFORMS=cuda python3 -m pytest -q -rfEs --tb=short --durations=8 \
+        -o faulthandler_timeout=150 tests/gpu/test_pipelined.py ;;
     gpu_old)
       run gpu_world1 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_world1.py
       run gpu_sim_group 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_sim_group.py
@@ -66,7 +67,7 @@ for step in "${STEPS[@]}"; do
     bench_multi)
       run bench_multi 500 python3 benchmarks/bench_multi_gpu.py --out "$OUT" ;;
     cpu_tests)
-      run cpu_tests 300 env JAX_PLATFORMS=cpu python3 -m pytest -q -x -n 8 tests --ignore=tests/gpu ;;
+      run cpu_tests 300 env JAX_PLATFORMS=cpu python3 -m pytest -q -rfE --tb=line -n 8 tests --ignore=tests/gpu ;;
     examples)
       run example_block 180 python3 examples/transformer_block.py
       run example_shard_map 120 python3 examples/mlp_shard_map.py --batch 4 --seq 2048 --hidden 4096 --ffn 14336

@@ -94,7 +94,9 @@ Status DeviceBlas::plan(const GemmShape& s, const GemmPlan** out) {
   auto it = plans_.find(s);
   if (it != plans_.end()) {
     *out = it->second.get();
-    return {};
+    // A shape the heuristic had nothing for is remembered: callers that fall back ask once.
+    return *out != nullptr ? Status{} : Status{std::string("jax_overlap: ") + kLibraryName + " has no algorithm for " +
+                                               describe(s)};
   }
   const Api& api = *api_;
   std::unique_ptr<GemmPlan> p(new GemmPlan());
@@ -139,8 +141,10 @@ Status DeviceBlas::plan(const GemmShape& s, const GemmPlan** out) {
   }();
   (void)api.preference_destroy(pref);
   JO_RETURN_IF_ERROR(heuristic);
-  if (returned < 1 || result.state != kSuccess)
+  if (returned < 1 || result.state != kSuccess) {
+    plans_.emplace(s, nullptr);
     return Status{std::string("jax_overlap: ") + kLibraryName + " has no algorithm for " + describe(s)};
+  }
   p->algo_ = result.algo;
   *out = p.get();
   plans_.emplace(s, std::move(p));

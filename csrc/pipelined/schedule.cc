@@ -62,18 +62,32 @@ Status wait_flags(const Context& ctx, const PipeFlag* const* flags, const uint32
 }
 
 // One vendor GEMM over `rows` rows per batch element: out rows = x rows @ w (+ bias).
+// One vendor GEMM over `rows` rows per batch element: out rows = x rows @ w (+ bias). The batch
+// elements go into one strided-batched GEMM (w shared: stride 0) when the vendor has an algorithm
+// for it, else one GEMM each.
 Status gemm(const Operands& op, const Context& ctx, const RowRange& x, int64_t x_first, const RowRange& out,
             int64_t out_first, int64_t rows, bool bias, int stream_index) {
-  const void* a = x.at(x_first);
-  void* d = out.at(out_first);
+  const char* a = x.at(x_first);
+  char* d = out.at(out_first);
   const void* b = bias ? op.bias : nullptr;
-  const blas::GemmShape shape{op.dtype,       rows,         op.n,       op.k,       op.batch, x.cols, out.cols,
-                              x.batch_stride(), out.batch_stride(), op.w_kmajor, b != nullptr,
-                              blas::alignment_of({a, d, op.w, b})};
-  const blas::GemmPlan* plan = nullptr;
-  JO_RETURN_IF_ERROR(ctx.blas->plan(shape, &plan));
   void* workspace = static_cast<char*>(op.scratch) + stream_index * blas::kWorkspaceBytes;
-  return ctx.blas->run(*plan, a, op.w, b, d, workspace, ctx.streams->compute[stream_index]);
+  const hipStream_t stream = ctx.streams->compute[stream_index];
+  blas::GemmShape shape{op.dtype,       rows,         op.n,       op.k,       op.batch, x.cols, out.cols,
+                        x.batch_stride(), out.batch_stride(), op.w_kmajor, b != nullptr,
+                        blas::alignment_of({a, d, op.w, b})};
+  const blas::GemmPlan* plan = nullptr;
+  const Status batched = ctx.blas->plan(shape, &plan);
+  if (batched.ok()) return ctx.blas->run(*plan, a, op.w, b, d, workspace, stream);
+  if (op.batch == 1) return batched;
+  shape.batch = 1;
+  for (int64_t e = 0; e < op.batch; ++e) {
+    const char* ae = a + e * x.batch_stride() * kElem;
+    char* de = d + e * out.batch_stride() * kElem;
+    shape.alignment = blas::alignment_of({ae, de, op.w, b});
+    JO_RETURN_IF_ERROR(ctx.blas->plan(shape, &plan));
+    JO_RETURN_IF_ERROR(ctx.blas->run(*plan, ae, op.w, b, de, workspace, stream));
+  }
+  return {};
 }
 
 // A stage's units (shards or row blocks) as at most two ranges of consecutive

@@ -145,11 +145,14 @@ inline int64_t timer_ticks_per_second(int device) {
 }
 
 // The copy kind of the pipelined algorithm's transfers: on AMD an SDMA engine,
-// never a copy kernel on the compute units (hipMemcpyDeviceToDeviceNoCU, 1024
-// in ROCm >= 6.2, spelled here for older headers); NVIDIA copies between
-// devices and IPC mappings with its copy engines by itself.
-#if JO_PLATFORM_HIP
-inline constexpr hipMemcpyKind kCopyEngineCopy = static_cast<hipMemcpyKind>(1024);
+// never a copy kernel on the compute units (hipMemcpyDeviceToDeviceNoCU, in
+// ROCm >= 6.2; older headers, such as the ROCm 5 ones CI compiles against,
+// lack it); NVIDIA copies between devices and IPC mappings with its copy
+// engines by itself.
+#if JO_PLATFORM_HIP && HIP_VERSION >= 60200000
+inline constexpr hipMemcpyKind kCopyEngineCopy = hipMemcpyDeviceToDeviceNoCU;
+#elif JO_PLATFORM_HIP
+inline constexpr hipMemcpyKind kCopyEngineCopy = hipMemcpyDeviceToDevice;
 #else
 inline constexpr cudaMemcpyKind kCopyEngineCopy = cudaMemcpyDeviceToDevice;
 #endif
