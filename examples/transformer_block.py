@@ -109,7 +109,7 @@ def parse_args():
   parser.add_argument("--steps", type=int, default=6)
   parser.add_argument("--dtype", default=None, choices=sorted(TOLERANCE), help="default: bfloat16 on GPU, else float32")
   parser.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: min(4, devices))")
-  parser.add_argument("--mesh", default="explicit", choices=["explicit", "auto"], help="the mesh's axis types")
+  parser.add_argument("--mesh", default="auto", choices=["auto", "explicit"], help="the mesh's axis types")
   parser.add_argument("--algorithms", default=None,
                       help="comma-separated algorithms to train with (default: auto,xla on GPU, else auto)")
   args = parser.parse_args()

@@ -37,12 +37,21 @@ def remat_rank(case) -> int:
   return 1 if isinstance(case, pe.Offloadable) else 0
 
 
+try:
+  from jax.experimental.shard_alike import shard_alike as _shard_alike
+except ImportError:  # jax 0.11 dropped the module
+  _shard_alike = None
+
+HAS_SHARD_ALIKE = _shard_alike is not None
+
+# jax 0.11's custom partitioning annotates a collective's reduction region with
+# shardings on an Explicit mesh, which XLA's CPU backend rejects ("Unsupported
+# reduction computation"); jax 0.10 does not.
+EXPLICIT_MESH_REDUCTIONS_ON_CPU = tuple(int(v) for v in jax.__version__.split(".")[:2]) < (0, 11)
+
+
 def shard_alike(x, y):
   """Ties x's and y's shardings (jax.experimental.shard_alike) where the installed JAX has it. Without it
   (jax 0.11 dropped the module) the pair comes back as it is: the values are the same, only XLA may then
   pick another layout for x."""
-  try:
-    from jax.experimental.shard_alike import shard_alike as impl
-  except ImportError:
-    return x, y
-  return impl(x, y)
+  return (x, y) if _shard_alike is None else _shard_alike(x, y)

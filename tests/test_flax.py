@@ -13,6 +13,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
+from jax_overlap import _compat
 from test_remat import count
 
 flax = pytest.importorskip("flax", reason="the flax layer tests need flax (pip install '.[examples]')")
@@ -101,7 +102,9 @@ def test_linen_block(axis_type, make_mesh, assert_close):
   assert (count(forward, "jax_overlap_ag_matmul"), count(forward, "jax_overlap_matmul_rs")) == (4, 2)
 
 
-@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+@pytest.mark.parametrize("axis_type", ["Auto", pytest.param("Explicit", marks=pytest.mark.xfail(
+    not _compat.EXPLICIT_MESH_REDUCTIONS_ON_CPU, strict=True,
+    reason="jax 0.11 annotates reduction regions on Explicit meshes; XLA's CPU backend rejects them"))])
 def test_nnx_block(axis_type, make_mesh, assert_close):
   mesh = _mesh(make_mesh, axis_type)
   x = jax.random.normal(jax.random.key(0), (B, S, E))

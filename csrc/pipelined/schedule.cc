@@ -156,6 +156,9 @@ Status enqueue_ag_matmul(const Operands& op, const Context& ctx, hipStream_t ori
   const RowRange y{static_cast<char*>(op.out), world * op.m, op.n};
   char* mine = ctx.peers.regions[rank];
   JO_RETURN_IF_ERROR(s.fork_from(origin));
+  // My own shard straight from x, first: nothing of this call waits yet when it is launched (the launch
+  // of a kernel not loaded yet waits for the device's running kernels).
+  JO_RETURN_IF_ERROR(gemm(op, ctx, x, 0, y, rank * op.m, op.m, /*bias=*/true, /*stream_index=*/0));
 
   // Copy stream: publish my shard, then pull the peers' in ring order.
   if (!ctx.loopback) {
@@ -189,8 +192,7 @@ Status enqueue_ag_matmul(const Operands& op, const Context& ctx, hipStream_t ori
   JO_RETURN_IF_ERROR(copy_rows(gathered.at(rank * op.m), gathered.batch_stride(), x.base, x.batch_stride(), op.batch,
                                op.m, op.k, s.copy));
 
-  // Compute streams: my own shard straight from x, then each stage once its last shard arrived.
-  JO_RETURN_IF_ERROR(gemm(op, ctx, x, 0, y, rank * op.m, op.m, /*bias=*/true, /*stream_index=*/0));
+  // Compute streams: each stage once its last shard arrived.
   for (int j = 1, position = 1; j < op.stage_count; position += static_cast<int>(op.stages[j]), ++j) {
     const int size = static_cast<int>(op.stages[j]);
     JO_RETURN_IF_HIP_ERROR(hipStreamWaitEvent(s.compute[j % 2], s.arrived[position + size - 1], 0));

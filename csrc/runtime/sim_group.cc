@@ -1,6 +1,7 @@
 #include "runtime/sim_group.h"
 
 #include <cstring>
+#include <thread>
 
 #include "kernels/ag_matmul.h"
 #include "kernels/all_gather.h"
@@ -95,10 +96,24 @@ Status SimGroup::run(uint64_t offset, const std::vector<int>& ranks, bool sync,
   std::vector<int> all;
   for (int r = 0; r < world_; ++r) all.push_back(r);
   const std::vector<int>& chosen = ranks.empty() ? all : ranks;
-  for (int r : chosen) {
+  for (int r : chosen)
     if (r < 0 || r >= world_) return Status{"SimGroup: no rank " + std::to_string(r)};
-    if (r != absent_) JO_RETURN_IF_ERROR(launch(r, streams_[r], ++epochs[r]));
+  // Each rank enqueues from a thread of its own, as ranks do from their own
+  // processes: a launch that blocks its host thread (CUDA's lazy loading of a
+  // kernel's module waits for the device's running kernels) must not keep
+  // the other ranks from enqueuing the releases those kernels wait for.
+  std::vector<Status> launched(world_);
+  std::vector<std::thread> threads;
+  for (int r : chosen) {
+    if (r == absent_) continue;
+    const uint32_t epoch = ++epochs[r];
+    threads.emplace_back([&, r, epoch] {
+      const hipError_t set = hipSetDevice(ordinal_);
+      launched[r] = set == hipSuccess ? launch(r, streams_[r], epoch) : Status{hipGetErrorString(set)};
+    });
   }
+  for (std::thread& t : threads) t.join();
+  for (const Status& s : launched) JO_RETURN_IF_ERROR(s);
   if (sync)
     for (int r : chosen) JO_RETURN_IF_HIP_ERROR(hipStreamSynchronize(streams_[r]));
   return {};
