@@ -5,7 +5,9 @@
 // its own stream, and by default waits for all of them; without that wait, and
 // with ranks launched in separate calls, ranks run calls ahead of each other.
 // Grids are split so that all ranks' persistent kernels are co-resident
-// (ranks_per_gpu = world).
+// (ranks_per_gpu = world). All ranks share one CUDA context: run it with
+// CUDA_MODULE_LOADING=EAGER (tests/conftest.py), or a kernel's lazy first load
+// waits for another rank's spinning wait, which waits for that kernel.
 #pragma once
 
 #include <cstdint>
