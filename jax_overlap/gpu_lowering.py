@@ -235,9 +235,10 @@ def _emit_fused(ctx, call: Call, plan, x, w, bias):
   x_aval, w_aval = ctx.avals_in[:2]
   bias_value, empty = _bias_operand(x_aval, bias)
   avals_in = [x_aval, w_aval, ctx.avals_in[2] if bias else empty]
-  offset, site = (_region(call, "fused", plan.region_bytes,
-                          (call.batch, call.m, call.k, call.n, plan.tile, plan.chunk_k)) if call.world > 1 else (0, 0))
-  attrs = plan.attribute(w_kmajor=call.w_kmajor, region_offset=offset, site=site, generation=runtime.generation())
+  # The fused kernels' flags carry no call-site number (docs/protocol.md): the site is not used.
+  offset, _ = (_region(call, "fused", plan.region_bytes,
+                       (call.batch, call.m, call.k, call.n, plan.tile, plan.chunk_k)) if call.world > 1 else (0, 0))
+  attrs = plan.attribute(w_kmajor=call.w_kmajor, region_offset=offset, generation=runtime.generation())
   log.debug("jax_overlap.%s: fused (world %d, tile %d, comm workgroups %d, chunk_k %d; model %.0f us vs xla %.0f us)",
             call.op, call.world, plan.tile, plan.comm_workgroups, plan.chunk_k, plan.est_fused_us, plan.est_xla_us)
   if call.world == 1:

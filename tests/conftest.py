@@ -14,11 +14,14 @@ _HOST_DEVICES = "--xla_force_host_platform_device_count=8"
 if _HOST_DEVICES not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_HOST_DEVICES}".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Simulated ranks (SimGroup) share one CUDA context, and CUDA's lazy module loading makes the first
-# launch of a kernel wait for the context's running kernels: one rank's first GEMM would wait for
-# another rank's wait kernel, which waits for that GEMM's result. Load every module up front.
-# (Ranks in their own processes have their own contexts; csrc/pipelined/schedule.h orders each
-# call's launches so that nothing within one context waits on a kernel launched after it.)
+# Simulated ranks (SimGroup) share one CUDA context, so one rank's spinning wait kernel can stand in
+# front of the release it waits for, issued by another rank: in a hardware queue that two of the
+# context's streams share (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default, against 4 streams per rank
+# plus XLA's), or in the first launch of a lazily loaded kernel (which waits for the context's
+# running kernels). Give every stream a queue of its own and load every module up front. (Ranks in
+# their own processes have their own contexts, and csrc/pipelined/schedule.cc enqueues each call so
+# that nothing waits on work enqueued after it in the same process.)
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
 import jax  # noqa: E402  (after the environment above)

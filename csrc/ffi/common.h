@@ -27,7 +27,6 @@ struct FusedConfig {
   int64_t region_offset;
   int64_t region_bytes;
   int64_t tail_slots;  // group of one: workgroup slots of its stream-K tail scratch (0: none)
-  int64_t site;        // the call site's number among those sharing the region (pipelined flags check it)
   int64_t generation;  // the runtime generation the call was lowered under (Runtime::generation)
 };
 
@@ -158,7 +157,6 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::FusedConfig, ::xla::ffi::StructMembe
                                       ::xla::ffi::StructMember<int64_t>("region_offset"),
                                       ::xla::ffi::StructMember<int64_t>("region_bytes"),
                                       ::xla::ffi::StructMember<int64_t>("tail_slots"),
-                                      ::xla::ffi::StructMember<int64_t>("site"),
                                       ::xla::ffi::StructMember<int64_t>("generation"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::RegionConfig, ::xla::ffi::StructMember<int64_t>("region_offset"),
                                       ::xla::ffi::StructMember<int64_t>("region_bytes"),

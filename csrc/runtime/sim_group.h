@@ -5,9 +5,9 @@
 // its own stream, and by default waits for all of them; without that wait, and
 // with ranks launched in separate calls, ranks run calls ahead of each other.
 // Grids are split so that all ranks' persistent kernels are co-resident
-// (ranks_per_gpu = world). All ranks share one CUDA context: run it with
-// CUDA_MODULE_LOADING=EAGER (tests/conftest.py), or a kernel's lazy first load
-// waits for another rank's spinning wait, which waits for that kernel.
+// (ranks_per_gpu = world). All ranks share one CUDA context, where one rank's
+// spinning wait can stand in front of the release it waits for: run it with a
+// hardware queue per stream and eager module loading (tests/conftest.py).
 #pragma once
 
 #include <cstdint>
