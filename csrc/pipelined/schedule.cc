@@ -209,10 +209,6 @@ Status enqueue_ag_matmul(const Operands& op, const Context& ctx, hipStream_t ori
   return {};
 }
 
-}  // namespace jo::pipelined
-
-namespace jo::pipelined {
-
 Status enqueue_matmul_rs(const Operands& op, const Context& ctx, hipStream_t origin) {
   SideStreams& s = *ctx.streams;
   std::lock_guard<std::mutex> lock(s.mu);
