@@ -36,6 +36,9 @@ from jax_overlap import calibration, config, native, pipeline_plan, runtime
 log = logging.getLogger("jax_overlap")
 
 KILL_SWITCH = "JAX_OVERLAP_DISABLE"
+# Pins the pipelined stage plan ("1,3": stage sizes in ring order) of the calls over a group of as many
+# ranks as its stages cover, in place of the cost model's choice (tuning, tests).
+PINNED_STAGES = "JAX_OVERLAP_PIPELINE_STAGES"
 
 
 def disabled() -> bool:
@@ -158,7 +161,12 @@ def _pipelined_plan(call: Call) -> pipeline_plan.PipelinedPlan | None:
     return None
   figures = calibration.figures(call.op, call.dtype_name, call.rows, call.k, call.n, call.world, call.w_kmajor,
                                 call.spans_processes)
-  return pipeline_plan.plan(call.op, call.world, figures)
+  pinned = os.environ.get(PINNED_STAGES)
+  try:
+    stages = pipeline_plan.parse_stages(pinned, call.op, call.world) if pinned else None
+  except ValueError as e:
+    raise ValueError(f"jax_overlap: {PINNED_STAGES}: {e}") from None
+  return pipeline_plan.plan(call.op, call.world, figures, stages)
 
 
 def _ensure_workspace(call: Call) -> None:

@@ -118,8 +118,24 @@ def xla_us(world: int, f: Figures) -> float:
   return (world - 1) * f.chunk_bytes / f.link_bytes_per_us + _gemm(f, world)
 
 
-def plan(op: str, world: int, f: Figures) -> PipelinedPlan:
-  """The stages the model predicts fastest, with its times for them and for the XLA path."""
+def parse_stages(text: str, op: str, world: int) -> tuple | None:
+  """A stage plan written "1,3" (stage sizes in ring order) for a call of `op` over `world` ranks: None when
+  its stages cover another group size, ValueError when it cannot be one of `op`'s plans."""
+  try:
+    stages = tuple(int(s) for s in text.split(","))
+  except ValueError:
+    raise ValueError(f"stage plan {text!r}: expected stage sizes separated by commas, such as 1,3") from None
+  if sum(stages) != world:
+    return None
+  if any(s < 1 for s in stages):
+    raise ValueError(f"stage plan {text!r}: every stage needs at least one chunk")
+  if op == "ag_matmul" and stages[0] != 1:
+    raise ValueError(f"stage plan {text!r}: ag_matmul's first stage is its own shard alone (1)")
+  return stages
+
+
+def plan(op: str, world: int, f: Figures, stages: tuple | None = None) -> PipelinedPlan:
+  """The stages the model predicts fastest (or `stages`, pinned), with its times for them and for the XLA path."""
   if len(f.gemm_us) != world:
     raise ValueError(f"pipeline_plan.plan: gemm_us needs {world} entries (1 .. world chunks), got {len(f.gemm_us)}")
   if op == "ag_matmul":
@@ -127,7 +143,7 @@ def plan(op: str, world: int, f: Figures) -> PipelinedPlan:
     model = ag_matmul_us
   else:
     candidates, model = list(compositions(world)), matmul_rs_us
-  best = min(candidates, key=lambda stages: (model(stages, f), len(stages)))
+  best = stages if stages is not None else min(candidates, key=lambda c: (model(c, f), len(c)))
   return PipelinedPlan(best, model(best, f), xla_us(world, f))
 
 

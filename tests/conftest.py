@@ -16,11 +16,10 @@ if _HOST_DEVICES not in os.environ.get("XLA_FLAGS", ""):
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Simulated ranks (SimGroup) share one CUDA context, so one rank's spinning wait kernel can stand in
 # front of the release it waits for, issued by another rank: in a hardware queue that two of the
-# context's streams share (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default, against 4 streams per rank
-# plus XLA's), or in the first launch of a lazily loaded kernel (which waits for the context's
-# running kernels). Give every stream a queue of its own and load every module up front. (Ranks in
-# their own processes have their own contexts, and csrc/pipelined/schedule.cc enqueues each call so
-# that nothing waits on work enqueued after it in the same process.)
+# context's streams share (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default, at most 32), or in the first
+# launch of a lazily loaded kernel (which waits for the context's running kernels). The most queues
+# and every module loaded up front make that rarer, not impossible (tests/gpu/test_pipelined.py says
+# which tests it left to processes of their own).
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 

@@ -175,6 +175,32 @@ def test_pipelined_lowers_to_its_target_with_its_plan(fake_gpu_runtime, make_mes
   assert f"tensor<{scratch}xui8>" in calls[0].split(" : ")[-1]
 
 
+@pytest.mark.parametrize("op,pinned,want", [("ag_matmul", "1,2,1", [1, 2, 1]), ("matmul_rs", "4", [4]),
+                                             ("matmul_rs", "1,3", [1, 3]), ("ag_matmul", "1,1", None)])
+def test_pinned_stages_replace_the_cost_models_plan(fake_gpu_runtime, monkeypatch, make_mesh, op, pinned, want):
+  """JAX_OVERLAP_PIPELINE_STAGES pins the plan of calls over as many ranks as its stages cover; others keep
+  the model's."""
+  monkeypatch.setenv("JAX_OVERLAP_PIPELINE_STAGES", pinned)
+  mesh = make_mesh((4,), ("tp",))
+  calls = _custom_calls(_lowered(_op_fn(op, mesh, "pipelined"), *_operands(op, 4, 4096, 512, 256)))
+  stages = _ints(calls[0], "stages")
+  if want is not None:
+    assert stages == want
+  else:
+    monkeypatch.delenv("JAX_OVERLAP_PIPELINE_STAGES")
+    jax.clear_caches()
+    unpinned = _custom_calls(_lowered(_op_fn(op, mesh, "pipelined"), *_operands(op, 4, 4096, 512, 256)))
+    assert stages == _ints(unpinned[0], "stages")
+
+
+@pytest.mark.parametrize("pinned,why", [("2,2", "own shard alone"), ("1,a", "separated by commas"),
+                                        ("1,0,3", "at least one chunk")])
+def test_a_pinned_plan_that_cannot_be_the_calls_is_an_error(fake_gpu_runtime, monkeypatch, make_mesh, pinned, why):
+  monkeypatch.setenv("JAX_OVERLAP_PIPELINE_STAGES", pinned)
+  with pytest.raises(ValueError, match=f"JAX_OVERLAP_PIPELINE_STAGES.*{why}"):
+    _lowered(_op_fn("ag_matmul", make_mesh((4,), ("tp",)), "pipelined"), *_operands("ag_matmul", 4, 4096, 512, 256))
+
+
 @pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
 def test_pipelined_group_of_one_is_the_vendor_gemm(fake_gpu_runtime, make_mesh, op):
   mesh = make_mesh((8, 1), ("dp", "tp"))

@@ -34,6 +34,26 @@ def test_plan_covers_the_ring(op, world):
                                       for r in pp.compositions(world - 1 if op == "ag_matmul" else world)))
 
 
+@pytest.mark.parametrize("op,text,world,want", [
+    ("ag_matmul", "1,3", 4, (1, 3)), ("matmul_rs", "4", 4, (4,)), ("matmul_rs", "2,1,1", 4, (2, 1, 1)),
+    ("ag_matmul", "1,1", 4, None), ("matmul_rs", " 1, 7 ", 8, (1, 7))])
+def test_pinned_stages_parse_for_their_group_size(op, text, world, want):
+  assert pp.parse_stages(text, op, world) == want
+
+
+@pytest.mark.parametrize("op,text,why", [("ag_matmul", "2,2", "own shard alone"), ("matmul_rs", "1;3", "commas"),
+                                         ("matmul_rs", "0,4", "at least one chunk")])
+def test_pinned_stages_that_cannot_be_a_plan_raise(op, text, why):
+  with pytest.raises(ValueError, match=why):
+    pp.parse_stages(text, op, 4)
+
+
+def test_a_pinned_plan_is_modelled_not_replaced():
+  f = figures(4)
+  plan = pp.plan("matmul_rs", 4, f, (4,))
+  assert plan.stages == (4,) and plan.est_us == pp.matmul_rs_us((4,), f) and plan.est_xla_us == pp.xla_us(4, f)
+
+
 def test_ag_matmul_model_by_hand():
   f = pp.Figures(gemm_us=(100.0, 190.0), chunk_bytes=3_000_000, link_bytes_per_us=30_000.0,
                  local_bytes_per_us=1_500_000.0)

@@ -8,7 +8,8 @@
 #     (the commit the results files record: the machine's copy of the tree
 #     does not know it)
 #     steps: build gpu_tests multiprocess examples bench bench_pipelined gemm_engine cpu_tests
-#            (default: all of these)
+#            (default: all of these); gpu_new gpu_old example_block (parts of gpu_tests, examples);
+#            gemm_engine_ab (two commits' GEMM engines from .gemm_objs/{base,head}: run.sh --objects)
 #            per_gpu bench_multi                                               (machines with 2+ GPUs)
 #
 # The machine has no network: pytest comes from wheels in .whl/ when missing,
@@ -68,12 +69,23 @@ for step in "${STEPS[@]}"; do
       run bench_multi 500 python3 benchmarks/bench_multi_gpu.py --out "$OUT" ;;
     cpu_tests)
       run cpu_tests 300 env JAX_PLATFORMS=cpu python3 -m pytest -q -rfE --tb=line -n 8 tests --ignore=tests/gpu ;;
+    example_block)
+      run example_block 180 python3 examples/transformer_block.py ;;
     examples)
       run example_block 180 python3 examples/transformer_block.py
       run example_shard_map 120 python3 examples/mlp_shard_map.py --batch 4 --seq 2048 --hidden 4096 --ffn 14336
       run example_jit 120 python3 examples/mlp_jit.py --batch 4 --seq 2048 --hidden 4096 --ffn 14336 ;;
     gemm_engine)
       run gemm_engine 120 bash benchmarks/gemm_engine/run.sh ;;
+    gemm_engine_ab)
+      # Two commits' engines, objects compiled off the device into .gemm_objs/{base,head} (run.sh --objects),
+      # run alternately twice: base, head, base, head.
+      for i in 1 2; do
+        for which in base head; do
+          run "gemm_engine_${which}_$i" 150 bash benchmarks/gemm_engine/run.sh --objects ".gemm_objs/$which" \
+            "/tmp/jo_gemm_$which"
+        done
+      done ;;
     bench)
       run bench_ag 200 python3 benchmarks/bench_ag_matmul.py --out "$OUT"
       run bench_rs 200 python3 benchmarks/bench_matmul_rs.py --out "$OUT" ;;

@@ -47,12 +47,12 @@ ffi::Error AgMatmulExecute(hipStream_t stream, int32_t ordinal, CallState* state
 ffi::Error AgMatmulLocalExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                                 ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
                                 ffi::Result<ffi::AnyBuffer> scratch, FusedConfig config) {
-  const auto c = local_call("ag_matmul", x, w, bias, *y, *scratch, config, ordinal);
+  const auto c = local_call("ag_matmul", OpKind::kAgMatmul, x, w, bias, *y, *scratch, config, ordinal);
   if (c.has_error()) return c.error();
   const LocalCall& lc = c.value();
   const AgMatmulLaunch l{lc.call.op, y->untyped_data(), nullptr, lc.call.m, static_cast<int>(config.chunk_k), lc.ctx,
                          lc.tail};
-  return launch_status(launch_ag_matmul(l, stream), "ag_matmul");
+  return finish_local_launch(launch_ag_matmul(l, stream), lc, *y, stream, "ag_matmul");
 }
 
 }  // namespace

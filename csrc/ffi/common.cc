@@ -3,6 +3,7 @@
 #include <string>
 
 #include "kernels/ag_matmul.h"
+#include "kernels/pipeline_kernels.h"
 
 namespace jo {
 
@@ -127,7 +128,14 @@ ffi::Error launch_status(hipError_t launched, const char* op) {
   return ffi::Error::Success();
 }
 
-ffi::ErrorOr<LocalCall> local_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+ffi::Error finish_local_launch(hipError_t launched, const LocalCall& lc, ffi::AnyBuffer out, hipStream_t stream,
+                               const char* op) {
+  if (launched == hipSuccess)
+    launched = launch_poison_if_aborted(lc.ws->abort_flag(), out.untyped_data(), out.size_bytes(), nullptr, 0, stream);
+  return launch_status(launched, op);
+}
+
+ffi::ErrorOr<LocalCall> local_call(const char* op, OpKind kind, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
                                    const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out, ffi::AnyBuffer scratch,
                                    const FusedConfig& config, int32_t ordinal) {
   auto call = gemm_call(op, x, w, bias, {&out}, config.w_kmajor != 0);
@@ -145,9 +153,12 @@ ffi::ErrorOr<LocalCall> local_call(const char* op, const ffi::AnyBuffer& x, cons
                                             std::to_string(tail_scratch_bytes(static_cast<int>(config.tile), slots)) +
                                                 " bytes for config.tail_slots = " + std::to_string(slots),
                                             std::to_string(scratch.size_bytes()) + " bytes"));
+  if (error_recorded(*ws->error_host))
+    return ffi::Unexpected(ffi::Error::Internal(describe_error(*ws->error_host, ws->info.ticks_per_second)));
   LocalCall c{call.value(), CallContext{},
-              TailScratch{slots > 0 ? scratch.untyped_data() : nullptr, slots, ws->timeout_ticks}};
+              TailScratch{slots > 0 ? scratch.untyped_data() : nullptr, slots, ws->timeout_ticks}, ws};
   c.ctx.peers.world = 1;
+  c.ctx.wd = ws->watchdog(kind);
   c.ctx.trace = ws->trace_sink();
   c.ctx.limits = ws->limits();
   return c;

@@ -134,19 +134,25 @@ ffi::Error finish_launch(const Status& enqueued, const Workspace& ws, hipStream_
 // clears every flag it sets, gemm/tile_scheduler.h). Such a call has no peer or
 // epoch, and its handler does no host work a replay would miss, so it is
 // declared command-buffer compatible: XLA may record it into the CUDA/HIP
-// graph around it instead of dispatching it from the host.
+// graph around it instead of dispatching it from the host. Its context
+// carries this GPU's watchdog: a stream-K head that waits past it for its tail
+// (a bug of the launch, never a peer) is recorded as a peer's timeout is.
 struct LocalCall {
   GemmCall call;
   CallContext ctx;
   TailScratch tail;
+  const Workspace* ws;
 };
-ffi::ErrorOr<LocalCall> local_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+ffi::ErrorOr<LocalCall> local_call(const char* op, OpKind kind, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
                                    const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out, ffi::AnyBuffer scratch,
                                    const FusedConfig& config, int32_t ordinal);
 
-// After a group-of-one launch: its status only (no sync option: the call may
-// be being recorded into a graph, and it has no peer to time out on).
-ffi::Error launch_status(hipError_t launched, const char* op);
+// After a group-of-one launch: its status, and its output poisoned (NaN) on
+// the GPU when this GPU's watchdog has fired (a stalled stream-K head, or an
+// earlier timeout), in a graph replay too. No sync option: the call may be
+// being recorded into a graph.
+ffi::Error finish_local_launch(hipError_t launched, const LocalCall& lc, ffi::AnyBuffer out, hipStream_t stream,
+                               const char* op);
 
 }  // namespace jo
 

@@ -44,11 +44,11 @@ ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state
 ffi::Error MatmulRsLocalExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                                 ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out,
                                 ffi::Result<ffi::AnyBuffer> scratch, FusedConfig config) {
-  const auto c = local_call("matmul_rs", x, w, bias, *out, *scratch, config, ordinal);
+  const auto c = local_call("matmul_rs", OpKind::kMatmulRs, x, w, bias, *out, *scratch, config, ordinal);
   if (c.has_error()) return c.error();
   const LocalCall& lc = c.value();
   const MatmulRsLaunch l{lc.call.op, out->untyped_data(), lc.call.m, lc.ctx, lc.tail};
-  return launch_status(launch_matmul_rs(l, stream), "matmul_rs");
+  return finish_local_launch(launch_matmul_rs(l, stream), lc, *out, stream, "matmul_rs");
 }
 
 }  // namespace

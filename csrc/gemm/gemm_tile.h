@@ -38,14 +38,15 @@ struct PlainGemm {
 // plain_gemm over interior tiles with the pipeline across units: each unit's
 // first k-tiles are copied (fill) before the previous unit's epilogue, whose
 // stores then overlap the copies' latency instead of preceding it.
-template <class ML, class Scheduler, class Coord, class ARowsAt, class BSourceAt, class Store, class OnTile>
+template <class ML, class Scheduler, class Coord, class ARowsAt, class BSourceAt, class Store, class OnTile,
+          class OnStall>
 __device__ __forceinline__ void pipelined_units(Scheduler& sched, typename ML::Elem* smem, Coord&& coord,
                                                 ARowsAt&& a_rows, BSourceAt&& b_source, Store&& store,
-                                                OnTile&& on_tile) {
+                                                OnTile&& on_tile, OnStall&& on_stall) {
   // The epilogue of unit u: the scheduler's fixup, then the store if the
   // unit finished its tile.
   auto finish = [&](typename ML::Acc& acc, const TileRange& u, uint64_t t0) {
-    if (!sched.fixup(acc, u)) {  // a published tail piece
+    if (!sched.fixup(acc, u, on_stall)) {  // a published tail piece
       on_tile(u.tile, t0);
       return;
     }
@@ -82,7 +83,8 @@ __device__ __forceinline__ void pipelined_units(Scheduler& sched, typename ML::E
 
 // A persistent workgroup's share of a PlainGemm: tiles in band order.
 // `first` is the workgroup's index and `stride` the grid; on_tile(t,
-// start_ticks) runs after each tile or piece (tracing).
+// start_ticks) runs after each tile or piece (tracing); on_stall(waited_ticks)
+// when a stream-K head waited past the split's timeout (StreamKScheduler).
 //
 // When every tile is interior (rows, n and k whole tiles) and the tile
 // pipelines its fragments (ML::kCrossTilePipeline), the tiles take the fast
@@ -91,9 +93,9 @@ __device__ __forceinline__ void pipelined_units(Scheduler& sched, typename ML::E
 // from one tile into the next, copies issued in the previous tile's last
 // k-iterations, measured 5% slower on the H200: benchmarks/results/NOTES.md.)
 // Other GEMMs run whole tiles, one after the other (BandScheduler).
-template <class ML, typename T, class OnTile>
+template <class ML, typename T, class OnTile, class OnStall>
 __device__ __forceinline__ void plain_gemm(const PlainGemm<T>& g, T* smem, int first, int stride,
-                                           const TailSplit& split, OnTile&& on_tile) {
+                                           const TailSplit& split, OnTile&& on_tile, OnStall&& on_stall) {
   const int row_tiles = static_cast<int>((g.rows + ML::BM - 1) / ML::BM);
   const int col_tiles = (g.n + ML::BN - 1) / ML::BN;
   const int k_tiles = (g.k + ML::BK - 1) / ML::BK;
@@ -117,7 +119,7 @@ __device__ __forceinline__ void plain_gemm(const PlainGemm<T>& g, T* smem, int f
   if constexpr (ML::kCrossTilePipeline) {
     if (ML::interior_gemm(g.rows, g.n, g.k, ldb)) {
       StreamKScheduler<ML> sched(split, first, stride, row_tiles * col_tiles, k_tiles);
-      pipelined_units<ML>(sched, smem, coord, a_rows, b_source, store, on_tile);
+      pipelined_units<ML>(sched, smem, coord, a_rows, b_source, store, on_tile, on_stall);
       return;
     }
   }

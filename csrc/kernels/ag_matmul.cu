@@ -106,7 +106,8 @@ __global__ __launch_bounds__(Config::Shape::kThreads) void ag_matmul_kernel(AgMa
   if constexpr (!kPeers) {
     const gemm::PlainGemm<T> g{a.x, a.w, a.bias, a.y, a.rows, a.n, a.k, a.group_cols};
     gemm::plain_gemm<ML>(g, smem, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), a.tail,
-                         [&](int t, uint64_t t0) { trace_event(a.trace, TraceKind::kGemmTile, t0, t, 0); });
+                         [&](int t, uint64_t t0) { trace_event(a.trace, TraceKind::kGemmTile, t0, t, 0); },
+                         [&](uint64_t waited) { record_tail_stall(a.wd, waited); });
   } else if (static_cast<int>(blockIdx.x) < a.fetchers) {
     const GatherArgs g{reinterpret_cast<const char*>(a.x), reinterpret_cast<char*>(a.gathered), a.m, a.layout,
                        a.peers, a.epoch, a.wd, a.trace};

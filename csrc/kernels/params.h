@@ -93,7 +93,7 @@ struct CallContext {
 struct TailScratch {
   void* data;
   int slots;
-  uint64_t timeout_ticks;  // a wait on a partial tile longer than this traps
+  uint64_t timeout_ticks;  // a wait on a partial tile longer than this is recorded (WaitOn::kTailPartial)
 };
 
 // The GEMM operands and schedule of a fused ag_matmul / matmul_rs launch.

@@ -37,6 +37,20 @@ __global__ void pipeline_poison_kernel(const uint32_t* abort, gpu::Vec16* a, uin
 }
 
 template <typename T>
+__global__ void fill_random_kernel(T* p, uint64_t elems, uint32_t seed) {
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < elems; i += step) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ static_cast<uint32_t>(i >> 32) ^ seed;  // murmur3 finalizer
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    p[i] = gpu::from_float<T>(static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+
+template <typename T>
 __global__ void pipeline_reduce_kernel(ReduceArgs a) {
   constexpr int kVec = 16 / sizeof(T);
   const bool aborted = a.abort != nullptr && *static_cast<const volatile uint32_t*>(a.abort) != 0;
@@ -86,6 +100,18 @@ hipError_t launch_poison_if_aborted(const uint32_t* abort, void* a, uint64_t a_b
   // One workgroup: it returns at once unless the call was aborted, when speed no longer matters.
   pipeline_poison_kernel<<<1, 1024, 0, stream>>>(abort, static_cast<gpu::Vec16*>(a), a_bytes / 16,
                                                  static_cast<gpu::Vec16*>(b), b_bytes / 16);
+  return hipGetLastError();
+}
+
+hipError_t launch_fill_random(void* p, uint64_t elems, DType dtype, uint32_t seed, hipStream_t stream) {
+  constexpr int kThreads = 256;
+  const uint64_t blocks = (elems + kThreads - 1) / kThreads;
+  const int grid = static_cast<int>(blocks < 1024 ? blocks : 1024);
+  if (grid < 1) return hipSuccess;
+  if (dtype == DType::kBF16)
+    fill_random_kernel<gpu::bf16><<<grid, kThreads, 0, stream>>>(static_cast<gpu::bf16*>(p), elems, seed);
+  else
+    fill_random_kernel<gpu::fp16><<<grid, kThreads, 0, stream>>>(static_cast<gpu::fp16*>(p), elems, seed);
   return hipGetLastError();
 }
 

@@ -44,6 +44,12 @@ hipError_t launch_flag_wait(const FlagWait& wait, hipStream_t stream);
 hipError_t launch_poison_if_aborted(const uint32_t* abort, void* a, uint64_t a_bytes, void* b, uint64_t b_bytes,
                                     hipStream_t stream);
 
+// Fills `elems` values of `dtype` with pseudo-random values in [-1, 1) (a hash
+// of the index and `seed`): the operands of the GEMMs the cost model times,
+// which run faster on constant data (less switching, higher clocks under the
+// power cap) than on real data.
+hipError_t launch_fill_random(void* p, uint64_t elems, DType dtype, uint32_t seed, hipStream_t stream);
+
 // matmul_rs's reduction of one rank's row block:
 //   out[b][i][j] = round(sum_{q = 0 .. count-1} partial_q[b][i][j] + bias[j])
 // summed in fp32 in rank order (bitwise reproducible; the fused kernel's

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <functional>
 
+#include "kernels/pipeline_kernels.h"
+
 namespace jo::pipelined {
 namespace {
 
@@ -71,11 +73,11 @@ Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, in
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&w.p, k * n * 2));
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&y.p, max_rows * n * 2));
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&workspace.p, blas::kWorkspaceBytes));
-  // 0x3C3C: about 0.011 in bf16 and 1.06 in fp16; zeros would run faster than real data.
-  JO_RETURN_IF_HIP_ERROR(hipMemset(x.p, 0x3C, max_rows * k * 2));
-  JO_RETURN_IF_HIP_ERROR(hipMemset(w.p, 0x3C, k * n * 2));
   hipStream_t stream = nullptr;
   JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&stream, hipStreamNonBlocking));
+  // Random operands: on constant data (as on zeros) the GEMM runs up to ~15% faster than on real data.
+  JO_RETURN_IF_HIP_ERROR(launch_fill_random(x.p, static_cast<uint64_t>(max_rows * k), dtype, 1, stream));
+  JO_RETURN_IF_HIP_ERROR(launch_fill_random(w.p, static_cast<uint64_t>(k * n), dtype, 2, stream));
   Status status;
   us->clear();
   for (int64_t r : rows) {

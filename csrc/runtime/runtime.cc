@@ -270,6 +270,8 @@ Status Runtime::stop_after_error(int ordinal) {
 Status Runtime::restart_after_error(int ordinal) {
   Workspace* ws = workspace(ordinal);
   if (ws == nullptr) return {};
+  if (error_recorded(*ws->error_host) && static_cast<WaitOn>(ws->error_host->what) == WaitOn::kTailPartial)
+    return Status{describe_error(*ws->error_host, ws->info.ticks_per_second)};
   DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   if (ws->base != nullptr) JO_RETURN_IF_HIP_ERROR(hipMemset(ws->base, 0, ws->bytes));
@@ -351,6 +353,15 @@ std::string describe_error(const ErrorRecord& r, int64_t ticks_per_second) {
                   "sharing the region: the ranks ran their jax_overlap calls in different orders (no data was "
                   "used). Fused and pipelined calls on this GPU fail until jax_overlap.clear_errors().",
                   op_name(r.op), r.rank, r.world, r.peer, r.epoch);
+    return text;
+  }
+  if (static_cast<WaitOn>(r.what) == WaitOn::kTailPartial) {
+    std::snprintf(text, sizeof(text),
+                  "jax_overlap: %s (a group of one) waited %.3g s for a stream-K tail piece of its own launch: a "
+                  "bug in jax_overlap, or other work on the GPU kept the launch's workgroups from running together. "
+                  "The call's output is NaN and every jax_overlap call on this GPU fails; restart the process "
+                  "(the late piece may still land in XLA's scratch, so clear_errors() cannot restart this GPU).",
+                  op_name(r.op), static_cast<double>(r.waited_ticks) / static_cast<double>(ticks_per_second));
     return text;
   }
   std::snprintf(text, sizeof(text),

@@ -6,8 +6,10 @@
 // with ranks launched in separate calls, ranks run calls ahead of each other.
 // Grids are split so that all ranks' persistent kernels are co-resident
 // (ranks_per_gpu = world). All ranks share one CUDA context, where one rank's
-// spinning wait can stand in front of the release it waits for: run it with a
-// hardware queue per stream and eager module loading (tests/conftest.py).
+// spinning wait can stand in front of the release it waits for in a hardware
+// queue two streams share: the most queues and eager module loading make that
+// rare (tests/conftest.py), and the pipelined tests that still met it run in
+// processes of their own (tests/gpu/multiprocess.py).
 #pragma once
 
 #include <cstdint>

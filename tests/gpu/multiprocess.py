@@ -13,7 +13,8 @@ Scenario "main" (JAX_OVERLAP_ON_TIMEOUT=raise), each worker:
   1. all_gather custom call inside shard_map: 1000 calls in a row, every result checked;
   2. fused ag_matmul (with the gathered x) and matmul_rs vs a float64 NumPy reference;
   3. pipelined ag_matmul and matmul_rs, bf16 and fp16, odd rows, batch dims, bias, vs float64;
-     matmul_rs twice: identical bits; 1000 pipelined calls back to back on changing inputs, all checked;
+     matmul_rs twice: identical bits; every kind of stage plan pinned (JAX_OVERLAP_PIPELINE_STAGES), with
+     ag_matmul's dx (matmul_rs, w K-major); 1000 pipelined calls back to back on changing inputs, all checked;
   4. the VJP of a TP MLP (ag_matmul -> gelu -> matmul_rs) vs NumPy gradients, fused and pipelined;
   5. a straggler: rank 1 sleeps 3 s (far beyond any spin, well within the watchdog) before a call; right results;
   6. shutdown(): a call compiled before refuses to run; compiled again after initialize(), it is right;
@@ -50,7 +51,7 @@ MAIN_CHECKS = (
     "initialize", "all_gather_1000_calls", "ag_matmul", "ag_matmul_gathered", "matmul_rs", "matmul_rs_bitwise_repeat",
     "pipelined_ag_matmul_bfloat16", "pipelined_ag_matmul_float16", "pipelined_ag_matmul_gathered",
     "pipelined_matmul_rs_bfloat16", "pipelined_matmul_rs_float16", "pipelined_matmul_rs_bitwise_repeat",
-    "pipelined_1000_calls", "mlp_vjp_fused", "mlp_vjp_pipelined", "straggler", "old_call_refused_after_shutdown",
+    "pipelined_stage_plans", "pipelined_1000_calls", "mlp_vjp_fused", "mlp_vjp_pipelined", "straggler", "old_call_refused_after_shutdown",
     "recompiled_after_shutdown") + (
     DEATH_CHECKS := ("peer_death_raises", "peer_death_within_watchdog", "peer_death_outputs_nan",
                      "check_errors_raises"))
@@ -65,6 +66,15 @@ def _gelu_grad(x):
   c = _GELU_C
   t = np.tanh(c * (x + 0.044715 * x ** 3))
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)
+
+
+def stage_plans(world: int) -> list:
+  """Pipelined stage plans that exercise every path: one chunk per stage, all peers in one stage, a stage that
+  wraps past the last rank, and (matmul_rs only: ag_matmul's first stage is its own shard) one stage of all."""
+  plans = {(1,) * world, (1, world - 1), (world,)}
+  if world >= 4:
+    plans.add((1, 2, world - 3))
+  return sorted(plans)
 
 
 def worker(rank: int, world: int, port: int, out_path: str, per_gpu: bool, scenario: str) -> None:
@@ -201,6 +211,37 @@ def worker(rank: int, world: int, port: int, out_path: str, per_gpu: bool, scena
     check(f"pipelined_matmul_rs_{name}", rel(z1, ref) < 3e-2, f"rel err {rel(z1, ref):.2e}")
     if dtype == jnp.bfloat16:
       check("pipelined_matmul_rs_bitwise_repeat", np.array_equal(z1.view(np.uint16), z2.view(np.uint16)), "")
+
+  # 3b. every kind of stage plan, pinned: both ops, odd rows, a batch dim, bias; and ag_matmul's dx (a
+  # pipelined matmul_rs with w transposed, K-major) under the same plan.
+  m, k, n = 37, 520, 136
+  X = rng.standard_normal((2, world * m, k)).astype(jnp.bfloat16)
+  W = (rng.standard_normal((k, world * n)) / np.sqrt(k)).astype(jnp.bfloat16)
+  B = rng.standard_normal((world * n,)).astype(jnp.bfloat16)
+  DY = rng.standard_normal((2, world * m, world * n)).astype(jnp.bfloat16)
+  Xr = rng.standard_normal((2, world * m, world * 264)).astype(jnp.bfloat16)
+  Wr = (rng.standard_normal((world * 264, n)) / np.sqrt(world * 264)).astype(jnp.bfloat16)
+  x64, w64, b64, dy64 = (np.asarray(a, np.float64) for a in (X, W, B, DY))
+  cols, rows = slice(rank * n, (rank + 1) * n), slice(rank * m, (rank + 1) * m)
+  ag_dx = jax.jit(jax.shard_map(
+      lambda x, w, b, dy: jax.vjp(lambda x: jo.ag_matmul(x, w, b, axis_name="tp", algorithm="pipelined"), x)[1](dy)[0],
+      mesh=mesh, in_specs=(P(None, "tp"), P(None, "tp"), P("tp"), P(None, None, "tp")), out_specs=P(None, "tp")))
+  errors = {}
+  for stages in stage_plans(world):
+    os.environ["JAX_OVERLAP_PIPELINE_STAGES"] = ",".join(map(str, stages))
+    jax.clear_caches()
+    if stages[0] == 1:
+      y, _ = ag_fn("pipelined", bias=True, lead=1)(shard(X, P(None, "tp")), shard(W, P(None, "tp")),
+                                                   shard(B, P("tp")))
+      dx = ag_dx(shard(X, P(None, "tp")), shard(W, P(None, "tp")), shard(B, P("tp")), shard(DY, P(None, None, "tp")))
+      errors[f"ag {stages}"] = rel(local(y), x64 @ w64[:, cols] + b64[cols])
+      errors[f"ag dx {stages}"] = rel(local(dx), (dy64 @ w64.T)[:, rows])
+    z = rs_fn("pipelined", lead=1)(shard(Xr, P(None, None, "tp")), shard(Wr, P("tp", None)))
+    errors[f"rs {stages}"] = rel(local(z), (np.asarray(Xr, np.float64) @ np.asarray(Wr, np.float64))[:, rows])
+  del os.environ["JAX_OVERLAP_PIPELINE_STAGES"]
+  jax.clear_caches()
+  check("pipelined_stage_plans", max(errors.values()) < 3e-2,
+        ", ".join(f"{name}: {e:.1e}" for name, e in errors.items()))
 
   # 1000 pipelined calls back to back, each on new inputs, each checked.
   m, k, n = 32, 128, 64

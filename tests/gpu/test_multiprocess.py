@@ -16,8 +16,11 @@ pytestmark = [pytest.mark.gpu, requires_gpu]
 
 
 def _failed(results):
-  return {f"{name} (rank {r['rank']}): {c['detail']}" for r in results for name, c in r["checks"].items()
-          if not c["ok"]}
+  """Each failed check, and the end of a failed worker's stderr (its exception)."""
+  failed = {f"{name} (rank {r['rank']}): {c['detail']}" for r in results for name, c in r["checks"].items()
+            if not c["ok"]}
+  failed |= {f"stderr (rank {r['rank']}): {r['stderr'][-1500:]}" for r in results if not r["ok"] and r["stderr"]}
+  return failed
 
 
 def failed_under_mps(world: int, **env) -> set:

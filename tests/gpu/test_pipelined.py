@@ -1,6 +1,14 @@
 """The pipelined algorithm on one GPU: a group of one through JAX (the vendor GEMM), simulated ranks
 (jax_overlap._native.SimGroup: each rank its own workspace, stream and side streams, the production
-schedule), and the schedule's one-GPU loopback. Outputs are poisoned with NaN before every call."""
+schedule), and the schedule's one-GPU loopback. Outputs are poisoned with NaN before every call.
+
+Simulated ranks share one CUDA context, whose streams share a bounded set of hardware queues: a rank's
+spinning wait can sit in front of another rank's release in one queue until the watchdog fires (seen
+on the H200: 6 and 7 of 24 stage-plan cases timed out in two runs, different ones each time, while the
+same plans pass in processes of their own). So every stage plan is checked against float64 by
+processes of their own (tests/gpu/multiprocess.py, "pipelined_stage_plans"), and the tests here are
+those that passed in every run: slot reuse with ranks running ahead, bits, timeouts, call-site
+mismatches."""
 
 from __future__ import annotations
 
@@ -162,30 +170,6 @@ class Ranks:
       if self.op == "ag_matmul":
         np.testing.assert_array_equal(np.asarray(self.gathered[r]), np.concatenate(
             [np.asarray(x) for x in self.xs], axis=1), err_msg=f"{what} gathered of rank {r}")
-
-
-def _plans(world):
-  """Stage plans that exercise every path: one chunk per stage, all peers in one stage, a wrapping stage."""
-  plans = {(1,) * world, (1, world - 1)}
-  if world >= 4:
-    plans.add((1, 2, world - 3))
-  return sorted(plans)
-
-
-@pytest.mark.parametrize("world", [2, 4, 8])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
-def test_simulated_ranks_match_float64(world, dtype, op):
-  rng = np.random.default_rng(world)
-  g = _group(world)
-  # Odd rows (matmul_rs: a multiple of the world), batch 2, k and n not multiples of a tile.
-  m = 37 if op == "ag_matmul" else 8 * 37
-  for stages in _plans(world) + ([(world,)] if op == "matmul_rs" else []):
-    for w_kmajor in (False, True):
-      ranks = Ranks(op, world, dtype, 2, m, 520, 136, rng, w_kmajor=w_kmajor)
-      ranks.run(g, stages)
-      assert g.errors() == [], (stages, w_kmajor)
-      ranks.check(f"stages {stages}, w_kmajor {w_kmajor}")
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

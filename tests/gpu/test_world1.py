@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -127,6 +130,78 @@ def test_stream_k_tail_chained_calls_on_fresh_data():
         ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
         np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=1e-2, atol=1e-2,
                                    err_msg=f"{op.__name__} run {run} call {step}")
+
+
+# A group of one whose stream-K head cannot get its tail: rank 0 of a simulated pair whose rank 1
+# never comes holds about half the SMs in its persistent kernel (for its 5 s watchdog), so the
+# call's grid is not co-resident and a head waits for a workgroup that has not started, for about a
+# workgroup's whole share (~100 us here). With a 20 us watchdog (far above the few-us skew of an
+# unhindered launch) that wait is recorded: the output is NaN, the next call raises naming the
+# stream-K tail, the GPU context lives on, and clear_errors() says to restart. (It used to trap,
+# which ends the context.) Run in a process of its own, which is left with that error.
+_TAIL_STALL = """
+import json, os, re
+os.environ.update(JAX_OVERLAP_WATCHDOG_SECONDS="2e-5", JAX_OVERLAP_ON_TIMEOUT="raise", JAX_PLATFORMS="cuda")
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+import jax_overlap as jo
+from jax_overlap import native
+
+mesh = Mesh(np.array(jax.devices()[:1]), ("tp",))
+f = jax.jit(jax.shard_map(lambda x, w: jo.ag_matmul(x, w, axis_name="tp", algorithm="fused"), mesh=mesh,
+                          in_specs=(P("tp"), P()), out_specs=P("tp")))
+rng = np.random.default_rng(5)
+m, k, n = 2048, 3584, 3584
+x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+w = jnp.asarray(rng.standard_normal((k, n)) / 60, jnp.bfloat16)
+out = {"tail_slots": int(re.findall(r"tail_slots = (\\d+)", f.lower(x, w).as_text())[0]), "results": []}
+out["unhindered_nan"] = bool(np.isnan(np.asarray(f(x, w), np.float32)).any())
+
+g = native.module().SimGroup(0, 2, bytes_per_rank=256 << 20, watchdog_seconds=5.0)
+g.set_absent(1)
+held = [jnp.asarray(rng.standard_normal((1024, 4096)), jnp.bfloat16), jnp.zeros((4096, 512), jnp.bfloat16),
+        jnp.zeros((2048, 512), jnp.bfloat16), jnp.zeros((2048, 4096), jnp.bfloat16)]
+jax.block_until_ready(held)
+ptrs = [a.unsafe_buffer_pointer() for a in held]
+for attempt in range(5):
+  g.ag_matmul(dict(dtype="bfloat16", tile=0, comm_workgroups=2, chunk_k=128, w_kmajor=False, batch=1, m=1024,
+                   k=4096, n=512, x=[ptrs[0]] * 2, w=[ptrs[1]] * 2, bias=[0, 0], out=[ptrs[2]] * 2,
+                   gathered=[ptrs[3]] * 2, ranks=[0], sync=False))
+  try:
+    y = np.asarray(f(x, w), np.float32)
+    out["results"].append({"all_nan": bool(np.isnan(y).all()), "any_nan": bool(np.isnan(y).any())})
+  except Exception as e:
+    out["results"].append({"raised": str(e)})
+  g.synchronize()
+  g.clear_errors()
+  if out["results"][-1] != {"all_nan": False, "any_nan": False}:
+    break
+try:
+  f(x, w).block_until_ready()
+  out["next_call"] = "returned"
+except Exception as e:
+  out["next_call"] = str(e)
+out["context_alive"] = float(jnp.sum(x.astype(jnp.float32))) == float(np.asarray(x, np.float32).sum())
+try:
+  jo.clear_errors()
+  out["clear_errors"] = "returned"
+except Exception as e:
+  out["clear_errors"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_a_stalled_stream_k_head_is_an_error_not_a_trap():
+  run = subprocess.run([sys.executable, "-c", _TAIL_STALL], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ))
+  assert run.returncode == 0, run.stderr[-3000:]
+  out = json.loads(run.stdout.strip().splitlines()[-1])
+  assert out["tail_slots"] > 0, "this shape should take the stream-K tail on the GPU under test"
+  assert not out["unhindered_nan"], out
+  assert out["results"][-1].get("all_nan"), out  # the stalled call's output, NaN in full
+  assert "stream-K tail piece" in out["next_call"], out
+  assert out["context_alive"], out
+  assert "restart the process" in out["clear_errors"], out
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
