@@ -20,6 +20,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # launch of a lazily loaded kernel (which waits for the context's running kernels). The most queues
 # and every module loaded up front make that rarer, not impossible (tests/gpu/test_pipelined.py says
 # which tests it left to processes of their own).
+# The GPU tests start JAX processes of their own on the same GPU (tests/gpu/multiprocess.py under MPS):
+# this process must not hold the 75% of GPU memory JAX takes up front by default (seen on the H200:
+# the workers' pipelined calls then failed for memory).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
