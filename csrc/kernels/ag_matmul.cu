@@ -14,6 +14,7 @@
 #include "gemm/tile_shapes.h"
 #include "kernels/gemm_variant.h"
 #include "kernels/launch.h"
+#include "kernels/local_gemm.h"
 #include "kernels/protocol.h"
 
 namespace jo {
@@ -104,10 +105,7 @@ __global__ __launch_bounds__(Config::Shape::kThreads) void ag_matmul_kernel(AgMa
   extern __shared__ gpu::Vec16 smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
   if constexpr (!kPeers) {
-    const gemm::PlainGemm<T> g{a.x, a.w, a.bias, a.y, a.rows, a.n, a.k, a.group_cols};
-    gemm::plain_gemm<ML>(g, smem, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), a.tail,
-                         [&](int t, uint64_t t0) { trace_event(a.trace, TraceKind::kGemmTile, t0, t, 0); },
-                         [&](uint64_t waited) { record_tail_stall(a.wd, waited); });
+    local_gemm_role<ML>(a, a.y, a.rows, smem);
   } else if (static_cast<int>(blockIdx.x) < a.fetchers) {
     const GatherArgs g{reinterpret_cast<const char*>(a.x), reinterpret_cast<char*>(a.gathered), a.m, a.layout,
                        a.peers, a.epoch, a.wd, a.trace};
@@ -124,29 +122,29 @@ GatherLayout ag_layout(int world, int64_t rows, int64_t k, int chunk_k, int elem
 
 // The launch of l (its pointers unused) with per_sm workgroups per SM, or
 // the kernel's occupancy when per_sm == 0.
-template <typename T, class Config, gemm::BLayout L, bool kPeers>
+template <class V>
 hipError_t geometry_typed(const AgMatmulLaunch& l, int per_sm, GemmGeometry* geo) {
-  using ML = gemm::MainloopOf<T, Config, L>;
-  if (per_sm == 0) {
-    const hipError_t e =
-        workgroups_per_sm<ag_matmul_kernel<T, Config, L, kPeers>>(ML::kThreads, ML::kSmemBytes, &per_sm);
-    if (e != hipSuccess) return e;
-  }
+  using T = typename V::Elem;
   const int world = l.ctx.peers.world;
   const int64_t rows = l.op.batch * l.m;
-  const hipError_t e = gemm_geometry<ML>(per_sm, l.ctx.limits, kPeers ? l.op.comm_workgroups : 0, world, rows,
-                                         l.op.n, l.op.k, geo);
-  geo->region_bytes =
-      kPeers && l.chunk_k > 0 ? ag_layout<typename Config::Shape>(world, rows, l.op.k, l.chunk_k, sizeof(T)).total : 0;
+  const hipError_t e = gemm_geometry<ag_matmul_kernel<T, typename V::Config, V::kLayout, V::kPeers>,
+                                     typename V::Mainloop>(per_sm, l.ctx.limits, V::kPeers ? l.op.comm_workgroups : 0,
+                                                           world, rows, l.op.n, l.op.k, geo);
+  geo->region_bytes = V::kPeers && l.chunk_k > 0
+                          ? ag_layout<typename V::Config::Shape>(world, rows, l.op.k, l.chunk_k, sizeof(T)).total
+                          : 0;
   return e;
 }
 
-template <typename T, class Config, gemm::BLayout L, bool kPeers>
+template <class V>
 hipError_t launch_typed(const AgMatmulLaunch& l, hipStream_t stream) {
-  using ML = gemm::MainloopOf<T, Config, L>;
+  using T = typename V::Elem;
+  using Config = typename V::Config;
+  constexpr bool kPeers = V::kPeers;
+  using ML = typename V::Mainloop;
   if (l.chunk_k % ML::BK != 0) return hipErrorInvalidValue;
   GemmGeometry geo{};
-  const hipError_t e = geometry_typed<T, Config, L, kPeers>(l, 0, &geo);
+  const hipError_t e = geometry_typed<V>(l, 0, &geo);
   if (e != hipSuccess) return e;
   const GemmOperands& op = l.op;
   AgMatmulArgs<T> a{};
@@ -159,8 +157,8 @@ hipError_t launch_typed(const AgMatmulLaunch& l, hipStream_t stream) {
   a.fetchers = geo.comm_workgroups;
   if constexpr (kPeers) a.layout = ag_layout<typename Config::Shape>(l.ctx.peers.world, a.rows, op.k, l.chunk_k, sizeof(T));
   a.tail = tail_split<ML>(kPeers ? TailScratch{} : l.tail, geo.tiles, geo.grid);
-  return launch_persistent<ag_matmul_kernel<T, Config, L, kPeers>>(geo.grid, ML::kThreads, ML::kSmemBytes, a,
-                                                                   stream);
+  return launch_persistent<ag_matmul_kernel<T, Config, V::kLayout, kPeers>>(geo.grid, ML::kThreads, ML::kSmemBytes,
+                                                                          a, stream);
 }
 
 }  // namespace
@@ -191,17 +189,12 @@ uint64_t tail_scratch_bytes(int tile, int slots) {
 }
 
 hipError_t ag_matmul_geometry(const AgMatmulLaunch& l, int per_sm, GemmGeometry* geo) {
-  return with_gemm_variant(l.op, l.ctx.peers.world > 1, [&](auto type, auto config, auto layout, auto peers) {
-    return geometry_typed<typename decltype(type)::type, decltype(config), decltype(layout)::value,
-                          decltype(peers)::value>(l, per_sm, geo);
-  });
+  return with_gemm_variant(l.op, l.ctx.peers.world > 1,
+                           [&](auto v) { return geometry_typed<decltype(v)>(l, per_sm, geo); });
 }
 
 hipError_t launch_ag_matmul(const AgMatmulLaunch& l, hipStream_t stream) {
-  return with_gemm_variant(l.op, l.ctx.peers.world > 1, [&](auto type, auto config, auto layout, auto peers) {
-    return launch_typed<typename decltype(type)::type, decltype(config), decltype(layout)::value,
-                        decltype(peers)::value>(l, stream);
-  });
+  return with_gemm_variant(l.op, l.ctx.peers.world > 1, [&](auto v) { return launch_typed<decltype(v)>(l, stream); });
 }
 
 }  // namespace jo

@@ -16,16 +16,28 @@ struct TypeTag {
   using type = T;
 };
 
-// Calls fn(TypeTag<T>{}, TileConfig{}, std::integral_constant<gemm::BLayout, L>{},
-// std::bool_constant<kPeers>{}) for the variant of `op` and returns its
-// result; hipErrorInvalidValue when no variant matches.
+// One compiled variant, as a type: fn(GemmVariant<...>{}) in with_gemm_variant.
+template <typename T, class TileConfig, gemm::BLayout L, bool kHasPeers>
+struct GemmVariant {
+  using Elem = T;
+  using Config = TileConfig;
+  using Mainloop = gemm::MainloopOf<T, TileConfig, L>;
+  static constexpr gemm::BLayout kLayout = L;
+  static constexpr bool kPeers = kHasPeers;
+};
+
+// Calls fn(GemmVariant<T, TileConfig, L, kPeers>{}) for the variant of `op`
+// and returns its result; hipErrorInvalidValue when no variant matches.
 template <class Fn>
 hipError_t with_gemm_variant(const GemmOperands& op, bool peers, Fn&& fn) {
   hipError_t e = hipErrorInvalidValue;
   auto with_type = [&](auto type) {
+    using T = typename decltype(type)::type;
     gemm::with_tile_config(op.tile, [&](auto config) {
+      using Config = decltype(config);
       auto with_layout = [&](auto layout) {
-        e = peers ? fn(type, config, layout, std::true_type{}) : fn(type, config, layout, std::false_type{});
+        constexpr gemm::BLayout L = decltype(layout)::value;
+        e = peers ? fn(GemmVariant<T, Config, L, true>{}) : fn(GemmVariant<T, Config, L, false>{});
       };
       if (op.w_kmajor)
         with_layout(std::integral_constant<gemm::BLayout, gemm::BLayout::kKMajor>{});

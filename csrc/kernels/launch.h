@@ -54,11 +54,16 @@ inline int co_resident_workgroups(int per_sm, const LaunchLimits& limits) {
 // GEMM workgroup per output tile at most, tile bands (gemm/tile_order.h)
 // sized from this rank's share of the L2, and, for a group of one whose tiles
 // are all interior and leave a partial last wave, a stream-K tail with one
-// scratch slot per workgroup (gemm/tile_scheduler.h). hipErrorInvalidValue
-// when no GEMM workgroup is left.
-template <class ML>
+// scratch slot per workgroup (gemm/tile_scheduler.h). per_sm workgroups per
+// SM, or kKernel's occupancy when per_sm == 0. hipErrorInvalidValue when no
+// GEMM workgroup is left.
+template <auto kKernel, class ML>
 hipError_t gemm_geometry(int per_sm, const LaunchLimits& limits, int comm_workgroups, int groups, int64_t rows,
                          int64_t n, int64_t k, GemmGeometry* geo) {
+  if (per_sm == 0) {
+    const hipError_t e = workgroups_per_sm<kKernel>(ML::kThreads, ML::kSmemBytes, &per_sm);
+    if (e != hipSuccess) return e;
+  }
   const int64_t tiles = ceil_div(rows, ML::BM) * ceil_div(n, ML::BN) * groups;
   GemmGeometry g{};
   g.workgroups_per_sm = per_sm;

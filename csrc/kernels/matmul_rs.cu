@@ -16,6 +16,7 @@
 #include "gemm/tile_shapes.h"
 #include "kernels/gemm_variant.h"
 #include "kernels/launch.h"
+#include "kernels/local_gemm.h"
 #include "kernels/protocol.h"
 
 namespace jo {
@@ -190,10 +191,7 @@ __global__ __launch_bounds__(Config::Shape::kThreads) void matmul_rs_kernel(Matm
   extern __shared__ gpu::Vec16 smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
   if constexpr (!kPeers) {
-    const gemm::PlainGemm<T> g{a.x, a.w, a.bias, a.out, a.block_rows, a.n, a.k, a.group_cols};
-    gemm::plain_gemm<ML>(g, smem, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), a.tail,
-                         [&](int t, uint64_t t0) { trace_event(a.trace, TraceKind::kGemmTile, t0, t, 0); },
-                         [&](uint64_t waited) { record_tail_stall(a.wd, waited); });
+    local_gemm_role<ML>(a, a.out, a.block_rows, smem);
   } else if (static_cast<int>(blockIdx.x) < a.reducers) {
     rs_reduce_role<ML>(a, static_cast<int>(blockIdx.x), a.reducers);
   } else {
@@ -209,27 +207,26 @@ ReduceLayout rs_layout(int world, int64_t block_rows, int64_t n, int elem_bytes)
 
 // The launch of l (its pointers unused) with per_sm workgroups per SM, or
 // the kernel's occupancy when per_sm == 0.
-template <typename T, class Config, gemm::BLayout L, bool kPeers>
+template <class V>
 hipError_t geometry_typed(const MatmulRsLaunch& l, int per_sm, GemmGeometry* geo) {
-  using ML = gemm::MainloopOf<T, Config, L>;
-  if (per_sm == 0) {
-    const hipError_t e =
-        workgroups_per_sm<matmul_rs_kernel<T, Config, L, kPeers>>(ML::kThreads, ML::kSmemBytes, &per_sm);
-    if (e != hipSuccess) return e;
-  }
   const int world = l.ctx.peers.world;
   const int64_t block_rows = l.op.batch * (l.m_total / world);
-  const hipError_t e = gemm_geometry<ML>(per_sm, l.ctx.limits, kPeers ? l.op.comm_workgroups : 0, world,
-                                         block_rows, l.op.n, l.op.k, geo);
-  geo->region_bytes = kPeers ? rs_layout<typename Config::Shape>(world, block_rows, l.op.n, sizeof(T)).total : 0;
+  const hipError_t e = gemm_geometry<matmul_rs_kernel<typename V::Elem, typename V::Config, V::kLayout, V::kPeers>,
+                                     typename V::Mainloop>(per_sm, l.ctx.limits, V::kPeers ? l.op.comm_workgroups : 0,
+                                                           world, block_rows, l.op.n, l.op.k, geo);
+  geo->region_bytes =
+      V::kPeers ? rs_layout<typename V::Config::Shape>(world, block_rows, l.op.n, sizeof(typename V::Elem)).total : 0;
   return e;
 }
 
-template <typename T, class Config, gemm::BLayout L, bool kPeers>
+template <class V>
 hipError_t launch_typed(const MatmulRsLaunch& l, hipStream_t stream) {
-  using ML = gemm::MainloopOf<T, Config, L>;
+  using T = typename V::Elem;
+  using Config = typename V::Config;
+  constexpr bool kPeers = V::kPeers;
+  using ML = typename V::Mainloop;
   GemmGeometry geo{};
-  const hipError_t e = geometry_typed<T, Config, L, kPeers>(l, 0, &geo);
+  const hipError_t e = geometry_typed<V>(l, 0, &geo);
   if (e != hipSuccess) return e;
   const GemmOperands& op = l.op;
   const int world = l.ctx.peers.world;
@@ -242,8 +239,8 @@ hipError_t launch_typed(const MatmulRsLaunch& l, hipStream_t stream) {
   a.reducers = geo.comm_workgroups;
   a.layout = rs_layout<typename Config::Shape>(world, a.block_rows, op.n, sizeof(T));
   a.tail = tail_split<ML>(kPeers ? TailScratch{} : l.tail, geo.tiles, geo.grid);
-  return launch_persistent<matmul_rs_kernel<T, Config, L, kPeers>>(geo.grid, ML::kThreads, ML::kSmemBytes, a,
-                                                                   stream);
+  return launch_persistent<matmul_rs_kernel<T, Config, V::kLayout, kPeers>>(geo.grid, ML::kThreads, ML::kSmemBytes,
+                                                                          a, stream);
 }
 
 }  // namespace
@@ -258,17 +255,12 @@ uint64_t matmul_rs_region_bytes(int world, int64_t batch, int64_t m_total, int64
 }
 
 hipError_t matmul_rs_geometry(const MatmulRsLaunch& l, int per_sm, GemmGeometry* geo) {
-  return with_gemm_variant(l.op, l.ctx.peers.world > 1, [&](auto type, auto config, auto layout, auto peers) {
-    return geometry_typed<typename decltype(type)::type, decltype(config), decltype(layout)::value,
-                          decltype(peers)::value>(l, per_sm, geo);
-  });
+  return with_gemm_variant(l.op, l.ctx.peers.world > 1,
+                           [&](auto v) { return geometry_typed<decltype(v)>(l, per_sm, geo); });
 }
 
 hipError_t launch_matmul_rs(const MatmulRsLaunch& l, hipStream_t stream) {
-  return with_gemm_variant(l.op, l.ctx.peers.world > 1, [&](auto type, auto config, auto layout, auto peers) {
-    return launch_typed<typename decltype(type)::type, decltype(config), decltype(layout)::value,
-                        decltype(peers)::value>(l, stream);
-  });
+  return with_gemm_variant(l.op, l.ctx.peers.world > 1, [&](auto v) { return launch_typed<decltype(v)>(l, stream); });
 }
 
 }  // namespace jo

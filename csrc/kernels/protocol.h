@@ -47,13 +47,6 @@ __device__ __forceinline__ void record_timeout(const Watchdog& wd, uint32_t rank
   gpu::store_release_sys(&r->valid, 1u);
 }
 
-// A group of one's stream-K head that waited past the watchdog for its tail
-// (gemm/tile_scheduler.h): a bug of this launch, not a peer's; recorded so the
-// call fails like a peer's timeout instead of a trap ending the GPU context.
-__device__ __forceinline__ void record_tail_stall(const Watchdog& wd, uint64_t waited) {
-  record_timeout(wd, 0, 0, 1, 0, WaitOn::kTailPartial, waited);
-}
-
 // Single-thread spin until *flag holds target. False when this wait timed
 // out or another workgroup's did (the kernel is abandoning the call).
 template <Scope S>
