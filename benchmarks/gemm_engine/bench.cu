@@ -48,7 +48,7 @@ __global__ __launch_bounds__(Eng::kThreads) void gemm_kernel(const T* x, const T
   if constexpr (kMode == Mode::kPlain) {
     const jo::gemm::PlainGemm<T> g{x, w, nullptr, y, M, N, K, group_cols};
     jo::gemm::plain_gemm<Eng>(g, smem, blockIdx.x, gridDim.x, tail, [](int, uint64_t) {},
-                              [](uint64_t) {});  // a stalled head stores NaN: the relerr column shows it
+                              [](uint64_t) {});  // a stalled head adds what its slot holds: relerr shows it
     return;
   }
   constexpr bool kDropA = kMode == Mode::kDropA || kMode == Mode::kDropAB;
