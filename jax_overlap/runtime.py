@@ -449,9 +449,17 @@ def clear_errors() -> None:
     for d in _state.devices.values():
       nat.stop_after_error(d.ordinal)
     _barrier(f"clear/{_state.clears}/stopped")
+    # A GPU that cannot be restarted (a stalled stream-K tail: restart the process) raises only after the
+    # second barrier, so that its peers are not left waiting in it.
+    refused = []
     for d in _state.devices.values():
-      nat.restart_after_error(d.ordinal)
+      try:
+        nat.restart_after_error(d.ordinal)
+      except RuntimeError as e:
+        refused.append(e)
     _barrier(f"clear/{_state.clears}/restarted")
+    if refused:
+      raise refused[0]
 
 
 def shutdown() -> None:

@@ -116,10 +116,10 @@ ffi::ErrorOr<GemmCall> gemm_call(const char* op, const ffi::AnyBuffer& x, const 
 
 CallContext call_context(const GroupBinding& g, OpKind op) {
   const Workspace& ws = *g.ws;
-  return CallContext{g.peers, g.epoch ? ++*g.epoch : 0u,
-                     Watchdog{ws.error_device, ws.abort_flag(), ws.timeout_ticks, static_cast<uint32_t>(op)},
-                     ws.trace_sink(), ws.limits()};
+  return CallContext{g.peers, g.epoch ? ++*g.epoch : 0u, ws.watchdog(op), ws.trace_sink(), ws.limits()};
 }
+
+namespace {
 
 ffi::Error launch_status(hipError_t launched, const char* op) {
   if (launched != hipSuccess)
@@ -127,6 +127,8 @@ ffi::Error launch_status(hipError_t launched, const char* op) {
                                 hipGetErrorString(launched));
   return ffi::Error::Success();
 }
+
+}  // namespace
 
 ffi::Error finish_local_launch(hipError_t launched, const LocalCall& lc, ffi::AnyBuffer out, hipStream_t stream,
                                const char* op) {
