@@ -111,12 +111,12 @@ class FusedPlan:
   est_fused_us: float
   est_xla_us: float
 
-  def attribute(self, *, w_kmajor: bool, region_offset: int, generation: int) -> dict:
+  def attribute(self, *, w_kmajor: bool, region_offset: int, site: int, generation: int) -> dict:
     """Every member of csrc/ffi/common.h FusedConfig, by its name (a CPU test compares the two)."""
     return {"tile": np.int64(self.tile), "comm_workgroups": np.int64(self.comm_workgroups),
             "chunk_k": np.int64(self.chunk_k), "w_kmajor": np.int64(w_kmajor),
             "region_offset": np.int64(region_offset), "region_bytes": np.int64(self.region_bytes),
-            "tail_slots": np.int64(self.tail_slots), "generation": np.int64(generation)}
+            "site": np.int64(site), "tail_slots": np.int64(self.tail_slots), "generation": np.int64(generation)}
 
 
 # geometry(tile, comm_workgroups, chunk_k) -> GemmGeometry: the launch C++ makes of the call being

@@ -243,10 +243,9 @@ def _emit_fused(ctx, call: Call, plan, x, w, bias):
   x_aval, w_aval = ctx.avals_in[:2]
   bias_value, empty = _bias_operand(x_aval, bias)
   avals_in = [x_aval, w_aval, ctx.avals_in[2] if bias else empty]
-  # The fused kernels' flags carry no call-site number (docs/protocol.md): the site is not used.
-  offset, _ = (_region(call, "fused", plan.region_bytes,
-                       (call.batch, call.m, call.k, call.n, plan.tile, plan.chunk_k)) if call.world > 1 else (0, 0))
-  attrs = plan.attribute(w_kmajor=call.w_kmajor, region_offset=offset, generation=runtime.generation())
+  offset, site = (_region(call, "fused", plan.region_bytes,
+                          (call.batch, call.m, call.k, call.n, plan.tile, plan.chunk_k)) if call.world > 1 else (0, 0))
+  attrs = plan.attribute(w_kmajor=call.w_kmajor, region_offset=offset, site=site, generation=runtime.generation())
   log.debug("jax_overlap.%s: fused (world %d, tile %d, comm workgroups %d, chunk_k %d; model %.0f us vs xla %.0f us)",
             call.op, call.world, plan.tile, plan.comm_workgroups, plan.chunk_k, plan.est_fused_us, plan.est_xla_us)
   if call.world == 1:
@@ -328,9 +327,10 @@ def gather_gpu_rule(ctx, x, *, axis_name, axis_size, lower_default):
     return lower_default(ctx, x, axis_name=axis_name, axis_size=axis_size)
   rows = math.prod(x_aval.shape[:-1])
   region_bytes = native.module().all_gather_region_bytes(axis_size, rows, row_bytes)
-  offset, _ = runtime.region(("all_gather", groups, tuple(x_aval.shape) + (np.dtype(x_aval.dtype).name,)),
-                             region_bytes)
+  offset, site = runtime.region(("all_gather", groups, tuple(x_aval.shape) + (np.dtype(x_aval.dtype).name,)),
+                                region_bytes)
   ids = np.array([i for g in groups for i in g], np.int64)
   return jax.ffi.ffi_lowering(native.target("all_gather"))(
       ctx, x, config={"region_offset": np.int64(offset), "region_bytes": np.int64(region_bytes),
-                      "generation": np.int64(runtime.generation())}, groups=ids, world=np.int64(axis_size))
+                      "site": np.int64(site), "generation": np.int64(runtime.generation())},
+      groups=ids, world=np.int64(axis_size))

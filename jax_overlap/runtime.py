@@ -56,6 +56,7 @@ log = logging.getLogger("jax_overlap")
 DEFAULT_WORKSPACE_BYTES = 1 << 30
 ON_TIMEOUT = ("abort", "raise")
 _KV_TIMEOUT_MS = 120_000
+_SITES = 0xFFFF
 _REGION_ALIGN = 4096
 
 
@@ -381,7 +382,9 @@ def region(key: tuple, nbytes: int) -> tuple[int, int]:
     if key in _state.regions:
       entry = _state.regions[key]
       entry[2] += 1
-      return entry[0], entry[2]
+      # A flag holds 16 bits of site (csrc/kernels/protocol.h flag_value): numbers repeat every 65535
+      # lowerings of one key, and only two sites that far apart would go unchecked against each other.
+      return entry[0], (entry[2] - 1) % _SITES + 1
     offset = -(-_state.next_offset // _REGION_ALIGN) * _REGION_ALIGN
     if offset + nbytes > _state.workspace_bytes:
       need = offset + nbytes

@@ -186,11 +186,11 @@ def test_plan_attribute_names_every_ffi_config_member():
   """FusedPlan.attribute() and csrc/ffi/common.h's struct-attribute decoding of FusedConfig name the same members."""
   p = config.FusedPlan(tile=1, comm_workgroups=6, chunk_k=512, tail_slots=0, tail_scratch_bytes=0,
                        region_bytes=4096, est_fused_us=1.0, est_xla_us=2.0)
-  attr = p.attribute(w_kmajor=True, region_offset=256, generation=2)
+  attr = p.attribute(w_kmajor=True, region_offset=256, site=3, generation=2)
   common_h = (Path(__file__).parents[1] / "csrc" / "ffi" / "common.h").read_text()
   decoding = re.search(r"XLA_FFI_REGISTER_STRUCT_ATTR_DECODING\(::jo::FusedConfig,(.*?)\);", common_h, re.S).group(1)
   assert list(attr) == re.findall(r'StructMember<int64_t>\("(\w+)"\)', decoding)
-  assert attr["comm_workgroups"] == 6 and attr["w_kmajor"] == 1 and attr["region_offset"] == 256
+  assert attr["comm_workgroups"] == 6 and attr["w_kmajor"] == 1 and attr["region_offset"] == 256 and attr["site"] == 3
   assert all(isinstance(v, np.int64) for v in attr.values())
 
 

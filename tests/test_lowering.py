@@ -252,12 +252,13 @@ def test_kill_switch_forces_the_xla_path(fake_gpu_runtime, monkeypatch, make_mes
   assert _custom_calls(text) == [] and "all_gather" in text
 
 
-def test_call_sites_sharing_a_region_get_their_own_numbers(fake_gpu_runtime, make_mesh):
+@pytest.mark.parametrize("algorithm", ["pipelined", "fused"])
+def test_call_sites_sharing_a_region_get_their_own_numbers(fake_gpu_runtime, make_mesh, algorithm):
   mesh = make_mesh((4,), ("tp",))
 
   def two_layers(x, w1, w2, b):  # the same shapes; one with a bias (JAX lowers identical calls once)
-    y = jax_overlap.ag_matmul(x, w1, axis_name="tp", algorithm="pipelined")
-    return jax_overlap.ag_matmul(x, w2, b, axis_name="tp", algorithm="pipelined") + y
+    y = jax_overlap.ag_matmul(x, w1, axis_name="tp", algorithm=algorithm)
+    return jax_overlap.ag_matmul(x, w2, b, axis_name="tp", algorithm=algorithm) + y
 
   f = jax.jit(jax.shard_map(two_layers, mesh=mesh, in_specs=(P("tp"), P(None, "tp"), P(None, "tp"), P("tp")),
                             out_specs=P(None, "tp")))
@@ -266,6 +267,13 @@ def test_call_sites_sharing_a_region_get_their_own_numbers(fake_gpu_runtime, mak
   assert len(calls) == 2 and len(runtime._state.regions) == 1  # one region, shared
   assert [int(re.search(r"site = (\d+)", c).group(1)) for c in calls] == [1, 2]
   assert len({re.search(r"region_offset = (\d+)", c).group(1) for c in calls}) == 1
+
+
+def test_site_numbers_repeat_after_16_bits(fake_gpu_runtime):
+  """A flag holds 16 bits of site: the 65536th call site of one region is number 1 again, never 0 (no check)."""
+  key = ("ag_matmul/fused", ((0, 1),), (1, 64, 64, 64))
+  sites = [runtime.region(key, 4096)[1] for _ in range(65537)]
+  assert sites[:2] == [1, 2] and sites[65534] == 65535 and sites[65535:] == [1, 2]
 
 
 def test_only_this_process_groups_must_be_reachable(fake_gpu_runtime, monkeypatch, make_mesh):

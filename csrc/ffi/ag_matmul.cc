@@ -12,7 +12,7 @@ namespace {
 
 ffi::ErrorOr<std::unique_ptr<CallState>> AgMatmulInstantiate(FusedConfig config, ffi::Span<const int64_t> groups,
                                                              int64_t world) {
-  return make_call_state(groups, world, {config.region_offset, config.region_bytes, config.generation});
+  return make_call_state(groups, world, {config.region_offset, config.region_bytes, config.site, config.generation});
 }
 
 ffi::Error AgMatmulExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
@@ -34,7 +34,7 @@ ffi::Error AgMatmulExecute(hipStream_t stream, int32_t ordinal, CallState* state
   if (bound.has_error()) return bound.error();
   const GroupBinding& g = *bound.value();
   const AgMatmulLaunch l{op, y->untyped_data(), world > 1 ? gathered->untyped_data() : nullptr, m,
-                         static_cast<int>(config.chunk_k), call_context(g, OpKind::kAgMatmul)};
+                         static_cast<int>(config.chunk_k), call_context(*state, g, OpKind::kAgMatmul)};
   hipError_t launched = launch_ag_matmul(l, stream);
   // A timed-out call's tiles hold whatever arrived: none of it may look like a result.
   if (launched == hipSuccess)

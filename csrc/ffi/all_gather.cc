@@ -11,7 +11,7 @@ namespace {
 
 ffi::ErrorOr<std::unique_ptr<CallState>> AllGatherInstantiate(RegionConfig config, ffi::Span<const int64_t> groups,
                                                               int64_t world) {
-  return make_call_state(groups, world, {config.region_offset, config.region_bytes, config.generation});
+  return make_call_state(groups, world, {config.region_offset, config.region_bytes, config.site, config.generation});
 }
 
 ffi::Error AllGatherExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
@@ -39,7 +39,7 @@ ffi::Error AllGatherExecute(hipStream_t stream, int32_t ordinal, CallState* stat
   l.batch = leading_batch(xd);
   l.m = m;
   l.row_bytes = row_bytes;
-  l.ctx = call_context(g, OpKind::kAllGather);
+  l.ctx = call_context(*state, g, OpKind::kAllGather);
   hipError_t launched = launch_all_gather(l, stream);
   if (launched == hipSuccess)
     launched = launch_poison_if_aborted(g.ws->abort_flag(), gathered->untyped_data(), gathered->size_bytes(), nullptr,

@@ -20,6 +20,7 @@ ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t
   state->world = static_cast<int>(world);
   state->region_offset = static_cast<uint64_t>(region.offset);
   state->region_bytes = static_cast<uint64_t>(region.bytes);
+  state->site = static_cast<uint32_t>(region.site);
   state->generation = static_cast<uint64_t>(region.generation);
   return state;
 }
@@ -114,9 +115,9 @@ ffi::ErrorOr<GemmCall> gemm_call(const char* op, const ffi::AnyBuffer& x, const 
   return c;
 }
 
-CallContext call_context(const GroupBinding& g, OpKind op) {
+CallContext call_context(const CallState& state, const GroupBinding& g, OpKind op) {
   const Workspace& ws = *g.ws;
-  return CallContext{g.peers, g.epoch ? ++*g.epoch : 0u, ws.watchdog(op), ws.trace_sink(), ws.limits()};
+  return CallContext{g.peers, g.epoch ? ++*g.epoch : 0u, state.site, ws.watchdog(op), ws.trace_sink(), ws.limits()};
 }
 
 namespace {

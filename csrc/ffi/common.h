@@ -26,6 +26,7 @@ struct FusedConfig {
   int64_t w_kmajor;
   int64_t region_offset;
   int64_t region_bytes;
+  int64_t site;        // this call site's number among those sharing the region (0 for world 1)
   int64_t tail_slots;  // group of one: workgroup slots of its stream-K tail scratch (0: none)
   int64_t generation;  // the runtime generation the call was lowered under (Runtime::generation)
 };
@@ -34,6 +35,7 @@ struct FusedConfig {
 struct RegionConfig {
   int64_t region_offset;
   int64_t region_bytes;
+  int64_t site;
   int64_t generation;
 };
 
@@ -80,6 +82,7 @@ inline ffi::Error internal_error(const Status& s) { return ffi::Error::Internal(
 struct RegionPlacement {
   int64_t offset;
   int64_t bytes;
+  int64_t site;  // this call site's number among those sharing the region (kernels/protocol.h flag_value)
   int64_t generation;
 };
 
@@ -120,8 +123,8 @@ ffi::Error invalid_argument(const char* op, const char* name, const std::string&
 // Checks that `buffer` holds `elements` elements.
 ffi::Error check_elements(const char* op, const char* name, const ffi::AnyBuffer& buffer, int64_t elements);
 
-// The launch context of one call on its binding; takes the call's epoch.
-CallContext call_context(const GroupBinding& g, OpKind op);
+// The launch context of one call of `state` on its binding; takes the call's epoch.
+CallContext call_context(const CallState& state, const GroupBinding& g, OpKind op);
 
 // After a launch: the launch status, and in sync mode (debugging) the
 // watchdog verdict of this very call.
@@ -162,10 +165,12 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::FusedConfig, ::xla::ffi::StructMembe
                                       ::xla::ffi::StructMember<int64_t>("w_kmajor"),
                                       ::xla::ffi::StructMember<int64_t>("region_offset"),
                                       ::xla::ffi::StructMember<int64_t>("region_bytes"),
+                                      ::xla::ffi::StructMember<int64_t>("site"),
                                       ::xla::ffi::StructMember<int64_t>("tail_slots"),
                                       ::xla::ffi::StructMember<int64_t>("generation"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::RegionConfig, ::xla::ffi::StructMember<int64_t>("region_offset"),
                                       ::xla::ffi::StructMember<int64_t>("region_bytes"),
+                                      ::xla::ffi::StructMember<int64_t>("site"),
                                       ::xla::ffi::StructMember<int64_t>("generation"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::PipelinedConfig, ::xla::ffi::StructMember<int64_t>("w_kmajor"),
                                       ::xla::ffi::StructMember<int64_t>("region_offset"),

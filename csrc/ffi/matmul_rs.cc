@@ -12,7 +12,7 @@ namespace {
 
 ffi::ErrorOr<std::unique_ptr<CallState>> MatmulRsInstantiate(FusedConfig config, ffi::Span<const int64_t> groups,
                                                              int64_t world) {
-  return make_call_state(groups, world, {config.region_offset, config.region_bytes, config.generation});
+  return make_call_state(groups, world, {config.region_offset, config.region_bytes, config.site, config.generation});
 }
 
 ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
@@ -32,7 +32,7 @@ ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state
   const auto bound = prepare_call(state, ordinal);
   if (bound.has_error()) return bound.error();
   const GroupBinding& g = *bound.value();
-  const MatmulRsLaunch l{op, out->untyped_data(), m_total, call_context(g, OpKind::kMatmulRs)};
+  const MatmulRsLaunch l{op, out->untyped_data(), m_total, call_context(*state, g, OpKind::kMatmulRs)};
   hipError_t launched = launch_matmul_rs(l, stream);
   // Workgroups of a timed-out call leave the previous output in place: replace it.
   if (launched == hipSuccess)

@@ -14,11 +14,10 @@ namespace {
 
 ffi::ErrorOr<std::unique_ptr<CallState>> PipelinedInstantiate(PipelinedConfig config, ffi::Span<const int64_t> groups,
                                                               int64_t world, ffi::Span<const int64_t> stages) {
-  auto state = make_call_state(groups, world, {config.region_offset, config.region_bytes, config.generation});
+  auto state = make_call_state(groups, world,
+                               {config.region_offset, config.region_bytes, config.site, config.generation});
   if (state.has_error()) return state;
-  CallState& s = *state.value();
-  s.site = static_cast<uint32_t>(config.site);
-  s.stages.assign(stages.begin(), stages.end());
+  state.value()->stages.assign(stages.begin(), stages.end());
   return state;
 }
 

@@ -40,6 +40,7 @@ struct AgMatmulArgs {
   GatherLayout layout;
   Peers peers;
   uint32_t epoch;
+  uint32_t site;  // this call site's number among those sharing the region (protocol.h flag_value)
   Watchdog wd;
   TraceSink trace;
   gemm::TailSplit tail;  // world 1
@@ -84,7 +85,7 @@ __device__ void ag_gemm_role(const AgMatmulArgs<T>& a, T* smem, int gemm_index, 
         const uint64_t w0 = gpu::timer_ticks();
         bool ok = true;
         if (threadIdx.x == 0)
-          ok = spin_until<Scope::kDevice>(flags + kt / k_tiles_per_chunk, a.epoch, a.wd, rank, shard, world,
+          ok = spin_until<Scope::kDevice>(flags + kt / k_tiles_per_chunk, flag_value(a.epoch, 0), a.wd, rank, shard, world,
                                           a.epoch, WaitOn::kStaged);
         if (!block_agree(ok)) aborted = true;
         if (gpu::timer_ticks() - w0 > kTraceWaitTicks)
@@ -108,7 +109,7 @@ __global__ __launch_bounds__(Config::Shape::kThreads) void ag_matmul_kernel(AgMa
     local_gemm_role<ML>(a, a.y, a.rows, smem);
   } else if (static_cast<int>(blockIdx.x) < a.fetchers) {
     const GatherArgs g{reinterpret_cast<const char*>(a.x), reinterpret_cast<char*>(a.gathered), a.m, a.layout,
-                       a.peers, a.epoch, a.wd, a.trace};
+                       a.peers, a.epoch, a.site, a.wd, a.trace};
     gather_role(g, static_cast<int>(blockIdx.x), a.fetchers);
   } else {
     ag_gemm_role<ML>(a, smem, static_cast<int>(blockIdx.x) - a.fetchers, static_cast<int>(gridDim.x) - a.fetchers);

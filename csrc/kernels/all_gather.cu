@@ -42,6 +42,7 @@ hipError_t launch_all_gather(const AllGatherLaunch& l, hipStream_t stream) {
   g.layout = lay;
   g.peers = l.ctx.peers;
   g.epoch = l.ctx.epoch;
+  g.site = l.ctx.site;
   g.wd = l.ctx.wd;
   g.trace = l.ctx.trace;
   return launch_persistent<all_gather_kernel>(grid, kThreads, 0, g, stream);

@@ -101,6 +101,7 @@ void set_gemm_args(Args& a, const GemmOperands& op, const CallContext& ctx, cons
   a.group_cols = geo.group_cols;
   a.peers = ctx.peers;
   a.epoch = ctx.epoch;
+  a.site = ctx.site;
   a.wd = ctx.wd;
   a.trace = ctx.trace;
 }

@@ -38,6 +38,7 @@ struct MatmulRsArgs {
   ReduceLayout layout;
   Peers peers;
   uint32_t epoch;
+  uint32_t site;  // this call site's number among those sharing the region (protocol.h flag_value)
   Watchdog wd;
   TraceSink trace;
   gemm::TailSplit tail;  // world 1
@@ -58,7 +59,7 @@ struct StageAndRelease {
   __device__ bool claim(int block, int tile) const {
     bool ok = true;
     if (threadIdx.x == 0 && a.epoch > 2)
-      ok = spin_until<Scope::kSystem>(a.layout.done_flag(mine, parity, block, tile), a.epoch - 2, a.wd, a.peers.rank,
+      ok = spin_until<Scope::kSystem>(a.layout.done_flag(mine, parity, block, tile), flag_value(a.epoch - 2, 0), a.wd, a.peers.rank,
                                       block, a.peers.world, a.epoch, WaitOn::kReadersDone);
     return block_agree(ok);
   }
@@ -69,7 +70,7 @@ struct StageAndRelease {
     auto out_row = [&](int r) -> T* { return r0 + r < a.block_rows ? dst + (r0 + r) * a.n : nullptr; };
     gemm::StoreTile<ML>::apply(acc, out_row, tc.col * ML::BN, a.n, static_cast<const T*>(nullptr));
     __syncthreads();
-    if (threadIdx.x == 0) gpu::store_release_sys(a.layout.ready_flag(mine, parity, block, tile), a.epoch);
+    if (threadIdx.x == 0) gpu::store_release_sys(a.layout.ready_flag(mine, parity, block, tile), flag_value(a.epoch, a.site));
   }
 };
 
@@ -119,8 +120,9 @@ __device__ void rs_reduce_role(const MatmulRsArgs<T>& a, int reducer, int reduce
     bool ok = true;
     if (threadIdx.x == 0) {
       for (int p = 0; p < world && ok; ++p)
-        ok = spin_until<Scope::kSystem>(a.layout.ready_flag(a.peers.region(p), parity, rank, tile), a.epoch, a.wd,
-                                        rank, p, world, a.epoch, WaitOn::kPartialReady);
+        ok = spin_until<Scope::kSystem>(a.layout.ready_flag(a.peers.region(p), parity, rank, tile),
+                                        flag_value(a.epoch, a.site), a.wd, rank, p, world, a.epoch,
+                                        WaitOn::kPartialReady);
     }
     if (!block_agree(ok)) return;
     const int64_t r0 = static_cast<int64_t>(tile / col_tiles) * ML::BM;
@@ -177,7 +179,7 @@ __device__ void rs_reduce_role(const MatmulRsArgs<T>& a, int reducer, int reduce
     __syncthreads();
     if (threadIdx.x == 0) {
       for (int p = 0; p < world; ++p)
-        gpu::store_release_sys(a.layout.done_flag(a.peers.region(p), parity, rank, tile), a.epoch);
+        gpu::store_release_sys(a.layout.done_flag(a.peers.region(p), parity, rank, tile), flag_value(a.epoch, a.site));
     }
     trace_event(a.trace, TraceKind::kReduce, t0, static_cast<uint32_t>(tile), static_cast<uint32_t>(rank));
   }

@@ -82,6 +82,7 @@ struct LaunchLimits {
 struct CallContext {
   Peers peers;
   uint32_t epoch;  // this call's epoch on the group's region (0 for world 1)
+  uint32_t site;   // this call site's number among those sharing the region (0 for world 1)
   Watchdog wd;
   TraceSink trace;
   LaunchLimits limits;

@@ -22,11 +22,25 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   }
 }
 
-// A flag matches only its exact epoch: a stale value (a peer one call behind,
+// A flag's value: the epoch of the call that released it in the low 16 bits
+// and that call's site above them (jax_overlap/runtime.py numbers the call
+// sites sharing a region from 1; at most 65535). 16 bits of epoch are exact:
+// every flag of a region is rewritten every call or two, so a value is never
+// more than two epochs old, never 65536.
+JO_HOST_DEVICE uint32_t flag_value(uint32_t epoch, uint32_t site) { return site << 16 | (epoch & 0xFFFFu); }
+
+enum class Match { kNo, kYes, kOtherSite };
+
+// A wait accepts only its exact epoch: a stale value (a peer one call behind,
 // or left from before clear_errors()) is never a pass, it waits and times out.
 // Every flag's writer is itself held back by the readers' done flags, so it
-// cannot run ahead past the value a reader waits for.
-__device__ __forceinline__ bool matches(uint32_t value, uint32_t target) { return value == target; }
+// cannot run ahead past the value a reader waits for. A wait whose expected
+// value names a site (nonzero) and finds its epoch released by another site
+// has met a peer that ran the region's calls in another order: kOtherSite.
+__device__ __forceinline__ Match match(uint32_t value, uint32_t expected) {
+  if (((value ^ expected) & 0xFFFFu) != 0) return Match::kNo;
+  return (expected >> 16) == 0 || (value >> 16) == (expected >> 16) ? Match::kYes : Match::kOtherSite;
+}
 
 __device__ __forceinline__ bool watchdog_fired(const Watchdog& wd) {
   return *static_cast<volatile uint32_t*>(wd.abort) != 0;
@@ -47,26 +61,32 @@ __device__ __forceinline__ void record_timeout(const Watchdog& wd, uint32_t rank
   gpu::store_release_sys(&r->valid, 1u);
 }
 
-// Single-thread spin until *flag holds target. False when this wait timed
-// out or another workgroup's did (the kernel is abandoning the call).
+// Single-thread spin until *flag matches `expected` (a flag_value). False
+// when this wait timed out or found another call site's release (both
+// recorded), or another workgroup's wait failed (the kernel is abandoning the call).
 template <Scope S>
-__device__ __forceinline__ bool spin_until(const uint32_t* flag, uint32_t target, const Watchdog& wd,
+__device__ __forceinline__ bool spin_until(const uint32_t* flag, uint32_t expected, const Watchdog& wd,
                                         uint32_t rank, uint32_t peer, uint32_t world, uint32_t epoch,
                                         WaitOn what) {
-  if (matches(load_acquire<S>(flag), target)) return true;
-  const uint64_t t0 = gpu::timer_ticks();
-  for (uint32_t it = 1;; ++it) {
-    gpu::backoff();
-    if (matches(load_acquire<S>(flag), target)) return true;
-    if ((it & 63) == 0) {
-      if (watchdog_fired(wd)) return false;
-      const uint64_t waited = gpu::timer_ticks() - t0;
-      if (waited > wd.timeout_ticks) {
-        record_timeout(wd, rank, peer, world, epoch, what, waited);
-        return false;
+  Match m = match(load_acquire<S>(flag), expected);
+  if (m == Match::kNo) {
+    const uint64_t t0 = gpu::timer_ticks();
+    for (uint32_t it = 1; m == Match::kNo; ++it) {
+      gpu::backoff();
+      m = match(load_acquire<S>(flag), expected);
+      if ((it & 63) == 0 && m == Match::kNo) {
+        if (watchdog_fired(wd)) return false;
+        const uint64_t waited = gpu::timer_ticks() - t0;
+        if (waited > wd.timeout_ticks) {
+          record_timeout(wd, rank, peer, world, epoch, what, waited);
+          return false;
+        }
       }
     }
   }
+  if (m == Match::kYes) return true;
+  record_timeout(wd, rank, peer, world, epoch, WaitOn::kCallSite, 0);
+  return false;
 }
 
 // Broadcast of thread 0's verdict to the whole workgroup.
@@ -105,6 +125,7 @@ struct GatherArgs {
   GatherLayout layout;
   Peers peers;
   uint32_t epoch;
+  uint32_t site;  // this call site's number among those sharing the region (flag_value)
   Watchdog wd;
   TraceSink trace;
 };
@@ -173,14 +194,14 @@ __device__ __forceinline__ bool gather_role(const GatherArgs& g, int worker, int
       // Readers of this slot two epochs ago; done already unless a peer lags.
       for (int q = 0; q < p.world && ok; ++q) {
         if (q == p.rank) continue;
-        ok = spin_until<Scope::kSystem>(l.done_flag(mine, parity, q, j), g.epoch - 2, g.wd, p.rank, q, p.world,
+        ok = spin_until<Scope::kSystem>(l.done_flag(mine, parity, q, j), flag_value(g.epoch - 2, 0), g.wd, p.rank, q, p.world,
                                         g.epoch, WaitOn::kReadersDone);
       }
     }
     if (!block_agree(ok)) return false;
     copy_chunk(g, g.x, /*src_remote=*/false, j, p.rank, my_slot);
     __syncthreads();
-    if (threadIdx.x == 0) gpu::store_release_sys(l.pub_flag(mine, parity, j), g.epoch);
+    if (threadIdx.x == 0) gpu::store_release_sys(l.pub_flag(mine, parity, j), flag_value(g.epoch, g.site));
     trace_event(g.trace, TraceKind::kPublish, t0, static_cast<uint32_t>(j), static_cast<uint32_t>(p.rank));
   }
 
@@ -191,14 +212,14 @@ __device__ __forceinline__ bool gather_role(const GatherArgs& g, int worker, int
       const uint64_t t0 = gpu::timer_ticks();
       bool ok = true;
       if (threadIdx.x == 0)
-        ok = spin_until<Scope::kSystem>(l.pub_flag(theirs, parity, j), g.epoch, g.wd, p.rank, s, p.world, g.epoch,
+        ok = spin_until<Scope::kSystem>(l.pub_flag(theirs, parity, j), flag_value(g.epoch, g.site), g.wd, p.rank, s, p.world, g.epoch,
                                         WaitOn::kPublished);
       if (!block_agree(ok)) return false;
       copy_chunk(g, l.slot(theirs, parity), /*src_remote=*/true, j, s, nullptr);
       __syncthreads();
       if (threadIdx.x == 0) {
-        gpu::store_release_dev(l.staged_flag(mine, s, j), g.epoch);
-        gpu::store_release_sys(l.done_flag(theirs, parity, p.rank, j), g.epoch);
+        gpu::store_release_dev(l.staged_flag(mine, s, j), flag_value(g.epoch, g.site));
+        gpu::store_release_sys(l.done_flag(theirs, parity, p.rank, j), flag_value(g.epoch, g.site));
       }
       trace_event(g.trace, TraceKind::kFetch, t0, static_cast<uint32_t>(j), static_cast<uint32_t>(s));
     }

@@ -1,7 +1,8 @@
 // Layouts of the symmetric regions the collective kernels use. A region sits
 // at the same offset in every rank's workspace; these structs turn (shape,
 // world) into byte offsets identically on host (sizing) and device (use).
-// All flags are uint32 epochs and never reset: a wait is for value >= epoch.
+// Flags are uint32 flag_values (kernels/protocol.h: epoch and call site), never
+// reset; a wait matches its exact epoch.
 #pragma once
 
 #include <cstdint>

@@ -73,13 +73,14 @@ Status SimGroup::region(int op, uint64_t bytes, uint64_t* offset) {
   return {};
 }
 
-CallContext SimGroup::context(int rank, uint64_t offset, uint32_t epoch, OpKind op) const {
+CallContext SimGroup::context(int rank, uint64_t offset, uint32_t epoch, uint32_t site, OpKind op) const {
   Peers p{};
   p.rank = rank;
   p.world = world_;
   for (int r = 0; r < world_; ++r) p.regions[r] = bases_[r] + offset;
   const Watchdog wd{records_device_[rank], abort_flag(rank), timeout_ticks_, static_cast<uint32_t>(op)};
-  return CallContext{p, epoch, wd, TraceSink{nullptr, nullptr, nullptr, 0}, LaunchLimits{info_.sm_count, world_, info_.l2_bytes}};
+  return CallContext{p, epoch, site, wd, TraceSink{nullptr, nullptr, nullptr, 0},
+                     LaunchLimits{info_.sm_count, world_, info_.l2_bytes}};
 }
 
 GemmOperands SimMatmul::operands(int rank) const {
@@ -152,7 +153,7 @@ Status SimGroup::ag_matmul(const SimMatmul& c) {
   return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, uint32_t epoch) -> Status {
     const AgMatmulLaunch l{c.operands(r), reinterpret_cast<void*>(c.out[r]),
                            world_ > 1 ? reinterpret_cast<void*>(c.gathered[r]) : nullptr, c.m, c.chunk_k,
-                           context(r, offset, epoch, OpKind::kAgMatmul)};
+                           context(r, offset, epoch, c.site, OpKind::kAgMatmul)};
     JO_RETURN_IF_HIP_ERROR(launch_ag_matmul(l, s));
     return {};
   });
@@ -164,7 +165,7 @@ Status SimGroup::matmul_rs(const SimMatmul& c) {
   JO_RETURN_IF_ERROR(region(kSimRs, matmul_rs_region_bytes(world_, c.batch, c.m, c.n, c.tile, elem), &offset));
   return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, uint32_t epoch) -> Status {
     const MatmulRsLaunch l{c.operands(r), reinterpret_cast<void*>(c.out[r]), c.m,
-                           context(r, offset, epoch, OpKind::kMatmulRs)};
+                           context(r, offset, epoch, c.site, OpKind::kMatmulRs)};
     JO_RETURN_IF_HIP_ERROR(launch_matmul_rs(l, s));
     return {};
   });
@@ -181,7 +182,7 @@ Status SimGroup::all_gather(const std::vector<uintptr_t>& x, const std::vector<u
     l.batch = batch;
     l.m = m;
     l.row_bytes = row_bytes;
-    l.ctx = context(r, offset, epoch, OpKind::kAllGather);
+    l.ctx = context(r, offset, epoch, /*site=*/1, OpKind::kAllGather);
     JO_RETURN_IF_HIP_ERROR(launch_all_gather(l, s));
     return {};
   });
@@ -211,7 +212,7 @@ Status SimGroup::pipelined(OpKind op, const SimMatmul& c) {
     o.w_kmajor = c.w_kmajor;
     o.stages = c.stages.data();
     o.stage_count = static_cast<int>(c.stages.size());
-    const CallContext cc = context(r, offset, epoch, op);
+    const CallContext cc = context(r, offset, epoch, c.site, op);
     pipelined::Context ctx{side_streams_[r].get(), blas_, cc.peers, epoch, c.site, cc.wd, info_.sm_count, false};
     return ag ? pipelined::enqueue_ag_matmul(o, ctx, s) : pipelined::enqueue_matmul_rs(o, ctx, s);
   });

@@ -37,7 +37,7 @@ struct SimMatmul {
   std::vector<uintptr_t> x, w, bias, out, gathered;  // one device pointer per rank (bias may be 0)
   std::vector<uintptr_t> scratch;  // pipelined: each rank's scratch (pipelined::scratch_bytes)
   std::vector<int64_t> stages;     // pipelined: the stage plan
-  uint32_t site = 1;               // pipelined: the call site's number
+  uint32_t site = 1;               // the call site's number among those sharing the region
   std::vector<int> ranks;          // the ranks to launch; empty: all
   bool sync = true;                // wait for the launched ranks before returning
 
@@ -74,7 +74,7 @@ class SimGroup {
   Status run(uint64_t offset, const std::vector<int>& ranks, bool sync,
              const std::function<Status(int rank, hipStream_t stream, uint32_t epoch)>& launch);
   // Rank `rank`'s view of the region at `offset` for one call.
-  CallContext context(int rank, uint64_t offset, uint32_t epoch, OpKind op) const;
+  CallContext context(int rank, uint64_t offset, uint32_t epoch, uint32_t site, OpKind op) const;
   // Rank `rank`'s watchdog abort flag (its workspace header, as in Workspace).
   uint32_t* abort_flag(int rank) const { return reinterpret_cast<uint32_t*>(bases_[rank] + kAbortFlagOffset); }
 

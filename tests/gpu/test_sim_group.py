@@ -60,11 +60,12 @@ def test_all_gather(world, dtype):
     np.testing.assert_array_equal(np.asarray(o), want)
 
 
-def _ag_call(g, xs, ws, bs, ys, gs, *, batch, m, k, n, tile=0, workers=2, chunk_k=128, w_kmajor=False):
+def _ag_call(g, xs, ws, bs, ys, gs, *, batch, m, k, n, tile=0, workers=2, chunk_k=128, w_kmajor=False, **launch):
+  """`launch`: SimMatmul's site, ranks and sync."""
   g.ag_matmul(dict(dtype=np.dtype(xs[0].dtype).name, tile=tile, comm_workgroups=workers, chunk_k=chunk_k,
                    w_kmajor=w_kmajor, batch=batch, m=m, k=k, n=n, x=[_ptr(v) for v in xs],
                    w=[_ptr(v) for v in ws], bias=[_ptr(v) for v in bs], out=[_ptr(v) for v in ys],
-                   gathered=[_ptr(v) for v in gs]))
+                   gathered=[_ptr(v) for v in gs], **launch))
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -90,10 +91,10 @@ def test_ag_matmul(world, dtype, m, k, n, w_kmajor, tile):
     assert rel_err(ys[r], ref) < tolerance(dtype), f"rank {r}"
 
 
-def _rs_call(g, xs, ws, bs, outs, *, batch, m, k, n, tile=0, workers=2, w_kmajor=False):
+def _rs_call(g, xs, ws, bs, outs, *, batch, m, k, n, tile=0, workers=2, w_kmajor=False, **launch):
   g.matmul_rs(dict(dtype=np.dtype(xs[0].dtype).name, tile=tile, comm_workgroups=workers, w_kmajor=w_kmajor,
                    batch=batch, m=m, k=k, n=n, x=[_ptr(v) for v in xs], w=[_ptr(v) for v in ws], bias=[_ptr(v) for v in bs],
-                   out=[_ptr(v) for v in outs]))
+                   out=[_ptr(v) for v in outs], **launch))
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -206,3 +207,45 @@ def test_absent_rank_times_out_instead_of_hanging():
   gathered = np.concatenate([np.asarray(x, np.float64) for x in xs], axis=1)
   for o in outs:
     np.testing.assert_array_equal(np.asarray(o, np.float64), gathered)
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_ranks_running_call_sites_in_different_orders_fail_loudly(op):
+  """Two call sites share a region and rank 0 runs site 1 where rank 1 runs site 2, at the same epoch:
+  both ranks record an error naming the call site at once (no watchdog wait) instead of using the other
+  call's data; put back in step, the next call is right."""
+  world, dtype, m, k, n = 2, jnp.bfloat16, 128, 256, 256
+  rng = np.random.default_rng(61)
+  g = _group(world, watchdog=60.0)
+  rows = m if op == "ag_matmul" else m * world
+  xs = [_dev(random(rng, (1, rows, k), dtype)) for _ in range(world)]
+  ws_host = [random(rng, (k, n), dtype, k ** -0.5) for _ in range(world)]
+  ws = [_dev(w) for w in ws_host]
+
+  def call(**launch):
+    ys = [_poisoned((1, m * world if op == "ag_matmul" else m, n), dtype) for _ in range(world)]
+    if op == "ag_matmul":
+      gs = [_poisoned((1, m * world, k), dtype) for _ in range(world)]
+      _ag_call(g, xs, ws, [None] * world, ys, gs, batch=1, m=m, k=k, n=n, **launch)
+    else:
+      _rs_call(g, xs, ws, [None] * world, ys, batch=1, m=rows, k=k, n=n, **launch)
+    return ys
+
+  t0 = time.monotonic()
+  call(site=1, ranks=[0], sync=False)
+  call(site=2, ranks=[1], sync=False)
+  g.synchronize()
+  assert time.monotonic() - t0 < 30.0
+  errors = g.errors()
+  assert len(errors) == world and all("another call site" in e for e in errors), errors
+
+  g.clear_errors()
+  ys = call(site=2)
+  assert g.errors() == []
+  if op == "ag_matmul":
+    want = [_gather(xs) @ np.asarray(w, np.float64) for w in ws_host]
+  else:
+    total = sum(np.asarray(x, np.float64) @ np.asarray(w, np.float64) for x, w in zip(xs, ws_host))
+    want = [total[:, r * m:(r + 1) * m] for r in range(world)]
+  for r in range(world):
+    assert rel_err(ys[r], want[r]) < 2 * tolerance(dtype), f"rank {r}"
