@@ -17,6 +17,8 @@ Scenario "main" (JAX_OVERLAP_ON_TIMEOUT=raise), each worker:
      ag_matmul's dx (matmul_rs, w K-major); 1000 pipelined calls back to back on changing inputs, all checked;
   4. the VJP of a TP MLP (ag_matmul -> gelu -> matmul_rs) vs NumPy gradients, fused and pipelined;
   5. a straggler: rank 1 sleeps 3 s (far beyond any spin, well within the watchdog) before a call; right results;
+     two call sites sharing a region run in different orders on even and odd ranks (fused, pipelined): the
+     call-site error and NaN on every rank; after clear_errors() the next call is right;
   6. shutdown(): a call compiled before refuses to run; compiled again after initialize(), it is right;
   7. the last rank enqueues a call and exits at once (dies mid-call); every survivor's calls then
      fail with the watchdog error (rank, peer, flag) within the timeout, their outputs are NaN, and
@@ -51,8 +53,9 @@ MAIN_CHECKS = (
     "initialize", "all_gather_1000_calls", "ag_matmul", "ag_matmul_gathered", "matmul_rs", "matmul_rs_bitwise_repeat",
     "pipelined_ag_matmul_bfloat16", "pipelined_ag_matmul_float16", "pipelined_ag_matmul_gathered",
     "pipelined_matmul_rs_bfloat16", "pipelined_matmul_rs_float16", "pipelined_matmul_rs_bitwise_repeat",
-    "pipelined_stage_plans", "pipelined_1000_calls", "mlp_vjp_fused", "mlp_vjp_pipelined", "straggler", "old_call_refused_after_shutdown",
-    "recompiled_after_shutdown") + (
+    "pipelined_stage_plans", "pipelined_1000_calls", "mlp_vjp_fused", "mlp_vjp_pipelined", "straggler",
+    "call_sites_out_of_order_fused", "in_step_after_clear_errors_fused", "call_sites_out_of_order_pipelined",
+    "in_step_after_clear_errors_pipelined", "old_call_refused_after_shutdown", "recompiled_after_shutdown") + (
     DEATH_CHECKS := ("peer_death_raises", "peer_death_within_watchdog", "peer_death_outputs_nan",
                      "check_errors_raises"))
 
@@ -298,6 +301,23 @@ def worker(rank: int, world: int, port: int, out_path: str, per_gpu: bool, scena
   except jo.PeerTimeoutError as e:
     no_error, straggled = False, str(e)
   check("straggler", no_error and straggled < 1e-2, f"rel err {straggled}")
+
+  # 5b. Two call sites of one shape share a region; even ranks run the first where odd ranks run the
+  # second: every rank gets the call-site error and NaN, never the other call's data. clear_errors()
+  # puts the ranks back in step.
+  for algorithm in ("fused", "pipelined"):
+    first, second = (ag_fn(algorithm).lower(*args).compile() for _ in range(2))  # lowered alike everywhere
+    y, _ = (first if rank % 2 == 0 else second)(*args)
+    nan = bool(np.all(np.isnan(local(y).astype(np.float32))))
+    try:
+      jo.check_errors()
+      err = "no error"
+    except jo.PeerTimeoutError as e:
+      err = str(e)
+    check(f"call_sites_out_of_order_{algorithm}", "another call site" in err and nan, f"NaN {nan}: {err[:300]}")
+    jo.clear_errors()
+    y, _ = first(*args)
+    check(f"in_step_after_clear_errors_{algorithm}", rel(local(y), ref) < 1e-2, f"rel err {rel(local(y), ref):.2e}")
 
   # 6. shutdown(): compiled calls refuse; compiled again, they run.
   jo.shutdown()
