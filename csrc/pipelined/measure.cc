@@ -16,17 +16,24 @@ struct DeviceBuffer {
   }
 };
 
-// Median over `repeats` of the time between events around enqueue(stream), after one warm-up.
-Status median_us(hipStream_t stream, int repeats, const std::function<Status(hipStream_t)>& enqueue, double* us) {
+// Median over `repeats` samples, after one warm-up sample, of the time between
+// events around `launches` back-to-back enqueue(stream)s, per launch.
+Status median_us(hipStream_t stream, int repeats, const std::function<Status(hipStream_t)>& enqueue, double* us,
+                 int launches = 1) {
   hipEvent_t start = nullptr, stop = nullptr;
   JO_RETURN_IF_HIP_ERROR(hipEventCreate(&start));
   JO_RETURN_IF_HIP_ERROR(hipEventCreate(&stop));
+  const auto enqueue_sample = [&](hipStream_t s) {
+    Status st;
+    for (int j = 0; j < launches && st.ok(); ++j) st = enqueue(s);
+    return st;
+  };
   std::vector<double> times;
-  Status status = enqueue(stream);
+  Status status = enqueue_sample(stream);
   for (int i = 0; i < repeats && status.ok(); ++i) {
     float ms = 0;
     const hipError_t recorded = hipEventRecord(start, stream);
-    status = recorded == hipSuccess ? enqueue(stream) : Status{hipGetErrorString(recorded)};
+    status = recorded == hipSuccess ? enqueue_sample(stream) : Status{hipGetErrorString(recorded)};
     if (!status.ok()) break;
     const hipError_t e = [&] {
       hipError_t r = hipEventRecord(stop, stream);
@@ -35,7 +42,7 @@ Status median_us(hipStream_t stream, int repeats, const std::function<Status(hip
       return r;
     }();
     if (e != hipSuccess) status = Status{std::string("timing failed: ") + hipGetErrorString(e)};
-    times.push_back(ms * 1e3);
+    times.push_back(ms * 1e3 / launches);
   }
   (void)hipEventDestroy(start);
   (void)hipEventDestroy(stop);
@@ -62,7 +69,7 @@ class ScopedDevice {
 }  // namespace
 
 Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, int64_t n, int64_t k, bool w_kmajor,
-                  int repeats, std::vector<double>* us) {
+                  int repeats, int back_to_back, std::vector<double>* us) {
   ScopedDevice scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   blas::DeviceBlas* blas = nullptr;
@@ -93,7 +100,8 @@ Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, in
     op.n = n;
     op.w_kmajor = w_kmajor;
     double t = 0;
-    status = median_us(stream, repeats, [&](hipStream_t s) { return enqueue_local_gemm(op, *blas, s); }, &t);
+    status = median_us(
+        stream, repeats, [&](hipStream_t s) { return enqueue_local_gemm(op, *blas, s); }, &t, back_to_back);
     if (!status.ok()) break;
     us->push_back(t);
   }
