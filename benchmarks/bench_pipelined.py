@@ -14,9 +14,9 @@ Two tables, all columns measured in the same run (bf16, us per call):
                  vendor GEMM of the whole [M, K] @ [K, N] (`gemm_us`, the same library and heuristic), for the
                  plan the cost model picks on this GPU (`stages`) and for one chunk per stage; the three are
                  timed in alternation, 5 rounds, medians. `model_us` is the cost model's estimate of the
-                 planned schedule from calibration's figures (single GEMM launches); `model_b2b_us` the same
-                 from GEMMs timed 8 launches back to back (`gemm_b2b_us` for the whole GEMM): which of the
-                 two GEMM figures predicts the schedule.
+                 planned schedule from calibration's figures; `model_w<ms>_us` the same from GEMMs timed
+                 after <ms> milliseconds of GEMMs back to back (time_gemms warmup_ms): which warm-up makes
+                 the model predict the schedule.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from jax_overlap import calibration, native, pipeline_plan
 SHAPES = [(16384, 3584, 8192), (16384, 8192, 3584), (1024, 3584, 8192)]  # M total, N, K per rank
 WORLDS = [2, 4, 8]
 ROUNDS = 5  # alternations of the schedule's timings with the reference GEMM's
-B2B_LAUNCHES = 8  # GEMM launches per back-to-back sample
+WARMUPS_MS = (0, 300, 1000)  # GEMM warm-ups before the model's figures are timed
 
 
 def _vendor(name: str) -> bool:
@@ -82,23 +82,24 @@ def schedule(op: str, world: int, m_total: int, n: int, k: int) -> dict:
   base = dict(dtype="bfloat16", x=ptr(x), w=ptr(w), bias=0, out=ptr(out), gathered=ptr(gathered),
               scratch=ptr(scratch), batch=1, m=m, k=k, n=n, w_kmajor=False)
   chunk = pipeline_plan.chunk_rows(op, m, world)
-  b2b = nat.time_gemms(0, "bfloat16", [chunk * s for s in range(1, world + 1)], n, k, False, 5, B2B_LAUNCHES)
-  model_b2b = pipeline_plan.plan(op, world, dataclasses.replace(figures, gemm_us=tuple(b2b)), plan.stages).est_us
+  models = {}
+  for ms in WARMUPS_MS:
+    warm = nat.time_gemms(0, "bfloat16", [chunk * s for s in range(1, world + 1)], n, k, warmup_ms=ms)
+    models[f"model_w{ms}_us"] = pipeline_plan.plan(op, world, dataclasses.replace(figures, gemm_us=tuple(warm)),
+                                                   plan.stages).est_us
   # The GPU's clocks drift by up to 17% between minutes under this load: time the references and the
   # schedules in alternation, ROUNDS times, and compare medians.
   runs = {"planned": plan.stages, "chunks": (1,) * world}
-  timed = {name: [] for name in ("gemm", "gemm_b2b", *runs)}
+  timed = {name: [] for name in ("gemm", *runs)}
   for _ in range(ROUNDS):
     timed["gemm"].append(nat.time_gemms(0, "bfloat16", [m_total], n, k)[0])
-    timed["gemm_b2b"].append(nat.time_gemms(0, "bfloat16", [m_total], n, k, False, 5, B2B_LAUNCHES)[0])
     for name, stages in runs.items():
       timed[name].append(nat.time_loopback(0, op, world, dict(base, stages=list(stages)), 10))
   timed = {name: float(np.median(t)) for name, t in timed.items()}
   gemm = timed["gemm"]
   return dict(table="schedule", op=op, world=world, m=m_total, n=n, k=k, stages=str(tuple(plan.stages)),
-              model_us=plan.est_us, model_b2b_us=model_b2b, loopback_us=timed["planned"], chunks_us=timed["chunks"],
-              gemm_us=gemm, gemm_b2b_us=timed["gemm_b2b"], gemm_vs_loopback=gemm / timed["planned"],
-              gemm_vs_chunks=gemm / timed["chunks"])
+              model_us=plan.est_us, **models, loopback_us=timed["planned"], chunks_us=timed["chunks"], gemm_us=gemm,
+              gemm_vs_loopback=gemm / timed["planned"], gemm_vs_chunks=gemm / timed["chunks"])
 
 
 def main(argv=None) -> None:
@@ -123,8 +124,8 @@ def main(argv=None) -> None:
                        ["m", "n", "k", "pipelined_us", "xla_us", "cublas_us", "cublas_b2b_us", "kernel_us",
                         "gpu_idle_us", "pipelined_vs_cublas", "kernel_vs_cublas"])
   _harness.print_table([r for r in rows if r["table"] == "schedule"],
-                       ["op", "world", "m", "n", "k", "stages", "model_us", "model_b2b_us", "loopback_us", "chunks_us",
-                        "gemm_us", "gemm_b2b_us", "gemm_vs_loopback", "gemm_vs_chunks"])
+                       ["op", "world", "m", "n", "k", "stages", "model_us", *(f"model_w{ms}_us" for ms in WARMUPS_MS),
+                        "loopback_us", "chunks_us", "gemm_us", "gemm_vs_loopback", "gemm_vs_chunks"])
   print(f"results: {path}.json, {path}.svg")
 
 

@@ -255,15 +255,15 @@ PYBIND11_MODULE(_native, m) {
   m.def(
       "time_gemms",
       [](int ordinal, const std::string& dtype, std::vector<int64_t> rows, int64_t n, int64_t k, bool w_kmajor,
-         int repeats, int back_to_back) {
+         int repeats, double warmup_ms) {
         std::vector<double> us;
         py::gil_scoped_release release;
         throw_if_error(
-            pipelined::time_gemms(ordinal, dtype_of(dtype), rows, n, k, w_kmajor, repeats, back_to_back, &us));
+            pipelined::time_gemms(ordinal, dtype_of(dtype), rows, n, k, w_kmajor, repeats, warmup_ms, &us));
         return us;
       },
       py::arg("ordinal"), py::arg("dtype"), py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("w_kmajor") = false,
-      py::arg("repeats") = 5, py::arg("back_to_back") = 1);
+      py::arg("repeats") = 5, py::arg("warmup_ms") = 0.0);
   m.def(
       "time_copy",
       [](int ordinal, uintptr_t src, uint64_t bytes, int repeats) {

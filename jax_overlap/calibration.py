@@ -23,6 +23,9 @@ from jax_overlap import native, pipeline_plan, runtime
 
 
 LINK_GUESS_FRACTION = 0.25
+# GEMMs run back to back for this long before the GEMM times are taken: a GPU idle before a timing
+# runs its first tens of milliseconds on higher clocks than under a training step's sustained load.
+GEMM_WARMUP_MS = 0.0
 
 
 @functools.cache
@@ -36,7 +39,8 @@ def _local_copy_bytes_per_us(ordinal: int) -> float:
 def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmajor: bool, shared: bool) -> tuple:
   """The vendor GEMM's time (us) over s chunks of `chunk_rows` rows, s = 1 .. world."""
   rows = [chunk_rows * s for s in range(1, world + 1)]
-  measured = native.module().time_gemms(runtime.first_ordinal(), dtype_name, rows, n, k, w_kmajor)
+  measured = native.module().time_gemms(runtime.first_ordinal(), dtype_name, rows, n, k, w_kmajor,
+                                        warmup_ms=GEMM_WARMUP_MS)
   if shared:
     measured = runtime.agree(f"gemm/{dtype_name}/{chunk_rows}x{world}/{n}/{k}/{int(w_kmajor)}", measured)
   return tuple(measured)

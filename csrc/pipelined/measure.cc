@@ -16,24 +16,17 @@ struct DeviceBuffer {
   }
 };
 
-// Median over `repeats` samples, after one warm-up sample, of the time between
-// events around `launches` back-to-back enqueue(stream)s, per launch.
-Status median_us(hipStream_t stream, int repeats, const std::function<Status(hipStream_t)>& enqueue, double* us,
-                 int launches = 1) {
+// Median over `repeats` of the time between events around enqueue(stream), after one warm-up.
+Status median_us(hipStream_t stream, int repeats, const std::function<Status(hipStream_t)>& enqueue, double* us) {
   hipEvent_t start = nullptr, stop = nullptr;
   JO_RETURN_IF_HIP_ERROR(hipEventCreate(&start));
   JO_RETURN_IF_HIP_ERROR(hipEventCreate(&stop));
-  const auto enqueue_sample = [&](hipStream_t s) {
-    Status st;
-    for (int j = 0; j < launches && st.ok(); ++j) st = enqueue(s);
-    return st;
-  };
   std::vector<double> times;
-  Status status = enqueue_sample(stream);
+  Status status = enqueue(stream);
   for (int i = 0; i < repeats && status.ok(); ++i) {
     float ms = 0;
     const hipError_t recorded = hipEventRecord(start, stream);
-    status = recorded == hipSuccess ? enqueue_sample(stream) : Status{hipGetErrorString(recorded)};
+    status = recorded == hipSuccess ? enqueue(stream) : Status{hipGetErrorString(recorded)};
     if (!status.ok()) break;
     const hipError_t e = [&] {
       hipError_t r = hipEventRecord(stop, stream);
@@ -42,13 +35,26 @@ Status median_us(hipStream_t stream, int repeats, const std::function<Status(hip
       return r;
     }();
     if (e != hipSuccess) status = Status{std::string("timing failed: ") + hipGetErrorString(e)};
-    times.push_back(ms * 1e3 / launches);
+    times.push_back(ms * 1e3);
   }
   (void)hipEventDestroy(start);
   (void)hipEventDestroy(stop);
   JO_RETURN_IF_ERROR(status);
   std::sort(times.begin(), times.end());
   *us = times.empty() ? 0.0 : times[times.size() / 2];
+  return {};
+}
+
+// Keeps the GPU busy with enqueue(stream) for about `ms` milliseconds, then
+// waits for it: a GPU idle before a timing runs its first tens of milliseconds
+// on higher clocks than under the sustained load of a training step.
+Status warm_up(hipStream_t stream, const std::function<Status(hipStream_t)>& enqueue, double ms) {
+  if (ms <= 0) return {};
+  double one_us = 0;
+  JO_RETURN_IF_ERROR(median_us(stream, 1, enqueue, &one_us));
+  const int launches = static_cast<int>(ms * 1e3 / std::max(one_us, 1.0));
+  for (int i = 0; i < launches; ++i) JO_RETURN_IF_ERROR(enqueue(stream));
+  JO_RETURN_IF_HIP_ERROR(hipStreamSynchronize(stream));
   return {};
 }
 
@@ -69,7 +75,7 @@ class ScopedDevice {
 }  // namespace
 
 Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, int64_t n, int64_t k, bool w_kmajor,
-                  int repeats, int back_to_back, std::vector<double>* us) {
+                  int repeats, double warmup_ms, std::vector<double>* us) {
   ScopedDevice scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   blas::DeviceBlas* blas = nullptr;
@@ -85,9 +91,7 @@ Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, in
   // Random operands: on constant data (as on zeros) the GEMM runs up to ~15% faster than on real data.
   JO_RETURN_IF_HIP_ERROR(launch_fill_random(x.p, static_cast<uint64_t>(max_rows * k), dtype, 1, stream));
   JO_RETURN_IF_HIP_ERROR(launch_fill_random(w.p, static_cast<uint64_t>(k * n), dtype, 2, stream));
-  Status status;
-  us->clear();
-  for (int64_t r : rows) {
+  const auto gemm = [&](int64_t r) {
     Operands op{};
     op.dtype = dtype;
     op.x = x.p;
@@ -99,11 +103,14 @@ Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, in
     op.k = k;
     op.n = n;
     op.w_kmajor = w_kmajor;
+    return [op, blas](hipStream_t s) { return enqueue_local_gemm(op, *blas, s); };
+  };
+  Status status = warm_up(stream, gemm(max_rows), warmup_ms);
+  us->clear();
+  for (size_t i = 0; i < rows.size() && status.ok(); ++i) {
     double t = 0;
-    status = median_us(
-        stream, repeats, [&](hipStream_t s) { return enqueue_local_gemm(op, *blas, s); }, &t, back_to_back);
-    if (!status.ok()) break;
-    us->push_back(t);
+    status = median_us(stream, repeats, gemm(rows[i]), &t);
+    if (status.ok()) us->push_back(t);
   }
   (void)hipStreamDestroy(stream);
   return status;

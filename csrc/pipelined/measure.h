@@ -14,10 +14,10 @@
 namespace jo::pipelined {
 
 // Median time (us) of one vendor GEMM [rows, k] @ w (+ nothing) for each entry
-// of `rows`, on data that is neither zeros nor ones; each sample times
-// `back_to_back` launches in a row (the clocks of sustained load) per launch.
+// of `rows`, on data that is neither zeros nor ones, after about `warmup_ms`
+// of the largest of them back to back (measure.cc warm_up).
 Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, int64_t n, int64_t k, bool w_kmajor,
-                  int repeats, int back_to_back, std::vector<double>* us);
+                  int repeats, double warmup_ms, std::vector<double>* us);
 
 // Median time (us) of a copy-engine copy of `bytes` from `src` (a peer's
 // workspace, or this GPU's memory; nullptr: a temporary buffer) into a
