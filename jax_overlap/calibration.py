@@ -2,7 +2,8 @@
 
 - GEMM times: the vendor GEMM (what the pipelined algorithm runs, and close to
   what XLA's dot runs) timed at the rows each number of chunks of a call
-  covers, once per shape and dtype, at the first lowering that needs them.
+  covers, once per shape and dtype, at the first lowering that needs them,
+  after a warm-up (GEMM_WARMUP_MS) that puts the GPU on its sustained clocks.
 - The peer link and the local copy rate: copy-engine copies timed when
   initialize() maps the peers (runtime.py). Before that, the decision whether
   to set the workspace up at all guesses the link at a quarter of the local
@@ -25,7 +26,9 @@ from jax_overlap import native, pipeline_plan, runtime
 LINK_GUESS_FRACTION = 0.25
 # GEMMs run back to back for this long before the GEMM times are taken: a GPU idle before a timing
 # runs its first tens of milliseconds on higher clocks than under a training step's sustained load.
-GEMM_WARMUP_MS = 0.0
+# Measured on the H200 (benchmarks/results/pipelined_2026-12-01_f83e693.json): without it the model
+# predicted the loopback schedule 10-17% short; after 300 ms (or 1000) within -4% to +2%.
+GEMM_WARMUP_MS = 300.0
 
 
 @functools.cache

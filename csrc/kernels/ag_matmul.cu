@@ -24,26 +24,14 @@ namespace {
 constexpr uint64_t kTraceWaitTicks = 2 * gpu::kNominalTicksPerMicrosecond;
 
 template <typename T>
-struct AgMatmulArgs {
-  const T* x;
-  const T* w;
-  const T* bias;
+struct AgMatmulArgs : FusedGemmArgs<T> {
   T* y;
   T* gathered;
   int64_t m;
   int64_t rows;  // batch * m
-  int k;
-  int n;
   int chunk_k;
   int fetchers;
-  int group_cols;  // tile columns per band (gemm/tile_order.h)
   GatherLayout layout;
-  Peers peers;
-  uint32_t epoch;
-  uint32_t site;  // this call site's number among those sharing the region (protocol.h flag_value)
-  Watchdog wd;
-  TraceSink trace;
-  gemm::TailSplit tail;  // world 1
 };
 
 template <class ML, typename T>

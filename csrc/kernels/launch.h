@@ -90,9 +90,28 @@ gemm::TailSplit tail_split(const TailScratch& scratch, int64_t tiles, int grid) 
   return gemm::tail_split(static_cast<int>(tiles), grid, scratch.data, scratch.slots, scratch.timeout_ticks);
 }
 
-// The fields every fused GEMM kernel's Args has, from its launch and geometry.
-template <class Args>
-void set_gemm_args(Args& a, const GemmOperands& op, const CallContext& ctx, const GemmGeometry& geo) {
+// The fields every fused GEMM kernel's argument struct starts with: the
+// operands, the band width, the call's protocol context and, at world 1, the
+// stream-K tail.
+template <typename T>
+struct FusedGemmArgs {
+  const T* x;
+  const T* w;
+  const T* bias;
+  int k;
+  int n;
+  int group_cols;  // tile columns per band (gemm/tile_order.h)
+  Peers peers;
+  uint32_t epoch;
+  uint32_t site;  // this call site's number among those sharing the region (protocol.h flag_value)
+  Watchdog wd;
+  TraceSink trace;
+  gemm::TailSplit tail;  // world 1
+};
+
+// FusedGemmArgs from a launch and its geometry (the tail is the launcher's).
+template <typename T>
+void set_gemm_args(FusedGemmArgs<T>& a, const GemmOperands& op, const CallContext& ctx, const GemmGeometry& geo) {
   a.x = static_cast<decltype(a.x)>(op.x);
   a.w = static_cast<decltype(a.w)>(op.w);
   a.bias = static_cast<decltype(a.bias)>(op.bias);

@@ -23,25 +23,13 @@ namespace jo {
 namespace {
 
 template <typename T>
-struct MatmulRsArgs {
-  const T* x;
-  const T* w;
-  const T* bias;
+struct MatmulRsArgs : FusedGemmArgs<T> {
   T* out;
   int64_t m_total;     // rows of x per batch element
   int64_t m_block;     // m_total / world
   int64_t block_rows;  // batch * m_block: rows of one rank's block
-  int k;
-  int n;
   int reducers;
-  int group_cols;  // tile columns per band (gemm/tile_order.h)
   ReduceLayout layout;
-  Peers peers;
-  uint32_t epoch;
-  uint32_t site;  // this call site's number among those sharing the region (protocol.h flag_value)
-  Watchdog wd;
-  TraceSink trace;
-  gemm::TailSplit tail;  // world 1
 };
 
 // The epilogue of the GEMM workgroups: a tile of the partial product of row
