@@ -73,8 +73,8 @@ __device__ void ag_gemm_role(const AgMatmulArgs<T>& a, T* smem, int gemm_index, 
         const uint64_t w0 = gpu::timer_ticks();
         bool ok = true;
         if (threadIdx.x == 0)
-          ok = spin_until<Scope::kDevice>(flags + kt / k_tiles_per_chunk, flag_value(a.epoch, 0), a.wd, rank, shard, world,
-                                          a.epoch, WaitOn::kStaged);
+          ok = spin_until<Scope::kDevice>(flags + kt / k_tiles_per_chunk, flag_value(a.epoch, 0), a.wd, rank, shard,
+                                          world, a.epoch, WaitOn::kStaged);
         if (!block_agree(ok)) aborted = true;
         if (gpu::timer_ticks() - w0 > kTraceWaitTicks)
           trace_event(a.trace, TraceKind::kWait, w0, tc.row * a.layout.col_chunks + kt / k_tiles_per_chunk, shard);

@@ -47,8 +47,8 @@ struct StageAndRelease {
   __device__ bool claim(int block, int tile) const {
     bool ok = true;
     if (threadIdx.x == 0 && a.epoch > 2)
-      ok = spin_until<Scope::kSystem>(a.layout.done_flag(mine, parity, block, tile), flag_value(a.epoch - 2, 0), a.wd, a.peers.rank,
-                                      block, a.peers.world, a.epoch, WaitOn::kReadersDone);
+      ok = spin_until<Scope::kSystem>(a.layout.done_flag(mine, parity, block, tile), flag_value(a.epoch - 2, 0), a.wd,
+                                      a.peers.rank, block, a.peers.world, a.epoch, WaitOn::kReadersDone);
     return block_agree(ok);
   }
 
@@ -58,7 +58,8 @@ struct StageAndRelease {
     auto out_row = [&](int r) -> T* { return r0 + r < a.block_rows ? dst + (r0 + r) * a.n : nullptr; };
     gemm::StoreTile<ML>::apply(acc, out_row, tc.col * ML::BN, a.n, static_cast<const T*>(nullptr));
     __syncthreads();
-    if (threadIdx.x == 0) gpu::store_release_sys(a.layout.ready_flag(mine, parity, block, tile), flag_value(a.epoch, a.site));
+    if (threadIdx.x == 0)
+      gpu::store_release_sys(a.layout.ready_flag(mine, parity, block, tile), flag_value(a.epoch, a.site));
   }
 };
 

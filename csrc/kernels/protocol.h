@@ -194,8 +194,8 @@ __device__ __forceinline__ bool gather_role(const GatherArgs& g, int worker, int
       // Readers of this slot two epochs ago; done already unless a peer lags.
       for (int q = 0; q < p.world && ok; ++q) {
         if (q == p.rank) continue;
-        ok = spin_until<Scope::kSystem>(l.done_flag(mine, parity, q, j), flag_value(g.epoch - 2, 0), g.wd, p.rank, q, p.world,
-                                        g.epoch, WaitOn::kReadersDone);
+        ok = spin_until<Scope::kSystem>(l.done_flag(mine, parity, q, j), flag_value(g.epoch - 2, 0), g.wd, p.rank, q,
+                                        p.world, g.epoch, WaitOn::kReadersDone);
       }
     }
     if (!block_agree(ok)) return false;
@@ -212,8 +212,8 @@ __device__ __forceinline__ bool gather_role(const GatherArgs& g, int worker, int
       const uint64_t t0 = gpu::timer_ticks();
       bool ok = true;
       if (threadIdx.x == 0)
-        ok = spin_until<Scope::kSystem>(l.pub_flag(theirs, parity, j), flag_value(g.epoch, g.site), g.wd, p.rank, s, p.world, g.epoch,
-                                        WaitOn::kPublished);
+        ok = spin_until<Scope::kSystem>(l.pub_flag(theirs, parity, j), flag_value(g.epoch, g.site), g.wd, p.rank, s,
+                                        p.world, g.epoch, WaitOn::kPublished);
       if (!block_agree(ok)) return false;
       copy_chunk(g, l.slot(theirs, parity), /*src_remote=*/true, j, s, nullptr);
       __syncthreads();

@@ -105,7 +105,7 @@ Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, in
     op.w_kmajor = w_kmajor;
     return [op, blas](hipStream_t s) { return enqueue_local_gemm(op, *blas, s); };
   };
-  Status status = warm_up(stream, gemm(max_rows), warmup_ms);
+  Status status = rows.empty() ? Status{} : warm_up(stream, gemm(max_rows), warmup_ms);
   us->clear();
   for (size_t i = 0; i < rows.size() && status.ok(); ++i) {
     double t = 0;
