@@ -1,6 +1,7 @@
 #include "ffi/common.h"
 
 #include <string>
+#include <utility>
 
 #include "kernels/ag_matmul.h"
 #include "kernels/pipeline_kernels.h"
@@ -9,6 +10,16 @@ namespace jo {
 
 ffi::TypeId CallState::id = {};
 const XLA_FFI_TypeInfo kCallStateTypeInfo = ffi::MakeTypeInfo<CallState>();
+
+namespace {
+
+// The GPU's watchdog record as an error (sticky until clear_errors()), or success.
+ffi::Error recorded_error(const Workspace& ws) {
+  if (!error_recorded(*ws.error_host)) return ffi::Error::Success();
+  return ffi::Error::Internal(describe_error(*ws.error_host, ws.info.ticks_per_second));
+}
+
+}  // namespace
 
 ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t> groups, int64_t world,
                                                           const RegionPlacement& region) {
@@ -43,9 +54,7 @@ ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal
     if (!s.ok()) return ffi::Unexpected(internal_error(s));
     state->bound[ordinal] = true;
   }
-  const Workspace& ws = *binding.ws;
-  if (error_recorded(*ws.error_host))
-    return ffi::Unexpected(ffi::Error::Internal(describe_error(*ws.error_host, ws.info.ticks_per_second)));
+  if (auto e = recorded_error(*binding.ws); e.failure()) return ffi::Unexpected(std::move(e));
   return &binding;
 }
 
@@ -156,8 +165,7 @@ ffi::ErrorOr<LocalCall> local_call(const char* op, OpKind kind, const ffi::AnyBu
                                             std::to_string(tail_scratch_bytes(static_cast<int>(config.tile), slots)) +
                                                 " bytes for config.tail_slots = " + std::to_string(slots),
                                             std::to_string(scratch.size_bytes()) + " bytes"));
-  if (error_recorded(*ws->error_host))
-    return ffi::Unexpected(ffi::Error::Internal(describe_error(*ws->error_host, ws->info.ticks_per_second)));
+  if (auto e = recorded_error(*ws); e.failure()) return ffi::Unexpected(std::move(e));
   LocalCall c{call.value(), CallContext{},
               TailScratch{slots > 0 ? scratch.untyped_data() : nullptr, slots, ws->timeout_ticks}, ws};
   c.ctx.peers.world = 1;
@@ -174,9 +182,7 @@ ffi::Error sync_verdict(const Workspace& ws, hipStream_t stream, const char* op)
   const hipError_t synced = hipStreamSynchronize(stream);
   if (synced != hipSuccess)
     return ffi::Error::Internal(std::string("jax_overlap: ") + op + " failed: " + hipGetErrorString(synced));
-  if (error_recorded(*ws.error_host))
-    return ffi::Error::Internal(describe_error(*ws.error_host, ws.info.ticks_per_second));
-  return ffi::Error::Success();
+  return recorded_error(ws);
 }
 
 }  // namespace
