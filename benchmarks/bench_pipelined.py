@@ -1,6 +1,6 @@
 """The pipelined algorithm on one GPU: a group of one against cuBLAS and XLA, and the T-chunk schedule.
 
-  python benchmarks/bench_pipelined.py [--out benchmarks/results] [--quick]
+  python benchmarks/bench_pipelined.py [--out benchmarks/results] [--quick] [--plans]
 
 Two tables, all columns measured in the same run (bf16, us per call):
   group of one   jax_overlap with algorithm="pipelined" in shard_map over one GPU (the vendor GEMM as an
@@ -16,7 +16,10 @@ Two tables, all columns measured in the same run (bf16, us per call):
                  timed in alternation, 5 rounds, medians. `model_us` is the cost model's estimate of the
                  planned schedule from calibration's figures; `model_w<ms>_us` the same from GEMMs timed
                  after <ms> milliseconds of GEMMs back to back (time_gemms warmup_ms): which warm-up makes
-                 the model predict the schedule.
+                 the model predict the schedule. matmul_rs rows add `reduce_us`, its reduction kernel alone
+                 (world blocks into one), and the HBM rate it reached (`reduce_tb_s`: bytes read and written).
+  plan           (--plans) every plan of each schedule row, each timed in loopback in alternation (ROUNDS
+                 rounds, medians), beside the model's estimate: whether the model ranks the plans as they run.
 """
 
 from __future__ import annotations
@@ -63,8 +66,9 @@ def group_of_one(m: int, n: int, k: int) -> dict:
               cublas_tflops=_harness.tflops(m, n, k, c_us))
 
 
-def schedule(op: str, world: int, m_total: int, n: int, k: int) -> dict:
-  """Loopback timing of the op's schedule; each rank's GEMM is [m_total, k] @ [k, n]."""
+def schedule(op: str, world: int, m_total: int, n: int, k: int, every_plan: bool) -> list[dict]:
+  """Loopback timing of the op's schedule (and with every_plan, of each of its plans); each rank's GEMM is
+  [m_total, k] @ [k, n]."""
   nat, dev = native.module(), jax.devices()[0]
   m = m_total // world if op == "ag_matmul" else m_total  # x's rows per rank
   put = lambda a: jax.device_put(a, dev)
@@ -97,26 +101,48 @@ def schedule(op: str, world: int, m_total: int, n: int, k: int) -> dict:
       timed[name].append(nat.time_loopback(0, op, world, dict(base, stages=list(stages)), 10))
   timed = {name: float(np.median(t)) for name, t in timed.items()}
   gemm = timed["gemm"]
-  return dict(table="schedule", op=op, world=world, m=m_total, n=n, k=k, stages=str(tuple(plan.stages)),
-              model_us=plan.est_us, **models, loopback_us=timed["planned"], chunks_us=timed["chunks"], gemm_us=gemm,
-              gemm_vs_loopback=gemm / timed["planned"], gemm_vs_chunks=gemm / timed["chunks"])
+  row = dict(table="schedule", op=op, world=world, m=m_total, n=n, k=k, stages=str(tuple(plan.stages)),
+             model_us=plan.est_us, **models, loopback_us=timed["planned"], chunks_us=timed["chunks"], gemm_us=gemm,
+             gemm_vs_loopback=gemm / timed["planned"], gemm_vs_chunks=gemm / timed["chunks"])
+  if op == "matmul_rs":
+    reduce = nat.time_reduce(0, "bfloat16", world, chunk, n)
+    row.update(reduce_us=reduce, reduce_tb_s=(world + 1) * chunk * n * 2 / reduce / 1e6)
+  rows = [row]
+  if every_plan:
+    plans = [(1,) + rest for rest in pipeline_plan.compositions(world - 1)] if op == "ag_matmul" else list(
+        pipeline_plan.compositions(world))
+    times = {p: [] for p in plans}
+    for _ in range(ROUNDS):
+      for p in plans:
+        times[p].append(nat.time_loopback(0, op, world, dict(base, stages=list(p)), 10))
+    for p in plans:
+      loop = float(np.median(times[p]))
+      rows.append(dict(table="plan", op=op, world=world, m=m_total, n=n, k=k, stages=str(p),
+                       model_us=pipeline_plan.plan(op, world, figures, p).est_us, loopback_us=loop,
+                       gemm_vs_loopback=gemm / loop, planned=p == tuple(plan.stages)))
+  return rows
 
 
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", default="benchmarks/results")
   ap.add_argument("--quick", action="store_true", help="the 16384-row shapes only")
+  ap.add_argument("--plans", action="store_true", help="also time every plan of each schedule row (table `plan`)")
   args = ap.parse_args(argv)
   shapes = SHAPES[:2] if args.quick else SHAPES
+  steps = len(shapes) + 2 * len(WORLDS) * 2
   rows = []
   for m, n, k in shapes:
-    _harness.progress(len(rows), len(shapes) * 7, f"group of one {m}x{n}x{k}")
+    _harness.progress(len(rows), steps, f"group of one {m}x{n}x{k}")
     rows.append(group_of_one(m, n, k))
+  done = len(rows)
   for m, n, k in shapes[:2]:
     for op in ("ag_matmul", "matmul_rs"):
       for world in WORLDS:
-        _harness.progress(len(rows), len(shapes) * 7, f"{op} T={world} {m}x{n}x{k}")
-        rows.append(schedule(op, world, m, n, k))
+        _harness.progress(done, steps, f"{op} T={world} {m}x{n}x{k}")
+        rows += schedule(op, world, m, n, k, args.plans)
+        done += 1
+  _harness.progress(done, steps, "done")
   path = _harness.write_results("pipelined", rows, args.out, "python " + " ".join(sys.argv),
                                 series=(("pipelined", "#ff7f0e"), ("xla", "#1f77b4"), ("cublas", "#7f7f7f")),
                                 plotted=lambda r: r["table"] == "group of one")
@@ -125,7 +151,11 @@ def main(argv=None) -> None:
                         "gpu_idle_us", "pipelined_vs_cublas", "kernel_vs_cublas"])
   _harness.print_table([r for r in rows if r["table"] == "schedule"],
                        ["op", "world", "m", "n", "k", "stages", "model_us", *(f"model_w{ms}_us" for ms in WARMUPS_MS),
-                        "loopback_us", "chunks_us", "gemm_us", "gemm_vs_loopback", "gemm_vs_chunks"])
+                        "loopback_us", "chunks_us", "gemm_us", "gemm_vs_loopback", "gemm_vs_chunks", "reduce_us",
+                        "reduce_tb_s"])
+  if args.plans:
+    _harness.print_table([r for r in rows if r["table"] == "plan"],
+                         ["op", "world", "n", "k", "stages", "planned", "model_us", "loopback_us", "gemm_vs_loopback"])
   print(f"results: {path}.json, {path}.svg")
 
 

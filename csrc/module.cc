@@ -274,6 +274,15 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("ordinal"), py::arg("src"), py::arg("bytes"), py::arg("repeats") = 5);
   m.def(
+      "time_reduce",
+      [](int ordinal, const std::string& dtype, int count, int64_t rows, int64_t n, int repeats) {
+        double us = 0;
+        py::gil_scoped_release release;
+        throw_if_error(pipelined::time_reduce(ordinal, dtype_of(dtype), count, rows, n, repeats, &us));
+        return us;
+      },
+      py::arg("ordinal"), py::arg("dtype"), py::arg("count"), py::arg("rows"), py::arg("n"), py::arg("repeats") = 5);
+  m.def(
       "time_loopback",
       [](int ordinal, const std::string& op, int world, py::dict call, int repeats) {
         std::vector<int64_t> stages;

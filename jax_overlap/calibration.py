@@ -4,6 +4,8 @@
   what XLA's dot runs) timed at the rows each number of chunks of a call
   covers, once per shape and dtype, at the first lowering that needs them,
   after a warm-up (GEMM_WARMUP_MS) that puts the GPU on its sustained clocks.
+- matmul_rs's reduction: its kernel timed on one block of each rank count
+  and shape, once, like the GEMMs.
 - The peer link and the local copy rate: copy-engine copies timed when
   initialize() maps the peers (runtime.py). Before that, the decision whether
   to set the workspace up at all guesses the link at a quarter of the local
@@ -49,6 +51,15 @@ def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmaj
   return tuple(measured)
 
 
+@functools.cache
+def reduce_us(dtype_name: str, block_rows: int, world: int, n: int, shared: bool) -> float:
+  """matmul_rs's reduction (us) of `world` partials of [block_rows, n] into one."""
+  measured = native.module().time_reduce(runtime.first_ordinal(), dtype_name, world, block_rows, n)
+  if shared:
+    measured = runtime.agree(f"reduce/{dtype_name}/{block_rows}x{world}/{n}", measured)
+  return measured
+
+
 def figures(op: str, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor: bool,
             shared: bool) -> pipeline_plan.Figures:
   """The model's figures for one call: measured link and copy rates once the workspace exists, else the
@@ -59,7 +70,9 @@ def figures(op: str, dtype_name: str, rows: int, k: int, n: int, world: int, w_k
     if shared:
       local = runtime.agree("local_copy", local)
     link = LINK_GUESS_FRACTION * local
+  chunk_rows = pipeline_plan.chunk_rows(op, rows, world)
   return pipeline_plan.Figures(
-      gemm_us=gemm_us(dtype_name, pipeline_plan.chunk_rows(op, rows, world), world, n, k, w_kmajor, shared),
+      gemm_us=gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor, shared),
       chunk_bytes=pipeline_plan.chunk_bytes(op, rows, k, n, world),
-      link_bytes_per_us=link, local_bytes_per_us=local)
+      link_bytes_per_us=link, local_bytes_per_us=local,
+      reduce_us=reduce_us(dtype_name, chunk_rows, world, n, shared) if op == "matmul_rs" else None)

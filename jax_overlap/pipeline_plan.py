@@ -9,7 +9,7 @@ the model predicts fastest, out of every split (at most 2^7 for 8 ranks).
 
 The model's figures are measured on the machine (jax_overlap/calibration.py):
 the vendor GEMM's time at each number of chunks the call's stages may cover,
-the peer link and the local copy rate. Only the overheads below are fixed.
+matmul_rs's reduction kernel, the peer link and the local copy rate. Only the overheads below are fixed.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class Figures:
   chunk_bytes: int  # bytes of one chunk a rank receives (ag_matmul: a shard of x; matmul_rs: a block of partials)
   link_bytes_per_us: float  # a copy-engine pull from a peer
   local_bytes_per_us: float  # a copy-engine copy within this GPU
+  reduce_us: float | None = None  # matmul_rs's reduction of world blocks into one (None: from the local copy rate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +109,9 @@ def matmul_rs_us(stages: tuple, f: Figures) -> float:
   pull, pulled = f.chunk_bytes / f.link_bytes_per_us, 0.0
   for i in range(1, world):
     pulled = max(pulled, ready[i - 1] + STAGE_OVERHEAD_US) + pull
-  # A copy moves each byte twice (read and write); the reduction reads world blocks and writes one.
-  reduce = (world + 1) * f.chunk_bytes / (2 * f.local_bytes_per_us)
+  reduce = f.reduce_us
+  if reduce is None:  # a copy moves each byte twice (read and write); the reduction reads world blocks, writes one
+    reduce = (world + 1) * f.chunk_bytes / (2 * f.local_bytes_per_us)
   return max(t, pulled) + reduce + CALL_OVERHEAD_US
 
 

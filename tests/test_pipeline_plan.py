@@ -1,5 +1,6 @@
 """The pipelined algorithm's stage planner and cost model (jax_overlap/pipeline_plan.py), with no GPU."""
 
+import dataclasses
 import math
 
 import pytest
@@ -32,6 +33,14 @@ def test_plan_covers_the_ring(op, world):
   assert plan.est_us == min((pp.ag_matmul_us if op == "ag_matmul" else pp.matmul_rs_us)(s, figures(world))
                             for s in ((1,) + r if op == "ag_matmul" else r
                                       for r in pp.compositions(world - 1 if op == "ag_matmul" else world)))
+
+
+def test_matmul_rs_model_takes_the_measured_reduction():
+  f = figures(4)
+  stages = (1, 1, 1, 1)
+  from_copy_rate = 5 * f.chunk_bytes / (2 * f.local_bytes_per_us)  # 4 blocks read, 1 written
+  measured = pp.matmul_rs_us(stages, dataclasses.replace(f, reduce_us=123.0))
+  assert measured - pp.matmul_rs_us(stages, f) == pytest.approx(123.0 - from_copy_rate)
 
 
 @pytest.mark.parametrize("op,text,world,want", [

@@ -10,6 +10,7 @@
 #     steps: build gpu_tests multiprocess examples bench bench_pipelined gemm_engine cpu_tests
 #            (default: all of these); gpu_new gpu_old example_block (parts of gpu_tests, examples);
 #            gemm_engine_ab (two commits' GEMM engines from .gemm_objs/{base,head}: run.sh --objects)
+#            bench_plans (bench_pipelined with --plans: every plan of each schedule row)
 #            per_gpu bench_multi                                               (machines with 2+ GPUs)
 #
 # The machine has no network: pytest comes from wheels in .whl/ when missing,
@@ -91,6 +92,8 @@ for step in "${STEPS[@]}"; do
       run bench_rs 200 python3 benchmarks/bench_matmul_rs.py --out "$OUT" ;;
     bench_pipelined)
       run bench_pipelined 300 python3 benchmarks/bench_pipelined.py --out "$OUT" ;;
+    bench_plans)
+      run bench_plans 420 python3 benchmarks/bench_pipelined.py --out "$OUT" --plans ;;
     *) echo "unknown step $step" >&2 ;;
   esac
 done

@@ -50,40 +50,59 @@ __global__ void fill_random_kernel(T* p, uint64_t elems, uint32_t seed) {
   }
 }
 
+// 16-byte vectors a thread of the reduction takes per loop iteration. Every
+// load of an iteration (kReduceUnroll vectors of each partial) is issued
+// before the first add: the kernel is bound by its loads in flight, not by
+// its few adds.
+constexpr int kReduceUnroll = 2;
+constexpr int kReduceThreads = 256;
+
 template <typename T>
 __global__ void pipeline_reduce_kernel(ReduceArgs a) {
   constexpr int kVec = 16 / sizeof(T);
   const bool aborted = a.abort != nullptr && *static_cast<const volatile uint32_t*>(a.abort) != 0;
-  const int64_t block_elems = a.rows * a.n;
-  const int64_t vecs = a.batch * block_elems / kVec;
+  // n is a multiple of kVec: a vector never straddles a row.
+  const int64_t block_vecs = a.rows * a.n / kVec;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vecs; v += step) {
-    // n is a multiple of kVec: a vector never straddles a row or a batch element.
-    const int64_t e = v * kVec;
-    const int64_t b = e / block_elems;
-    const int64_t within = e - b * block_elems;
-    float acc[kVec] = {};
+  for (int64_t b = blockIdx.y; b < a.batch; b += gridDim.y) {
+    T* out = static_cast<T*>(a.out) + b * a.rows * a.n;
+    for (int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; first < block_vecs;
+         first += kReduceUnroll * step) {
+      gpu::Vec16 raw[kReduceUnroll][kMaxWorld];
 #pragma unroll
-    for (int q = 0; q < kMaxWorld; ++q) {
-      if (q >= a.count) break;
-      const T* src = static_cast<const T*>(a.partials[q]) + b * a.partial_batch_stride[q] + within;
-      T vals[kVec];
-      const gpu::Vec16 raw = gpu::load16(src);
-      __builtin_memcpy(vals, &raw, sizeof(raw));
+      for (int u = 0; u < kReduceUnroll; ++u) {
+        const int64_t v = first + u * step;
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) acc[i] += gpu::to_float(vals[i]);
+        for (int q = 0; q < kMaxWorld; ++q)
+          if (q < a.count && v < block_vecs)
+            raw[u][q] = gpu::load16(static_cast<const T*>(a.partials[q]) + b * a.partial_batch_stride[q] + v * kVec);
+      }
+#pragma unroll
+      for (int u = 0; u < kReduceUnroll; ++u) {
+        const int64_t v = first + u * step;
+        if (v >= block_vecs) break;
+        float acc[kVec] = {};
+#pragma unroll
+        for (int q = 0; q < kMaxWorld; ++q) {  // rank order
+          if (q >= a.count) break;
+          T vals[kVec];
+          __builtin_memcpy(vals, &raw[u][q], sizeof(vals));
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) acc[i] += gpu::to_float(vals[i]);
+        }
+        const int64_t col = a.bias != nullptr ? v * kVec % a.n : 0;
+        T sum[kVec];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          const float bias = a.bias != nullptr ? gpu::to_float(static_cast<const T*>(a.bias)[col + i]) : 0.f;
+          sum[i] = gpu::from_float<T>(acc[i] + bias);  // the bias, once, after the sum
+        }
+        gpu::Vec16 packed;
+        __builtin_memcpy(&packed, sum, sizeof(packed));
+        if (aborted) packed = gpu::Vec16{{~0u, ~0u, ~0u, ~0u}};
+        gpu::store16(out + v * kVec, packed);
+      }
     }
-    const int64_t col = within % a.n;
-    T out[kVec];
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      const float bias = a.bias != nullptr ? gpu::to_float(static_cast<const T*>(a.bias)[col + i]) : 0.f;
-      out[i] = gpu::from_float<T>(acc[i] + bias);  // the bias, once, after the sum
-    }
-    gpu::Vec16 packed;
-    __builtin_memcpy(&packed, out, sizeof(packed));
-    if (aborted) packed = gpu::Vec16{{~0u, ~0u, ~0u, ~0u}};
-    gpu::store16(static_cast<T*>(a.out) + e, packed);
   }
 }
 
@@ -116,14 +135,19 @@ hipError_t launch_fill_random(void* p, uint64_t elems, DType dtype, uint32_t see
 }
 
 hipError_t launch_reduce(const ReduceArgs& args, int sm_count, hipStream_t stream) {
-  const int64_t vecs = args.batch * args.rows * args.n / 8;
-  const int64_t blocks = (vecs + 255) / 256;
-  const int grid = static_cast<int>(blocks < 4 * sm_count ? blocks : 4 * sm_count);
-  if (grid < 1) return hipSuccess;
+  // Batch elements along y, each one's vectors along x; about 4 workgroups per
+  // CU in all, each thread looping over its share.
+  const int64_t block_vecs = args.rows * args.n / 8;
+  const int64_t per_y = (block_vecs + kReduceUnroll * kReduceThreads - 1) / (kReduceUnroll * kReduceThreads);
+  const int64_t grid_y = args.batch < 65535 ? args.batch : 65535;
+  const int64_t room_x = 4 * static_cast<int64_t>(sm_count) / (grid_y > 0 ? grid_y : 1);
+  const dim3 grid(static_cast<unsigned>(per_y < room_x ? per_y : (room_x > 1 ? room_x : 1)),
+                  static_cast<unsigned>(grid_y));
+  if (block_vecs < 1 || grid_y < 1) return hipSuccess;
   if (args.dtype == DType::kBF16)
-    pipeline_reduce_kernel<gpu::bf16><<<grid, 256, 0, stream>>>(args);
+    pipeline_reduce_kernel<gpu::bf16><<<grid, kReduceThreads, 0, stream>>>(args);
   else
-    pipeline_reduce_kernel<gpu::fp16><<<grid, 256, 0, stream>>>(args);
+    pipeline_reduce_kernel<gpu::fp16><<<grid, kReduceThreads, 0, stream>>>(args);
   return hipGetLastError();
 }
 

@@ -138,6 +138,42 @@ Status time_copy(int ordinal, const void* src, uint64_t bytes, int repeats, doub
   return status;
 }
 
+Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n, int repeats, double* us) {
+  if (count < 1 || count > kMaxWorld) return Status{"jax_overlap: time_reduce takes 1 to 8 partials"};
+  ScopedDevice scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
+  const uint64_t elems = static_cast<uint64_t>(rows) * n;
+  DeviceBuffer partials, out;
+  JO_RETURN_IF_HIP_ERROR(hipMalloc(&partials.p, count * elems * 2));
+  JO_RETURN_IF_HIP_ERROR(hipMalloc(&out.p, elems * 2));
+  int sm_count = 0;
+  JO_RETURN_IF_HIP_ERROR(hipDeviceGetAttribute(&sm_count, hipDeviceAttributeMultiprocessorCount, ordinal));
+  hipStream_t stream = nullptr;
+  JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&stream, hipStreamNonBlocking));
+  ReduceArgs r{};
+  r.dtype = dtype;
+  for (int q = 0; q < count; ++q) {
+    r.partials[q] = static_cast<char*>(partials.p) + q * elems * 2;
+    r.partial_batch_stride[q] = static_cast<int64_t>(elems);
+  }
+  r.count = count;
+  r.out = out.p;
+  r.batch = 1;
+  r.rows = rows;
+  r.n = n;
+  Status status = [&]() -> Status {
+    JO_RETURN_IF_HIP_ERROR(launch_fill_random(partials.p, count * elems, dtype, 3, stream));
+    return median_us(stream, repeats,
+                     [&](hipStream_t s) -> Status {
+                       JO_RETURN_IF_HIP_ERROR(launch_reduce(r, sm_count, s));
+                       return {};
+                     },
+                     us);
+  }();
+  (void)hipStreamDestroy(stream);
+  return status;
+}
+
 Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world, int repeats, double* us) {
   ScopedDevice scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());

@@ -24,6 +24,10 @@ Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, in
 // temporary buffer on GPU `ordinal`.
 Status time_copy(int ordinal, const void* src, uint64_t bytes, int repeats, double* us);
 
+// Median time (us) of matmul_rs's reduction (kernels/pipeline_kernels.h) of
+// `count` partials of [rows, n] into one, on random data.
+Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n, int repeats, double* us);
+
 // Median time (us) of the op's schedule in loopback (schedule.h) as rank 0 of
 // `world`: the GEMM chunks, the copies and the streams of a real call, with
 // this GPU's data standing in for the peers'.

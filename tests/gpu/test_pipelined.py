@@ -287,3 +287,10 @@ def test_gemm_timings_for_the_cost_model(warmup_ms):
   us = native.module().time_gemms(0, "bfloat16", [1024, 2048, 4096], 4096, 4096, warmup_ms=warmup_ms)
   assert len(us) == 3 and all(t > 0 for t in us) and us[0] < us[2]
   assert time.monotonic() - t0 >= warmup_ms / 1e3
+
+
+def test_reduce_timing_for_the_cost_model():
+  two, eight = (native.module().time_reduce(0, "bfloat16", count, 2048, 4096) for count in (2, 8))
+  assert 0 < two < eight
+  with pytest.raises(RuntimeError, match="1 to 8 partials"):
+    native.module().time_reduce(0, "bfloat16", 9, 2048, 4096)

@@ -1,0 +1,48 @@
+"""What calibration measures for the cost model, with a stand-in for the GPU timings (no GPU)."""
+
+import pytest
+
+from jax_overlap import calibration, native, runtime
+
+
+class _Timings:
+  """Stand-in timings: a GEMM takes as many us as it has rows; a reduction 42 us."""
+
+  def __init__(self):
+    self.reductions = []
+
+  def time_gemms(self, ordinal, dtype, rows, n, k, w_kmajor, warmup_ms):
+    assert warmup_ms == calibration.GEMM_WARMUP_MS
+    return [float(r) for r in rows]
+
+  def time_reduce(self, ordinal, dtype, count, rows, n):
+    self.reductions.append((dtype, count, rows, n))
+    return 42.0
+
+
+@pytest.fixture
+def timings(monkeypatch):
+  fake = _Timings()
+  monkeypatch.setattr(native, "module", lambda: fake)
+  monkeypatch.setattr(runtime, "first_ordinal", lambda: 0)
+  monkeypatch.setattr(runtime, "link_bytes_per_us", lambda: 3e5)
+  monkeypatch.setattr(runtime, "local_bytes_per_us", lambda: 2e6)
+  calibration.gemm_us.cache_clear()
+  calibration.reduce_us.cache_clear()
+  yield fake
+  calibration.gemm_us.cache_clear()
+  calibration.reduce_us.cache_clear()
+
+
+def test_matmul_rs_figures_carry_its_measured_reduction(timings):
+  f = calibration.figures("matmul_rs", "bfloat16", 4096, 512, 256, 4, False, False)
+  assert timings.reductions == [("bfloat16", 4, 1024, 256)]  # world blocks of rows / world rows each
+  assert f.reduce_us == 42.0
+  assert f.gemm_us == (1024.0, 2048.0, 3072.0, 4096.0)
+  assert f.chunk_bytes == 1024 * 256 * 2 and f.link_bytes_per_us == 3e5 and f.local_bytes_per_us == 2e6
+
+
+def test_ag_matmul_figures_have_no_reduction(timings):
+  f = calibration.figures("ag_matmul", "bfloat16", 1024, 512, 256, 4, False, False)
+  assert f.reduce_us is None and timings.reductions == []
+  assert f.gemm_us == (1024.0, 2048.0, 3072.0, 4096.0) and f.chunk_bytes == 1024 * 512 * 2
