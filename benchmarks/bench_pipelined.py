@@ -19,7 +19,8 @@ Two tables, all columns measured in the same run (bf16, us per call):
                  the model predict the schedule. matmul_rs rows add `reduce_us`, its reduction kernel alone
                  (world blocks into one), and the HBM rate it reached (`reduce_tb_s`: bytes read and written).
   plan           (--plans) every plan of each schedule row, each timed in loopback in alternation (ROUNDS
-                 rounds, medians), beside the model's estimate: whether the model ranks the plans as they run.
+                 rounds, medians, with the reference GEMM once per round), beside the model's estimate: whether
+                 the model ranks the plans as they run.
 """
 
 from __future__ import annotations
@@ -111,15 +112,17 @@ def schedule(op: str, world: int, m_total: int, n: int, k: int, every_plan: bool
   if every_plan:
     plans = [(1,) + rest for rest in pipeline_plan.compositions(world - 1)] if op == "ag_matmul" else list(
         pipeline_plan.compositions(world))
-    times = {p: [] for p in plans}
-    for _ in range(ROUNDS):
+    times, gemms = {p: [] for p in plans}, []
+    for _ in range(ROUNDS):  # the reference GEMM again in each round: the clocks drift between the tables
+      gemms.append(nat.time_gemms(0, "bfloat16", [m_total], n, k)[0])
       for p in plans:
         times[p].append(nat.time_loopback(0, op, world, dict(base, stages=list(p)), 10))
+    plans_gemm = float(np.median(gemms))
     for p in plans:
       loop = float(np.median(times[p]))
       rows.append(dict(table="plan", op=op, world=world, m=m_total, n=n, k=k, stages=str(p),
                        model_us=pipeline_plan.plan(op, world, figures, p).est_us, loopback_us=loop,
-                       gemm_vs_loopback=gemm / loop, planned=p == tuple(plan.stages)))
+                       gemm_us=plans_gemm, gemm_vs_loopback=plans_gemm / loop, planned=p == tuple(plan.stages)))
   return rows
 
 
@@ -155,7 +158,8 @@ def main(argv=None) -> None:
                         "reduce_tb_s"])
   if args.plans:
     _harness.print_table([r for r in rows if r["table"] == "plan"],
-                         ["op", "world", "n", "k", "stages", "planned", "model_us", "loopback_us", "gemm_vs_loopback"])
+                         ["op", "world", "n", "k", "stages", "planned", "model_us", "loopback_us", "gemm_us",
+                          "gemm_vs_loopback"])
   print(f"results: {path}.json, {path}.svg")
 
 

@@ -50,11 +50,10 @@ __global__ void fill_random_kernel(T* p, uint64_t elems, uint32_t seed) {
   }
 }
 
-// 16-byte vectors a thread of the reduction takes per loop iteration. Every
-// load of an iteration (kReduceUnroll vectors of each partial) is issued
-// before the first add: the kernel is bound by its loads in flight, not by
-// its few adds.
-constexpr int kReduceUnroll = 2;
+// The reduction is bound by its loads in flight: each thread issues its loads
+// of every partial before the first add (lab test on the H200, 2026-12-01:
+// 3.6-4.0 TB/s of HBM traffic, where loading one partial at a time reached
+// 2.9-3.4 and 2 or 4 vectors per thread, with fewer threads resident, less).
 constexpr int kReduceThreads = 256;
 
 template <typename T>
@@ -66,42 +65,32 @@ __global__ void pipeline_reduce_kernel(ReduceArgs a) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t b = blockIdx.y; b < a.batch; b += gridDim.y) {
     T* out = static_cast<T*>(a.out) + b * a.rows * a.n;
-    for (int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; first < block_vecs;
-         first += kReduceUnroll * step) {
-      gpu::Vec16 raw[kReduceUnroll][kMaxWorld];
+    for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < block_vecs; v += step) {
+      gpu::Vec16 raw[kMaxWorld];
 #pragma unroll
-      for (int u = 0; u < kReduceUnroll; ++u) {
-        const int64_t v = first + u * step;
+      for (int q = 0; q < kMaxWorld; ++q)
+        if (q < a.count)
+          raw[q] = gpu::load16(static_cast<const T*>(a.partials[q]) + b * a.partial_batch_stride[q] + v * kVec);
+      float acc[kVec] = {};
 #pragma unroll
-        for (int q = 0; q < kMaxWorld; ++q)
-          if (q < a.count && v < block_vecs)
-            raw[u][q] = gpu::load16(static_cast<const T*>(a.partials[q]) + b * a.partial_batch_stride[q] + v * kVec);
+      for (int q = 0; q < kMaxWorld; ++q) {  // rank order
+        if (q >= a.count) break;
+        T vals[kVec];
+        __builtin_memcpy(vals, &raw[q], sizeof(vals));
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) acc[i] += gpu::to_float(vals[i]);
       }
+      const int64_t col = a.bias != nullptr ? v * kVec % a.n : 0;
+      T sum[kVec];
 #pragma unroll
-      for (int u = 0; u < kReduceUnroll; ++u) {
-        const int64_t v = first + u * step;
-        if (v >= block_vecs) break;
-        float acc[kVec] = {};
-#pragma unroll
-        for (int q = 0; q < kMaxWorld; ++q) {  // rank order
-          if (q >= a.count) break;
-          T vals[kVec];
-          __builtin_memcpy(vals, &raw[u][q], sizeof(vals));
-#pragma unroll
-          for (int i = 0; i < kVec; ++i) acc[i] += gpu::to_float(vals[i]);
-        }
-        const int64_t col = a.bias != nullptr ? v * kVec % a.n : 0;
-        T sum[kVec];
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          const float bias = a.bias != nullptr ? gpu::to_float(static_cast<const T*>(a.bias)[col + i]) : 0.f;
-          sum[i] = gpu::from_float<T>(acc[i] + bias);  // the bias, once, after the sum
-        }
-        gpu::Vec16 packed;
-        __builtin_memcpy(&packed, sum, sizeof(packed));
-        if (aborted) packed = gpu::Vec16{{~0u, ~0u, ~0u, ~0u}};
-        gpu::store16(out + v * kVec, packed);
+      for (int i = 0; i < kVec; ++i) {
+        const float bias = a.bias != nullptr ? gpu::to_float(static_cast<const T*>(a.bias)[col + i]) : 0.f;
+        sum[i] = gpu::from_float<T>(acc[i] + bias);  // the bias, once, after the sum
       }
+      gpu::Vec16 packed;
+      __builtin_memcpy(&packed, sum, sizeof(packed));
+      if (aborted) packed = gpu::Vec16{{~0u, ~0u, ~0u, ~0u}};
+      gpu::store16(out + v * kVec, packed);
     }
   }
 }
@@ -138,7 +127,7 @@ hipError_t launch_reduce(const ReduceArgs& args, int sm_count, hipStream_t strea
   // Batch elements along y, each one's vectors along x; about 4 workgroups per
   // CU in all, each thread looping over its share.
   const int64_t block_vecs = args.rows * args.n / 8;
-  const int64_t per_y = (block_vecs + kReduceUnroll * kReduceThreads - 1) / (kReduceUnroll * kReduceThreads);
+  const int64_t per_y = (block_vecs + kReduceThreads - 1) / kReduceThreads;
   const int64_t grid_y = args.batch < 65535 ? args.batch : 65535;
   const int64_t room_x = 4 * static_cast<int64_t>(sm_count) / (grid_y > 0 ? grid_y : 1);
   const dim3 grid(static_cast<unsigned>(per_y < room_x ? per_y : (room_x > 1 ? room_x : 1)),
