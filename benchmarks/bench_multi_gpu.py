@@ -6,13 +6,18 @@ Shapes are per rank, as tensor parallelism sees them: each rank's GEMM is [M tot
 (ag_matmul gathers x's M/T row shards first; matmul_rs reduce-scatters the [M, N] partials).
 Rows are appended to OUT/multi_gpu_DATE.jsonl as they finish, and a rerun skips the rows there.
 A row's columns are all measured in one run (bf16, one process driving T GPUs, times in us per call):
-  fused, xla         jax_overlap with that algorithm inside jax.shard_map (auto_picks: which one
-                     algorithm="auto" chose, read from the lowered program)
+  pipelined, fused, xla
+                     jax_overlap with that algorithm inside jax.shard_map (pipelined_stages: the stage
+                     plan the cost model chose; auto_picks: the algorithm "auto" chose, both read from the
+                     lowered program)
   xla_cm             XLA's own collective matmul (windowed einsum) on sharded arrays under jax.jit,
                      measured in a child process started with XLA_CM_FLAGS (XLA flags are per process)
   ppermute           the collective-matmul pattern of the JAX shard_map docs (dot per shard + ppermute)
   cublas             the per-rank GEMM alone (torch.matmul on GPU 0), when torch is present
   ideal              max(cublas, bytes each rank receives / link), link = a ppermute ring measured here
+  pipelined_vs_ideal, xla_vs_pipelined
+                     the pipelined call against the ideal and against XLA's path (the targets at
+                     M = 16384, T = 4 and 8: at most 1.15 and at least 1.35)
   kernel, wait, comm the fused kernel's span on GPU 0 from its trace; summed GEMM-side wait per GEMM
                      workgroup; the span of its fetch/reduce work
 """
@@ -23,6 +28,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -45,10 +51,11 @@ MS = [1024, 4096, 16384, 65536]
 LINK_BYTES = 256 << 20
 OPS = ("ag_matmul", "matmul_rs")
 BASELINES = ("xla_us", "xla_cm_us", "ppermute_us")
-SERIES = (("fused", "#d62728"), ("xla", "#1f77b4"), ("xla_cm", "#2ca02c"), ("ppermute", "#9467bd"),
+SERIES = (("pipelined", "#ff7f0e"), ("fused", "#d62728"), ("xla", "#1f77b4"), ("xla_cm", "#2ca02c"), ("ppermute", "#9467bd"),
           ("ideal", "#7f7f7f"))  # TFLOP/s per rank in the plot
-COLUMNS = ["op", "tp", "m", "n", "k", "fused_us", "auto_picks", "xla_us", "xla_cm_us", "ppermute_us", "cublas_us",
-           "ideal_us", "kernel_us", "wait_us", "comm_us", "fused_vs_best_baseline"]
+COLUMNS = ["op", "tp", "m", "n", "k", "pipelined_us", "pipelined_stages", "fused_us", "auto_picks", "xla_us",
+           "xla_cm_us", "ppermute_us", "cublas_us", "ideal_us", "kernel_us", "wait_us", "comm_us",
+           "pipelined_vs_ideal", "xla_vs_pipelined", "pipelined_vs_best_baseline", "fused_vs_best_baseline"]
 
 
 def mesh_of(t: int) -> Mesh:
@@ -131,6 +138,19 @@ def received_bytes(op: str, t: int, m: int, n: int, k: int) -> int:
   return (t - 1) * (m // t) * (k if op == "ag_matmul" else n) * 2
 
 
+def lowered_choice(op: str, text: str) -> tuple[str, list | None]:
+  """The algorithm a lowered jax_overlap call took (its custom call's name) and, for pipelined, its stages."""
+  if f"@jax_overlap_{op}_pipelined(" in text:
+    found = re.search(r"stages = (?:array<i64: ([-\d, ]+)>|dense<(\[?[-\d, ]+\]?)> : tensor<(\d+)xi64>)", text)
+    if found is None:
+      return "pipelined", None
+    if found.group(1):
+      return "pipelined", [int(v) for v in found.group(1).split(",")]
+    values = [int(v) for v in found.group(2).strip("[]").split(",")]
+    return "pipelined", values * int(found.group(3)) if len(values) == 1 else values
+  return ("fused" if f"@jax_overlap_{op}(" in text else "xla"), None
+
+
 def trace_split(fn, x, w) -> dict:
   """One fused call traced on GPU 0: kernel span, GEMM-side wait per GEMM workgroup, comm span (us)."""
   ev, tpu = _harness.traced_events(jax.jit(fn), x, w)
@@ -202,18 +222,22 @@ def measure(op: str, t: int, m: int, n: int, k: int, link: float, xla_cm: dict) 
   mesh = mesh_of(t)
   x, w = inputs(op, mesh, m, n, k)
   row = dict(op=op, tp=t, m=m, n=n, k=k, link_gbps=link)
-  for algorithm in ("fused", "xla"):
+  for algorithm in ("pipelined", "fused", "xla"):
     row[f"{algorithm}_us"] = timed(jo_op(op, mesh, algorithm), x, w, m, n, k)
-  # "auto" runs one of the two; which one is decided at trace time.
-  auto_hlo = jax.jit(jo_op(op, mesh, "auto")).lower(x, w).as_text()
-  row["auto_picks"] = "fused" if "@jax_overlap_" in auto_hlo else "xla"  # the custom call
+  # Which algorithm and stage plan a call takes is decided at trace time: read them from the lowering.
+  row["pipelined_stages"] = lowered_choice(op, jax.jit(jo_op(op, mesh, "pipelined")).lower(x, w).as_text())[1]
+  row["auto_picks"] = lowered_choice(op, jax.jit(jo_op(op, mesh, "auto")).lower(x, w).as_text())[0]
   row["ppermute_us"] = timed(ppermute_op(op, mesh), x, w, m, n, k)
   cm = xla_cm.get((op, t, m, n, k), {})
   row["xla_cm_us"], row["xla_cm_windowed"] = cm.get("us"), cm.get("windowed")
   row["cublas_us"] = _harness.cublas_us(m, n, k)
   row["ideal_us"] = max(row["cublas_us"] or 0.0, received_bytes(op, t, m, n, k) / link / 1e3)
   row.update(trace_split(jo_op(op, mesh, "fused"), x, w))
-  row["fused_vs_best_baseline"] = min(row[b] for b in BASELINES if row[b]) / row["fused_us"]
+  best_baseline = min(row[b] for b in BASELINES if row[b])
+  row["fused_vs_best_baseline"] = best_baseline / row["fused_us"]
+  row["pipelined_vs_best_baseline"] = best_baseline / row["pipelined_us"]
+  row["pipelined_vs_ideal"] = row["pipelined_us"] / row["ideal_us"] if row["ideal_us"] else None
+  row["xla_vs_pipelined"] = row["xla_us"] / row["pipelined_us"]
   for s, _ in SERIES:
     row[f"{s}_tflops"] = _harness.tflops(m, n, k, row[f"{s}_us"])
   return row

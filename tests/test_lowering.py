@@ -4,7 +4,9 @@ No GPU runs here; this checks what the lowering hands the FFI handlers: the targ
 attribute, and each group's global device ids in rank order for the mesh axis.
 """
 
+import os
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -336,3 +338,18 @@ def test_gather_axis_folds_into_the_kernels_rows(fake_gpu_runtime, make_mesh):
                             mesh=mesh, in_specs=(P("tp"), P(None, "tp")), out_specs=P(None, None, "tp")))
   calls = _custom_calls(f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text())
   assert len(calls) == 1 and "(tensor<64x512xbf16>" in calls[0].split(" : ")[-1]
+
+
+@pytest.mark.parametrize("op,pinned", [("ag_matmul", "1,2,1"), ("ag_matmul", "1,1,1,1"), ("matmul_rs", "1,2,1"),
+                                       ("matmul_rs", "2,2")])
+def test_the_multi_gpu_benchmark_reads_the_lowered_choice(fake_gpu_runtime, monkeypatch, make_mesh, op, pinned):
+  """benchmarks/bench_multi_gpu.py records the algorithm and stage plan each call took from its lowering."""
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+  import bench_multi_gpu as bench
+
+  monkeypatch.setenv("JAX_OVERLAP_PIPELINE_STAGES", pinned)
+  mesh, operands = make_mesh((4,), ("tp",)), _operands(op, 4, 4096, 512, 256)
+  want = [int(s) for s in pinned.split(",")]
+  assert bench.lowered_choice(op, _lowered(_op_fn(op, mesh, "pipelined"), *operands)) == ("pipelined", want)
+  assert bench.lowered_choice(op, _lowered(_op_fn(op, mesh, "fused"), *operands)) == ("fused", None)
+  assert bench.lowered_choice(op, _lowered(_op_fn(op, mesh, "xla"), *operands)) == ("xla", None)

@@ -51,9 +51,10 @@ __global__ void fill_random_kernel(T* p, uint64_t elems, uint32_t seed) {
 }
 
 // The reduction is bound by its loads in flight: each thread issues its loads
-// of every partial before the first add (lab test on the H200, 2026-12-01:
-// 3.6-4.0 TB/s of HBM traffic, where loading one partial at a time reached
-// 2.9-3.4 and 2 or 4 vectors per thread, with fewer threads resident, less).
+// of every partial before the first add. On the H200 that reaches 3.3-4.0
+// TB/s of HBM traffic (bench_pipelined); side by side in a lab run, loading
+// one partial at a time reached 2.9-3.4, and 2 or 4 vectors per thread (more
+// registers, fewer threads resident) less than one.
 constexpr int kReduceThreads = 256;
 
 template <typename T>
