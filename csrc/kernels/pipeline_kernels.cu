@@ -1,5 +1,7 @@
 #include "kernels/pipeline_kernels.h"
 
+#include <algorithm>
+
 #include "kernels/protocol.h"
 
 namespace jo {
@@ -128,12 +130,11 @@ hipError_t launch_reduce(const ReduceArgs& args, int sm_count, hipStream_t strea
   // Batch elements along y, each one's vectors along x; about 4 workgroups per
   // CU in all, each thread looping over its share.
   const int64_t block_vecs = args.rows * args.n / 8;
-  const int64_t per_y = (block_vecs + kReduceThreads - 1) / kReduceThreads;
-  const int64_t grid_y = args.batch < 65535 ? args.batch : 65535;
-  const int64_t room_x = 4 * static_cast<int64_t>(sm_count) / (grid_y > 0 ? grid_y : 1);
-  const dim3 grid(static_cast<unsigned>(per_y < room_x ? per_y : (room_x > 1 ? room_x : 1)),
-                  static_cast<unsigned>(grid_y));
-  if (block_vecs < 1 || grid_y < 1) return hipSuccess;
+  if (block_vecs < 1 || args.batch < 1) return hipSuccess;
+  const int64_t grid_y = std::min<int64_t>(args.batch, 65535);
+  const int64_t grid_x = std::min((block_vecs + kReduceThreads - 1) / kReduceThreads,
+                                  std::max<int64_t>(4 * static_cast<int64_t>(sm_count) / grid_y, 1));
+  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
   if (args.dtype == DType::kBF16)
     pipeline_reduce_kernel<gpu::bf16><<<grid, kReduceThreads, 0, stream>>>(args);
   else

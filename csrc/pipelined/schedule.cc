@@ -61,7 +61,6 @@ Status wait_flags(const Context& ctx, const PipeFlag* const* flags, const uint32
   return {};
 }
 
-// One vendor GEMM over `rows` rows per batch element: out rows = x rows @ w (+ bias).
 // One vendor GEMM over `rows` rows per batch element: out rows = x rows @ w (+ bias). The batch
 // elements go into one strided-batched GEMM (w shared: stride 0) when the vendor has an algorithm
 // for it, else one GEMM each.
