@@ -1,0 +1,14 @@
+"""Scenarios of tests/gpu/multiprocess.py: what each worker process of one jax.distributed job runs.
+
+Each scenario module defines
+  ENV                   environment variables its workers set before jax starts
+  WORLDS                world sizes it runs at: None for the --worlds list, else a fixed tuple
+  required(rank, world) the checks a worker must report (a crash or a hang after some is a failure)
+  returncode(rank, world) the exit code a worker must end with
+  run(ctx)              the worker's body (common.Ctx: rank, world, mesh, check, shard, ...)
+and may define verdict(result) for checks the parent makes on a worker's stderr.
+"""
+
+from scenarios import abort, main
+
+SCENARIOS = {"main": main, "abort": abort}
