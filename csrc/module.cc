@@ -17,6 +17,7 @@
 #include "pipelined/measure.h"
 #include "pipelined/schedule.h"
 #include "platform/gpu.h"
+#include "runtime/faults.h"
 #include "runtime/runtime.h"
 #include "runtime/sim_group.h"
 
@@ -337,6 +338,9 @@ PYBIND11_MODULE(_native, m) {
   });
   m.def("set_abort_on_timeout", [](bool abort) { Runtime::instance().set_abort_on_timeout(abort); });
   m.def("generation", [] { return Runtime::instance().generation(); });
+  // Fault injection for the tests of failure paths (runtime/faults.h): "name[=value],...", "" for none.
+  m.def("set_faults", [](const std::string& spec) { faults::set_spec(spec); });
+  m.def("faults", [] { return faults::spec(); });
   m.def("export_handle", [](int ordinal) {
     std::string h;
     {

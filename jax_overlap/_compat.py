@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 from jax import lax
 
@@ -26,6 +28,24 @@ def make_varying(x, axes: tuple):
 
 def axis_size(axis_name) -> int:
   return lax.axis_size(axis_name)
+
+
+def apply_primitive(prim):
+  """The eager implementation of a primitive: JAX's own dispatch (device assignment, a jitted call)."""
+  from jax._src import dispatch  # not exported
+  return functools.partial(dispatch.apply_primitive, prim)
+
+
+def spmd_axis_context_type():
+  """The lowering's axis-context class inside shard_map and custom partitioning (mesh and manual axes)."""
+  from jax._src import sharding_impls  # not exported
+  return sharding_impls.SPMDAxisContext
+
+
+def kv_client():
+  """The jax.distributed coordination service's key-value client, or None before jax.distributed.initialize()."""
+  from jax._src import distributed  # not exported
+  return distributed.global_state.client
 
 
 def remat_rank(case) -> int:

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from jax.interpreters import mlir
 
-from jax_overlap import calibration, config, native, pipeline_plan, runtime
+from jax_overlap import _compat, calibration, config, native, pipeline_plan, runtime
 
 log = logging.getLogger("jax_overlap")
 
@@ -87,9 +87,8 @@ class Declined(Exception):
 
 def group_ids(ctx, axis_name) -> tuple:
   """Global device ids of every group of `axis_name`, each in rank order (axis_index order)."""
-  from jax._src import sharding_impls  # the lowering's axis context (mesh and manual axes)
   axis_ctx = ctx.module_context.axis_context
-  if not isinstance(axis_ctx, sharding_impls.SPMDAxisContext):
+  if not isinstance(axis_ctx, _compat.spmd_axis_context_type()):
     raise Declined("not inside shard_map or a custom partitioning")
   mesh = axis_ctx.mesh
   devices = getattr(mesh, "devices", None)

@@ -29,7 +29,7 @@ from jax.interpreters import batching, mlir
 
 from jax.sharding import AxisType, PartitionSpec as P
 
-from jax_overlap import gpu_lowering, reference
+from jax_overlap import _compat, gpu_lowering, reference
 
 log = logging.getLogger("jax_overlap")
 
@@ -188,16 +188,15 @@ def _gather_default_lowering(ctx, x, *, axis_name, axis_size):
 
 
 def _register():
-  from jax._src import dispatch  # eager application and device assignment at lowering
   for prim, abstract_eval, op, ref in ((ag_matmul_p, _ag_abstract_eval, "ag_matmul", reference.ag_matmul),
                                        (matmul_rs_p, _rs_abstract_eval, "matmul_rs", reference.matmul_rs)):
-    prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+    prim.def_impl(_compat.apply_primitive(prim))
     prim.def_abstract_eval(abstract_eval)
     batching.primitive_batchers[prim] = functools.partial(_batch_rule, prim, ref)
     mlir.register_lowering(prim, functools.partial(_default_lowering, op=op))
     for platform in ("cuda", "rocm"):
       mlir.register_lowering(prim, functools.partial(_matrix_lowering, op=op), platform=platform)
-  all_gather_p.def_impl(functools.partial(dispatch.apply_primitive, all_gather_p))
+  all_gather_p.def_impl(_compat.apply_primitive(all_gather_p))
   all_gather_p.def_abstract_eval(_gather_abstract_eval)
   batching.primitive_batchers[all_gather_p] = _gather_batch_rule
   mlir.register_lowering(all_gather_p, _gather_default_lowering)

@@ -49,7 +49,7 @@ import threading
 
 import jax
 
-from jax_overlap import config, native
+from jax_overlap import _compat, config, native
 
 log = logging.getLogger("jax_overlap")
 
@@ -261,8 +261,7 @@ def _measure_copies() -> None:
 
 
 def _kv_client():
-  from jax._src import distributed  # the coordination service's key-value store
-  client = distributed.global_state.client
+  client = _compat.kv_client()
   if client is None:
     raise RuntimeError("jax_overlap: several processes need jax.distributed.initialize() before "
                        "jax_overlap.initialize()")
