@@ -1,4 +1,4 @@
-"""Scenario "agree" (world 4): every process decides each call alike, whatever each one meets.
+"""Scenario "agree" (world 2): every process decides each call alike, whatever each one meets.
 
   1. The last rank cannot set the workspace up (it asks for 16 TiB: out of memory). An explicit
      algorithm raises on every process, naming that process, within seconds (not after the 120 s
@@ -26,7 +26,7 @@ import numpy as np
 from scenarios.common import Ctx, rel
 
 ENV = {"JAX_OVERLAP_ON_TIMEOUT": "raise"}
-WORLDS = (4,)
+WORLDS = (2,)
 CHECKS = ("failed_setup_raises_everywhere", "failed_setup_within_seconds", "failed_setup_auto_takes_xla",
           "right_after_shutdown", "auto_decisions_alike", "auto_gpu_paths_right", "relowered_shard_map_right",
           "relowered_global_right")
