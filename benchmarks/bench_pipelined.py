@@ -79,7 +79,7 @@ def schedule(op: str, world: int, m_total: int, n: int, k: int, every_plan: bool
   gathered = put(jnp.zeros((1, world * m, k), jnp.bfloat16)) if op == "ag_matmul" else None
   scratch = put(jnp.zeros((nat.pipelined_scratch_bytes(op, world, 1, m, n, 2, True),), jnp.uint8))
   jax.block_until_ready([x, w, out, scratch])
-  figures = calibration.figures(op, "bfloat16", m, k, n, world, False, False)
+  figures = calibration.figures(op, "bfloat16", m, k, n, world, False)
   figures = pipeline_plan.Figures(figures.gemm_us, figures.chunk_bytes, figures.local_bytes_per_us,
                                   figures.local_bytes_per_us)  # loopback: the "link" is this GPU's copy engine
   plan = pipeline_plan.plan(op, world, figures)

@@ -13,14 +13,15 @@
   MI300X: about 0.4 TB/s, near its 7 xGMI links): the measurement then
   replaces the guess, and the call may still take the XLA path.
 
-Processes of one group must decide alike, so for groups that span processes
-process 0's figures are published through the jax.distributed key-value store
-and every process uses them (runtime.agree).
+With several processes, every process decides with process 0's figures
+(runtime.agree): only process 0 measures, and timings that differ from process
+to process (noise, one GPU busier) cannot make them decide differently. A
+measurement that fails (out of memory for its buffers, no vendor BLAS) raises
+runtime.SetupError on every process, and `auto` takes the XLA path; it is not
+retried in this runtime generation.
 """
 
 from __future__ import annotations
-
-import functools
 
 from jax_overlap import native, pipeline_plan, runtime
 
@@ -33,46 +34,36 @@ LINK_GUESS_FRACTION = 0.25
 GEMM_WARMUP_MS = 300.0
 
 
-@functools.cache
-def _local_copy_bytes_per_us(ordinal: int) -> float:
+def _local_copy_bytes_per_us() -> float:
   """A copy-engine copy within this GPU, before any workspace exists (64 MiB between temporary buffers)."""
   probe = 64 << 20
-  return probe / native.module().time_copy(ordinal, 0, probe)
+  return runtime.agree("local_copy", lambda: probe / native.module().time_copy(runtime.first_ordinal(), 0, probe))
 
 
-@functools.cache
-def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmajor: bool, shared: bool) -> tuple:
+def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmajor: bool) -> tuple:
   """The vendor GEMM's time (us) over s chunks of `chunk_rows` rows, s = 1 .. world."""
   rows = [chunk_rows * s for s in range(1, world + 1)]
-  measured = native.module().time_gemms(runtime.first_ordinal(), dtype_name, rows, n, k, w_kmajor,
-                                        warmup_ms=GEMM_WARMUP_MS)
-  if shared:
-    measured = runtime.agree(f"gemm/{dtype_name}/{chunk_rows}x{world}/{n}/{k}/{int(w_kmajor)}", measured)
-  return tuple(measured)
+  return tuple(runtime.agree(f"gemm/{dtype_name}/{chunk_rows}x{world}/{n}/{k}/{int(w_kmajor)}", lambda: list(
+      native.module().time_gemms(runtime.first_ordinal(), dtype_name, rows, n, k, w_kmajor,
+                                 warmup_ms=GEMM_WARMUP_MS))))
 
 
-@functools.cache
-def reduce_us(dtype_name: str, block_rows: int, world: int, n: int, shared: bool) -> float:
+def reduce_us(dtype_name: str, block_rows: int, world: int, n: int) -> float:
   """matmul_rs's reduction (us) of `world` partials of [block_rows, n] into one."""
-  measured = native.module().time_reduce(runtime.first_ordinal(), dtype_name, world, block_rows, n)
-  if shared:
-    measured = runtime.agree(f"reduce/{dtype_name}/{block_rows}x{world}/{n}", measured)
-  return measured
+  return runtime.agree(f"reduce/{dtype_name}/{block_rows}x{world}/{n}", lambda: native.module().time_reduce(
+      runtime.first_ordinal(), dtype_name, world, block_rows, n))
 
 
-def figures(op: str, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor: bool,
-            shared: bool) -> pipeline_plan.Figures:
+def figures(op: str, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor: bool) -> pipeline_plan.Figures:
   """The model's figures for one call: measured link and copy rates once the workspace exists, else the
-  local copy rate and the link guessed from it (see the module docstring)."""
+  local copy rate and the link guessed from it (see the module docstring). SetupError when a measurement failed."""
   link, local = runtime.link_bytes_per_us(), runtime.local_bytes_per_us()
   if link is None:
-    local = _local_copy_bytes_per_us(runtime.first_ordinal())
-    if shared:
-      local = runtime.agree("local_copy", local)
+    local = _local_copy_bytes_per_us()
     link = LINK_GUESS_FRACTION * local
   chunk_rows = pipeline_plan.chunk_rows(op, rows, world)
   return pipeline_plan.Figures(
-      gemm_us=gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor, shared),
+      gemm_us=gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor),
       chunk_bytes=pipeline_plan.chunk_bytes(op, rows, k, n, world),
       link_bytes_per_us=link, local_bytes_per_us=local,
-      reduce_us=reduce_us(dtype_name, chunk_rows, world, n, shared) if op == "matmul_rs" else None)
+      reduce_us=reduce_us(dtype_name, chunk_rows, world, n) if op == "matmul_rs" else None)

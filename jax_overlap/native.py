@@ -112,7 +112,11 @@ def _compiled_tile_shapes() -> tuple[config.TileShape, ...]:
 def tile_shapes() -> tuple[config.TileShape, ...]:
   """The compiled tiles the planner takes: the build's own ArchTraits', or those named by
   JAX_OVERLAP_ARCH_TRAITS (debug: "amd" runs the AMD data path on a CUDA build's mma.sync atom)."""
-  return config.tiles_for_arch(_compiled_tile_shapes(), os.environ.get("JAX_OVERLAP_ARCH_TRAITS") or None)
+  arch = os.environ.get("JAX_OVERLAP_ARCH_TRAITS") or None
+  try:
+    return config.tiles_for_arch(_compiled_tile_shapes(), arch)
+  except ValueError as e:
+    raise ValueError(f"jax_overlap: JAX_OVERLAP_ARCH_TRAITS={arch!r}: {e}") from None
 
 
 def gemm_geometry(op: str, tile: config.TileShape, comm_workgroups: int, chunk_k: int, *, dtype_name: str,

@@ -6,13 +6,20 @@ from jax_overlap import calibration, native, runtime
 
 
 class _Timings:
-  """Stand-in timings: a GEMM takes as many us as it has rows; a reduction 42 us."""
+  """Stand-in timings: a GEMM takes as many us as it has rows; a reduction 42 us. `fail` makes the GEMM timing
+  raise as the native module does when its buffers do not fit."""
 
   def __init__(self):
-    self.reductions = []
+    self.reductions, self.gemms, self.fail = [], [], False
+
+  def generation(self):
+    return 1
 
   def time_gemms(self, ordinal, dtype, rows, n, k, w_kmajor, warmup_ms):
     assert warmup_ms == calibration.GEMM_WARMUP_MS
+    self.gemms.append(tuple(rows))
+    if self.fail:
+      raise RuntimeError("time_gemms: out of memory")
     return [float(r) for r in rows]
 
   def time_reduce(self, ordinal, dtype, count, rows, n):
@@ -24,18 +31,15 @@ class _Timings:
 def timings(monkeypatch):
   fake = _Timings()
   monkeypatch.setattr(native, "module", lambda: fake)
+  monkeypatch.setattr(runtime, "_agreed", {})
   monkeypatch.setattr(runtime, "first_ordinal", lambda: 0)
   monkeypatch.setattr(runtime, "link_bytes_per_us", lambda: 3e5)
   monkeypatch.setattr(runtime, "local_bytes_per_us", lambda: 2e6)
-  calibration.gemm_us.cache_clear()
-  calibration.reduce_us.cache_clear()
-  yield fake
-  calibration.gemm_us.cache_clear()
-  calibration.reduce_us.cache_clear()
+  return fake
 
 
 def test_matmul_rs_figures_carry_its_measured_reduction(timings):
-  f = calibration.figures("matmul_rs", "bfloat16", 4096, 512, 256, 4, False, False)
+  f = calibration.figures("matmul_rs", "bfloat16", 4096, 512, 256, 4, False)
   assert timings.reductions == [("bfloat16", 4, 1024, 256)]  # world blocks of rows / world rows each
   assert f.reduce_us == 42.0
   assert f.gemm_us == (1024.0, 2048.0, 3072.0, 4096.0)
@@ -43,6 +47,22 @@ def test_matmul_rs_figures_carry_its_measured_reduction(timings):
 
 
 def test_ag_matmul_figures_have_no_reduction(timings):
-  f = calibration.figures("ag_matmul", "bfloat16", 1024, 512, 256, 4, False, False)
+  f = calibration.figures("ag_matmul", "bfloat16", 1024, 512, 256, 4, False)
   assert f.reduce_us is None and timings.reductions == []
   assert f.gemm_us == (1024.0, 2048.0, 3072.0, 4096.0) and f.chunk_bytes == 1024 * 512 * 2
+
+
+def test_each_shape_is_measured_once(timings):
+  for _ in range(3):
+    calibration.figures("matmul_rs", "bfloat16", 4096, 512, 256, 4, False)
+  calibration.figures("matmul_rs", "bfloat16", 4096, 512, 256, 2, False)
+  assert timings.gemms == [(1024, 2048, 3072, 4096), (2048, 4096)] and len(timings.reductions) == 2
+
+
+def test_a_failed_measurement_is_a_setup_error_and_is_not_tried_again(timings):
+  """With several processes every process must see the same outcome: the failure, kept like a figure."""
+  timings.fail = True
+  for _ in range(2):
+    with pytest.raises(runtime.SetupError, match=r"gemm/bfloat16/1024x4/256/512/0: time_gemms: out of memory"):
+      calibration.figures("ag_matmul", "bfloat16", 1024, 512, 256, 4, False)
+  assert len(timings.gemms) == 1

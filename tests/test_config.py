@@ -274,6 +274,14 @@ def test_tiles_for_arch():
     config.tiles_for_arch(tiles, "gfx")
 
 
+def test_an_unknown_arch_traits_setting_names_the_variable(monkeypatch):
+  monkeypatch.setattr(native, "_compiled_tile_shapes", lambda: (dataclasses.replace(_tile(0), arch="nvidia"),))
+  monkeypatch.setenv("JAX_OVERLAP_ARCH_TRAITS", "gfx")
+  with pytest.raises(ValueError, match=r"^jax_overlap: JAX_OVERLAP_ARCH_TRAITS='gfx': no compiled tiles for ArchTraits "
+                                       r"'gfx'; this build has \['nvidia'\]$"):
+    native.tile_shapes()
+
+
 # --- the C++ geometry (csrc/kernels/launch.h), where the extension is built --------
 
 needs_native = pytest.mark.skipif(native.module() is None, reason="no native extension (pure-Python install)")

@@ -23,7 +23,7 @@ _GEMM_FLOPS_PER_US = 7e8
 
 
 def _figures(link_bytes_per_us):
-  def figures(op, dtype_name, rows, k, n, world, w_kmajor, shared):
+  def figures(op, dtype_name, rows, k, n, world, w_kmajor):
     chunk = pipeline_plan.chunk_rows(op, rows, world)
     gemm = tuple(2.0 * s * chunk * k * n / _GEMM_FLOPS_PER_US * (1.05 if s < world else 1.0)
                  for s in range(1, world + 1))
@@ -38,6 +38,7 @@ def fake_gpu_runtime(monkeypatch):
   monkeypatch.setattr(runtime._state, "workspace_bytes", 1 << 30)
   monkeypatch.setattr(runtime._state, "next_offset", 0)
   monkeypatch.setattr(runtime._state, "regions", {})
+  monkeypatch.setattr(runtime._state, "sites", {})
   monkeypatch.setattr(runtime._state, "reachable", {d.id for d in jax.devices()})
   monkeypatch.setattr(runtime._state, "link_bytes_per_us", 3e5)
   monkeypatch.setattr(runtime, "initialize", lambda **kw: runtime.workspace_info())
@@ -238,7 +239,8 @@ def _refuse(*args, **kwargs):
 def test_xla_and_a_group_of_one_under_auto_set_nothing_up(fake_gpu_runtime, monkeypatch, make_mesh, op):
   monkeypatch.setattr(runtime, "initialize", _refuse)
   monkeypatch.setattr(runtime, "prepare_devices", _refuse)
-  monkeypatch.setattr(runtime, "region", _refuse)
+  monkeypatch.setattr(runtime, "placement", _refuse)
+  monkeypatch.setattr(runtime, "site", _refuse)
   assert _custom_calls(_lowered(_op_fn(op, make_mesh((4,), ("tp",)), "xla"), *_operands(op, 4, 256, 64, 64))) == []
   mesh = make_mesh((8, 1), ("dp", "tp"))
   fn = getattr(jax_overlap, op)
@@ -274,8 +276,9 @@ def test_call_sites_sharing_a_region_get_their_own_numbers(fake_gpu_runtime, mak
 def test_site_numbers_repeat_after_16_bits(fake_gpu_runtime):
   """A flag holds 16 bits of site: the 65536th call site of one region is number 1 again, never 0 (no check)."""
   key = ("ag_matmul/fused", ((0, 1),), (1, 64, 64, 64))
-  sites = [runtime.region(key, 4096)[1] for _ in range(65537)]
+  sites = [runtime.site(key, ("jit_f", i)) for i in range(1, 65538)]
   assert sites[:2] == [1, 2] and sites[65534] == 65535 and sites[65535:] == [1, 2]
+  assert runtime.site(key, ("jit_f", 2)) == 2  # a site named again keeps its number
 
 
 def test_only_this_process_groups_must_be_reachable(fake_gpu_runtime, monkeypatch, make_mesh):

@@ -2,12 +2,14 @@
 
 import json
 import logging
+import math
+import re
 
 import jax
 import pytest
 
 import jax_overlap
-from jax_overlap import native, runtime, tracing
+from jax_overlap import gpu_lowering, native, runtime, tracing
 
 WORKSPACE_KEYS = {"active", "workspace_bytes", "used_bytes", "regions", "watchdog_seconds", "on_timeout",
                   "sync_after_launch", "trace", "devices", "reachable_devices", "link_gbps"}
@@ -64,6 +66,33 @@ def test_initialize_is_idempotent():
 def test_initialize_rejects_bad_settings(kwargs, match):
   with pytest.raises(ValueError, match=match):
     jax_overlap.initialize(**kwargs)
+
+
+@pytest.mark.parametrize("name,value,expected", [
+    ("JAX_OVERLAP_WATCHDOG_SECONDS", "ten", "is not a number; expected a positive number of seconds (inf for none)"),
+    ("JAX_OVERLAP_WATCHDOG_SECONDS", "-5", "; expected a positive number of seconds (inf for none)"),
+    ("JAX_OVERLAP_WORKSPACE_BYTES", "1GiB", "is not a number; expected a positive number of bytes, such as 1073741824"),
+    ("JAX_OVERLAP_WORKSPACE_BYTES", "0", "; expected a positive number of bytes"),
+    ("JAX_OVERLAP_ON_TIMEOUT", "exit", "; expected one of abort, raise"),
+    ("JAX_OVERLAP_SYNC", "maybe", "is not a switch; expected 1 or 0 (or true/false, yes/no, on/off)"),
+    ("JAX_OVERLAP_TRACE", "2", "is not a switch; expected 1 or 0"),
+])
+def test_a_bad_setting_in_the_environment_names_the_variable_and_what_it_takes(monkeypatch, name, value, expected):
+  monkeypatch.setenv(name, value)
+  with pytest.raises(ValueError, match="^" + re.escape(f"jax_overlap: {name}={value!r}") + ".*" + re.escape(expected)):
+    jax_overlap.initialize()
+
+
+def test_settings_read_from_the_environment(monkeypatch):
+  monkeypatch.setenv("JAX_OVERLAP_WATCHDOG_SECONDS", "inf")
+  assert jax_overlap.workspace_info()["watchdog_seconds"] == math.inf
+  for text, on in (("1", True), ("TRUE", True), ("on", True), ("", False), ("0", False), ("False", False),
+                   ("no", False)):
+    monkeypatch.setenv(gpu_lowering.KILL_SWITCH, text)
+    assert gpu_lowering.disabled() is on
+  monkeypatch.setenv(gpu_lowering.KILL_SWITCH, "disabled")
+  with pytest.raises(ValueError, match="jax_overlap: JAX_OVERLAP_DISABLE='disabled' is not a switch"):
+    gpu_lowering.disabled()
 
 
 def test_workspace_info():

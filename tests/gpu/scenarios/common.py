@@ -64,8 +64,9 @@ class Ctx:
   def local(a):
     return np.asarray(a.addressable_shards[0].data)
 
-  def ag_fn(self, algorithm: str, bias: bool = False, lead: int = 0):
-    """jit(shard_map(ag_matmul with the gathered x)) over ("tp",): x rows and w columns sharded."""
+  def ag_fn(self, algorithm: str, bias: bool = False, lead: int = 0, name: str | None = None):
+    """jit(shard_map(ag_matmul with the gathered x)) over ("tp",): x rows and w columns sharded. `name` names its
+    program (jit_<name>), and with it its call site: programs named alike are the same call site."""
     import jax
     from jax.sharding import PartitionSpec as P
 
@@ -74,6 +75,8 @@ class Ctx:
     none = (None,) * lead
     body = (lambda x, w, b: jo.ag_matmul(x, w, b, axis_name="tp", algorithm=algorithm, return_gathered=True)) if bias \
         else (lambda x, w: jo.ag_matmul(x, w, axis_name="tp", algorithm=algorithm, return_gathered=True))
+    if name is not None:
+      body.__name__ = body.__qualname__ = name
     in_specs = (P(*none, "tp"), P(None, "tp")) + ((P("tp"),) if bias else ())
     return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=in_specs,
                                  out_specs=(P(*none, None, "tp"), P(*none, "tp"))))

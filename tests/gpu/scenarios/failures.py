@@ -58,11 +58,12 @@ def run(ctx: Ctx) -> None:
     no_error, straggled = False, str(e)
   check("straggler", no_error and straggled < 1e-2, f"rel err {straggled}")
 
-  # 5b. Two call sites of one shape share a region; even ranks run the first where odd ranks run the
-  # second: every rank gets the call-site error and NaN, never the other call's data. clear_errors()
-  # puts the ranks back in step.
+  # 5b. Two call sites of one shape share a region (two programs: a site is named by its program and its place
+  # in it); even ranks run the first where odd ranks run the second: every rank gets the call-site error and
+  # NaN, never the other call's data. clear_errors() puts the ranks back in step.
   for algorithm in ("fused", "pipelined"):
-    first, second = (ctx.ag_fn(algorithm).lower(*args).compile() for _ in range(2))  # lowered alike everywhere
+    first, second = (ctx.ag_fn(algorithm, name=f"{name}_{algorithm}").lower(*args).compile()
+                     for name in ("first", "second"))  # lowered alike everywhere
     y, _ = (first if rank % 2 == 0 else second)(*args)
     nan = all_nan(local(y))
     try:

@@ -1,0 +1,130 @@
+"""A stand-in for the native module that lets the real runtime and lowering run on CPU devices.
+
+runtime.py and gpu_lowering.py run unchanged (workspace set-up, peers, the
+key-value store, calibration, decisions, regions, sites) over a FakeNative that
+takes the CPU devices for GPUs: memory it allocates is a count, copies and GEMMs
+take the times of a model GPU, and its failures are those of the real module
+(RuntimeError). Lowering for "cuda" then emits the custom calls a GPU would get.
+
+  FakeNative(gemm_scale=2.0, fail={"allocate_workspace", "prepare_vendor_blas"})
+  install(setattr, fake, host="host-a")   # setattr: pytest's monkeypatch.setattr, or builtins.setattr
+
+Only the pipelined algorithm is planned (no fused tiles: their launch is the compiled module's).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jax_overlap import native, runtime
+
+# The model GPU: the GEMM at 700 TFLOP/s (a chunk's share 5% slower than the whole), copies within a GPU at
+# 2 TB/s and between GPUs at 300 GB/s.
+GEMM_FLOPS_PER_US = 7e8
+LOCAL_BYTES_PER_US = 2e6
+LINK_BYTES_PER_US = 3e5
+
+
+class FakeNative:
+  """The native module's runtime functions on CPU devices; `fail` names those that raise as out of memory would."""
+
+  DEFAULT_WATCHDOG_SECONDS = 600.0
+
+  def __init__(self, gemm_scale: float = 1.0, fail=()):
+    self.gemm_scale = gemm_scale
+    self.fail = set(fail)
+    self.gen = 1
+    self.workspaces = {}  # ordinal -> bytes
+    self.calls = []  # (function, args) of the set-up functions, in order
+
+  def _maybe_fail(self, name: str, *args) -> None:
+    self.calls.append((name, args))
+    if name in self.fail:
+      raise RuntimeError(f"{name}: out of memory (FakeNative)")
+
+  def generation(self) -> int:
+    return self.gen
+
+  def release(self) -> None:
+    self.workspaces.clear()
+    self.gen += 1
+
+  def faults(self) -> str:
+    return ""
+
+  def init_device(self, ordinal, global_id):
+    self._maybe_fail("init_device", ordinal, global_id)
+
+  def device_info(self, ordinal):
+    return {"pci_bus_id": f"0000:{ordinal:02x}:00.0", "sm_count": 132, "smem_per_block": 232448, "l2_bytes": 50 << 20,
+            "name": "FakeNative GPU", "arch": "sm_90"}
+
+  def set_abort_on_timeout(self, abort):
+    pass
+
+  def set_options(self, ordinal, watchdog_seconds, sync_after_launch, trace):
+    pass
+
+  def allocate_workspace(self, ordinal, nbytes):
+    self._maybe_fail("allocate_workspace", ordinal, nbytes)
+    self.workspaces[ordinal] = nbytes
+
+  def export_handle(self, ordinal) -> bytes:
+    return bytes([ordinal % 256]) * 8
+
+  def import_peer(self, ordinal, peer_id, handle):
+    self._maybe_fail("import_peer", ordinal, peer_id)
+
+  def map_local_peer(self, ordinal, peer_ordinal):
+    self._maybe_fail("map_local_peer", ordinal, peer_ordinal)
+
+  def set_ranks_per_gpu(self, ordinal, ranks):
+    pass
+
+  def workspace_peer_base(self, ordinal, global_id) -> int:
+    return (global_id + 1) << 40
+
+  def time_copy(self, ordinal, ptr, nbytes) -> float:
+    self._maybe_fail("time_copy", ordinal)
+    own = ptr in (0, (jax.local_devices()[ordinal].id + 1) << 40)
+    return nbytes / (LOCAL_BYTES_PER_US if own else LINK_BYTES_PER_US)
+
+  def time_gemms(self, ordinal, dtype_name, rows, n, k, w_kmajor, warmup_ms) -> list:
+    self._maybe_fail("time_gemms", ordinal)
+    whole = rows[-1]
+    return [self.gemm_scale * 2.0 * r * n * k / GEMM_FLOPS_PER_US * (1.05 if r < whole else 1.0) for r in rows]
+
+  def time_reduce(self, ordinal, dtype_name, world, rows, n) -> float:
+    self._maybe_fail("time_reduce", ordinal)
+    return self.gemm_scale * (world + 1) * rows * n * 2 / (2 * LOCAL_BYTES_PER_US)
+
+  def prepare_vendor_blas(self, ordinal):
+    self._maybe_fail("prepare_vendor_blas", ordinal)
+
+  def pipelined_scratch_bytes(self, op, world, batch, m, n, elem_bytes) -> int:
+    return 256
+
+  def pipelined_region_bytes(self, op, world, batch, m, k, n, elem_bytes) -> int:
+    rows = batch * m if op == "ag_matmul" else batch * m // world
+    return 4096 + world * rows * (k if op == "ag_matmul" else n) * elem_bytes
+
+  def all_gather_region_bytes(self, world, rows, row_bytes) -> int:
+    return 4096 + world * rows * row_bytes
+
+  def synchronize(self, ordinal):
+    pass
+
+  def error_record(self, ordinal):
+    return None
+
+
+def install(set_attr, fake: FakeNative, host: str | None = None) -> None:
+  """Makes jax_overlap take `fake` for its native module and this process's CPU devices for its GPUs (on `host`)."""
+  set_attr(native, "module", lambda: fake)
+  set_attr(native, "platform", lambda: "cuda")
+  set_attr(native, "ensure_registered", lambda: None)
+  set_attr(native, "target", lambda op: f"jax_overlap_{op}")
+  set_attr(native, "tile_shapes", lambda: ())
+  set_attr(runtime, "_local_gpus", jax.local_devices)
+  if host is not None:
+    set_attr(runtime, "_hostname", lambda: host)
