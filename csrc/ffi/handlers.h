@@ -32,7 +32,9 @@ inline const std::vector<FfiTarget>& ffi_targets() {
   static const std::vector<FfiTarget> targets = {
       {"ag_matmul", "jax_overlap_ag_matmul", JoAgMatmulInstantiate, JoAgMatmulExecute},
       {"matmul_rs", "jax_overlap_matmul_rs", JoMatmulRsInstantiate, JoMatmulRsExecute},
-      // Groups of one (no protocol): command-buffer compatible.
+      // Groups of one of the fused kernels: no protocol, but this GPU's abort flag, error record and trace
+      // buffer, which jax_overlap.shutdown() frees: XLA dispatches them (no command buffer), so that each
+      // run checks the runtime generation it was lowered under.
       {"ag_matmul_local", "jax_overlap_ag_matmul_local", nullptr, JoAgMatmulLocalExecute},
       {"matmul_rs_local", "jax_overlap_matmul_rs_local", nullptr, JoMatmulRsLocalExecute},
       {"all_gather", "jax_overlap_all_gather", JoAllGatherInstantiate, JoAllGatherExecute},
