@@ -234,6 +234,12 @@ def _setup(workspace_bytes: int) -> None:
     _state.reachable = set(_state.devices)
   else:
     _exchange_handles()
+  for d in _state.devices.values():
+    # Every pipelined copy of this GPU takes the path verified here on every mapped peer (csrc/pipelined/copy.h).
+    choice = nat.choose_copy_path(d.ordinal)
+    if choice["rejected"]:
+      log.info("jax_overlap: GPU %d moves the pipelined algorithm's bytes by %s: %s", d.ordinal, choice["description"],
+               "; ".join(choice["rejected"]))
   _state.workspace_bytes = workspace_bytes
   _state.next_offset = 0
   _state.regions = {}

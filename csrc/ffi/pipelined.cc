@@ -61,6 +61,7 @@ ffi::Error run(const char* name, OpKind kind, hipStream_t stream, int32_t ordina
   const GroupBinding& g = *bound.value();
   pipelined::Context ctx{};
   JO_FFI_RETURN_IF_ERROR(Runtime::instance().side_streams(g.ws, &ctx.streams));
+  JO_FFI_RETURN_IF_ERROR(Runtime::verified_copy_path(*g.ws, &ctx.copy_path));
   JO_FFI_RETURN_IF_ERROR(blas::DeviceBlas::get(ordinal, &ctx.blas));
   ctx.peers = g.peers;
   ctx.epoch = ++*g.epoch;

@@ -9,6 +9,6 @@ Each scenario module defines
 and may define verdict(result) for checks the parent makes on a worker's stderr.
 """
 
-from scenarios import abort, main
+from scenarios import abort, copy_paths, main
 
-SCENARIOS = {"main": main, "abort": abort}
+SCENARIOS = {"main": main, "abort": abort, "copy_paths": copy_paths}
