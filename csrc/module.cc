@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "blas/capture_check.h"
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 #include "kernels/ag_matmul.h"
@@ -265,11 +266,19 @@ PYBIND11_MODULE(_native, m) {
         throw_if_error(pipelined::check_stages(op_of(op), world, stages.data(), static_cast<int>(stages.size())));
       },
       py::arg("op"), py::arg("world"), py::arg("stages"));
+  // Loads the vendor BLAS on GPU `ordinal` and runs its capture check (blas/capture_check.h) once.
   m.def("prepare_vendor_blas", [](int ordinal) {
-    py::gil_scoped_release release;
-    blas::DeviceBlas* blas = nullptr;
-    throw_if_error(blas::DeviceBlas::get(ordinal, &blas));
+    blas::CaptureCheck check;
+    {
+      py::gil_scoped_release release;
+      blas::DeviceBlas* blas = nullptr;
+      throw_if_error(blas::DeviceBlas::get(ordinal, &blas));
+      throw_if_error(blas::check_graph_capture(ordinal, &check));
+    }
+    return py::dict("graph_safe"_a = check.graph_safe, "detail"_a = check.detail,
+                    "checked_now"_a = check.checked_now);
   });
+  m.def("vendor_gemm_graph_safe", &blas::graph_capture_safe);
   m.def(
       "time_gemms",
       [](int ordinal, const std::string& dtype, std::vector<int64_t> rows, int64_t n, int64_t k, bool w_kmajor,

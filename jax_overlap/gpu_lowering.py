@@ -117,10 +117,14 @@ def _native_ready(ctx) -> None:
 
 
 def _vendor_blas() -> None:
-  """Loads the vendor BLAS on every local GPU now, at lowering: never during a command buffer's capture."""
+  """Loads the vendor BLAS on every local GPU now, at lowering: never during a command buffer's capture; and
+  checks, once per GPU, that its GEMM replays right from a captured graph (csrc/blas/capture_check.h)."""
   try:
     for ordinal in runtime.local_ordinals():
-      native.module().prepare_vendor_blas(ordinal)
+      check = native.module().prepare_vendor_blas(ordinal)
+      if check["checked_now"] and not check["graph_safe"]:
+        log.info("jax_overlap: the vendor GEMM on GPU %d failed its graph-capture check (%s): pipelined calls of a "
+                 "group of one run outside XLA's command buffers", ordinal, check["detail"])
   except RuntimeError as e:
     raise Declined(str(e)) from e
 
@@ -268,8 +272,9 @@ def _emit_pipelined(ctx, call: Call, plan, x, w, bias):
   if call.world == 1:
     log.debug("jax_overlap.%s: pipelined, a group of one: the vendor GEMM", call.op)
     sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[ctx.avals_out[0], scratch])
-    y = jax.ffi.ffi_lowering(native.target("vendor_gemm"))(sub_ctx, x, w, bias_value,
-                                                          w_kmajor=np.int64(call.w_kmajor))[0]
+    # In XLA's command buffers only where the vendor GEMM passed its capture check (_vendor_blas).
+    target = native.target("vendor_gemm" if nat.vendor_gemm_graph_safe() else "vendor_gemm_no_graph")
+    y = jax.ffi.ffi_lowering(target)(sub_ctx, x, w, bias_value, w_kmajor=np.int64(call.w_kmajor))[0]
     return [y, x] if call.op == "ag_matmul" else [y]
   region_bytes = nat.pipelined_region_bytes(call.op, call.world, call.batch, call.m, call.k, call.n, 2)
   offset, site = _region(call, "pipelined", region_bytes, (call.batch, call.m, call.k, call.n))

@@ -1,10 +1,12 @@
-"""The pipelined algorithm's copy paths on one GPU, with the fallbacks run through fault injection
-(csrc/runtime/faults.h; jax_overlap._native.set_faults):
+"""The pipelined algorithm's copy paths and its vendor GEMM's capture check on one GPU, with the fallbacks
+run through fault injection (csrc/runtime/faults.h; jax_overlap._native.set_faults):
 
   copy_selftest_engine_fails, copy_selftest_d2d_fails, copy_selftest_kernel_fails
       initialize()'s self-test sees the bytes of that copy path not land (csrc/pipelined/copy.h)
   copy_max_bytes=N
       every copy splits at N bytes instead of 128 MiB
+  capture_check_fails
+      the vendor GEMM's graph-capture check sees its replays leave the output unwritten (csrc/blas/capture_check.h)
 
 The peers of other processes are in the multi-process scenario "copy_paths" (tests/gpu/scenarios/); the
 split's plan, which needs no GPU, in tests/test_copy_split.py.
@@ -13,11 +15,13 @@ split's plan, which needs no GPU, in tests/test_copy_split.py.
 from __future__ import annotations
 
 import logging
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_overlap as jo
 from gpu_util import random, rel_err, requires_gpu, tolerance
@@ -172,3 +176,59 @@ def test_copy_timings_on_each_path(path):
   one = nat.time_copy(0, 0, 64 << 20, 3, path)
   pieces = nat.time_copy(0, 0, 64 << 20, 3, path, 4 << 20)
   assert one > 0 and pieces > 0
+
+
+# --- the vendor GEMM's capture check ---------------------------------------------------------------
+
+def _vendor_chain():
+  """Six chained group-of-one pipelined calls: the vendor GEMM, in a command buffer where its check passed."""
+  mesh = Mesh(np.array(jax.devices()[:1]), ("tp",))
+  call = jax.shard_map(lambda x, w: jo.ag_matmul(x, w, axis_name="tp", algorithm="pipelined"), mesh=mesh,
+                       in_specs=(P("tp", None), P()), out_specs=P("tp", None))
+  return jax.jit(lambda x, w: [x := call(x, w) for _ in range(6)])
+
+
+def _targets(compiled: str) -> set:
+  return set(re.findall(r'custom_call_target="(jax_overlap_[a-z_]+)"', compiled))
+
+
+def _check_chain(chain, x, w):
+  want, cur = [], _f64(x)
+  for _ in range(6):
+    cur = _f64((cur @ _f64(w)).astype(np.float32).astype(jnp.bfloat16))
+    want.append(cur)
+  for run in range(2):
+    for step, (out, ref) in enumerate(zip(chain(x, w), want)):
+      assert rel_err(_f64(out), ref) < tolerance(jnp.bfloat16), (run, step)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_the_vendor_gemm_passes_its_capture_check_here():
+  check = nat.prepare_vendor_blas(0)
+  assert check["graph_safe"], check["detail"]
+  assert nat.vendor_gemm_graph_safe()
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_a_failed_capture_check_keeps_the_vendor_gemm_out_of_command_buffers(faults, caplog):
+  rng = np.random.default_rng(8)
+  x, w = random(rng, (1024, 1024), jnp.bfloat16), random(rng, (1024, 1024), jnp.bfloat16, 1 / 32)
+  faults("capture_check_fails")
+  jax.clear_caches()
+  with caplog.at_level(logging.INFO, logger="jax_overlap"):
+    chain = _vendor_chain()
+    compiled = chain.lower(x, w).compile().as_text()
+  said = [r.getMessage() for r in caplog.records if "graph-capture check" in r.getMessage()]
+  assert len(said) == 1 and "replay 1 of the captured GEMM left" in said[0], said
+  assert not nat.vendor_gemm_graph_safe()
+  assert _targets(compiled) == {"jax_overlap_vendor_gemm_no_graph"} and "command_buffer" not in compiled
+  _check_chain(chain, x, w)
+  # The check passes again without the fault: calls compiled then go back into command buffers.
+  faults("")
+  jax.clear_caches()
+  chain = _vendor_chain()
+  compiled = chain.lower(x, w).compile().as_text()
+  assert _targets(compiled) == {"jax_overlap_vendor_gemm"} and "command_buffer" in compiled
+  _check_chain(chain, x, w)
