@@ -1,6 +1,8 @@
 #include "pipelined/copy.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "kernels/copy_kernels.h"
 #include "runtime/faults.h"
@@ -72,6 +74,21 @@ bool selftest_copy_dropped(CopyPath path) {
 
 uint32_t seed_of(int64_t owner) { return static_cast<uint32_t>(owner); }
 
+// Waits for `done` up to `timeout_seconds`; *stalled when it did not come. Fault copy_selftest_stalls: the
+// wait gives up at once, as on a copy that never finishes, so that the stalled path runs on a healthy GPU.
+Status wait_bounded(hipEvent_t done, double timeout_seconds, bool* stalled) {
+  const auto start = std::chrono::steady_clock::now();
+  *stalled = faults::enabled("copy_selftest_stalls");
+  while (!*stalled) {
+    const hipError_t e = hipEventQuery(done);
+    if (e == hipSuccess) return {};
+    if (e != hipErrorNotReady) JO_RETURN_IF_HIP_ERROR(e);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    *stalled = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_seconds;
+  }
+  return {};
+}
+
 }  // namespace
 
 const char* copy_path_name(CopyPath path) {
@@ -140,7 +157,8 @@ hipError_t fill_copy_pattern(void* area, int64_t owner, hipStream_t stream) {
 }
 
 Status check_copy_path(CopyPath path, const char* pattern, int64_t owner, char* scratch, hipStream_t stream,
-                       uint64_t* wrong_words) {
+                       double timeout_seconds, uint64_t* wrong_words, bool* stalled) {
+  *stalled = false;
   uint32_t* wrong = reinterpret_cast<uint32_t*>(scratch + kCopyCheckBytes);
   JO_RETURN_IF_HIP_ERROR(hipMemsetAsync(scratch, kPatternPoison, kCopyCheckBytes, stream));
   JO_RETURN_IF_HIP_ERROR(hipMemsetAsync(wrong, 0, sizeof(uint32_t), stream));
@@ -154,7 +172,14 @@ Status check_copy_path(CopyPath path, const char* pattern, int64_t owner, char* 
                                               stream));
   JO_RETURN_IF_HIP_ERROR(launch_check_pattern(
       PatternCheck{scratch + kHalf, kHalf, kDstPitch, kRowBytes, kRows, kHalf, kSrcPitch, seed}, wrong, stream));
-  JO_RETURN_IF_HIP_ERROR(hipStreamSynchronize(stream));
+  hipEvent_t done = nullptr;
+  JO_RETURN_IF_HIP_ERROR(hipEventCreateWithFlags(&done, hipEventDisableTiming));
+  const hipError_t recorded = hipEventRecord(done, stream);
+  const Status waited = recorded == hipSuccess ? wait_bounded(done, timeout_seconds, stalled) : Status{};
+  (void)hipEventDestroy(done);  // released once it completes, if ever
+  JO_RETURN_IF_HIP_ERROR(recorded);
+  JO_RETURN_IF_ERROR(waited);
+  if (*stalled) return {};
   uint32_t count = 0;
   JO_RETURN_IF_HIP_ERROR(hipMemcpy(&count, wrong, sizeof(count), hipMemcpyDeviceToHost));
   *wrong_words = count;

@@ -73,8 +73,12 @@ hipError_t fill_copy_pattern(void* area, int64_t owner, hipStream_t stream);
 // Copies `owner`'s pattern (as mapped here) into `scratch` on `path` the ways
 // the schedule copies (one contiguous copy; rows with different pitches, as a
 // batched pull), checks the result on the GPU and waits for it: the number of
-// 32-bit words that are not what they should be (0: the path works).
+// 32-bit words that are not what they should be (0: the path works). The wait
+// is bounded by `timeout_seconds` (the GPU's watchdog): past it, *stalled is
+// set (a copy engine that never finishes, as fused-off SDMA engines of MI308X
+// do, ROCm/mori #693) and the work is still queued on `stream`: `scratch` and
+// `stream` must then be left alone, not freed or waited for.
 Status check_copy_path(CopyPath path, const char* pattern, int64_t owner, char* scratch, hipStream_t stream,
-                       uint64_t* wrong_words);
+                       double timeout_seconds, uint64_t* wrong_words, bool* stalled);
 
 }  // namespace jo::pipelined

@@ -43,6 +43,7 @@ using hipDeviceProp_t = cudaDeviceProp;
 #define hipSuccess cudaSuccess
 #define hipErrorInvalidValue cudaErrorInvalidValue
 #define hipErrorPeerAccessAlreadyEnabled cudaErrorPeerAccessAlreadyEnabled
+#define hipErrorNotReady cudaErrorNotReady
 #define hipGetErrorString cudaGetErrorString
 #define hipGetLastError cudaGetLastError
 #define hipGetDevice cudaGetDevice
@@ -90,6 +91,7 @@ using hipEvent_t = cudaEvent_t;
 #define hipEventDisableTiming cudaEventDisableTiming
 #define hipEventRecord cudaEventRecord
 #define hipEventSynchronize cudaEventSynchronize
+#define hipEventQuery cudaEventQuery
 #define hipEventElapsedTime cudaEventElapsedTime
 #define hipEventDestroy cudaEventDestroy
 using hipGraph_t = cudaGraph_t;

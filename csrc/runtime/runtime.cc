@@ -229,11 +229,13 @@ Status Runtime::choose_copy_path(int ordinal, pipelined::CopyPath* chosen, std::
   ws->copy_path.store(-1, std::memory_order_release);
   DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
-  struct Scratch {  // the test's destinations and stream, freed at scope exit
+  struct Scratch {  // the test's destinations and stream, freed at scope exit unless a copy stalled on them
     void* memory = nullptr;     // like the buffers XLA gives a call (gathered, the received partials)
     void* workspace = nullptr;  // like the workspace (x's published slot)
     hipStream_t stream = nullptr;
+    bool stalled = false;
     ~Scratch() {
+      if (stalled) return;  // freeing would wait for the stalled copy
       if (stream) {
         (void)hipStreamSynchronize(stream);
         (void)hipStreamDestroy(stream);
@@ -257,14 +259,28 @@ Status Runtime::choose_copy_path(int ordinal, pipelined::CopyPath* chosen, std::
     copies.push_back({id, base - pipelined::kCopyCheckBytes, t.memory});
     if (id == ws->global_id) copies.push_back({id, base - pipelined::kCopyCheckBytes, t.workspace});
   }
+  // Bounded by the watchdog, as every wait on a GPU is (infinite when the watchdog is).
+  const double timeout_seconds = ws->timeout_ticks == UINT64_MAX
+                                     ? HUGE_VAL
+                                     : static_cast<double>(ws->timeout_ticks) / ws->info.ticks_per_second;
   rejected->clear();
   for (pipelined::CopyPath path : pipelined::kCopyPaths) {
     std::string failed;
     for (const Copy& c : copies) {
-      // A copy call that fails fails the path, not the test.
+      // A copy call that fails fails the path, not the test; one that never finishes ends it (the GPU's
+      // queues may be stuck behind it).
       uint64_t wrong = 0;
-      const Status s =
-          pipelined::check_copy_path(path, c.pattern, c.owner, static_cast<char*>(c.into), t.stream, &wrong);
+      const Status s = pipelined::check_copy_path(path, c.pattern, c.owner, static_cast<char*>(c.into), t.stream,
+                                                  timeout_seconds, &wrong, &t.stalled);
+      if (t.stalled) {
+        char seconds[32];
+        std::snprintf(seconds, sizeof(seconds), "%.3g", timeout_seconds);
+        return Status{"jax_overlap: the copy self-test on GPU " + std::to_string(ordinal) + " (" +
+                      pipelined::describe_copy_path(path) + ", from device " + std::to_string(c.owner) +
+                      ") did not finish within the watchdog's " + seconds +
+                      " s: a stalled copy engine (as MI308X's fused-off SDMA engines stall, ROCm/mori #693); "
+                      "restart the process"};
+      }
       if (!s.ok()) (void)hipGetLastError();
       if (!s.ok() || wrong != 0)
         failed += std::string(failed.empty() ? "" : "; ") + "from device " + std::to_string(c.owner) +

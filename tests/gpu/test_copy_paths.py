@@ -3,6 +3,8 @@ run through fault injection (csrc/runtime/faults.h; jax_overlap._native.set_faul
 
   copy_selftest_engine_fails, copy_selftest_d2d_fails, copy_selftest_kernel_fails
       initialize()'s self-test sees the bytes of that copy path not land (csrc/pipelined/copy.h)
+  copy_selftest_stalls
+      the self-test's wait gives up at once, as on a copy engine that never finishes
   copy_max_bytes=N
       every copy splits at N bytes instead of 128 MiB
   capture_check_fails
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 
 import jax
 import jax.numpy as jnp
@@ -108,6 +111,18 @@ def test_initialize_fails_when_no_copy_path_moves_bytes(faults):
     jo.initialize()
   assert str(e.value).count("failed its self-test") == 3, str(e.value)
   assert all(what in str(e.value) for what in ("copy engine", "device-to-device", "copy kernel")), str(e.value)
+  assert nat.copy_path(0) is None and not jo.workspace_info()["active"]
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_a_stalled_copy_self_test_fails_initialize_instead_of_hanging(faults):
+  faults("copy_selftest_stalls")
+  jo.shutdown()
+  t0 = time.monotonic()
+  with pytest.raises(RuntimeError, match="did not finish within the watchdog's"):
+    jo.initialize()
+  assert time.monotonic() - t0 < 60
   assert nat.copy_path(0) is None and not jo.workspace_info()["active"]
 
 
