@@ -252,8 +252,9 @@ def _emit_fused(ctx, call: Call, plan, x, w, bias):
   log.debug("jax_overlap.%s: fused (world %d, tile %d, comm workgroups %d, chunk_k %d; model %.0f us vs xla %.0f us)",
             call.op, call.world, plan.tile, plan.comm_workgroups, plan.chunk_k, plan.est_fused_us, plan.est_xla_us)
   if call.world == 1:
-    # No protocol: the stateless, command-buffer-compatible target, so XLA can keep the call inside its
-    # CUDA/HIP graph. The second result is the stream-K tail's scratch (FusedPlan.tail_slots).
+    # No protocol, but the GPU's device state, which shutdown() frees: a target XLA dispatches each run (no
+    # command buffer), whose handler checks the generation. The second result is the stream-K tail's scratch
+    # (FusedPlan.tail_slots).
     sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[ctx.avals_out[0], _u8(plan.tail_scratch_bytes)])
     y = jax.ffi.ffi_lowering(native.target(call.op + "_local"))(sub_ctx, x, w, bias_value, config=attrs)[0]
     return [y, x] if call.op == "ag_matmul" else [y]  # a group of one gathers x itself
