@@ -6,14 +6,17 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
+#include "blas/capture_check.h"
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 #include "kernels/ag_matmul.h"
 #include "kernels/all_gather.h"
 #include "kernels/matmul_rs.h"
+#include "pipelined/copy.h"
 #include "pipelined/measure.h"
 #include "pipelined/schedule.h"
 #include "platform/gpu.h"
@@ -169,6 +172,21 @@ pipelined::Operands loopback_operands(py::dict c, std::vector<int64_t>* stages) 
   return o;
 }
 
+// The copy path a timing or test names ("copy_engine", ...); none: the path initialize() verified on the
+// GPU, or before it did, the first candidate (calibration's guess of the link precedes initialize()).
+pipelined::CopyPath copy_path_of(int ordinal, const std::optional<std::string>& name) {
+  pipelined::CopyPath path = pipelined::kCopyPaths[0];
+  if (name) {
+    if (!pipelined::parse_copy_path(*name, &path))
+      throw std::invalid_argument("jax_overlap: no copy path " + *name + "; the paths are copy_engine, "
+                                  "device_to_device and kernel");
+    return path;
+  }
+  const Workspace* ws = Runtime::instance().workspace(ordinal);
+  if (ws != nullptr) (void)Runtime::verified_copy_path(*ws, &path);
+  return path;
+}
+
 }  // namespace
 }  // namespace jo
 
@@ -248,11 +266,19 @@ PYBIND11_MODULE(_native, m) {
         throw_if_error(pipelined::check_stages(op_of(op), world, stages.data(), static_cast<int>(stages.size())));
       },
       py::arg("op"), py::arg("world"), py::arg("stages"));
+  // Loads the vendor BLAS on GPU `ordinal` and runs its capture check (blas/capture_check.h) once.
   m.def("prepare_vendor_blas", [](int ordinal) {
-    py::gil_scoped_release release;
-    blas::DeviceBlas* blas = nullptr;
-    throw_if_error(blas::DeviceBlas::get(ordinal, &blas));
+    blas::CaptureCheck check;
+    {
+      py::gil_scoped_release release;
+      blas::DeviceBlas* blas = nullptr;
+      throw_if_error(blas::DeviceBlas::get(ordinal, &blas));
+      throw_if_error(blas::check_graph_capture(ordinal, &check));
+    }
+    return py::dict("graph_safe"_a = check.graph_safe, "detail"_a = check.detail,
+                    "checked_now"_a = check.checked_now);
   });
+  m.def("vendor_gemm_graph_safe", &blas::graph_capture_safe);
   m.def(
       "time_gemms",
       [](int ordinal, const std::string& dtype, std::vector<int64_t> rows, int64_t n, int64_t k, bool w_kmajor,
@@ -265,15 +291,50 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("ordinal"), py::arg("dtype"), py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("w_kmajor") = false,
       py::arg("repeats") = 5, py::arg("warmup_ms") = 0.0);
+  // piece_bytes 0: the cap in force (pipelined::max_copy_bytes); path None: copy_path_of.
   m.def(
       "time_copy",
-      [](int ordinal, uintptr_t src, uint64_t bytes, int repeats) {
+      [](int ordinal, uintptr_t src, uint64_t bytes, int repeats, std::optional<std::string> path,
+         uint64_t piece_bytes) {
+        const pipelined::CopyPath p = copy_path_of(ordinal, path);
+        const uint64_t pieces = piece_bytes != 0 ? piece_bytes : pipelined::max_copy_bytes();
         double us = 0;
         py::gil_scoped_release release;
-        throw_if_error(pipelined::time_copy(ordinal, reinterpret_cast<const void*>(src), bytes, repeats, &us));
+        throw_if_error(
+            pipelined::time_copy(ordinal, reinterpret_cast<const void*>(src), bytes, repeats, p, pieces, &us));
         return us;
       },
-      py::arg("ordinal"), py::arg("src"), py::arg("bytes"), py::arg("repeats") = 5);
+      py::arg("ordinal"), py::arg("src"), py::arg("bytes"), py::arg("repeats") = 5, py::arg("path") = py::none(),
+      py::arg("piece_bytes") = 0);
+  m.attr("MAX_COPY_BYTES") = pipelined::kMaxCopyBytes;
+  m.def("max_copy_bytes", &pipelined::max_copy_bytes);
+  m.def("copy_paths", [] {
+    py::list names;
+    for (pipelined::CopyPath p : pipelined::kCopyPaths) names.append(pipelined::copy_path_name(p));
+    return names;
+  });
+  m.def(
+      "copy_pieces",
+      [](uint64_t width, uint64_t height, uint64_t max_bytes) {
+        py::list out;
+        for (const pipelined::CopyPiece& p : pipelined::copy_pieces(width, height, max_bytes))
+          out.append(py::make_tuple(p.row, p.offset, p.width, p.height));
+        return out;
+      },
+      py::arg("width"), py::arg("height"), py::arg("max_bytes"));
+  // Tests: one 2-D copy on `path` on a stream of its own, waited for (max_bytes 0: the cap in force).
+  m.def(
+      "copy_2d",
+      [](int ordinal, const std::string& path, uintptr_t dst, uint64_t dst_pitch, uintptr_t src, uint64_t src_pitch,
+         uint64_t width, uint64_t height, uint64_t max_bytes) {
+        const pipelined::CopyPath p = copy_path_of(ordinal, path);
+        py::gil_scoped_release release;
+        throw_if_error(pipelined::copy_and_wait(ordinal, p, reinterpret_cast<void*>(dst), dst_pitch,
+                                                reinterpret_cast<const void*>(src), src_pitch, width, height,
+                                                max_bytes != 0 ? max_bytes : pipelined::max_copy_bytes()));
+      },
+      py::arg("ordinal"), py::arg("path"), py::arg("dst"), py::arg("dst_pitch"), py::arg("src"), py::arg("src_pitch"),
+      py::arg("width"), py::arg("height"), py::arg("max_bytes") = 0);
   m.def(
       "time_reduce",
       [](int ordinal, const std::string& dtype, int count, int64_t rows, int64_t n, int repeats) {
@@ -285,15 +346,17 @@ PYBIND11_MODULE(_native, m) {
       py::arg("ordinal"), py::arg("dtype"), py::arg("count"), py::arg("rows"), py::arg("n"), py::arg("repeats") = 5);
   m.def(
       "time_loopback",
-      [](int ordinal, const std::string& op, int world, py::dict call, int repeats) {
+      [](int ordinal, const std::string& op, int world, py::dict call, int repeats, std::optional<std::string> path) {
         std::vector<int64_t> stages;
         const pipelined::Operands o = loopback_operands(call, &stages);
+        const pipelined::CopyPath p = copy_path_of(ordinal, path);
         double us = 0;
         py::gil_scoped_release release;
-        throw_if_error(pipelined::time_loopback(ordinal, op_of(op), o, world, repeats, &us));
+        throw_if_error(pipelined::time_loopback(ordinal, op_of(op), o, world, repeats, p, &us));
         return us;
       },
-      py::arg("ordinal"), py::arg("op"), py::arg("world"), py::arg("call"), py::arg("repeats") = 10);
+      py::arg("ordinal"), py::arg("op"), py::arg("world"), py::arg("call"), py::arg("repeats") = 10,
+      py::arg("path") = py::none());
   m.def("workspace_peer_base", [](int ordinal, int64_t global_id) {
     Workspace* ws = Runtime::instance().workspace(ordinal);
     if (ws == nullptr || !ws->peer_bases.count(global_id))
@@ -357,6 +420,23 @@ PYBIND11_MODULE(_native, m) {
   m.def("map_local_peer", [](int ordinal, int peer_ordinal) {
     py::gil_scoped_release release;
     throw_if_error(Runtime::instance().map_local_peer(ordinal, peer_ordinal));
+  });
+  // After the peers are mapped: the GPU's copy path, verified on every mapped workspace (pipelined/copy.h).
+  m.def("choose_copy_path", [](int ordinal) {
+    pipelined::CopyPath chosen{};
+    std::vector<std::string> rejected;
+    {
+      py::gil_scoped_release release;
+      throw_if_error(Runtime::instance().choose_copy_path(ordinal, &chosen, &rejected));
+    }
+    return py::dict("path"_a = pipelined::copy_path_name(chosen),
+                    "description"_a = pipelined::describe_copy_path(chosen), "rejected"_a = rejected);
+  });
+  m.def("copy_path", [](int ordinal) -> py::object {
+    const Workspace* ws = Runtime::instance().workspace(ordinal);
+    pipelined::CopyPath path{};
+    if (ws == nullptr || !Runtime::verified_copy_path(*ws, &path).ok()) return py::none();
+    return py::str(pipelined::copy_path_name(path));
   });
   m.def("set_ranks_per_gpu", [](int ordinal, int ranks) {
     throw_if_error(Runtime::instance().set_ranks_per_gpu(ordinal, ranks));

@@ -141,10 +141,14 @@ def _native_ready(ctx) -> None:
 
 
 def _vendor_blas() -> None:
-  """Loads the vendor BLAS on every local GPU now, at lowering: never during a command buffer's capture."""
+  """Loads the vendor BLAS on every local GPU now, at lowering: never during a command buffer's capture; and
+  checks, once per GPU, that its GEMM replays right from a captured graph (csrc/blas/capture_check.h)."""
   try:
     for ordinal in runtime.local_ordinals():
-      native.module().prepare_vendor_blas(ordinal)
+      check = native.module().prepare_vendor_blas(ordinal)
+      if check["checked_now"] and not check["graph_safe"]:
+        log.info("jax_overlap: the vendor GEMM on GPU %d failed its graph-capture check (%s): pipelined calls of a "
+                 "group of one run outside XLA's command buffers", ordinal, check["detail"])
   except RuntimeError as e:
     raise Declined(str(e)) from e
 
@@ -424,8 +428,9 @@ def _emit_fused(ctx, call: Call, choice: Choice, x, w, bias):
   log.debug("jax_overlap.%s: fused (world %d, tile %d, comm workgroups %d, chunk_k %d; model %.0f us vs xla %.0f us)",
             call.op, call.world, plan.tile, plan.comm_workgroups, plan.chunk_k, plan.est_fused_us, plan.est_xla_us)
   if call.world == 1:
-    # No protocol: the stateless, command-buffer-compatible target, so XLA can keep the call inside its
-    # CUDA/HIP graph. The second result is the stream-K tail's scratch (FusedPlan.tail_slots).
+    # No protocol, but the GPU's device state, which shutdown() frees: a target XLA dispatches each run (no
+    # command buffer), whose handler checks the generation. The second result is the stream-K tail's scratch
+    # (FusedPlan.tail_slots).
     sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[ctx.avals_out[0], _u8(plan.tail_scratch_bytes)])
     y = jax.ffi.ffi_lowering(native.target(call.op + "_local"))(sub_ctx, x, w, bias_value, config=attrs)[0]
     return [y, x] if call.op == "ag_matmul" else [y]  # a group of one gathers x itself
@@ -444,8 +449,9 @@ def _emit_pipelined(ctx, call: Call, choice: Choice, x, w, bias):
   if call.world == 1:
     log.debug("jax_overlap.%s: pipelined, a group of one: the vendor GEMM", call.op)
     sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[ctx.avals_out[0], scratch])
-    y = jax.ffi.ffi_lowering(native.target("vendor_gemm"))(sub_ctx, x, w, bias_value,
-                                                          w_kmajor=np.int64(call.w_kmajor))[0]
+    # In XLA's command buffers only where the vendor GEMM passed its capture check (_vendor_blas).
+    target = native.target("vendor_gemm" if nat.vendor_gemm_graph_safe() else "vendor_gemm_no_graph")
+    y = jax.ffi.ffi_lowering(target)(sub_ctx, x, w, bias_value, w_kmajor=np.int64(call.w_kmajor))[0]
     return [y, x] if call.op == "ag_matmul" else [y]
   region_key, region_bytes = choice.region
   log.debug("jax_overlap.%s: pipelined (world %d, stages %s; model %.0f us vs xla %.0f us)", call.op, call.world,

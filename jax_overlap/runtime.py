@@ -337,6 +337,7 @@ def _setup(workspace_bytes: int) -> None:
 
   _all_succeed("allocate", allocate)
   _all_succeed("map", _map_local_peers if jax.process_count() == 1 else _exchange_handles)
+  _all_succeed("copy_path", _choose_copy_paths)
   _state.workspace_bytes = workspace_bytes
   _state.next_offset = 0
   _state.regions = {}
@@ -346,6 +347,17 @@ def _setup(workspace_bytes: int) -> None:
   log.debug("jax_overlap: workspace of %d bytes on %d GPU(s); %d peer(s) reachable; peer link %.0f GB/s, local copy "
             "%.0f GB/s", workspace_bytes, len(_state.devices), len(_state.reachable),
             (_state.link_bytes_per_us or 0) / 1e3, (_state.local_bytes_per_us or 0) / 1e3)
+
+
+def _choose_copy_paths() -> None:
+  """Every pipelined copy of a GPU takes the path verified here on every mapped peer (csrc/pipelined/copy.h);
+  RuntimeError when no path lands."""
+  nat = native.module()
+  for d in _state.devices.values():
+    choice = nat.choose_copy_path(d.ordinal)
+    if choice["rejected"]:
+      log.info("jax_overlap: GPU %d moves the pipelined algorithm's bytes by %s: %s", d.ordinal, choice["description"],
+               "; ".join(choice["rejected"]))
 
 
 # Bytes each copy measurement moves: long enough for a copy engine's full rate.

@@ -100,6 +100,14 @@ class FakeNative:
 
   def prepare_vendor_blas(self, ordinal):
     self._maybe_fail("prepare_vendor_blas", ordinal)
+    return {"checked_now": False, "graph_safe": True, "detail": ""}
+
+  def vendor_gemm_graph_safe(self) -> bool:
+    return True
+
+  def choose_copy_path(self, ordinal):
+    self._maybe_fail("choose_copy_path", ordinal)
+    return {"path": "copy_engine", "description": "the copy engine", "rejected": []}
 
   def pipelined_scratch_bytes(self, op, world, batch, m, n, elem_bytes) -> int:
     return 256

@@ -16,6 +16,10 @@ enforces per kernel (a __global__ function, i.e. an entry in amdhsa.kernels):
                kPeers = false) have no peer to synchronize with and are exempt.
   (c) SCRATCH: no kernel uses scratch (ScratchSize 0, private_segment_fixed_size 0,
                no dynamic stack).
+  (d) VECTOR:  a kernel whose name contains "copy_2d_vec" (the pipelined algorithm's copy
+               kernel, csrc/kernels/copy_kernels.cu) loads and stores 16 bytes per instruction
+               (global_load_dwordx4 and global_store_dwordx4): the copy runs on a few CUs, so
+               narrower moves would cut its rate by the width.
 
 "Name" is the kernel's own unqualified function name (demangled, without namespaces,
 template arguments and parameters). When a kernel calls a non-inlined function
@@ -23,7 +27,7 @@ template arguments and parameters). When a kernel calls a non-inlined function
 
 Prints a table and exits 1 naming each violation; 0 when all rules hold (or when
 there are no kernels yet); 2 when the inputs are missing.
-`--warn c` (or JAX_OVERLAP_ISA_WARN=c; letters a, b, c) reports those rules' violations
+`--warn c` (or JAX_OVERLAP_ISA_WARN=c; letters a, b, c, d) reports those rules' violations
 as warnings without failing, for a rule that is known broken and being worked on.
 """
 
@@ -40,6 +44,8 @@ from dataclasses import dataclass, field
 
 MMA_WORDS = ("matmul", "gemm")
 SYS_WORDS = ("ag_matmul", "matmul_rs", "all_gather", "pipeline_wait")
+VEC_WORDS = ("copy_2d_vec",)
+VEC_OPS = ("global_load_dwordx4", "global_store_dwordx4")
 # Archs whose memory model uses the sc0/sc1 scope bits checked by rule (b).
 SC_ARCH_RE = re.compile(r"^gfx9(4[0-9a-f]|5[0-9a-f])$")
 
@@ -260,10 +266,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", nargs="?", default="build/hip_check", help="hip_compile_check.sh output dir")
     ap.add_argument("--warn", default=os.environ.get("JAX_OVERLAP_ISA_WARN", ""),
-                    help="rules (letters a, b, c) whose violations only warn")
+                    help="rules (letters a, b, c, d) whose violations only warn")
     args = ap.parse_args()
     out = args.out
-    warn_only = {c for c in args.warn.lower() if c in "abc"}
+    warn_only = {c for c in args.warn.lower() if c in "abcd"}
 
     if not os.path.exists(os.path.join(out, "toolchain.txt")):
         print(f"check_isa: {out}/toolchain.txt not found: run tools/hip_compile_check.sh {out} first")
@@ -324,7 +330,7 @@ def main() -> int:
         k.short = short_name(k.name)
         k.disp = display_name(k.name)
 
-    seen = {w: False for w in MMA_WORDS + SYS_WORDS}
+    seen = {w: False for w in MMA_WORDS + SYS_WORDS + VEC_WORDS}
     for k in kernels:
         low = k.short.lower()
         for w in seen:
@@ -342,6 +348,11 @@ def main() -> int:
                     violations.append(f"(b) no system-scope release (buffer_wbl2 sc0 sc1 + sc0 sc1 store/sc1 atomic) [{where}]")
                 if not k.sys_acquire:
                     violations.append(f"(b) no system-scope acquire (sc0 sc1 load/sc1 atomic + buffer_inv sc0 sc1) [{where}]")
+        if any(w in low for w in VEC_WORDS):
+            ops = {t[0] for t in k.insts}
+            for op in VEC_OPS:
+                if op not in ops:
+                    violations.append(f"(d) no {op} in the copy kernel [{where}]")
         if k.scratch != 0:
             spills = f"VGPR spill {k.res.get('VGPRs Spill', k.meta.get('vgpr_spill_count', '?'))}, " \
                      f"SGPR spill {k.res.get('SGPRs Spill', k.meta.get('sgpr_spill_count', '?'))}"
@@ -373,7 +384,8 @@ def main() -> int:
             print(f"VIOLATION: {v}")
         print(f"check_isa: FAILED: {len(violations)} violation(s) in {n} kernel(s) x arch")
         return 1
-    held = [r for r in ("(a) mfma", "(b) system scope", "(c) no scratch") if r[1] not in warn_only]
+    rules = ("(a) mfma", "(b) system scope", "(c) no scratch", "(d) 16-byte copies")
+    held = [r for r in rules if r[1] not in warn_only]
     print(f"check_isa: OK: {n} kernel(s) x arch; rules hold: {', '.join(held) or 'none'}"
           + (f"; warn only: {', '.join(sorted(warn_only))} ({len(warnings)} warning(s))" if warn_only else ""))
     return 0

@@ -78,5 +78,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulExecute, jo::AgMatmulExecute,
                                   .Attr<xla::ffi::Span<const int64_t>>("groups")
                                   .Attr<int64_t>("world"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulLocalExecute, jo::AgMatmulLocalExecute, jo::local_gemm_binding(),
-                              {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulLocalExecute, jo::AgMatmulLocalExecute, jo::local_gemm_binding());

@@ -19,6 +19,15 @@ ffi::Error recorded_error(const Workspace& ws) {
   return ffi::Error::Internal(describe_error(*ws.error_host, ws.info.ticks_per_second));
 }
 
+// A call lowered under another runtime generation refuses to run: jax_overlap.shutdown() freed what it was
+// bound to (and a later initialize() made new state its attributes do not describe).
+ffi::Error check_generation(uint64_t lowered) {
+  if (lowered == Runtime::instance().generation()) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                    "jax_overlap: this compiled call was lowered for a workspace that jax_overlap.shutdown() freed; "
+                    "trace and compile it again (for example after jax.clear_caches())");
+}
+
 }  // namespace
 
 ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t> groups, int64_t world,
@@ -41,11 +50,7 @@ ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal
     return ffi::Unexpected(ffi::Error::InvalidArgument("jax_overlap: device ordinal " + std::to_string(ordinal) +
                                                        " out of range"));
   // Checked before the binding is touched: after shutdown() it points at freed memory.
-  if (state->generation != Runtime::instance().generation())
-    return ffi::Unexpected(ffi::Error(
-        ffi::ErrorCode::kFailedPrecondition,
-        "jax_overlap: this compiled call was lowered for a workspace that jax_overlap.shutdown() freed; trace and "
-        "compile it again (for example after jax.clear_caches())"));
+  if (auto e = check_generation(state->generation); e.failure()) return ffi::Unexpected(std::move(e));
   GroupBinding& binding = state->bindings[ordinal];
   if (!state->bound[ordinal]) {
     const Status s = Runtime::instance().bind_group(ordinal, state->groups.data(), state->groups.size(),
@@ -150,6 +155,8 @@ ffi::Error finish_local_launch(hipError_t launched, const LocalCall& lc, ffi::An
 ffi::ErrorOr<LocalCall> local_call(const char* op, OpKind kind, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
                                    const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out, ffi::AnyBuffer scratch,
                                    const FusedConfig& config, int32_t ordinal) {
+  if (auto e = check_generation(static_cast<uint64_t>(config.generation)); e.failure())
+    return ffi::Unexpected(std::move(e));
   auto call = gemm_call(op, x, w, bias, {&out}, config.w_kmajor != 0);
   if (call.has_error()) return ffi::Unexpected(call.error());
   call.value().op.tile = static_cast<int>(config.tile);

@@ -135,11 +135,13 @@ ffi::Error finish_launch(const Status& enqueued, const Workspace& ws, hipStream_
 // [..., m, n]), its launch context on this GPU and its stream-K tail scratch
 // (an XLA result of config.tail_slots slots, used as it comes: the kernel
 // clears every flag it sets, gemm/tile_scheduler.h). Such a call has no peer or
-// epoch, and its handler does no host work a replay would miss, so it is
-// declared command-buffer compatible: XLA may record it into the CUDA/HIP
-// graph around it instead of dispatching it from the host. Its context
-// carries this GPU's watchdog: a stream-K head that waits past it for its tail
-// (a bug of the launch, never a peer) is recorded as a peer's timeout is.
+// epoch, but its launch holds this GPU's device state (abort flag, error
+// record, trace buffer), which jax_overlap.shutdown() frees: its targets are
+// not command-buffer compatible (a replayed graph would skip this check and
+// read freed memory), and a call lowered under another runtime generation
+// fails here, as prepare_call does. Its context carries this GPU's watchdog:
+// a stream-K head that waits past it for its tail (a bug of the launch, never
+// a peer) is recorded as a peer's timeout is.
 struct LocalCall {
   GemmCall call;
   CallContext ctx;
@@ -152,8 +154,7 @@ ffi::ErrorOr<LocalCall> local_call(const char* op, OpKind kind, const ffi::AnyBu
 
 // After a group-of-one launch: its status, and its output poisoned (NaN) on
 // the GPU when this GPU's watchdog has fired (a stalled stream-K head, or an
-// earlier timeout), in a graph replay too. No sync option: the call may be
-// being recorded into a graph.
+// earlier timeout).
 ffi::Error finish_local_launch(hipError_t launched, const LocalCall& lc, ffi::AnyBuffer out, hipStream_t stream,
                                const char* op);
 

@@ -18,6 +18,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoPipelinedInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAgMatmulPipelinedExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsPipelinedExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoVendorGemmExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoVendorGemmNoGraphExecute);
 
 namespace jo {
 
@@ -32,14 +33,18 @@ inline const std::vector<FfiTarget>& ffi_targets() {
   static const std::vector<FfiTarget> targets = {
       {"ag_matmul", "jax_overlap_ag_matmul", JoAgMatmulInstantiate, JoAgMatmulExecute},
       {"matmul_rs", "jax_overlap_matmul_rs", JoMatmulRsInstantiate, JoMatmulRsExecute},
-      // Groups of one (no protocol): command-buffer compatible.
+      // Groups of one of the fused kernels: no protocol, but this GPU's abort flag, error record and trace
+      // buffer, which jax_overlap.shutdown() frees: XLA dispatches them (no command buffer), so that each
+      // run checks the runtime generation it was lowered under.
       {"ag_matmul_local", "jax_overlap_ag_matmul_local", nullptr, JoAgMatmulLocalExecute},
       {"matmul_rs_local", "jax_overlap_matmul_rs_local", nullptr, JoMatmulRsLocalExecute},
       {"all_gather", "jax_overlap_all_gather", JoAllGatherInstantiate, JoAllGatherExecute},
-      // The pipelined algorithm; its group of one is the vendor GEMM alone (command-buffer compatible).
+      // The pipelined algorithm; its group of one is the vendor GEMM alone, command-buffer compatible where
+      // the vendor GEMM passed its capture check on every local GPU (blas/capture_check.h), else the second.
       {"ag_matmul_pipelined", "jax_overlap_ag_matmul_pipelined", JoPipelinedInstantiate, JoAgMatmulPipelinedExecute},
       {"matmul_rs_pipelined", "jax_overlap_matmul_rs_pipelined", JoPipelinedInstantiate, JoMatmulRsPipelinedExecute},
       {"vendor_gemm", "jax_overlap_vendor_gemm", nullptr, JoVendorGemmExecute},
+      {"vendor_gemm_no_graph", "jax_overlap_vendor_gemm_no_graph", nullptr, JoVendorGemmNoGraphExecute},
   };
   return targets;
 }

@@ -73,5 +73,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsExecute, jo::MatmulRsExecute,
                                   .Attr<xla::ffi::Span<const int64_t>>("groups")
                                   .Attr<int64_t>("world"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsLocalExecute, jo::MatmulRsLocalExecute, jo::local_gemm_binding(),
-                              {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsLocalExecute, jo::MatmulRsLocalExecute, jo::local_gemm_binding());

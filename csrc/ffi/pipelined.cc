@@ -1,7 +1,7 @@
 // FFI handlers of the pipelined algorithm (pipelined/schedule.h): check every
 // buffer once, bind the call to its group, enqueue the schedule on XLA's stream
 // and the side streams. A group of one is the vendor GEMM alone, on XLA's
-// stream and command-buffer compatible.
+// stream (command-buffer compatible where its capture check passed).
 #include <string>
 
 #include "blas/gemm.h"
@@ -61,6 +61,7 @@ ffi::Error run(const char* name, OpKind kind, hipStream_t stream, int32_t ordina
   const GroupBinding& g = *bound.value();
   pipelined::Context ctx{};
   JO_FFI_RETURN_IF_ERROR(Runtime::instance().side_streams(g.ws, &ctx.streams));
+  JO_FFI_RETURN_IF_ERROR(Runtime::verified_copy_path(*g.ws, &ctx.copy_path));
   JO_FFI_RETURN_IF_ERROR(blas::DeviceBlas::get(ordinal, &ctx.blas));
   ctx.peers = g.peers;
   ctx.epoch = ++*g.epoch;
@@ -105,7 +106,11 @@ ffi::Error MatmulRsPipelinedExecute(hipStream_t stream, int32_t ordinal, CallSta
 }
 
 // A group of one: y = x @ w (+ bias) by the vendor GEMM, nothing to move. No
-// peer, no epoch, no host work a command-buffer replay would miss.
+// peer, no epoch, no host work a command-buffer replay would miss: it reads no
+// runtime state, so a replay after jax_overlap.shutdown() is still right. Two
+// targets run it: one command-buffer compatible, and one XLA dispatches from
+// the host each time, for GPUs whose vendor GEMM failed the capture check
+// (blas/capture_check.h).
 ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                              ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> scratch,
                              int64_t w_kmajor) {
@@ -118,6 +123,18 @@ ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer
   JO_FFI_RETURN_IF_ERROR(blas::DeviceBlas::get(ordinal, &blas));
   JO_FFI_RETURN_IF_ERROR(pipelined::enqueue_local_gemm(o, *blas, stream));
   return ffi::Error::Success();
+}
+
+auto vendor_gemm_binding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<hipStream_t>>()
+      .Ctx<ffi::DeviceOrdinal>()
+      .Arg<ffi::AnyBuffer>()  // x [..., m, k]
+      .Arg<ffi::AnyBuffer>()  // w [k, n] or [n, k]
+      .Arg<ffi::AnyBuffer>()  // bias [n], or [0] for none
+      .Ret<ffi::AnyBuffer>()  // y [..., m, n]
+      .Ret<ffi::AnyBuffer>()  // the vendor GEMM's workspace, u8
+      .Attr<int64_t>("w_kmajor");
 }
 
 }  // namespace
@@ -161,14 +178,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsPipelinedExecute, jo::MatmulRsPipelinedE
                                   .Attr<int64_t>("world")
                                   .Attr<xla::ffi::Span<const int64_t>>("stages"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JoVendorGemmExecute, jo::VendorGemmExecute,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // x [..., m, k]
-                                  .Arg<xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
-                                  .Arg<xla::ffi::AnyBuffer>()  // bias [n], or [0] for none
-                                  .Ret<xla::ffi::AnyBuffer>()  // y [..., m, n]
-                                  .Ret<xla::ffi::AnyBuffer>()  // the vendor GEMM's workspace, u8
-                                  .Attr<int64_t>("w_kmajor"),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoVendorGemmExecute, jo::VendorGemmExecute, jo::vendor_gemm_binding(),
                               {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoVendorGemmNoGraphExecute, jo::VendorGemmExecute, jo::vendor_gemm_binding());

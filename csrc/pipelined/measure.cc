@@ -127,7 +127,8 @@ Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, in
   return status;
 }
 
-Status time_copy(int ordinal, const void* src, uint64_t bytes, int repeats, double* us) {
+Status time_copy(int ordinal, const void* src, uint64_t bytes, int repeats, CopyPath path, uint64_t max_piece_bytes,
+                 double* us) {
   ScopedDevice scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   DeviceBuffer dst, own_src;
@@ -140,11 +141,19 @@ Status time_copy(int ordinal, const void* src, uint64_t bytes, int repeats, doub
   JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
   return median_us(
       timing.s, repeats,
-      [&](hipStream_t s) -> Status {
-        JO_RETURN_IF_HIP_ERROR(hipMemcpyAsync(dst.p, src, bytes, gpu::kCopyEngineCopy, s));
-        return {};
-      },
+      [&](hipStream_t s) { return copy_2d(path, dst.p, bytes, src, bytes, bytes, 1, s, max_piece_bytes); },
       us);
+}
+
+Status copy_and_wait(int ordinal, CopyPath path, void* dst, uint64_t dst_pitch, const void* src, uint64_t src_pitch,
+                     uint64_t width, uint64_t height, uint64_t max_bytes) {
+  ScopedDevice scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
+  TimingStream stream;
+  JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&stream.s, hipStreamNonBlocking));
+  JO_RETURN_IF_ERROR(copy_2d(path, dst, dst_pitch, src, src_pitch, width, height, stream.s, max_bytes));
+  JO_RETURN_IF_HIP_ERROR(hipStreamSynchronize(stream.s));
+  return {};
 }
 
 Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n, int repeats, double* us) {
@@ -180,7 +189,8 @@ Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n,
       us);
 }
 
-Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world, int repeats, double* us) {
+Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world, int repeats, CopyPath path,
+                     double* us) {
   ScopedDevice scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   JO_RETURN_IF_ERROR(check_stages(op, world, operands.stages, operands.stage_count));
@@ -197,6 +207,7 @@ Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world
   JO_RETURN_IF_HIP_ERROR(hipDeviceGetAttribute(&sm_count, hipDeviceAttributeMultiprocessorCount, ordinal));
   ctx.sm_count = sm_count;
   ctx.loopback = true;
+  ctx.copy_path = path;
   TimingStream timing;
   JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
   return median_us(

@@ -19,18 +19,26 @@ namespace jo::pipelined {
 Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, int64_t n, int64_t k, bool w_kmajor,
                   int repeats, double warmup_ms, std::vector<double>* us);
 
-// Median time (us) of a copy-engine copy of `bytes` from `src` (a peer's
-// workspace, or this GPU's memory; nullptr: a temporary buffer) into a
-// temporary buffer on GPU `ordinal`.
-Status time_copy(int ordinal, const void* src, uint64_t bytes, int repeats, double* us);
+// Median time (us) of a copy of `bytes` on `path` (copy.h), in pieces of at
+// most `max_piece_bytes`, from `src` (a peer's workspace, or this GPU's
+// memory; nullptr: a temporary buffer) into a temporary buffer on GPU
+// `ordinal`: the cost model's link and local copy rates are those of the path
+// the GPU's pipelined copies take.
+Status time_copy(int ordinal, const void* src, uint64_t bytes, int repeats, CopyPath path, uint64_t max_piece_bytes,
+                 double* us);
+
+// One copy_2d (copy.h) on GPU `ordinal`, on a stream of its own, waited for (tests).
+Status copy_and_wait(int ordinal, CopyPath path, void* dst, uint64_t dst_pitch, const void* src, uint64_t src_pitch,
+                     uint64_t width, uint64_t height, uint64_t max_bytes);
 
 // Median time (us) of matmul_rs's reduction (kernels/pipeline_kernels.h) of
 // `count` partials of [rows, n] into one, on random data.
 Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n, int repeats, double* us);
 
 // Median time (us) of the op's schedule in loopback (schedule.h) as rank 0 of
-// `world`: the GEMM chunks, the copies and the streams of a real call, with
-// this GPU's data standing in for the peers'.
-Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world, int repeats, double* us);
+// `world`: the GEMM chunks, the copies (on `path`) and the streams of a real
+// call, with this GPU's data standing in for the peers'.
+Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world, int repeats, CopyPath path,
+                     double* us);
 
 }  // namespace jo::pipelined

@@ -18,20 +18,6 @@ struct RowRange {
   int64_t batch_stride() const { return rows_per_batch * cols; }  // elements
 };
 
-// Copy-engine copy of `rows` rows per batch element (batch pieces, `batch` pitched 2-D copy).
-Status copy_rows(char* dst, int64_t dst_batch_stride, const char* src, int64_t src_batch_stride, int64_t batch,
-                 int64_t rows, int64_t cols, hipStream_t stream) {
-  const size_t width = static_cast<size_t>(rows * cols * kElem);
-  if (batch == 1) {
-    JO_RETURN_IF_HIP_ERROR(hipMemcpyAsync(dst, src, width, gpu::kCopyEngineCopy, stream));
-  } else {
-    JO_RETURN_IF_HIP_ERROR(hipMemcpy2DAsync(dst, static_cast<size_t>(dst_batch_stride * kElem), src,
-                                            static_cast<size_t>(src_batch_stride * kElem), width,
-                                            static_cast<size_t>(batch), gpu::kCopyEngineCopy, stream));
-  }
-  return {};
-}
-
 // Releases `flag` for (epoch, site): the site first, so a reader that
 // acquires the epoch sees the site of the same release (each stream write is
 // preceded by a memory fence).
@@ -170,7 +156,7 @@ Status enqueue_ag_matmul(const Operands& op, const Context& ctx, hipStream_t ori
       JO_RETURN_IF_ERROR(
           wait_flags(ctx, flags, peers, count, ctx.epoch - 2, 0, WaitOn::kReadersDone, s.copy));
     }
-    JO_RETURN_IF_HIP_ERROR(hipMemcpyAsync(region.slot(mine, parity), op.x, shard_bytes, gpu::kCopyEngineCopy, s.copy));
+    JO_RETURN_IF_ERROR(copy_bytes(ctx.copy_path, region.slot(mine, parity), op.x, shard_bytes, s.copy));
     JO_RETURN_IF_ERROR(release(region.pub_flag(mine, parity), ctx.epoch, ctx.site, s.copy));
     count = 0;
     for (int i = 1; i < world; ++i) {
@@ -182,14 +168,14 @@ Status enqueue_ag_matmul(const Operands& op, const Context& ctx, hipStream_t ori
   for (int i = 1; i < world; ++i) {
     const int shard = (rank + i) % world;
     const char* src = ctx.loopback ? x.base : region.slot(ctx.peers.regions[shard], parity);
-    JO_RETURN_IF_ERROR(copy_rows(gathered.at(shard * op.m), gathered.batch_stride(), src, x.batch_stride(), op.batch,
-                                 op.m, op.k, s.copy));
+    JO_RETURN_IF_ERROR(copy_rows(ctx.copy_path, gathered.at(shard * op.m), gathered.batch_stride(), src,
+                                 x.batch_stride(), op.batch, op.m, op.k, s.copy));
     if (!ctx.loopback)
       JO_RETURN_IF_ERROR(release(region.done_flag(ctx.peers.regions[shard], parity, rank), ctx.epoch, 0, s.copy));
     JO_RETURN_IF_HIP_ERROR(hipEventRecord(s.arrived[i], s.copy));
   }
-  JO_RETURN_IF_ERROR(copy_rows(gathered.at(rank * op.m), gathered.batch_stride(), x.base, x.batch_stride(), op.batch,
-                               op.m, op.k, s.copy));
+  JO_RETURN_IF_ERROR(copy_rows(ctx.copy_path, gathered.at(rank * op.m), gathered.batch_stride(), x.base,
+                               x.batch_stride(), op.batch, op.m, op.k, s.copy));
 
   // Compute streams: each stage once its last shard arrived.
   for (int j = 1, position = 1; j < op.stage_count; position += static_cast<int>(op.stages[j]), ++j) {
@@ -256,8 +242,8 @@ Status enqueue_matmul_rs(const Operands& op, const Context& ctx, hipStream_t ori
       JO_RETURN_IF_ERROR(wait_flags(ctx, &flag, &peer, 1, ctx.epoch, ctx.site, WaitOn::kPartialReady, s.copy));
       src = region.partial(theirs, parity) + rank * block_rows * op.n * kElem;
     }
-    JO_RETURN_IF_ERROR(copy_rows(received_block(q), block_rows * op.n, src, partial.batch_stride(), op.batch,
-                                 block_rows, op.n, s.copy));
+    JO_RETURN_IF_ERROR(copy_rows(ctx.copy_path, received_block(q), block_rows * op.n, src, partial.batch_stride(),
+                                 op.batch, block_rows, op.n, s.copy));
     if (!ctx.loopback)
       JO_RETURN_IF_ERROR(release(region.done_flag(ctx.peers.regions[q], parity, rank), ctx.epoch, 0, s.copy));
   }

@@ -32,6 +32,7 @@
 
 #include "blas/gemm.h"
 #include "kernels/params.h"
+#include "pipelined/copy.h"
 #include "pipelined/layout.h"
 #include "pipelined/streams.h"
 #include "platform/status.h"
@@ -48,6 +49,7 @@ struct Context {
   Watchdog wd;      // wd.abort: this GPU's abort flag (nullptr in loopback: no poisoning)
   int sm_count;
   bool loopback;
+  CopyPath copy_path = CopyPath::kEngine;  // how the copy stream moves bytes: the GPU's verified path (copy.h)
 };
 
 struct Operands {

@@ -43,6 +43,7 @@ using hipDeviceProp_t = cudaDeviceProp;
 #define hipSuccess cudaSuccess
 #define hipErrorInvalidValue cudaErrorInvalidValue
 #define hipErrorPeerAccessAlreadyEnabled cudaErrorPeerAccessAlreadyEnabled
+#define hipErrorNotReady cudaErrorNotReady
 #define hipGetErrorString cudaGetErrorString
 #define hipGetLastError cudaGetLastError
 #define hipGetDevice cudaGetDevice
@@ -59,6 +60,7 @@ using hipDeviceProp_t = cudaDeviceProp;
 #define hipHostGetDevicePointer cudaHostGetDevicePointer
 #define hipHostMallocMapped cudaHostAllocMapped
 #define hipMemset cudaMemset
+#define hipMemsetAsync cudaMemsetAsync
 #define hipMemcpy cudaMemcpy
 #define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
 #define hipMemcpyHostToDevice cudaMemcpyHostToDevice
@@ -89,8 +91,18 @@ using hipEvent_t = cudaEvent_t;
 #define hipEventDisableTiming cudaEventDisableTiming
 #define hipEventRecord cudaEventRecord
 #define hipEventSynchronize cudaEventSynchronize
+#define hipEventQuery cudaEventQuery
 #define hipEventElapsedTime cudaEventElapsedTime
 #define hipEventDestroy cudaEventDestroy
+using hipGraph_t = cudaGraph_t;
+using hipGraphExec_t = cudaGraphExec_t;
+#define hipStreamBeginCapture cudaStreamBeginCapture
+#define hipStreamEndCapture cudaStreamEndCapture
+#define hipStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
+#define hipGraphInstantiateWithFlags cudaGraphInstantiateWithFlags
+#define hipGraphLaunch cudaGraphLaunch
+#define hipGraphDestroy cudaGraphDestroy
+#define hipGraphExecDestroy cudaGraphExecDestroy
 #endif
 
 namespace jo::gpu {
@@ -144,17 +156,32 @@ inline int64_t timer_ticks_per_second(int device) {
 #endif
 }
 
-// The copy kind of the pipelined algorithm's transfers: on AMD an SDMA engine,
-// never a copy kernel on the compute units (hipMemcpyDeviceToDeviceNoCU, in
-// ROCm >= 6.2; older headers, such as the ROCm 5 ones CI compiles against,
-// lack it); NVIDIA copies between devices and IPC mappings with its copy
-// engines by itself.
+// The copy kinds of the pipelined algorithm's transfers (pipelined/copy.h
+// tries its paths in this order at initialize() and keeps the first whose
+// bytes land from every peer). The copy engine: on AMD an SDMA engine, never a
+// copy kernel on the compute units (hipMemcpyDeviceToDeviceNoCU, ROCm >= 6.2;
+// older headers, such as the ROCm 5 ones CI compiles against, lack it); on
+// NVIDIA device-to-device copies, which its copy engines move between devices
+// and IPC mappings by themselves. Then the plain device-to-device copy: on AMD
+// ROCr may run it as a blit kernel on the CUs (ROCm/rocm-systems #11450); on
+// NVIDIA it is the same kind as the first, tried again so that the fallback
+// code is the same on both vendors (and runs on NVIDIA under fault injection).
 #if JO_PLATFORM_HIP && HIP_VERSION >= 60200000
-inline constexpr hipMemcpyKind kCopyEngineCopy = hipMemcpyDeviceToDeviceNoCU;
+inline constexpr hipMemcpyKind kEngineCopyKind = hipMemcpyDeviceToDeviceNoCU;
+inline constexpr const char* kEngineCopyKindName = "hipMemcpyDeviceToDeviceNoCU";
 #elif JO_PLATFORM_HIP
-inline constexpr hipMemcpyKind kCopyEngineCopy = hipMemcpyDeviceToDevice;
+inline constexpr hipMemcpyKind kEngineCopyKind = hipMemcpyDeviceToDevice;
+inline constexpr const char* kEngineCopyKindName = "hipMemcpyDeviceToDevice";
 #else
-inline constexpr cudaMemcpyKind kCopyEngineCopy = cudaMemcpyDeviceToDevice;
+inline constexpr cudaMemcpyKind kEngineCopyKind = cudaMemcpyDeviceToDevice;
+inline constexpr const char* kEngineCopyKindName = "cudaMemcpyDeviceToDevice";
+#endif
+#if JO_PLATFORM_HIP
+inline constexpr hipMemcpyKind kPlainCopyKind = hipMemcpyDeviceToDevice;
+inline constexpr const char* kPlainCopyKindName = "hipMemcpyDeviceToDevice";
+#else
+inline constexpr cudaMemcpyKind kPlainCopyKind = cudaMemcpyDeviceToDevice;
+inline constexpr const char* kPlainCopyKindName = "cudaMemcpyDeviceToDevice";
 #endif
 
 // Memory that peer GPUs read and write while this GPU's kernels run (the

@@ -115,12 +115,18 @@ Status Runtime::allocate_workspace(int ordinal, uint64_t bytes) {
   }
   DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
-  void* base = nullptr;
-  JO_RETURN_IF_HIP_ERROR(gpu::malloc_peer_coherent(&base, bytes));
-  ws->base = static_cast<char*>(base);
+  void* allocation = nullptr;
+  JO_RETURN_IF_HIP_ERROR(gpu::malloc_peer_coherent(&allocation, pipelined::kCopyCheckBytes + bytes));
+  ws->base = static_cast<char*>(allocation) + pipelined::kCopyCheckBytes;
   ws->bytes = bytes;
   // Zero once: every flag starts at epoch 0 and is never reset afterwards.
-  JO_RETURN_IF_HIP_ERROR(hipMemset(base, 0, bytes));
+  JO_RETURN_IF_HIP_ERROR(hipMemset(ws->base, 0, bytes));
+  // The copy self-test's pattern, before the regions (where a peer finds it
+  // without knowing this workspace's size). It is complete (the synchronize
+  // below) before export_handle() can give the workspace to any peer, and
+  // nothing writes it again (regions start after it; clear_errors() zeroes
+  // the regions only): peers read it with no barrier (choose_copy_path).
+  JO_RETURN_IF_HIP_ERROR(pipelined::fill_copy_pattern(allocation, ws->global_id, nullptr));
   JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
   ws->peer_bases[ws->global_id] = ws->base;
   return {};
@@ -170,7 +176,7 @@ Status Runtime::export_handle(int ordinal, std::string* handle) {
   DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   hipIpcMemHandle_t h;
-  JO_RETURN_IF_HIP_ERROR(hipIpcGetMemHandle(&h, ws->base));
+  JO_RETURN_IF_HIP_ERROR(hipIpcGetMemHandle(&h, ws->base - pipelined::kCopyCheckBytes));  // the allocation
   handle->assign(reinterpret_cast<const char*>(&h), sizeof(h));
   return {};
 }
@@ -189,7 +195,7 @@ Status Runtime::import_peer(int ordinal, int64_t peer_id, const std::string& han
   void* mapped = nullptr;
   JO_RETURN_IF_HIP_ERROR(hipIpcOpenMemHandle(&mapped, h, hipIpcMemLazyEnablePeerAccess));
   ws->ipc_mappings.push_back(mapped);
-  ws->peer_bases[peer_id] = static_cast<char*>(mapped);
+  ws->peer_bases[peer_id] = static_cast<char*>(mapped) + pipelined::kCopyCheckBytes;
   return {};
 }
 
@@ -214,6 +220,93 @@ Status Runtime::map_local_peer(int ordinal, int peer_ordinal) {
     }
   }
   ws->peer_bases[peer->global_id] = peer->base;
+  return {};
+}
+
+Status Runtime::choose_copy_path(int ordinal, pipelined::CopyPath* chosen, std::vector<std::string>* rejected) {
+  Workspace* ws = workspace(ordinal);
+  if (!ws || !ws->base) return not_initialized(ordinal);
+  ws->copy_path.store(-1, std::memory_order_release);
+  DeviceScope scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
+  struct Scratch {  // the test's destinations and stream, freed at scope exit unless a copy stalled on them
+    void* memory = nullptr;     // like the buffers XLA gives a call (gathered, the received partials)
+    void* workspace = nullptr;  // like the workspace (x's published slot)
+    hipStream_t stream = nullptr;
+    bool stalled = false;
+    ~Scratch() {
+      if (stalled) return;  // freeing would wait for the stalled copy
+      if (stream) {
+        (void)hipStreamSynchronize(stream);
+        (void)hipStreamDestroy(stream);
+      }
+      if (memory) (void)hipFree(memory);
+      if (workspace) (void)hipFree(workspace);
+    }
+  } t;
+  JO_RETURN_IF_HIP_ERROR(hipMalloc(&t.memory, pipelined::kCopyCheckScratchBytes));
+  JO_RETURN_IF_HIP_ERROR(gpu::malloc_peer_coherent(&t.workspace, pipelined::kCopyCheckScratchBytes));
+  JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&t.stream, hipStreamNonBlocking));
+  // The schedule's copies: pulls from every mapped workspace into this GPU's memory, and local copies
+  // between its memory and its own workspace (the own workspace's pattern into both kinds of memory).
+  struct Copy {
+    int64_t owner;
+    const char* pattern;
+    void* into;
+  };
+  std::vector<Copy> copies;
+  for (const auto& [id, base] : ws->peer_bases) {
+    copies.push_back({id, base - pipelined::kCopyCheckBytes, t.memory});
+    if (id == ws->global_id) copies.push_back({id, base - pipelined::kCopyCheckBytes, t.workspace});
+  }
+  // Bounded by the watchdog, as every wait on a GPU is (infinite when the watchdog is).
+  const double timeout_seconds = ws->timeout_ticks == UINT64_MAX
+                                     ? HUGE_VAL
+                                     : static_cast<double>(ws->timeout_ticks) / ws->info.ticks_per_second;
+  rejected->clear();
+  for (pipelined::CopyPath path : pipelined::kCopyPaths) {
+    std::string failed;
+    for (const Copy& c : copies) {
+      // A copy call that fails fails the path, not the test; one that never finishes ends it (the GPU's
+      // queues may be stuck behind it).
+      uint64_t wrong = 0;
+      const Status s = pipelined::check_copy_path(path, c.pattern, c.owner, static_cast<char*>(c.into), t.stream,
+                                                  timeout_seconds, &wrong, &t.stalled);
+      if (t.stalled) {
+        char seconds[32];
+        std::snprintf(seconds, sizeof(seconds), "%.3g", timeout_seconds);
+        return Status{"jax_overlap: the copy self-test on GPU " + std::to_string(ordinal) + " (" +
+                      pipelined::describe_copy_path(path) + ", from device " + std::to_string(c.owner) +
+                      ") did not finish within the watchdog's " + seconds +
+                      " s: a stalled copy engine (as MI308X's fused-off SDMA engines stall, ROCm/mori #693); "
+                      "restart the process"};
+      }
+      if (!s.ok()) (void)hipGetLastError();
+      if (!s.ok() || wrong != 0)
+        failed += std::string(failed.empty() ? "" : "; ") + "from device " + std::to_string(c.owner) +
+                  (c.into == t.workspace ? " into its workspace" : "") + ": " +
+                  (s.ok() ? "bytes did not land (" + std::to_string(wrong) + " of " +
+                                std::to_string(pipelined::kCopyCheckBytes / 4) + " words checked were wrong)"
+                          : s.message);
+    }
+    if (failed.empty()) {
+      ws->copy_path.store(static_cast<int>(path), std::memory_order_release);
+      *chosen = path;
+      return {};
+    }
+    rejected->push_back(pipelined::describe_copy_path(path) + " failed its self-test (" + failed + ")");
+  }
+  std::string why;
+  for (const std::string& r : *rejected) why += "; " + r;
+  return Status{"jax_overlap: no copy path moves bytes right on GPU " + std::to_string(ordinal) + why};
+}
+
+Status Runtime::verified_copy_path(const Workspace& ws, pipelined::CopyPath* out) {
+  const int path = ws.copy_path.load(std::memory_order_acquire);
+  if (path < 0)
+    return Status{"jax_overlap: GPU " + std::to_string(ws.ordinal) +
+                  " has no verified copy path; jax_overlap.initialize() verifies one before pipelined calls run"};
+  *out = static_cast<pipelined::CopyPath>(path);
   return {};
 }
 
@@ -289,7 +382,7 @@ Status Runtime::release() {
     JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
     ws->side_streams.reset();
     for (void* p : ws->ipc_mappings) JO_RETURN_IF_HIP_ERROR(hipIpcCloseMemHandle(p));
-    if (ws->base != nullptr) JO_RETURN_IF_HIP_ERROR(hipFree(ws->base));
+    if (ws->base != nullptr) JO_RETURN_IF_HIP_ERROR(hipFree(ws->base - pipelined::kCopyCheckBytes));
     JO_RETURN_IF_HIP_ERROR(hipFree(ws->header));
     JO_RETURN_IF_HIP_ERROR(hipHostFree(ws->error_host));
   }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kernels/params.h"
+#include "pipelined/copy.h"
 #include "pipelined/streams.h"
 #include "platform/gpu.h"
 #include "platform/status.h"
@@ -76,7 +77,9 @@ struct Workspace {
   uint64_t timeout_ticks = 0;
   bool sync_after_launch = false;  // debugging: surface watchdog errors on the failing call
 
-  // The symmetric workspace (groups of two or more), absent until allocated.
+  // The symmetric workspace (groups of two or more), absent until allocated:
+  // `bytes` of regions from `base`, after pipelined::kCopyCheckBytes of this
+  // GPU's copy self-test pattern (the allocation starts there).
   char* base = nullptr;
   uint64_t bytes = 0;
   std::map<int64_t, char*> peer_bases;  // global device id -> its workspace here (own included)
@@ -84,6 +87,9 @@ struct Workspace {
   std::map<uint64_t, std::unique_ptr<uint32_t>> epochs;  // region offset -> calls so far
   // The pipelined calls' streams, made on their first execute.
   std::unique_ptr<pipelined::SideStreams> side_streams;
+  // The path of this GPU's pipelined copies (pipelined::CopyPath), verified by
+  // Runtime::choose_copy_path; -1 until then.
+  std::atomic<int> copy_path{-1};
 
   TraceSink trace_sink() const;
   uint32_t* abort_flag() const { return reinterpret_cast<uint32_t*>(header + kAbortFlagOffset); }
@@ -115,6 +121,14 @@ class Runtime {
   Status export_handle(int ordinal, std::string* handle);
   Status import_peer(int ordinal, int64_t peer_id, const std::string& handle);
   Status map_local_peer(int ordinal, int peer_ordinal);
+  // Once every peer is mapped (jax_overlap.initialize()): the first copy path
+  // (pipelined/copy.h) whose self-test copies land from every workspace
+  // mapped on GPU `ordinal`, its own included, becomes its path; `rejected`
+  // says why each earlier path was not taken. No path at all is an error
+  // naming the peers, and the GPU keeps no path.
+  Status choose_copy_path(int ordinal, pipelined::CopyPath* chosen, std::vector<std::string>* rejected);
+  // The path choose_copy_path verified on `ws`'s GPU; an error before one was.
+  static Status verified_copy_path(const Workspace& ws, pipelined::CopyPath* out);
   Status set_ranks_per_gpu(int ordinal, int ranks);
   Status read_trace(int ordinal, std::string* events, double* ticks_per_us);
   // After a timeout, in two steps that every rank of every group takes, with

@@ -112,9 +112,9 @@ def test_stream_k_tail_matches_reference_and_repeats_bits(dtype, op, k):
 
 
 def test_stream_k_tail_chained_calls_on_fresh_data():
-  """Six tail-taking calls in one program (recorded into a command buffer, then replayed), run on
-  new data each time. Their scratch is never cleared: a head that took a flag left by an earlier
-  launch or replay as its tail's would add that launch's partial sums, not this one's."""
+  """Six tail-taking calls in one program, run three times on new data. Their scratch is never
+  cleared: a head that took a flag left by an earlier launch as its tail's would add that launch's
+  partial sums, not this one's."""
   rng = np.random.default_rng(11)
   m, k, n = 2048, 512, 3584
   w = random(rng, (k, n), jnp.bfloat16, k ** -0.5)
@@ -270,8 +270,8 @@ def test_trace_export(tmp_path):
 
 
 def test_chained_calls_match_a_rounded_reference():
-  """Six world-1 calls in one program, the form in which XLA records them into a command buffer
-  and replays them: each call's output must match x @ w rounded to bf16 at every step, on every run."""
+  """Six world-1 calls in one program, run twice: each call's output must match x @ w rounded to
+  bf16 at every step, on every run."""
   rng = np.random.default_rng(7)
   x, w = random(rng, (1024, 1024), jnp.bfloat16), random(rng, (1024, 1024), jnp.bfloat16, 1 / 32)
   for op in (jo.ag_matmul, jo.matmul_rs):
@@ -282,19 +282,19 @@ def test_chained_calls_match_a_rounded_reference():
     for _ in range(6):
       cur = np.asarray((cur @ np.asarray(w, np.float64)).astype(np.float32).astype(jnp.bfloat16), np.float64)
       want.append(cur)
-    for run in range(2):  # the second run replays what the first recorded
+    for run in range(2):
       for step, (out, ref) in enumerate(zip(chain(x, w), want)):
         assert rel_err(np.asarray(out, np.float64), ref) < tolerance(jnp.bfloat16), (op.__name__, run, step)
 
 
 def test_trace_switch_reaches_calls_compiled_before_it(tmp_path):
-  """World-1 calls sit in XLA's command buffers (graphs recorded once, replayed after): tracing turned
-  on after the first run must still reach them, and turned off must silence them."""
+  """Tracing turned on after a program's first run must still reach its world-1 calls (their kernels
+  read the switch from device memory, not from the launch), and turned off must silence them."""
   rng = np.random.default_rng(6)
   x, w = random(rng, (1024, 1024), jnp.bfloat16), random(rng, (1024, 1024), jnp.bfloat16, 1 / 32)
   op = jax.shard_map(lambda x, w: jo.matmul_rs(x, w, axis_name="tp", algorithm="fused"), mesh=_mesh(),
                      in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None))
-  calls = 6  # enough commands for XLA to build a command buffer around them
+  calls = 6
 
   @jax.jit
   def chain(x, w):
@@ -308,7 +308,7 @@ def test_trace_switch_reaches_calls_compiled_before_it(tmp_path):
     return [e for e in json.load(open(tmp_path / name))["traceEvents"] if e["name"] == "gemm_tile"]
 
   jo.initialize(trace=False)
-  assert gemm_tiles("off_first.json") == []  # compiled, recorded and run with tracing off
+  assert gemm_tiles("off_first.json") == []  # compiled and run with tracing off
   try:
     jo.initialize(trace=True)
     on = gemm_tiles("on.json")
@@ -316,3 +316,73 @@ def test_trace_switch_reaches_calls_compiled_before_it(tmp_path):
     jo.initialize(trace=False)
   assert len(on) in {calls * 1024 * 1024 // (t.bm * t.bn) for t in native.tile_shapes()}
   assert gemm_tiles("off_again.json") == []
+
+
+# Six chained world-1 fused calls of each op, run; then jax_overlap.shutdown() frees the GPU's device state
+# (abort flag, error record, trace buffer) their launches hold. Run again, the compiled programs must refuse
+# with the shutdown error, and still refuse after initialize() made new state; compiled again, they are right.
+# (Their targets used to be command-buffer compatible: XLA replayed the recorded launches from its graph,
+# reading freed memory, with no host check in the way.) In a process of its own: a replay that reads freed
+# memory can end the GPU context.
+_AFTER_SHUTDOWN = """
+import json, os
+os.environ.setdefault("JAX_PLATFORMS", "cuda")
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+import jax_overlap as jo
+
+mesh = Mesh(np.array(jax.devices()[:1]), ("tp",))
+rng = np.random.default_rng(12)
+x = jnp.asarray(rng.standard_normal((512, 1024)), jnp.bfloat16)
+w = jnp.asarray(rng.standard_normal((1024, 1024)) / 32, jnp.bfloat16)
+want, cur = [], np.asarray(x, np.float64)
+for _ in range(6):
+  cur = np.asarray((cur @ np.asarray(w, np.float64)).astype(np.float32).astype(jnp.bfloat16), np.float64)
+  want.append(cur)
+
+
+def chain(op):
+  call = jax.shard_map(lambda x, w: getattr(jo, op)(x, w, axis_name="tp", algorithm="fused"), mesh=mesh,
+                       in_specs=(P("tp", None), P()), out_specs=P("tp", None))
+  return jax.jit(lambda x, w: [x := call(x, w) for _ in range(6)])
+
+
+def worst(outs):
+  errs = []
+  for out, ref in zip(outs, want):
+    out = np.asarray(out, np.float64)
+    errs.append(float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) if np.all(np.isfinite(out)) else 1e30)
+  return max(errs)
+
+
+def attempt(f):
+  try:
+    return {"ran": True, "worst_rel_err": worst(jax.block_until_ready(f(x, w)))}
+  except Exception as e:
+    return {"ran": False, "error": str(e)[:400]}
+
+
+out = {}
+for op in ("ag_matmul", "matmul_rs"):
+  f = chain(op)
+  out[op] = {"command_buffer": "command_buffer" in f.lower(x, w).compile().as_text(), "first": attempt(f)}
+  jo.shutdown()
+  out[op]["after_shutdown"] = attempt(f)
+  jo.initialize()
+  out[op]["after_initialize"] = attempt(f)
+  jax.clear_caches()
+  out[op]["recompiled"] = attempt(chain(op))
+print(json.dumps(out))
+"""
+
+
+def test_fused_group_of_one_compiled_before_shutdown_refuses_to_run():
+  run = subprocess.run([sys.executable, "-c", _AFTER_SHUTDOWN], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ))
+  assert run.returncode == 0, run.stderr[-3000:]
+  out = json.loads(run.stdout.strip().splitlines()[-1])
+  for op, r in out.items():
+    assert r["first"]["ran"] and r["first"]["worst_rel_err"] < tolerance(jnp.bfloat16), (op, r)
+    for stale in ("after_shutdown", "after_initialize"):
+      assert not r[stale]["ran"] and "shutdown() freed" in r[stale]["error"], (op, stale, r)
+    assert r["recompiled"]["ran"] and r["recompiled"]["worst_rel_err"] < tolerance(jnp.bfloat16), (op, r)

@@ -9,6 +9,6 @@ Each scenario module defines
 and may define verdict(result) for checks the parent makes on a worker's stderr.
 """
 
-from scenarios import abort, agree, main
+from scenarios import abort, agree, copy_paths, main
 
-SCENARIOS = {"main": main, "abort": abort, "agree": agree}
+SCENARIOS = {"main": main, "abort": abort, "agree": agree, "copy_paths": copy_paths}
