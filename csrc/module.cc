@@ -341,6 +341,8 @@ PYBIND11_MODULE(_native, m) {
   // Fault injection for the tests of failure paths (runtime/faults.h): "name[=value],...", "" for none.
   m.def("set_faults", [](const std::string& spec) { faults::set_spec(spec); });
   m.def("faults", [] { return faults::spec(); });
+  // Test hook: region epoch counters start from `origin` (new regions, and all after clear_errors()).
+  m.def("set_epoch_origin", [](uint64_t origin) { Runtime::instance().set_epoch_origin(origin); });
   m.def("export_handle", [](int ordinal) {
     std::string h;
     {
@@ -433,5 +435,6 @@ PYBIND11_MODULE(_native, m) {
              py::gil_scoped_release release;
              throw_if_error(g.clear_errors());
            })
-      .def("set_absent", &SimGroup::set_absent, py::arg("rank"));
+      .def("set_absent", &SimGroup::set_absent, py::arg("rank"))
+      .def("set_epoch_origin", &SimGroup::set_epoch_origin, py::arg("origin"));
 }

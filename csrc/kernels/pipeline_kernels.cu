@@ -38,6 +38,11 @@ __global__ void pipeline_poison_kernel(const uint32_t* abort, gpu::Vec16* a, uin
   for (uint64_t i = threadIdx.x; i < b_vecs; i += blockDim.x) gpu::store16(b + i, nan);
 }
 
+__global__ void pipeline_pause_kernel(uint64_t ticks) {
+  const uint64_t t0 = gpu::timer_ticks();
+  while (gpu::timer_ticks() - t0 < ticks) gpu::backoff();
+}
+
 template <typename T>
 __global__ void fill_random_kernel(T* p, uint64_t elems, uint32_t seed) {
   const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
@@ -111,6 +116,11 @@ hipError_t launch_poison_if_aborted(const uint32_t* abort, void* a, uint64_t a_b
   // One workgroup: it returns at once unless the call was aborted, when speed no longer matters.
   pipeline_poison_kernel<<<1, 1024, 0, stream>>>(abort, static_cast<gpu::Vec16*>(a), a_bytes / 16,
                                                  static_cast<gpu::Vec16*>(b), b_bytes / 16);
+  return hipGetLastError();
+}
+
+hipError_t launch_pause(uint64_t ticks, hipStream_t stream) {
+  pipeline_pause_kernel<<<1, 1, 0, stream>>>(ticks);
   return hipGetLastError();
 }
 

@@ -44,6 +44,10 @@ hipError_t launch_flag_wait(const FlagWait& wait, hipStream_t stream);
 hipError_t launch_poison_if_aborted(const uint32_t* abort, void* a, uint64_t a_bytes, void* b, uint64_t b_bytes,
                                     hipStream_t stream);
 
+// Fault injection (runtime/faults.h): one thread spins for `ticks` timer
+// ticks, holding back the work enqueued behind it on `stream`.
+hipError_t launch_pause(uint64_t ticks, hipStream_t stream);
+
 // Fills `elems` values of `dtype` with pseudo-random values in [-1, 1) (a hash
 // of the index and `seed`): the operands of the GEMMs the cost model times,
 // which run faster on constant data (less switching, higher clocks under the

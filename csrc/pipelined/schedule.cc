@@ -3,6 +3,7 @@
 #include <string>
 
 #include "kernels/pipeline_kernels.h"
+#include "runtime/faults.h"
 
 namespace jo::pipelined {
 namespace {
@@ -30,6 +31,32 @@ Status copy_rows(char* dst, int64_t dst_batch_stride, const char* src, int64_t s
                                             static_cast<size_t>(batch), gpu::kCopyEngineCopy, stream));
   }
   return {};
+}
+
+// Whether fault `name` (runtime/faults.h) hits group rank `rank`: the fault
+// names the rank as its value, or has no value (every rank of the process).
+bool fault_hits(const char* name, int rank) {
+  if (!faults::enabled(name)) return false;
+  const int64_t only = faults::value(name, -1);
+  return only < 0 || only == rank;
+}
+
+// Fault "pipelined_pause_pull=<ms>": this process's pipelined calls hold their
+// copy stream for <ms> ms once the wait for their first peer's data matched,
+// before pulling it (a reader stalled across its peers' watchdog,
+// tests/gpu/scenarios/overwrite.py).
+Status pause_if_asked(hipStream_t stream) {
+  const int64_t ms = faults::value("pipelined_pause_pull", 0);
+  if (ms <= 0) return {};
+  JO_RETURN_IF_HIP_ERROR(launch_pause(static_cast<uint64_t>(ms) * 1000 * gpu::kNominalTicksPerMicrosecond, stream));
+  return {};
+}
+
+// Fault "pipelined_fail_after_release[=rank]": the call fails to enqueue right
+// after its first release to its peers, as a failed launch would.
+Status fail_after_release_if_asked(int rank) {
+  if (!fault_hits("pipelined_fail_after_release", rank)) return {};
+  return Status{"jax_overlap: fault pipelined_fail_after_release: the call failed after its first release"};
 }
 
 // Releases `flag` for (epoch, site): the site first, so a reader that
@@ -74,6 +101,9 @@ Status gemm(const Operands& op, const Context& ctx, const RowRange& x, int64_t x
   blas::GemmShape shape{op.dtype,       rows,         op.n,       op.k,       op.batch, x.cols, out.cols,
                         x.batch_stride(), out.batch_stride(), op.w_kmajor, b != nullptr,
                         blas::alignment_of({a, d, op.w, b})};
+  // Fault "pipelined_plan_fail[=rank]": the vendor GEMM plans cannot be made.
+  if (fault_hits("pipelined_plan_fail", ctx.peers.rank))
+    return Status{"jax_overlap: fault pipelined_plan_fail: no vendor GEMM plan"};
   const blas::GemmPlan* plan = nullptr;
   const Status batched = ctx.blas->plan(shape, &plan);
   if (batched.ok()) return ctx.blas->run(*plan, a, op.w, b, d, workspace, stream);
@@ -172,12 +202,14 @@ Status enqueue_ag_matmul(const Operands& op, const Context& ctx, hipStream_t ori
     }
     JO_RETURN_IF_HIP_ERROR(hipMemcpyAsync(region.slot(mine, parity), op.x, shard_bytes, gpu::kCopyEngineCopy, s.copy));
     JO_RETURN_IF_ERROR(release(region.pub_flag(mine, parity), ctx.epoch, ctx.site, s.copy));
+    JO_RETURN_IF_ERROR(fail_after_release_if_asked(rank));
     count = 0;
     for (int i = 1; i < world; ++i) {
       const int q = (rank + i) % world;
       flags[count] = region.pub_flag(ctx.peers.regions[q], parity), peers[count++] = q;
     }
     JO_RETURN_IF_ERROR(wait_flags(ctx, flags, peers, count, ctx.epoch, ctx.site, WaitOn::kPublished, s.copy));
+    JO_RETURN_IF_ERROR(pause_if_asked(s.copy));
   }
   for (int i = 1; i < world; ++i) {
     const int shard = (rank + i) % world;
@@ -240,9 +272,11 @@ Status enqueue_matmul_rs(const Operands& op, const Context& ctx, hipStream_t ori
     for (int u = 0; u < units.n; ++u)
       JO_RETURN_IF_ERROR(gemm(op, ctx, x, units.first[u] * block_rows, partial, units.first[u] * block_rows,
                               units.count[u] * block_rows, /*bias=*/false, j % 2));
-    for (int i = 0; i < count && !ctx.loopback; ++i)
+    for (int i = 0; i < count && !ctx.loopback; ++i) {
       JO_RETURN_IF_ERROR(release(region.ready_flag(mine, parity, static_cast<int>(owners[i])), ctx.epoch, ctx.site,
                                  stream));
+      JO_RETURN_IF_ERROR(fail_after_release_if_asked(rank));
+    }
   }
 
   // Copy stream: my block from each peer, in the order they compute it.
@@ -254,6 +288,7 @@ Status enqueue_matmul_rs(const Operands& op, const Context& ctx, hipStream_t ori
       const PipeFlag* flag = region.ready_flag(theirs, parity, rank);
       const uint32_t peer = static_cast<uint32_t>(q);
       JO_RETURN_IF_ERROR(wait_flags(ctx, &flag, &peer, 1, ctx.epoch, ctx.site, WaitOn::kPartialReady, s.copy));
+      if (i == 1) JO_RETURN_IF_ERROR(pause_if_asked(s.copy));
       src = region.partial(theirs, parity) + rank * block_rows * op.n * kElem;
     }
     JO_RETURN_IF_ERROR(copy_rows(received_block(q), block_rows * op.n, src, partial.batch_stride(), op.batch,

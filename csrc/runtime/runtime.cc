@@ -277,7 +277,7 @@ Status Runtime::restart_after_error(int ordinal) {
   if (ws->base != nullptr) JO_RETURN_IF_HIP_ERROR(hipMemset(ws->base, 0, ws->bytes));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [offset, epoch] : ws->epochs) *epoch = 0;
+    for (auto& [offset, epoch] : ws->epochs) *epoch = static_cast<uint32_t>(epoch_origin_);
   }
   return clear_watchdog(ordinal, ws->error_host, ws->abort_flag());
 }
@@ -303,6 +303,11 @@ Status Runtime::side_streams(Workspace* ws, pipelined::SideStreams** out) {
   if (!ws->side_streams) JO_RETURN_IF_ERROR(pipelined::SideStreams::create(ws->ordinal, &ws->side_streams));
   *out = ws->side_streams.get();
   return {};
+}
+
+void Runtime::set_epoch_origin(uint64_t origin) {
+  std::lock_guard<std::mutex> lock(mu_);
+  epoch_origin_ = origin;
 }
 
 Status Runtime::bind_group(int ordinal, const int64_t* groups, size_t n_ids, int world, uint64_t region_offset,
@@ -339,7 +344,7 @@ Status Runtime::bind_group(int ordinal, const int64_t* groups, size_t n_ids, int
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto& slot = ws->epochs[region_offset];
-  if (!slot) slot = std::make_unique<uint32_t>(0);
+  if (!slot) slot = std::make_unique<uint32_t>(static_cast<uint32_t>(epoch_origin_));
   out->epoch = slot.get();
   return {};
 }

@@ -138,6 +138,10 @@ class Runtime {
                     uint64_t region_bytes, GroupBinding* out);
   // This GPU's pipelined side streams, made on first use.
   Status side_streams(Workspace* ws, pipelined::SideStreams** out);
+  // Test hook: the value region epoch counters start from (when made, and
+  // after clear_errors()) instead of 0, to run calls across a wrap of the
+  // flags' epoch bits.
+  void set_epoch_origin(uint64_t origin);
 
  private:
   void start_monitor();
@@ -146,6 +150,7 @@ class Runtime {
   std::map<int, std::unique_ptr<Workspace>> devices_;
   std::atomic<uint64_t> generation_{1};
   std::atomic<bool> abort_on_timeout_{true};
+  uint64_t epoch_origin_ = 0;  // mu_
   bool monitor_started_ = false;
 };
 

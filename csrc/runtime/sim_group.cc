@@ -93,7 +93,7 @@ Status SimGroup::run(uint64_t offset, const std::vector<int>& ranks, bool sync,
                      const std::function<Status(int, hipStream_t, uint32_t)>& launch) {
   JO_RETURN_IF_HIP_ERROR(hipSetDevice(ordinal_));
   std::vector<uint32_t>& epochs = epochs_[offset];
-  epochs.resize(world_, 0);
+  epochs.resize(world_, static_cast<uint32_t>(epoch_origin_));
   std::vector<int> all;
   for (int r = 0; r < world_; ++r) all.push_back(r);
   const std::vector<int>& chosen = ranks.empty() ? all : ranks;

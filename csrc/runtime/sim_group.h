@@ -64,6 +64,9 @@ class SimGroup {
   int world() const { return world_; }
   // A rank that never launches (-1: none): its peers must time out, not hang.
   void set_absent(int rank) { absent_ = rank; }
+  // Test hook: regions made from now on, and every region after
+  // clear_errors(), count their epochs from `origin` (Runtime::set_epoch_origin).
+  void set_epoch_origin(uint64_t origin) { epoch_origin_ = origin; }
 
  private:
   SimGroup() = default;
@@ -81,6 +84,7 @@ class SimGroup {
   int ordinal_ = 0;
   int world_ = 0;
   int absent_ = -1;
+  uint64_t epoch_origin_ = 0;
   uint64_t bytes_ = 0;
   uint64_t next_offset_ = kHeaderBytes;  // each rank's allocation: its device-state header, then regions
   DeviceInfo info_;

@@ -9,6 +9,6 @@ Each scenario module defines
 and may define verdict(result) for checks the parent makes on a worker's stderr.
 """
 
-from scenarios import abort, main
+from scenarios import abandon, abort, main, overwrite, wrap
 
-SCENARIOS = {"main": main, "abort": abort}
+SCENARIOS = {"main": main, "abort": abort, "overwrite": overwrite, "abandon": abandon, "wrap": wrap}
