@@ -26,6 +26,9 @@ ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t
   if (world < 1 || world > kMaxWorld)
     return ffi::Unexpected(invalid_argument("call", "the group size", "1 to " + std::to_string(kMaxWorld),
                                             std::to_string(world)));
+  // A released flag always carries its site (kernels/region_layout.h match): 16 bits, never 0.
+  if (world > 1 && (region.site < 1 || region.site > 0xFFFF))
+    return ffi::Unexpected(invalid_argument("call", "call site number", "1 to 65535", std::to_string(region.site)));
   auto state = std::make_unique<CallState>();
   state->groups.assign(groups.begin(), groups.end());
   state->world = static_cast<int>(world);
@@ -126,7 +129,9 @@ ffi::ErrorOr<GemmCall> gemm_call(const char* op, const ffi::AnyBuffer& x, const 
 
 CallContext call_context(const CallState& state, const GroupBinding& g, OpKind op) {
   const Workspace& ws = *g.ws;
-  return CallContext{g.peers, g.epoch ? ++*g.epoch : 0u, state.site, ws.watchdog(op), ws.trace_sink(), ws.limits()};
+  const uint64_t epoch = g.epochs != nullptr ? g.epochs->next() : 0;
+  const bool slot_used = g.epochs != nullptr && g.epochs->slot_used(epoch);
+  return CallContext{g.peers, epoch, state.site, slot_used, ws.watchdog(op), ws.trace_sink(), ws.limits()};
 }
 
 namespace {

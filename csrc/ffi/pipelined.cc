@@ -63,8 +63,9 @@ ffi::Error run(const char* name, OpKind kind, hipStream_t stream, int32_t ordina
   JO_FFI_RETURN_IF_ERROR(Runtime::instance().side_streams(g.ws, &ctx.streams));
   JO_FFI_RETURN_IF_ERROR(blas::DeviceBlas::get(ordinal, &ctx.blas));
   ctx.peers = g.peers;
-  ctx.epoch = ++*g.epoch;
+  ctx.epoch = g.epochs->next();
   ctx.site = state->site;
+  ctx.slot_used = g.epochs->slot_used(ctx.epoch);
   ctx.wd = g.ws->watchdog(kind);
   ctx.sm_count = g.ws->info.sm_count;
   return finish_launch(enqueue(op, ctx, stream), *g.ws, stream, name);

@@ -18,16 +18,37 @@ __device__ __forceinline__ T pick(const T (&values)[kMaxWorld], int i) {
   return out;
 }
 
-// One thread per flag; threads beyond the count only join the exit.
+// A pipelined flag as a reader waiting for (epoch, site) sees it: the epoch
+// acquired first, then the site, so that the site is the one of that
+// release (or of a later write to the flag).
+__device__ __forceinline__ PipeState read_flag(const PipeFlag* flag, uint32_t epoch, uint32_t site) {
+  const uint32_t e = gpu::load_acquire_sys(&flag->epoch);
+  if (e != epoch) return PipeState::kPending;
+  return pipe_state(e, gpu::load_acquire_sys(&flag->site), epoch, site);
+}
+
+// One thread per flag; threads beyond the count only join the exit. A
+// pending state at the end means the wait gave up (spin_until's watchdog).
 __global__ void pipeline_wait_kernel(FlagWait w) {
   const int i = static_cast<int>(threadIdx.x);
   if (i >= w.count) return;
   const PipeFlag* flag = pick(w.flags, i);
   const uint32_t peer = pick(w.peers, i);
-  if (!spin_until<Scope::kSystem>(&flag->epoch, w.epoch, w.wd, w.rank, peer, w.world, w.epoch, w.what)) return;
-  // Read after the epoch's acquire: the site of that same release.
-  if (w.site != 0 && gpu::load_acquire_sys(&flag->site) != w.site)
-    record_timeout(w.wd, w.rank, peer, w.world, w.epoch, WaitOn::kCallSite, 0);
+  PipeState state = read_flag(flag, w.epoch, w.site);
+  const uint64_t t0 = gpu::timer_ticks();
+  for (uint32_t it = 1; state == PipeState::kPending; ++it) {
+    gpu::backoff();
+    state = read_flag(flag, w.epoch, w.site);
+    if ((it & 63) == 0 && state == PipeState::kPending) {
+      if (watchdog_fired(w.wd)) return;
+      const uint64_t waited = gpu::timer_ticks() - t0;
+      if (waited > w.wd.timeout_ticks) {
+        record_timeout(w.wd, w.rank, peer, w.world, w.epoch, w.what, waited);
+        return;
+      }
+    }
+  }
+  if (state == PipeState::kOtherSite) record_timeout(w.wd, w.rank, peer, w.world, w.epoch, WaitOn::kCallSite, 0);
 }
 
 __global__ void pipeline_poison_kernel(const uint32_t* abort, gpu::Vec16* a, uint64_t a_vecs, gpu::Vec16* b,

@@ -11,15 +11,31 @@
 
 namespace jo {
 
-// A flag of the pipelined protocol: the epoch of the call that released it
-// and that call's site (jax_overlap/runtime.py numbers the call sites sharing
-// a region). The writer stores `site`, then `epoch`, each a stream write
-// preceded by a memory fence, so a reader that acquires `epoch` reads the
-// `site` of the same release. A reader's done flag carries the epoch only.
+// A flag of the pipelined protocol: the low 32 bits of the epoch of the call
+// that released it (params.h EpochCounter) and that call's site
+// (jax_overlap/runtime.py numbers the call sites sharing a region from 1).
+// The writer stores `site`, then `epoch`, each a stream write preceded by a
+// memory fence, so a reader that acquires `epoch` reads the `site` of the
+// same release. Done flags carry the reader's site, so that every release
+// has a site.
 struct alignas(8) PipeFlag {
   uint32_t epoch;
   uint32_t site;
 };
+
+enum class PipeState : uint32_t { kPending, kReleased, kOtherSite };
+
+// What a reader makes of a flag holding {epoch, site} when it waits for
+// `want_epoch` released by call site `want_site` (0: any site, as on done
+// flags). Only the exact epoch counts (see protocol.h match). A release
+// always has a site, so a flag with none is no release: a flag still zero
+// since the workspace was zeroed is pending, also when the epoch waited for
+// has low bits 0 (every 2^32nd call, or a region's first from an origin such
+// as 2^32).
+JO_HOST_DEVICE PipeState pipe_state(uint32_t epoch, uint32_t site, uint32_t want_epoch, uint32_t want_site) {
+  if (epoch != want_epoch || site == 0) return PipeState::kPending;
+  return want_site == 0 || site == want_site ? PipeState::kReleased : PipeState::kOtherSite;
+}
 
 // Waits, in one launch, until every listed flag holds `epoch` exactly (and,
 // when `site` is nonzero, was released by that call site). On a timeout, or a
@@ -29,7 +45,7 @@ struct FlagWait {
   const PipeFlag* flags[kMaxWorld];
   uint32_t peers[kMaxWorld];  // the rank that releases each flag, for the error record
   int count;
-  uint32_t epoch;
+  uint32_t epoch;  // low 32 bits
   uint32_t site;
   WaitOn what;
   uint32_t rank;

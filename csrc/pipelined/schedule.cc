@@ -59,17 +59,18 @@ Status fail_after_release_if_asked(int rank) {
   return Status{"jax_overlap: fault pipelined_fail_after_release: the call failed after its first release"};
 }
 
-// Releases `flag` for (epoch, site): the site first, so a reader that
-// acquires the epoch sees the site of the same release (each stream write is
-// preceded by a memory fence).
-Status release(PipeFlag* flag, uint32_t epoch, uint32_t site, hipStream_t stream) {
-  if (site != 0) JO_RETURN_IF_HIP_ERROR(gpu::stream_write_u32(stream, &flag->site, site));
-  JO_RETURN_IF_HIP_ERROR(gpu::stream_write_u32(stream, &flag->epoch, epoch));
+// Releases `flag` for (the low bits of) `epoch` and this call's site: the
+// site first, so a reader that acquires the epoch sees the site of the same
+// release (each stream write is preceded by a memory fence).
+Status release(PipeFlag* flag, uint64_t epoch, uint32_t site, hipStream_t stream) {
+  JO_RETURN_IF_HIP_ERROR(gpu::stream_write_u32(stream, &flag->site, site));
+  JO_RETURN_IF_HIP_ERROR(gpu::stream_write_u32(stream, &flag->epoch, static_cast<uint32_t>(epoch)));
   return {};
 }
 
-// A wait on `count` flags of this call; `site` 0 for readers' done flags.
-Status wait_flags(const Context& ctx, const PipeFlag* const* flags, const uint32_t* peers, int count, uint32_t epoch,
+// A wait on `count` flags of this call for (the low bits of) `epoch`; `site` 0
+// (any) for readers' done flags.
+Status wait_flags(const Context& ctx, const PipeFlag* const* flags, const uint32_t* peers, int count, uint64_t epoch,
                   uint32_t site, WaitOn what, hipStream_t stream) {
   if (count == 0) return {};
   FlagWait w{};
@@ -78,7 +79,7 @@ Status wait_flags(const Context& ctx, const PipeFlag* const* flags, const uint32
     w.peers[i] = peers[i];
   }
   w.count = count;
-  w.epoch = epoch;
+  w.epoch = static_cast<uint32_t>(epoch);
   w.site = site;
   w.what = what;
   w.rank = static_cast<uint32_t>(ctx.peers.rank);
@@ -194,7 +195,7 @@ Status enqueue_ag_matmul(const Operands& op, const Context& ctx, hipStream_t ori
     const PipeFlag* flags[kMaxWorld];
     uint32_t peers[kMaxWorld];
     int count = 0;
-    if (ctx.epoch > 2) {  // the readers of this slot two calls ago
+    if (ctx.slot_used) {  // the readers of this slot two calls ago
       for (int q = 0; q < world; ++q)
         if (q != rank) flags[count] = region.done_flag(mine, parity, q), peers[count++] = q;
       JO_RETURN_IF_ERROR(
@@ -217,7 +218,8 @@ Status enqueue_ag_matmul(const Operands& op, const Context& ctx, hipStream_t ori
     JO_RETURN_IF_ERROR(copy_rows(gathered.at(shard * op.m), gathered.batch_stride(), src, x.batch_stride(), op.batch,
                                  op.m, op.k, s.copy));
     if (!ctx.loopback)
-      JO_RETURN_IF_ERROR(release(region.done_flag(ctx.peers.regions[shard], parity, rank), ctx.epoch, 0, s.copy));
+      JO_RETURN_IF_ERROR(
+          release(region.done_flag(ctx.peers.regions[shard], parity, rank), ctx.epoch, ctx.site, s.copy));
     JO_RETURN_IF_HIP_ERROR(hipEventRecord(s.arrived[i], s.copy));
   }
   JO_RETURN_IF_ERROR(copy_rows(gathered.at(rank * op.m), gathered.batch_stride(), x.base, x.batch_stride(), op.batch,
@@ -267,7 +269,7 @@ Status enqueue_matmul_rs(const Operands& op, const Context& ctx, hipStream_t ori
     for (int u = 0; u < units.n; ++u)
       for (int b = units.first[u]; b < units.first[u] + units.count[u]; ++b)
         if (b != rank) flags[count] = region.done_flag(mine, parity, b), owners[count++] = b;
-    if (!ctx.loopback && ctx.epoch > 2)  // the blocks' owners pulled this slot two calls ago
+    if (!ctx.loopback && ctx.slot_used)  // the blocks' owners pulled this slot two calls ago
       JO_RETURN_IF_ERROR(wait_flags(ctx, flags, owners, count, ctx.epoch - 2, 0, WaitOn::kReadersDone, stream));
     for (int u = 0; u < units.n; ++u)
       JO_RETURN_IF_ERROR(gemm(op, ctx, x, units.first[u] * block_rows, partial, units.first[u] * block_rows,
@@ -294,7 +296,7 @@ Status enqueue_matmul_rs(const Operands& op, const Context& ctx, hipStream_t ori
     JO_RETURN_IF_ERROR(copy_rows(received_block(q), block_rows * op.n, src, partial.batch_stride(), op.batch,
                                  block_rows, op.n, s.copy));
     if (!ctx.loopback)
-      JO_RETURN_IF_ERROR(release(region.done_flag(ctx.peers.regions[q], parity, rank), ctx.epoch, 0, s.copy));
+      JO_RETURN_IF_ERROR(release(region.done_flag(ctx.peers.regions[q], parity, rank), ctx.epoch, ctx.site, s.copy));
   }
   JO_RETURN_IF_ERROR(s.join_into(origin));
 

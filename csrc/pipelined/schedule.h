@@ -43,8 +43,9 @@ struct Context {
   SideStreams* streams;
   blas::DeviceBlas* blas;
   Peers peers;      // every rank's region of the call (unused in loopback)
-  uint32_t epoch;   // this call's epoch on the region (1, 2, ...)
-  uint32_t site;    // this call site's number among those sharing the region (>= 1)
+  uint64_t epoch;   // this call's epoch on the region (params.h EpochCounter); flags hold its low 32 bits
+  uint32_t site;    // this call site's number among those sharing the region (1 to 65535)
+  bool slot_used;   // EpochCounter::slot_used(epoch): wait for the readers of this parity's slots
   Watchdog wd;      // wd.abort: this GPU's abort flag (nullptr in loopback: no poisoning)
   int sm_count;
   bool loopback;

@@ -277,7 +277,7 @@ Status Runtime::restart_after_error(int ordinal) {
   if (ws->base != nullptr) JO_RETURN_IF_HIP_ERROR(hipMemset(ws->base, 0, ws->bytes));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [offset, epoch] : ws->epochs) *epoch = static_cast<uint32_t>(epoch_origin_);
+    for (auto& [offset, counter] : ws->epochs) counter->restart(epoch_origin_);
   }
   return clear_watchdog(ordinal, ws->error_host, ws->abort_flag());
 }
@@ -326,7 +326,7 @@ Status Runtime::bind_group(int ordinal, const int64_t* groups, size_t n_ids, int
   out->peers = Peers{};
   out->peers.world = world;
   out->peers.rank = world > 1 ? static_cast<int>(first % world) : 0;
-  out->epoch = nullptr;
+  out->epochs = nullptr;
   if (world == 1) return {};
   if (ws->base == nullptr) return Status{"jax_overlap: GPU " + std::to_string(ordinal) + " has no symmetric workspace"};
   if (region_offset + region_bytes > ws->bytes)
@@ -343,9 +343,12 @@ Status Runtime::bind_group(int ordinal, const int64_t* groups, size_t n_ids, int
     out->peers.regions[r] = it->second + region_offset;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto& slot = ws->epochs[region_offset];
-  if (!slot) slot = std::make_unique<uint32_t>(static_cast<uint32_t>(epoch_origin_));
-  out->epoch = slot.get();
+  auto& counter = ws->epochs[region_offset];
+  if (!counter) {
+    counter = std::make_unique<EpochCounter>();
+    counter->restart(epoch_origin_);
+  }
+  out->epochs = counter.get();
   return {};
 }
 

@@ -71,13 +71,13 @@ class SimGroup {
  private:
   SimGroup() = default;
   Status region(int op, uint64_t bytes, uint64_t* offset);
-  // Runs launch(rank, stream, epoch) for each of `ranks` (all when empty) but
-  // the absent one, with that rank's next epoch on the region at `offset`;
-  // then, with `sync`, waits for them.
+  // Runs launch(rank, stream, epochs) for each of `ranks` (all when empty)
+  // but the absent one, with that rank's epoch counter on the region at
+  // `offset` (the launch takes its epoch); then, with `sync`, waits for them.
   Status run(uint64_t offset, const std::vector<int>& ranks, bool sync,
-             const std::function<Status(int rank, hipStream_t stream, uint32_t epoch)>& launch);
-  // Rank `rank`'s view of the region at `offset` for one call.
-  CallContext context(int rank, uint64_t offset, uint32_t epoch, uint32_t site, OpKind op) const;
+             const std::function<Status(int rank, hipStream_t stream, EpochCounter& epochs)>& launch);
+  // Rank `rank`'s view of the region at `offset` for one call; takes its epoch.
+  CallContext context(int rank, uint64_t offset, EpochCounter& epochs, uint32_t site, OpKind op) const;
   // Rank `rank`'s watchdog abort flag (its workspace header, as in Workspace).
   uint32_t* abort_flag(int rank) const { return reinterpret_cast<uint32_t*>(bases_[rank] + kAbortFlagOffset); }
 
@@ -96,7 +96,7 @@ class SimGroup {
   std::vector<std::unique_ptr<pipelined::SideStreams>> side_streams_;
   blas::DeviceBlas* blas_ = nullptr;
   std::map<std::pair<int, uint64_t>, uint64_t> regions_;      // (op, bytes) -> offset
-  std::map<uint64_t, std::vector<uint32_t>> epochs_;         // offset -> calls so far, per rank
+  std::map<uint64_t, std::vector<EpochCounter>> epochs_;     // offset -> each rank's counter
 };
 
 }  // namespace jo
