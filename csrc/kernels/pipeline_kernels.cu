@@ -51,6 +51,30 @@ __global__ void pipeline_wait_kernel(FlagWait w) {
   if (state == PipeState::kOtherSite) record_timeout(w.wd, w.rank, peer, w.world, w.epoch, WaitOn::kCallSite, 0);
 }
 
+// One thread per flag. The loads come after the pulls (stream order) and
+// read the site first, then the epoch: a pull that read any byte of a
+// rewrite ran after the writer's kSiteRewriting mark was performed, so the
+// site load sees the mark or a later site; a later call site comes only with
+// the writer's next release, which wrote the new epoch before it, so the
+// epoch load, after the site's acquire, sees that epoch. Either way the flag
+// no longer reads (epoch, site). In the other order a release completed
+// between the two loads could read as the old epoch with a valid site.
+__global__ void pipeline_verify_kernel(FlagVerify v) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i >= v.count) return;
+  const PipeFlag* flag = pick(v.flags, i);
+  const uint32_t site = gpu::load_acquire_sys(&flag->site);
+  const uint32_t epoch = gpu::load_acquire_sys(&flag->epoch);
+  if (epoch != v.epoch || site != v.site) {
+    // On a GPU whose wait gave up already this only finds the record claimed.
+    record_timeout(v.wd, v.rank, pick(v.peers, i), v.world, v.epoch, WaitOn::kOverwritten, 0);
+    return;
+  }
+  PipeFlag* done = pick(v.done, i);
+  gpu::store_release_sys(&done->epoch, v.epoch);
+  gpu::store_release_sys(&done->site, v.site);
+}
+
 __global__ void pipeline_poison_kernel(const uint32_t* abort, gpu::Vec16* a, uint64_t a_vecs, gpu::Vec16* b,
                                        uint64_t b_vecs) {
   if (*static_cast<const volatile uint32_t*>(abort) == 0) return;
@@ -129,6 +153,12 @@ __global__ void pipeline_reduce_kernel(ReduceArgs a) {
 hipError_t launch_flag_wait(const FlagWait& wait, hipStream_t stream) {
   if (wait.count < 1 || wait.count > kMaxWorld) return hipErrorInvalidValue;
   pipeline_wait_kernel<<<1, gpu::kWarpSize, 0, stream>>>(wait);
+  return hipGetLastError();
+}
+
+hipError_t launch_flag_verify(const FlagVerify& verify, hipStream_t stream) {
+  if (verify.count < 1 || verify.count > kMaxWorld) return hipErrorInvalidValue;
+  pipeline_verify_kernel<<<1, gpu::kWarpSize, 0, stream>>>(verify);
   return hipGetLastError();
 }
 

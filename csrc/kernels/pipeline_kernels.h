@@ -13,27 +13,35 @@ namespace jo {
 
 // A flag of the pipelined protocol: the low 32 bits of the epoch of the call
 // that released it (params.h EpochCounter) and that call's site
-// (jax_overlap/runtime.py numbers the call sites sharing a region from 1).
-// The writer stores `site`, then `epoch`, each a stream write preceded by a
-// memory fence, so a reader that acquires `epoch` reads the `site` of the
-// same release. Done flags carry the reader's site, so that every release
-// has a site.
+// (jax_overlap/runtime.py numbers the call sites sharing a region, 1 to
+// 65535). A release writes `epoch`, then `site`, each a stream write
+// preceded by a memory fence (or, for done flags, a system-scope release
+// store of the verify kernel); a reader acquires `epoch`, then `site`. The
+// site, written last, is the release: a site that is no call site means
+// "not released", so every release has one (done flags carry the reader's).
+// Before a writer overwrites the data a pub or ready flag released, it marks
+// the flag kSiteRewriting; its next release then goes (old epoch, rewriting)
+// -> (new epoch, rewriting) -> (new epoch, site), and no reader ever takes a
+// half-written release (epoch of one, site of another) for a whole one.
 struct alignas(8) PipeFlag {
   uint32_t epoch;
   uint32_t site;
 };
 
+// PipeFlag::site values that are no call site.
+inline constexpr uint32_t kSiteRewriting = 0;  // the data released is being overwritten (also: a zeroed flag)
+
 enum class PipeState : uint32_t { kPending, kReleased, kOtherSite };
 
 // What a reader makes of a flag holding {epoch, site} when it waits for
 // `want_epoch` released by call site `want_site` (0: any site, as on done
-// flags). Only the exact epoch counts (see protocol.h match). A release
-// always has a site, so a flag with none is no release: a flag still zero
-// since the workspace was zeroed is pending, also when the epoch waited for
-// has low bits 0 (every 2^32nd call, or a region's first from an origin such
-// as 2^32).
+// flags). Only the exact epoch counts (see protocol.h match). A flag whose
+// site is kSiteRewriting is pending: not yet released for that epoch, or
+// being written again; so is a flag still zero since the workspace was
+// zeroed, also when the epoch waited for has low bits 0 (every 2^32nd call,
+// or a region's first from an origin such as 2^32).
 JO_HOST_DEVICE PipeState pipe_state(uint32_t epoch, uint32_t site, uint32_t want_epoch, uint32_t want_site) {
-  if (epoch != want_epoch || site == 0) return PipeState::kPending;
+  if (epoch != want_epoch || site == kSiteRewriting) return PipeState::kPending;
   return want_site == 0 || site == want_site ? PipeState::kReleased : PipeState::kOtherSite;
 }
 
@@ -53,6 +61,26 @@ struct FlagWait {
   Watchdog wd;
 };
 hipError_t launch_flag_wait(const FlagWait& wait, hipStream_t stream);
+
+// The end of a call's pulls (after them on the copy stream, so after they
+// completed): each flag the pulls relied on must still hold (epoch, site),
+// else its writer marked it rewritten (or released it again) after the wait
+// matched, and some of the bytes pulled may be its new data. Then this
+// records the overwrite (WaitOn::kOverwritten) and sets the abort flag, so
+// the call's outputs become NaN; else it releases the matching done flag in
+// the writer's region for (epoch, site), which lets the writer overwrite.
+struct FlagVerify {
+  const PipeFlag* flags[kMaxWorld];  // the pub / ready flags the pulls waited for, one per peer
+  PipeFlag* done[kMaxWorld];         // this rank's done flag in that peer's region
+  uint32_t peers[kMaxWorld];
+  int count;
+  uint32_t epoch;  // low 32 bits
+  uint32_t site;
+  uint32_t rank;
+  uint32_t world;
+  Watchdog wd;
+};
+hipError_t launch_flag_verify(const FlagVerify& verify, hipStream_t stream);
 
 // Fills `bytes` of each buffer with NaN (0xFFFF in bf16 and fp16) when this
 // GPU's watchdog has fired: then no output of the aborted call, or of a call

@@ -59,12 +59,44 @@ Status fail_after_release_if_asked(int rank) {
   return Status{"jax_overlap: fault pipelined_fail_after_release: the call failed after its first release"};
 }
 
-// Releases `flag` for (the low bits of) `epoch` and this call's site: the
-// site first, so a reader that acquires the epoch sees the site of the same
-// release (each stream write is preceded by a memory fence).
+// Marks `flag` kSiteRewriting before the data it released is overwritten
+// (pipeline_kernels.h PipeFlag): the stream's next operation, the rewrite,
+// starts after this write was performed, so a reader whose pull met any byte
+// of the rewrite finds the mark, or a later release, when it verifies.
+Status mark_rewriting(PipeFlag* flag, hipStream_t stream) {
+  JO_RETURN_IF_HIP_ERROR(gpu::stream_write_u32(stream, &flag->site, kSiteRewriting));
+  return {};
+}
+
+// Releases `flag` (marked rewriting) for (the low bits of) `epoch` and this
+// call's site: the epoch, then the site, which a reader acquires last (each
+// stream write is preceded by a memory fence, so the data written before on
+// the stream is visible first).
 Status release(PipeFlag* flag, uint64_t epoch, uint32_t site, hipStream_t stream) {
-  JO_RETURN_IF_HIP_ERROR(gpu::stream_write_u32(stream, &flag->site, site));
   JO_RETURN_IF_HIP_ERROR(gpu::stream_write_u32(stream, &flag->epoch, static_cast<uint32_t>(epoch)));
+  JO_RETURN_IF_HIP_ERROR(gpu::stream_write_u32(stream, &flag->site, site));
+  return {};
+}
+
+// After the pulls of this call on `stream`: checks that every flag they
+// relied on still holds this release, and releases this rank's done flags
+// in the peers' regions (pipeline_kernels.h FlagVerify).
+Status verify_and_release(const Context& ctx, const PipeFlag* const* flags, PipeFlag* const* done,
+                          const uint32_t* peers, int count, hipStream_t stream) {
+  if (count == 0) return {};
+  FlagVerify v{};
+  for (int i = 0; i < count; ++i) {
+    v.flags[i] = flags[i];
+    v.done[i] = done[i];
+    v.peers[i] = peers[i];
+  }
+  v.count = count;
+  v.epoch = static_cast<uint32_t>(ctx.epoch);
+  v.site = ctx.site;
+  v.rank = static_cast<uint32_t>(ctx.peers.rank);
+  v.world = static_cast<uint32_t>(ctx.peers.world);
+  v.wd = ctx.wd;
+  JO_RETURN_IF_HIP_ERROR(launch_flag_verify(v, stream));
   return {};
 }
 
@@ -201,6 +233,7 @@ Status enqueue_ag_matmul(const Operands& op, const Context& ctx, hipStream_t ori
       JO_RETURN_IF_ERROR(
           wait_flags(ctx, flags, peers, count, ctx.epoch - 2, 0, WaitOn::kReadersDone, s.copy));
     }
+    JO_RETURN_IF_ERROR(mark_rewriting(region.pub_flag(mine, parity), s.copy));
     JO_RETURN_IF_HIP_ERROR(hipMemcpyAsync(region.slot(mine, parity), op.x, shard_bytes, gpu::kCopyEngineCopy, s.copy));
     JO_RETURN_IF_ERROR(release(region.pub_flag(mine, parity), ctx.epoch, ctx.site, s.copy));
     JO_RETURN_IF_ERROR(fail_after_release_if_asked(rank));
@@ -212,16 +245,23 @@ Status enqueue_ag_matmul(const Operands& op, const Context& ctx, hipStream_t ori
     JO_RETURN_IF_ERROR(wait_flags(ctx, flags, peers, count, ctx.epoch, ctx.site, WaitOn::kPublished, s.copy));
     JO_RETURN_IF_ERROR(pause_if_asked(s.copy));
   }
+  const PipeFlag* pulled[kMaxWorld];
+  PipeFlag* done[kMaxWorld];
+  uint32_t owners[kMaxWorld];
   for (int i = 1; i < world; ++i) {
     const int shard = (rank + i) % world;
-    const char* src = ctx.loopback ? x.base : region.slot(ctx.peers.regions[shard], parity);
+    char* theirs = ctx.peers.regions[shard];
+    const char* src = ctx.loopback ? x.base : region.slot(theirs, parity);
     JO_RETURN_IF_ERROR(copy_rows(gathered.at(shard * op.m), gathered.batch_stride(), src, x.batch_stride(), op.batch,
                                  op.m, op.k, s.copy));
-    if (!ctx.loopback)
-      JO_RETURN_IF_ERROR(
-          release(region.done_flag(ctx.peers.regions[shard], parity, rank), ctx.epoch, ctx.site, s.copy));
     JO_RETURN_IF_HIP_ERROR(hipEventRecord(s.arrived[i], s.copy));
+    pulled[i - 1] = region.pub_flag(theirs, parity);
+    done[i - 1] = region.done_flag(theirs, parity, rank);
+    owners[i - 1] = static_cast<uint32_t>(shard);
   }
+  // One check of every peer's pub flag after the pulls, then the done flags (their writers need them only
+  // when they publish into this parity's slot again, two calls later).
+  if (!ctx.loopback) JO_RETURN_IF_ERROR(verify_and_release(ctx, pulled, done, owners, world - 1, s.copy));
   JO_RETURN_IF_ERROR(copy_rows(gathered.at(rank * op.m), gathered.batch_stride(), x.base, x.batch_stride(), op.batch,
                                op.m, op.k, s.copy));
 
@@ -271,6 +311,8 @@ Status enqueue_matmul_rs(const Operands& op, const Context& ctx, hipStream_t ori
         if (b != rank) flags[count] = region.done_flag(mine, parity, b), owners[count++] = b;
     if (!ctx.loopback && ctx.slot_used)  // the blocks' owners pulled this slot two calls ago
       JO_RETURN_IF_ERROR(wait_flags(ctx, flags, owners, count, ctx.epoch - 2, 0, WaitOn::kReadersDone, stream));
+    for (int i = 0; i < count && !ctx.loopback; ++i)
+      JO_RETURN_IF_ERROR(mark_rewriting(region.ready_flag(mine, parity, static_cast<int>(owners[i])), stream));
     for (int u = 0; u < units.n; ++u)
       JO_RETURN_IF_ERROR(gemm(op, ctx, x, units.first[u] * block_rows, partial, units.first[u] * block_rows,
                               units.count[u] * block_rows, /*bias=*/false, j % 2));
@@ -282,22 +324,26 @@ Status enqueue_matmul_rs(const Operands& op, const Context& ctx, hipStream_t ori
   }
 
   // Copy stream: my block from each peer, in the order they compute it.
+  const PipeFlag* pulled[kMaxWorld];
+  PipeFlag* done[kMaxWorld];
+  uint32_t stagers[kMaxWorld];
   for (int i = 1; i < world; ++i) {
     const int q = (rank - i + world) % world;
+    char* theirs = ctx.peers.regions[q];
     const char* src = partial.at(rank * block_rows);
+    pulled[i - 1] = region.ready_flag(theirs, parity, rank);
+    done[i - 1] = region.done_flag(theirs, parity, rank);
+    stagers[i - 1] = static_cast<uint32_t>(q);
     if (!ctx.loopback) {
-      char* theirs = ctx.peers.regions[q];
-      const PipeFlag* flag = region.ready_flag(theirs, parity, rank);
-      const uint32_t peer = static_cast<uint32_t>(q);
-      JO_RETURN_IF_ERROR(wait_flags(ctx, &flag, &peer, 1, ctx.epoch, ctx.site, WaitOn::kPartialReady, s.copy));
+      JO_RETURN_IF_ERROR(
+          wait_flags(ctx, &pulled[i - 1], &stagers[i - 1], 1, ctx.epoch, ctx.site, WaitOn::kPartialReady, s.copy));
       if (i == 1) JO_RETURN_IF_ERROR(pause_if_asked(s.copy));
       src = region.partial(theirs, parity) + rank * block_rows * op.n * kElem;
     }
     JO_RETURN_IF_ERROR(copy_rows(received_block(q), block_rows * op.n, src, partial.batch_stride(), op.batch,
                                  block_rows, op.n, s.copy));
-    if (!ctx.loopback)
-      JO_RETURN_IF_ERROR(release(region.done_flag(ctx.peers.regions[q], parity, rank), ctx.epoch, ctx.site, s.copy));
   }
+  if (!ctx.loopback) JO_RETURN_IF_ERROR(verify_and_release(ctx, pulled, done, stagers, world - 1, s.copy));
   JO_RETURN_IF_ERROR(s.join_into(origin));
 
   ReduceArgs r{};

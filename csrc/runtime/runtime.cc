@@ -363,6 +363,15 @@ std::string describe_error(const ErrorRecord& r, int64_t ticks_per_second) {
                   op_name(r.op), r.rank, r.world, r.peer, r.epoch);
     return text;
   }
+  if (static_cast<WaitOn>(r.what) == WaitOn::kOverwritten) {
+    std::snprintf(text, sizeof(text),
+                  "jax_overlap: %s on rank %u of %u: rank %u rewrote the data it had released for epoch %u while "
+                  "this rank was still reading it: rank %u had given up on an earlier call (its watchdog fired, or a "
+                  "call failed) and its queued calls went on. The data read is lost: the call's outputs are NaN, and "
+                  "fused and pipelined calls on this GPU fail until jax_overlap.clear_errors().",
+                  op_name(r.op), r.rank, r.world, r.peer, r.epoch, r.peer);
+    return text;
+  }
   if (static_cast<WaitOn>(r.what) == WaitOn::kTailPartial) {
     std::snprintf(text, sizeof(text),
                   "jax_overlap: %s (a group of one) waited %.3g s for a stream-K tail piece of its own launch: a "
