@@ -11,15 +11,10 @@ namespace jo {
 ffi::TypeId CallState::id = {};
 const XLA_FFI_TypeInfo kCallStateTypeInfo = ffi::MakeTypeInfo<CallState>();
 
-namespace {
-
-// The GPU's watchdog record as an error (sticky until clear_errors()), or success.
 ffi::Error recorded_error(const Workspace& ws) {
   if (!error_recorded(*ws.error_host)) return ffi::Error::Success();
   return ffi::Error::Internal(describe_error(*ws.error_host, ws.info.ticks_per_second));
 }
-
-}  // namespace
 
 ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t> groups, int64_t world,
                                                           const RegionPlacement& region) {
@@ -39,7 +34,7 @@ ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t
   return state;
 }
 
-ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal) {
+ffi::ErrorOr<const GroupBinding*> bind_call(CallState* state, int32_t ordinal) {
   if (ordinal < 0 || ordinal >= kMaxLocalDevices)
     return ffi::Unexpected(ffi::Error::InvalidArgument("jax_overlap: device ordinal " + std::to_string(ordinal) +
                                                        " out of range"));
@@ -57,8 +52,14 @@ ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal
     if (!s.ok()) return ffi::Unexpected(internal_error(s));
     state->bound[ordinal] = true;
   }
-  if (auto e = recorded_error(*binding.ws); e.failure()) return ffi::Unexpected(std::move(e));
   return &binding;
+}
+
+ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal) {
+  const auto bound = bind_call(state, ordinal);
+  if (bound.has_error()) return ffi::Unexpected(bound.error());
+  if (auto e = recorded_error(*bound.value()->ws); e.failure()) return ffi::Unexpected(std::move(e));
+  return bound.value();
 }
 
 std::optional<DType> kernel_dtype(ffi::DataType t) {

@@ -27,28 +27,36 @@ __device__ __forceinline__ PipeState read_flag(const PipeFlag* flag, uint32_t ep
   return pipe_state(e, gpu::load_acquire_sys(&flag->site), epoch, site);
 }
 
-// One thread per flag; threads beyond the count only join the exit. A
-// pending state at the end means the wait gave up (spin_until's watchdog).
-__global__ void pipeline_wait_kernel(FlagWait w) {
-  const int i = static_cast<int>(threadIdx.x);
-  if (i >= w.count) return;
-  const PipeFlag* flag = pick(w.flags, i);
-  const uint32_t peer = pick(w.peers, i);
-  PipeState state = read_flag(flag, w.epoch, w.site);
+// Spins until `flag` is no longer pending for (epoch, site), under the
+// watchdog. Pending at the end: the wait gave up (timed out and recorded,
+// or another wait of this GPU failed first).
+__device__ PipeState wait_flag(const PipeFlag* flag, uint32_t epoch, uint32_t site, const Watchdog& wd,
+                               uint32_t rank, uint32_t peer, uint32_t world, WaitOn what) {
+  PipeState state = read_flag(flag, epoch, site);
   const uint64_t t0 = gpu::timer_ticks();
   for (uint32_t it = 1; state == PipeState::kPending; ++it) {
     gpu::backoff();
-    state = read_flag(flag, w.epoch, w.site);
+    state = read_flag(flag, epoch, site);
     if ((it & 63) == 0 && state == PipeState::kPending) {
-      if (watchdog_fired(w.wd)) return;
+      if (watchdog_fired(wd)) return state;
       const uint64_t waited = gpu::timer_ticks() - t0;
-      if (waited > w.wd.timeout_ticks) {
-        record_timeout(w.wd, w.rank, peer, w.world, w.epoch, w.what, waited);
-        return;
+      if (waited > wd.timeout_ticks) {
+        record_timeout(wd, rank, peer, world, epoch, what, waited);
+        return state;
       }
     }
   }
+  return state;
+}
+
+// One thread per flag; threads beyond the count only join the exit.
+__global__ void pipeline_wait_kernel(FlagWait w) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i >= w.count) return;
+  const uint32_t peer = pick(w.peers, i);
+  const PipeState state = wait_flag(pick(w.flags, i), w.epoch, w.site, w.wd, w.rank, peer, w.world, w.what);
   if (state == PipeState::kOtherSite) record_timeout(w.wd, w.rank, peer, w.world, w.epoch, WaitOn::kCallSite, 0);
+  if (state == PipeState::kAbandoned) record_timeout(w.wd, w.rank, peer, w.world, w.epoch, WaitOn::kPeerAbandoned, 0);
 }
 
 // One thread per flag. The loads come after the pulls (stream order) and
@@ -67,12 +75,38 @@ __global__ void pipeline_verify_kernel(FlagVerify v) {
   const uint32_t epoch = gpu::load_acquire_sys(&flag->epoch);
   if (epoch != v.epoch || site != v.site) {
     // On a GPU whose wait gave up already this only finds the record claimed.
-    record_timeout(v.wd, v.rank, pick(v.peers, i), v.world, v.epoch, WaitOn::kOverwritten, 0);
+    const bool abandoned = epoch == v.epoch && site == kSiteAbandoned;
+    record_timeout(v.wd, v.rank, pick(v.peers, i), v.world, v.epoch,
+                   abandoned ? WaitOn::kPeerAbandoned : WaitOn::kOverwritten, 0);
     return;
   }
   PipeFlag* done = pick(v.done, i);
   gpu::store_release_sys(&done->epoch, v.epoch);
   gpu::store_release_sys(&done->site, v.site);
+}
+
+// One thread: an error path, where speed does not matter. Flags this call
+// released already become abandoned by their site alone (their epoch is
+// this one); the others go through the rewriting mark first, as a release
+// does, so no reader sees this epoch with an earlier release's site.
+__global__ void pipeline_abandon_kernel(FlagAbandon a) {
+  for (int i = 0; i < a.reader_count; ++i)  // given up on (timed out, or this GPU aborted): mark anyway
+    (void)wait_flag(pick(a.readers_done, i), a.epoch - 2, 0, a.wd, a.rank, pick(a.readers, i), a.world,
+                    WaitOn::kReadersDone);
+  for (int i = 0; i < a.own_count; ++i) {
+    PipeFlag* flag = pick(a.own, i);
+    if ((a.released >> i & 1u) == 0) {
+      gpu::store_release_sys(&flag->site, kSiteRewriting);
+      gpu::store_release_sys(&flag->epoch, a.epoch);
+    }
+    gpu::store_release_sys(&flag->site, kSiteAbandoned);
+  }
+  for (int i = 0; i < a.done_count; ++i) {
+    PipeFlag* done = pick(a.done, i);
+    gpu::store_release_sys(&done->epoch, a.epoch);
+    gpu::store_release_sys(&done->site, a.site);
+  }
+  record_timeout(a.wd, a.rank, a.rank, a.world, a.epoch, WaitOn::kEnqueueFailed, 0);
 }
 
 __global__ void pipeline_poison_kernel(const uint32_t* abort, gpu::Vec16* a, uint64_t a_vecs, gpu::Vec16* b,
@@ -159,6 +193,13 @@ hipError_t launch_flag_wait(const FlagWait& wait, hipStream_t stream) {
 hipError_t launch_flag_verify(const FlagVerify& verify, hipStream_t stream) {
   if (verify.count < 1 || verify.count > kMaxWorld) return hipErrorInvalidValue;
   pipeline_verify_kernel<<<1, gpu::kWarpSize, 0, stream>>>(verify);
+  return hipGetLastError();
+}
+
+hipError_t launch_flag_abandon(const FlagAbandon& abandon, hipStream_t stream) {
+  if (abandon.reader_count > kMaxWorld || abandon.own_count > kMaxWorld || abandon.done_count > kMaxWorld)
+    return hipErrorInvalidValue;
+  pipeline_abandon_kernel<<<1, 1, 0, stream>>>(abandon);
   return hipGetLastError();
 }
 

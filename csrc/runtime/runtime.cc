@@ -372,6 +372,22 @@ std::string describe_error(const ErrorRecord& r, int64_t ticks_per_second) {
                   op_name(r.op), r.rank, r.world, r.peer, r.epoch, r.peer);
     return text;
   }
+  if (static_cast<WaitOn>(r.what) == WaitOn::kPeerAbandoned) {
+    std::snprintf(text, sizeof(text),
+                  "jax_overlap: %s on rank %u of %u: rank %u abandoned epoch %u: it could not enqueue its part of "
+                  "the call, or refused it after an earlier error (that rank's error says why). The call's outputs "
+                  "are NaN, and fused and pipelined calls on this GPU fail until jax_overlap.clear_errors().",
+                  op_name(r.op), r.rank, r.world, r.peer, r.epoch);
+    return text;
+  }
+  if (static_cast<WaitOn>(r.what) == WaitOn::kEnqueueFailed) {
+    std::snprintf(text, sizeof(text),
+                  "jax_overlap: %s on rank %u of %u could not enqueue its part of epoch %u and abandoned it, so that "
+                  "its peers' calls of that epoch fail at once (the call's own error said why). Fused and pipelined "
+                  "calls on this GPU fail until jax_overlap.clear_errors().",
+                  op_name(r.op), r.rank, r.world, r.epoch);
+    return text;
+  }
   if (static_cast<WaitOn>(r.what) == WaitOn::kTailPartial) {
     std::snprintf(text, sizeof(text),
                   "jax_overlap: %s (a group of one) waited %.3g s for a stream-K tail piece of its own launch: a "

@@ -73,15 +73,22 @@ Status SimGroup::region(int op, uint64_t bytes, uint64_t* offset) {
   return {};
 }
 
-CallContext SimGroup::context(int rank, uint64_t offset, EpochCounter& epochs, uint32_t site, OpKind op) const {
+Peers SimGroup::peers(int rank, uint64_t offset) const {
   Peers p{};
   p.rank = rank;
   p.world = world_;
   for (int r = 0; r < world_; ++r) p.regions[r] = bases_[r] + offset;
-  const Watchdog wd{records_device_[rank], abort_flag(rank), timeout_ticks_, static_cast<uint32_t>(op)};
+  return p;
+}
+
+Watchdog SimGroup::watchdog(int rank, OpKind op) const {
+  return Watchdog{records_device_[rank], abort_flag(rank), timeout_ticks_, static_cast<uint32_t>(op)};
+}
+
+CallContext SimGroup::context(int rank, uint64_t offset, EpochCounter& epochs, uint32_t site, OpKind op) const {
   const uint64_t epoch = epochs.next();
-  return CallContext{p, epoch, site, epochs.slot_used(epoch), wd, TraceSink{nullptr, nullptr, nullptr, 0},
-                     LaunchLimits{info_.sm_count, world_, info_.l2_bytes}};
+  return CallContext{peers(rank, offset), epoch, site, epochs.slot_used(epoch), watchdog(rank, op),
+                     TraceSink{nullptr, nullptr, nullptr, 0}, LaunchLimits{info_.sm_count, world_, info_.l2_bytes}};
 }
 
 GemmOperands SimMatmul::operands(int rank) const {
@@ -215,10 +222,10 @@ Status SimGroup::pipelined(OpKind op, const SimMatmul& c) {
     o.w_kmajor = c.w_kmajor;
     o.stages = c.stages.data();
     o.stage_count = static_cast<int>(c.stages.size());
-    const CallContext cc = context(r, offset, epochs, c.site, op);
-    pipelined::Context ctx{side_streams_[r].get(), blas_, cc.peers, cc.epoch, c.site, cc.slot_used, cc.wd,
-                           info_.sm_count, false};
-    return ag ? pipelined::enqueue_ag_matmul(o, ctx, s) : pipelined::enqueue_matmul_rs(o, ctx, s);
+    // The epoch is run_call's to take (after the plans).
+    const pipelined::Context ctx{side_streams_[r].get(), blas_, peers(r, offset), 0, c.site, false, watchdog(r, op),
+                                 info_.sm_count, false};
+    return pipelined::run_call(op, o, ctx, epochs, s);
   });
 }
 

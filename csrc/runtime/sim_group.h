@@ -76,7 +76,10 @@ class SimGroup {
   // `offset` (the launch takes its epoch); then, with `sync`, waits for them.
   Status run(uint64_t offset, const std::vector<int>& ranks, bool sync,
              const std::function<Status(int rank, hipStream_t stream, EpochCounter& epochs)>& launch);
-  // Rank `rank`'s view of the region at `offset` for one call; takes its epoch.
+  // Rank `rank`'s view of the region at `offset`, and its watchdog.
+  Peers peers(int rank, uint64_t offset) const;
+  Watchdog watchdog(int rank, OpKind op) const;
+  // A fused call's context on rank `rank`; takes its epoch.
   CallContext context(int rank, uint64_t offset, EpochCounter& epochs, uint32_t site, OpKind op) const;
   // Rank `rank`'s watchdog abort flag (its workspace header, as in Workspace).
   uint32_t* abort_flag(int rank) const { return reinterpret_cast<uint32_t*>(bases_[rank] + kAbortFlagOffset); }
