@@ -82,7 +82,7 @@ inline ffi::Error internal_error(const Status& s) { return ffi::Error::Internal(
 struct RegionPlacement {
   int64_t offset;
   int64_t bytes;
-  int64_t site;  // this call site's number among those sharing the region (kernels/protocol.h flag_value)
+  int64_t site;  // this call site's number among those sharing the region (kernels/region_layout.h flag_value)
   int64_t generation;
 };
 

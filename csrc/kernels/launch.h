@@ -102,8 +102,8 @@ struct FusedGemmArgs {
   int n;
   int group_cols;  // tile columns per band (gemm/tile_order.h)
   Peers peers;
-  uint32_t epoch;  // the low bits of CallContext::epoch (protocol.h flag_value)
-  uint32_t site;  // this call site's number among those sharing the region (protocol.h flag_value)
+  uint32_t epoch;  // the low bits of CallContext::epoch (region_layout.h flag_value)
+  uint32_t site;  // this call site's number among those sharing the region (region_layout.h flag_value)
   bool slot_used;  // CallContext::slot_used: wait for the readers of this epoch's parity slots
   Watchdog wd;
   TraceSink trace;

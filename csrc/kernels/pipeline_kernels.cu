@@ -90,7 +90,8 @@ __global__ void pipeline_verify_kernel(FlagVerify v) {
 // this one); the others go through the rewriting mark first, as a release
 // does, so no reader sees this epoch with an earlier release's site.
 __global__ void pipeline_abandon_kernel(FlagAbandon a) {
-  for (int i = 0; i < a.reader_count; ++i)  // given up on (timed out, or this GPU aborted): mark anyway
+  // A wait that gives up (it timed out, or this GPU aborted) lets the marks go ahead all the same.
+  for (int i = 0; i < a.reader_count; ++i)
     (void)wait_flag(pick(a.readers_done, i), a.epoch - 2, 0, a.wd, a.rank, pick(a.readers, i), a.world,
                     WaitOn::kReadersDone);
   for (int i = 0; i < a.own_count; ++i) {

@@ -36,7 +36,7 @@ enum class PipeState : uint32_t { kPending, kReleased, kOtherSite, kAbandoned };
 
 // What a reader makes of a flag holding {epoch, site} when it waits for
 // `want_epoch` released by call site `want_site` (0: any site, as on done
-// flags). Only the exact epoch counts (see protocol.h match). A flag whose
+// flags). Only the exact epoch counts (see region_layout.h match). A flag whose
 // site is kSiteRewriting is pending: not yet released for that epoch, or
 // being written again; so is a flag still zero since the workspace was
 // zeroed, also when the epoch waited for has low bits 0 (every 2^32nd call,
