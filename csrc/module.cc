@@ -357,7 +357,7 @@ PYBIND11_MODULE(_native, m) {
   m.def(
       "pipelined_flag_state",
       [](uint32_t epoch, uint32_t site, uint32_t want_epoch, uint32_t want_site) {
-        static const char* const kNames[] = {"pending", "released", "other site"};
+        static const char* const kNames[] = {"pending", "released", "other site", "abandoned"};
         return std::string(kNames[static_cast<int>(pipe_state(epoch, site, want_epoch, want_site))]);
       },
       py::arg("epoch"), py::arg("site"), py::arg("want_epoch"), py::arg("want_site"));

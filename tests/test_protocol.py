@@ -57,6 +57,17 @@ def test_pipelined_zero_flag_is_never_a_release():
   assert _nat().pipelined_flag_state(0, 0, 0, 5) == "pending"
 
 
+def test_pipelined_rewriting_and_abandoned_flags():
+  """A flag its writer marked rewriting (site 0) is no release, whichever epoch it holds (the writer's next release
+  writes the epoch before the site); one it abandoned (site 0xFFFFFFFF) is neither a release nor a wait."""
+  state = _nat().pipelined_flag_state
+  for epoch in (7, 9):  # the mark on the old release, then the new epoch with the site still to come
+    assert state(epoch, 0, 9, 3) == "pending"
+    assert state(epoch, 0, 9, 0) == "pending"
+  assert state(9, 0xFFFFFFFF, 9, 3) == "abandoned"
+  assert state(7, 0xFFFFFFFF, 9, 3) == "pending"
+
+
 @pytest.mark.parametrize("origin", [0, 2 ** 16 - 1, WRAP32 - 2, WRAP32 - 1, 2 ** 63])
 def test_a_slot_is_used_from_the_third_call_after_the_origin(origin):
   """The readers-done wait runs from the third call after the flags were zeroed, wherever the low bits are."""
