@@ -16,6 +16,8 @@
 #include "kernels/ag_matmul.h"
 #include "kernels/all_gather.h"
 #include "kernels/matmul_rs.h"
+#include "kernels/pipeline_kernels.h"
+#include "kernels/region_layout.h"
 #include "pipelined/copy.h"
 #include "pipelined/measure.h"
 #include "pipelined/schedule.h"
@@ -404,6 +406,32 @@ PYBIND11_MODULE(_native, m) {
   // Fault injection for the tests of failure paths (runtime/faults.h): "name[=value],...", "" for none.
   m.def("set_faults", [](const std::string& spec) { faults::set_spec(spec); });
   m.def("faults", [] { return faults::spec(); });
+  // Test hook: region epoch counters start from `origin` (new regions, and all after clear_errors()).
+  m.def("set_epoch_origin", [](uint64_t origin) { Runtime::instance().set_epoch_origin(origin); });
+  // The flag protocol's value rules, as kernels apply them, for the CPU tests (tests/test_protocol.py).
+  m.def("flag_value", &flag_value, py::arg("epoch"), py::arg("site"));
+  m.def(
+      "flag_match",
+      [](uint32_t value, uint32_t expected) {
+        static const char* const kNames[] = {"no", "yes", "other site"};
+        return std::string(kNames[static_cast<int>(match(value, expected))]);
+      },
+      py::arg("value"), py::arg("expected"));
+  m.def(
+      "pipelined_flag_state",
+      [](uint32_t epoch, uint32_t site, uint32_t want_epoch, uint32_t want_site) {
+        static const char* const kNames[] = {"pending", "released", "other site", "abandoned"};
+        return std::string(kNames[static_cast<int>(pipe_state(epoch, site, want_epoch, want_site))]);
+      },
+      py::arg("epoch"), py::arg("site"), py::arg("want_epoch"), py::arg("want_site"));
+  m.def(
+      "epoch_slot_used",
+      [](uint64_t origin, uint64_t epoch) {
+        EpochCounter c;
+        c.restart(origin);
+        return c.slot_used(epoch);
+      },
+      py::arg("origin"), py::arg("epoch"));
   m.def("export_handle", [](int ordinal) {
     std::string h;
     {
@@ -513,5 +541,6 @@ PYBIND11_MODULE(_native, m) {
              py::gil_scoped_release release;
              throw_if_error(g.clear_errors());
            })
-      .def("set_absent", &SimGroup::set_absent, py::arg("rank"));
+      .def("set_absent", &SimGroup::set_absent, py::arg("rank"))
+      .def("set_epoch_origin", &SimGroup::set_epoch_origin, py::arg("origin"));
 }

@@ -8,7 +8,8 @@ and .notes (amdhsa.kernels metadata) for every arch the compile check built, and
 enforces per kernel (a __global__ function, i.e. an entry in amdhsa.kernels):
 
   (a) MMA:     a kernel whose name contains "matmul" or "gemm" has >= 1 v_mfma/v_smfmac.
-  (b) SYSTEM:  a kernel whose name contains "ag_matmul", "matmul_rs", "all_gather" or "pipeline_wait"
+  (b) SYSTEM:  a kernel whose name contains "ag_matmul", "matmul_rs", "all_gather", "pipeline_wait",
+               "pipeline_verify" or "pipeline_abandon"
                has a system-scope release (gfx942/gfx950: `buffer_wbl2 sc0 sc1` followed
                by a store with `sc0 sc1` or an atomic with `sc1`) and a system-scope
                acquire (a load with `sc0 sc1` or an atomic with `sc1`, followed by
@@ -43,7 +44,7 @@ import sys
 from dataclasses import dataclass, field
 
 MMA_WORDS = ("matmul", "gemm")
-SYS_WORDS = ("ag_matmul", "matmul_rs", "all_gather", "pipeline_wait")
+SYS_WORDS = ("ag_matmul", "matmul_rs", "all_gather", "pipeline_wait", "pipeline_verify", "pipeline_abandon")
 VEC_WORDS = ("copy_2d_vec",)
 VEC_OPS = ("global_load_dwordx4", "global_store_dwordx4")
 # Archs whose memory model uses the sc0/sc1 scope bits checked by rule (b).

@@ -11,13 +11,12 @@ namespace jo {
 ffi::TypeId CallState::id = {};
 const XLA_FFI_TypeInfo kCallStateTypeInfo = ffi::MakeTypeInfo<CallState>();
 
-namespace {
-
-// The GPU's watchdog record as an error (sticky until clear_errors()), or success.
 ffi::Error recorded_error(const Workspace& ws) {
   if (!error_recorded(*ws.error_host)) return ffi::Error::Success();
   return ffi::Error::Internal(describe_error(*ws.error_host, ws.info.ticks_per_second));
 }
+
+namespace {
 
 // A call lowered under another runtime generation refuses to run: jax_overlap.shutdown() freed what it was
 // bound to (and a later initialize() made new state its attributes do not describe).
@@ -35,6 +34,9 @@ ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t
   if (world < 1 || world > kMaxWorld)
     return ffi::Unexpected(invalid_argument("call", "the group size", "1 to " + std::to_string(kMaxWorld),
                                             std::to_string(world)));
+  // A released flag always carries its site (kernels/region_layout.h match): 16 bits, never 0.
+  if (world > 1 && (region.site < 1 || region.site > 0xFFFF))
+    return ffi::Unexpected(invalid_argument("call", "call site number", "1 to 65535", std::to_string(region.site)));
   auto state = std::make_unique<CallState>();
   state->groups.assign(groups.begin(), groups.end());
   state->world = static_cast<int>(world);
@@ -45,7 +47,7 @@ ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t
   return state;
 }
 
-ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal) {
+ffi::ErrorOr<const GroupBinding*> bind_call(CallState* state, int32_t ordinal) {
   if (ordinal < 0 || ordinal >= kMaxLocalDevices)
     return ffi::Unexpected(ffi::Error::InvalidArgument("jax_overlap: device ordinal " + std::to_string(ordinal) +
                                                        " out of range"));
@@ -59,8 +61,14 @@ ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal
     if (!s.ok()) return ffi::Unexpected(internal_error(s));
     state->bound[ordinal] = true;
   }
-  if (auto e = recorded_error(*binding.ws); e.failure()) return ffi::Unexpected(std::move(e));
   return &binding;
+}
+
+ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal) {
+  const auto bound = bind_call(state, ordinal);
+  if (bound.has_error()) return ffi::Unexpected(bound.error());
+  if (auto e = recorded_error(*bound.value()->ws); e.failure()) return ffi::Unexpected(std::move(e));
+  return bound.value();
 }
 
 std::optional<DType> kernel_dtype(ffi::DataType t) {
@@ -131,7 +139,9 @@ ffi::ErrorOr<GemmCall> gemm_call(const char* op, const ffi::AnyBuffer& x, const 
 
 CallContext call_context(const CallState& state, const GroupBinding& g, OpKind op) {
   const Workspace& ws = *g.ws;
-  return CallContext{g.peers, g.epoch ? ++*g.epoch : 0u, state.site, ws.watchdog(op), ws.trace_sink(), ws.limits()};
+  const uint64_t epoch = g.epochs != nullptr ? g.epochs->next() : 0;
+  const bool slot_used = g.epochs != nullptr && g.epochs->slot_used(epoch);
+  return CallContext{g.peers, epoch, state.site, slot_used, ws.watchdog(op), ws.trace_sink(), ws.limits()};
 }
 
 namespace {

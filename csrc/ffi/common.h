@@ -82,7 +82,7 @@ inline ffi::Error internal_error(const Status& s) { return ffi::Error::Internal(
 struct RegionPlacement {
   int64_t offset;
   int64_t bytes;
-  int64_t site;  // this call site's number among those sharing the region (kernels/protocol.h flag_value)
+  int64_t site;  // this call site's number among those sharing the region (kernels/region_layout.h flag_value)
   int64_t generation;
 };
 
@@ -90,8 +90,11 @@ ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t
                                                           const RegionPlacement& region);
 
 // This device's binding of `state`, made on first use; fails when the call was
-// lowered before jax_overlap.shutdown() freed its workspace, and when this
-// GPU's watchdog fired earlier (sticky until jax_overlap.clear_errors()).
+// lowered before jax_overlap.shutdown() freed its workspace.
+ffi::ErrorOr<const GroupBinding*> bind_call(CallState* state, int32_t ordinal);
+// The GPU's watchdog record as an error (sticky until clear_errors()), or success.
+ffi::Error recorded_error(const Workspace& ws);
+// bind_call, and an error when this GPU's watchdog fired earlier (recorded_error).
 ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal);
 
 // The 16-bit float dtypes the kernels take.

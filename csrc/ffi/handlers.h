@@ -14,7 +14,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsLocalExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAllGatherInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAllGatherExecute);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JoPipelinedInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAgMatmulPipelinedInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsPipelinedInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAgMatmulPipelinedExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsPipelinedExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoVendorGemmExecute);
@@ -41,8 +42,10 @@ inline const std::vector<FfiTarget>& ffi_targets() {
       {"all_gather", "jax_overlap_all_gather", JoAllGatherInstantiate, JoAllGatherExecute},
       // The pipelined algorithm; its group of one is the vendor GEMM alone, command-buffer compatible where
       // the vendor GEMM passed its capture check on every local GPU (blas/capture_check.h), else the second.
-      {"ag_matmul_pipelined", "jax_overlap_ag_matmul_pipelined", JoPipelinedInstantiate, JoAgMatmulPipelinedExecute},
-      {"matmul_rs_pipelined", "jax_overlap_matmul_rs_pipelined", JoPipelinedInstantiate, JoMatmulRsPipelinedExecute},
+      {"ag_matmul_pipelined", "jax_overlap_ag_matmul_pipelined", JoAgMatmulPipelinedInstantiate,
+       JoAgMatmulPipelinedExecute},
+      {"matmul_rs_pipelined", "jax_overlap_matmul_rs_pipelined", JoMatmulRsPipelinedInstantiate,
+       JoMatmulRsPipelinedExecute},
       {"vendor_gemm", "jax_overlap_vendor_gemm", nullptr, JoVendorGemmExecute},
       {"vendor_gemm_no_graph", "jax_overlap_vendor_gemm_no_graph", nullptr, JoVendorGemmNoGraphExecute},
   };

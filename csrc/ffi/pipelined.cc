@@ -12,13 +12,30 @@
 namespace jo {
 namespace {
 
-ffi::ErrorOr<std::unique_ptr<CallState>> PipelinedInstantiate(PipelinedConfig config, ffi::Span<const int64_t> groups,
-                                                              int64_t world, ffi::Span<const int64_t> stages) {
+// The call's state; its stage plan is checked here, once, not on every execute.
+ffi::ErrorOr<std::unique_ptr<CallState>> instantiate(OpKind kind, PipelinedConfig config,
+                                                     ffi::Span<const int64_t> groups, int64_t world,
+                                                     ffi::Span<const int64_t> stages) {
   auto state = make_call_state(groups, world,
                                {config.region_offset, config.region_bytes, config.site, config.generation});
   if (state.has_error()) return state;
   state.value()->stages.assign(stages.begin(), stages.end());
+  const Status checked = pipelined::check_stages(kind, static_cast<int>(world), state.value()->stages.data(),
+                                                 static_cast<int>(stages.size()));
+  if (!checked.ok()) return ffi::Unexpected(ffi::Error::InvalidArgument(checked.message));
   return state;
+}
+
+ffi::ErrorOr<std::unique_ptr<CallState>> AgMatmulPipelinedInstantiate(PipelinedConfig config,
+                                                                      ffi::Span<const int64_t> groups, int64_t world,
+                                                                      ffi::Span<const int64_t> stages) {
+  return instantiate(OpKind::kAgMatmul, config, groups, world, stages);
+}
+
+ffi::ErrorOr<std::unique_ptr<CallState>> MatmulRsPipelinedInstantiate(PipelinedConfig config,
+                                                                      ffi::Span<const int64_t> groups, int64_t world,
+                                                                      ffi::Span<const int64_t> stages) {
+  return instantiate(OpKind::kMatmulRs, config, groups, world, stages);
 }
 
 // The checked operands of a pipelined call with `results`, and its scratch size checked.
@@ -47,28 +64,34 @@ ffi::ErrorOr<pipelined::Operands> operands(const char* name, OpKind kind, const 
   return op;
 }
 
-// Binds the call and enqueues it; `enqueue` is the op's schedule.
-template <class Enqueue>
+// Binds the call and runs it (pipelined::run_call). Once bound, a rank keeps in step with its peers
+// whatever happens: a call it cannot run (its side streams or vendor BLAS cannot be set up, or its
+// GPU recorded an error before) takes its epoch and abandons it (pipelined::abandon_call), so that
+// the peers' calls of that epoch fail at once, naming this rank, instead of after the watchdog.
 ffi::Error run(const char* name, OpKind kind, hipStream_t stream, int32_t ordinal, CallState* state,
-               pipelined::Operands& op, Enqueue&& enqueue) {
-  const Status stages = pipelined::check_stages(kind, state->world, state->stages.data(),
-                                                static_cast<int>(state->stages.size()));
-  if (!stages.ok()) return ffi::Error::InvalidArgument(stages.message);
+               pipelined::Operands& op) {
   op.stages = state->stages.data();
   op.stage_count = static_cast<int>(state->stages.size());
-  const auto bound = prepare_call(state, ordinal);
+  const auto bound = bind_call(state, ordinal);
   if (bound.has_error()) return bound.error();
   const GroupBinding& g = *bound.value();
   pipelined::Context ctx{};
-  JO_FFI_RETURN_IF_ERROR(Runtime::instance().side_streams(g.ws, &ctx.streams));
-  JO_FFI_RETURN_IF_ERROR(Runtime::verified_copy_path(*g.ws, &ctx.copy_path));
-  JO_FFI_RETURN_IF_ERROR(blas::DeviceBlas::get(ordinal, &ctx.blas));
   ctx.peers = g.peers;
-  ctx.epoch = ++*g.epoch;
   ctx.site = state->site;
   ctx.wd = g.ws->watchdog(kind);
   ctx.sm_count = g.ws->info.sm_count;
-  return finish_launch(enqueue(op, ctx, stream), *g.ws, stream, name);
+  Status ready = Runtime::instance().side_streams(g.ws, &ctx.streams);
+  if (ready.ok()) ready = Runtime::verified_copy_path(*g.ws, &ctx.copy_path);
+  if (ready.ok()) ready = blas::DeviceBlas::get(ordinal, &ctx.blas);
+  const ffi::Error refused = recorded_error(*g.ws);
+  if (!ready.ok() || refused.failure()) {
+    const Status abandoned = pipelined::abandon_call(kind, op, ctx, *g.epochs, stream);
+    const std::string also = abandoned.ok() ? "" : "; abandoning its epoch failed too (the peers wait for their "
+                                                   "watchdog): " + abandoned.message;
+    if (refused.failure()) return ffi::Error(*refused.errc(), refused.message() + also);
+    return ffi::Error::Internal(std::string("jax_overlap ") + name + ": " + ready.message + also);
+  }
+  return finish_launch(pipelined::run_call(kind, op, ctx, *g.epochs, stream), *g.ws, stream, name);
 }
 
 ffi::Error AgMatmulPipelinedExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
@@ -85,7 +108,7 @@ ffi::Error AgMatmulPipelinedExecute(hipStream_t stream, int32_t ordinal, CallSta
     return e;
   o.out = y->untyped_data();
   o.gathered = gathered->untyped_data();
-  return run("ag_matmul", OpKind::kAgMatmul, stream, ordinal, state, o, pipelined::enqueue_ag_matmul);
+  return run("ag_matmul", OpKind::kAgMatmul, stream, ordinal, state, o);
 }
 
 ffi::Error MatmulRsPipelinedExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
@@ -102,7 +125,7 @@ ffi::Error MatmulRsPipelinedExecute(hipStream_t stream, int32_t ordinal, CallSta
                             std::to_string(o.m));
   if (auto e = check_elements("matmul_rs", "result", *out, o.batch * (o.m / world) * o.n); e.failure()) return e;
   o.out = out->untyped_data();
-  return run("matmul_rs", OpKind::kMatmulRs, stream, ordinal, state, o, pipelined::enqueue_matmul_rs);
+  return run("matmul_rs", OpKind::kMatmulRs, stream, ordinal, state, o);
 }
 
 // A group of one: y = x @ w (+ bias) by the vendor GEMM, nothing to move. No
@@ -140,7 +163,14 @@ auto vendor_gemm_binding() {
 }  // namespace
 }  // namespace jo
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JoPipelinedInstantiate, jo::PipelinedInstantiate,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulPipelinedInstantiate, jo::AgMatmulPipelinedInstantiate,
+                              xla::ffi::Ffi::BindInstantiate()
+                                  .Attr<jo::PipelinedConfig>("config")
+                                  .Attr<xla::ffi::Span<const int64_t>>("groups")
+                                  .Attr<int64_t>("world")
+                                  .Attr<xla::ffi::Span<const int64_t>>("stages"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsPipelinedInstantiate, jo::MatmulRsPipelinedInstantiate,
                               xla::ffi::Ffi::BindInstantiate()
                                   .Attr<jo::PipelinedConfig>("config")
                                   .Attr<xla::ffi::Span<const int64_t>>("groups")

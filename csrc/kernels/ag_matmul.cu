@@ -97,7 +97,7 @@ __global__ __launch_bounds__(Config::Shape::kThreads) void ag_matmul_kernel(AgMa
     local_gemm_role<ML>(a, a.y, a.rows, smem);
   } else if (static_cast<int>(blockIdx.x) < a.fetchers) {
     const GatherArgs g{reinterpret_cast<const char*>(a.x), reinterpret_cast<char*>(a.gathered), a.m, a.layout,
-                       a.peers, a.epoch, a.site, a.wd, a.trace};
+                       a.peers, a.epoch, a.site, a.slot_used, a.wd, a.trace};
     gather_role(g, static_cast<int>(blockIdx.x), a.fetchers);
   } else {
     ag_gemm_role<ML>(a, smem, static_cast<int>(blockIdx.x) - a.fetchers, static_cast<int>(gridDim.x) - a.fetchers);

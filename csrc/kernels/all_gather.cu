@@ -41,8 +41,9 @@ hipError_t launch_all_gather(const AllGatherLaunch& l, hipStream_t stream) {
   g.m = l.m;
   g.layout = lay;
   g.peers = l.ctx.peers;
-  g.epoch = l.ctx.epoch;
+  g.epoch = static_cast<uint32_t>(l.ctx.epoch);
   g.site = l.ctx.site;
+  g.slot_used = l.ctx.slot_used;
   g.wd = l.ctx.wd;
   g.trace = l.ctx.trace;
   return launch_persistent<all_gather_kernel>(grid, kThreads, 0, g, stream);

@@ -102,8 +102,9 @@ struct FusedGemmArgs {
   int n;
   int group_cols;  // tile columns per band (gemm/tile_order.h)
   Peers peers;
-  uint32_t epoch;
-  uint32_t site;  // this call site's number among those sharing the region (protocol.h flag_value)
+  uint32_t epoch;  // the low bits of CallContext::epoch (region_layout.h flag_value)
+  uint32_t site;  // this call site's number among those sharing the region (region_layout.h flag_value)
+  bool slot_used;  // CallContext::slot_used: wait for the readers of this epoch's parity slots
   Watchdog wd;
   TraceSink trace;
   gemm::TailSplit tail;  // world 1
@@ -119,8 +120,9 @@ void set_gemm_args(FusedGemmArgs<T>& a, const GemmOperands& op, const CallContex
   a.n = static_cast<int>(op.n);
   a.group_cols = geo.group_cols;
   a.peers = ctx.peers;
-  a.epoch = ctx.epoch;
+  a.epoch = static_cast<uint32_t>(ctx.epoch);
   a.site = ctx.site;
+  a.slot_used = ctx.slot_used;
   a.wd = ctx.wd;
   a.trace = ctx.trace;
 }

@@ -46,7 +46,7 @@ struct StageAndRelease {
   // epochs ago (same parity); wait until it said so. False: the watchdog fired.
   __device__ bool claim(int block, int tile) const {
     bool ok = true;
-    if (threadIdx.x == 0 && a.epoch > 2)
+    if (threadIdx.x == 0 && a.slot_used)
       ok = spin_until<Scope::kSystem>(a.layout.done_flag(mine, parity, block, tile), flag_value(a.epoch - 2, 0), a.wd,
                                       a.peers.rank, block, a.peers.world, a.epoch, WaitOn::kReadersDone);
     return block_agree(ok);

@@ -78,11 +78,32 @@ struct LaunchLimits {
   int64_t l2_bytes;
 };
 
+// A region's call counter on one rank, in 64 bits (it never wraps). Flags
+// hold an epoch's low 32 bits (pipelined) or 16 (fused): exact, because every
+// flag of a region is rewritten every call or two, so a flag's value is never
+// more than two epochs old. `origin` is the count when the region's flags were
+// last zeroed (0 at allocation and after clear_errors();
+// Runtime::set_epoch_origin moves it for tests), so the region's first call
+// is origin + 1, whatever its low bits are.
+struct EpochCounter {
+  uint64_t origin = 0;
+  uint64_t count = 0;
+
+  void restart(uint64_t at) { origin = count = at; }
+  uint64_t next() { return ++count; }
+  // Whether the call of `epoch` finds its parity's slots used by the call two
+  // epochs before (since the flags were zeroed): then it waits for that call's
+  // readers before writing them. Relative to the origin, not to 0, so it holds
+  // across any wrap of the flags' bits and from any origin.
+  bool slot_used(uint64_t epoch) const { return epoch - origin > 2; }
+};
+
 // What every fused launch carries besides its operands.
 struct CallContext {
   Peers peers;
-  uint32_t epoch;  // this call's epoch on the group's region (0 for world 1)
-  uint32_t site;   // this call site's number among those sharing the region (0 for world 1)
+  uint64_t epoch;  // this call's epoch on the group's region (0 for world 1); flags hold its low bits
+  uint32_t site;   // this call site's number among those sharing the region, 1 to 65535 (0 for world 1)
+  bool slot_used;  // EpochCounter::slot_used(epoch)
   Watchdog wd;
   TraceSink trace;
   LaunchLimits limits;

@@ -18,16 +18,96 @@ __device__ __forceinline__ T pick(const T (&values)[kMaxWorld], int i) {
   return out;
 }
 
+// A pipelined flag as a reader waiting for (epoch, site) sees it: the epoch
+// acquired first, then the site, so that the site is the one of that
+// release (or of a later write to the flag).
+__device__ __forceinline__ PipeState read_flag(const PipeFlag* flag, uint32_t epoch, uint32_t site) {
+  const uint32_t e = gpu::load_acquire_sys(&flag->epoch);
+  if (e != epoch) return PipeState::kPending;
+  return pipe_state(e, gpu::load_acquire_sys(&flag->site), epoch, site);
+}
+
+// Spins until `flag` is no longer pending for (epoch, site), under the
+// watchdog. Pending at the end: the wait gave up (timed out and recorded,
+// or another wait of this GPU failed first).
+__device__ PipeState wait_flag(const PipeFlag* flag, uint32_t epoch, uint32_t site, const Watchdog& wd,
+                               uint32_t rank, uint32_t peer, uint32_t world, WaitOn what) {
+  PipeState state = read_flag(flag, epoch, site);
+  const uint64_t t0 = gpu::timer_ticks();
+  for (uint32_t it = 1; state == PipeState::kPending; ++it) {
+    gpu::backoff();
+    state = read_flag(flag, epoch, site);
+    if ((it & 63) == 0 && state == PipeState::kPending) {
+      if (watchdog_fired(wd)) return state;
+      const uint64_t waited = gpu::timer_ticks() - t0;
+      if (waited > wd.timeout_ticks) {
+        record_timeout(wd, rank, peer, world, epoch, what, waited);
+        return state;
+      }
+    }
+  }
+  return state;
+}
+
 // One thread per flag; threads beyond the count only join the exit.
 __global__ void pipeline_wait_kernel(FlagWait w) {
   const int i = static_cast<int>(threadIdx.x);
   if (i >= w.count) return;
-  const PipeFlag* flag = pick(w.flags, i);
   const uint32_t peer = pick(w.peers, i);
-  if (!spin_until<Scope::kSystem>(&flag->epoch, w.epoch, w.wd, w.rank, peer, w.world, w.epoch, w.what)) return;
-  // Read after the epoch's acquire: the site of that same release.
-  if (w.site != 0 && gpu::load_acquire_sys(&flag->site) != w.site)
-    record_timeout(w.wd, w.rank, peer, w.world, w.epoch, WaitOn::kCallSite, 0);
+  const PipeState state = wait_flag(pick(w.flags, i), w.epoch, w.site, w.wd, w.rank, peer, w.world, w.what);
+  if (state == PipeState::kOtherSite) record_timeout(w.wd, w.rank, peer, w.world, w.epoch, WaitOn::kCallSite, 0);
+  if (state == PipeState::kAbandoned) record_timeout(w.wd, w.rank, peer, w.world, w.epoch, WaitOn::kPeerAbandoned, 0);
+}
+
+// One thread per flag. The loads come after the pulls (stream order) and
+// read the site first, then the epoch: a pull that read any byte of a
+// rewrite ran after the writer's kSiteRewriting mark was performed, so the
+// site load sees the mark or a later site; a later call site comes only with
+// the writer's next release, which wrote the new epoch before it, so the
+// epoch load, after the site's acquire, sees that epoch. Either way the flag
+// no longer reads (epoch, site). In the other order a release completed
+// between the two loads could read as the old epoch with a valid site.
+__global__ void pipeline_verify_kernel(FlagVerify v) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i >= v.count) return;
+  const PipeFlag* flag = pick(v.flags, i);
+  const uint32_t site = gpu::load_acquire_sys(&flag->site);
+  const uint32_t epoch = gpu::load_acquire_sys(&flag->epoch);
+  if (epoch != v.epoch || site != v.site) {
+    // On a GPU whose wait gave up already this only finds the record claimed.
+    const bool abandoned = epoch == v.epoch && site == kSiteAbandoned;
+    record_timeout(v.wd, v.rank, pick(v.peers, i), v.world, v.epoch,
+                   abandoned ? WaitOn::kPeerAbandoned : WaitOn::kOverwritten, 0);
+    return;
+  }
+  PipeFlag* done = pick(v.done, i);
+  gpu::store_release_sys(&done->epoch, v.epoch);
+  gpu::store_release_sys(&done->site, v.site);
+}
+
+// One thread: an error path, where speed does not matter. Flags this call
+// released already become abandoned by their site alone (their epoch is
+// this one); the others go through the rewriting mark first, as a release
+// does, so no reader sees this epoch with an earlier release's site.
+__global__ void pipeline_abandon_kernel(FlagAbandon a) {
+  // A wait that gives up (it timed out, or this GPU aborted) lets the marks go ahead all the same.
+  for (int i = 0; i < a.reader_count; ++i)
+    (void)wait_flag(pick(a.readers_done, i), a.epoch - 2, 0, a.wd, a.rank, pick(a.readers, i), a.world,
+                    WaitOn::kReadersDone);
+  for (int i = 0; i < a.own_count; ++i) {
+    PipeFlag* flag = pick(a.own, i);
+    if ((a.released >> i & 1u) == 0) {
+      gpu::store_release_sys(&flag->site, kSiteRewriting);
+      gpu::store_release_sys(&flag->epoch, a.epoch);
+    }
+    gpu::store_release_sys(&flag->site, kSiteAbandoned);
+  }
+  for (int i = 0; i < a.done_count; ++i) {
+    PipeFlag* done = pick(a.done, i);
+    gpu::store_release_sys(&done->epoch, a.epoch);
+    gpu::store_release_sys(&done->site, a.site);
+  }
+  record_timeout(a.wd, a.rank, a.rank, a.world, a.epoch, WaitOn::kEnqueueFailed, 0);
 }
 
 __global__ void pipeline_poison_kernel(const uint32_t* abort, gpu::Vec16* a, uint64_t a_vecs, gpu::Vec16* b,
@@ -36,6 +116,11 @@ __global__ void pipeline_poison_kernel(const uint32_t* abort, gpu::Vec16* a, uin
   const gpu::Vec16 nan{{~0u, ~0u, ~0u, ~0u}};
   for (uint64_t i = threadIdx.x; i < a_vecs; i += blockDim.x) gpu::store16(a + i, nan);
   for (uint64_t i = threadIdx.x; i < b_vecs; i += blockDim.x) gpu::store16(b + i, nan);
+}
+
+__global__ void pipeline_pause_kernel(uint64_t ticks) {
+  const uint64_t t0 = gpu::timer_ticks();
+  while (gpu::timer_ticks() - t0 < ticks) gpu::backoff();
 }
 
 template <typename T>
@@ -106,11 +191,29 @@ hipError_t launch_flag_wait(const FlagWait& wait, hipStream_t stream) {
   return hipGetLastError();
 }
 
+hipError_t launch_flag_verify(const FlagVerify& verify, hipStream_t stream) {
+  if (verify.count < 1 || verify.count > kMaxWorld) return hipErrorInvalidValue;
+  pipeline_verify_kernel<<<1, gpu::kWarpSize, 0, stream>>>(verify);
+  return hipGetLastError();
+}
+
+hipError_t launch_flag_abandon(const FlagAbandon& abandon, hipStream_t stream) {
+  if (abandon.reader_count > kMaxWorld || abandon.own_count > kMaxWorld || abandon.done_count > kMaxWorld)
+    return hipErrorInvalidValue;
+  pipeline_abandon_kernel<<<1, 1, 0, stream>>>(abandon);
+  return hipGetLastError();
+}
+
 hipError_t launch_poison_if_aborted(const uint32_t* abort, void* a, uint64_t a_bytes, void* b, uint64_t b_bytes,
                                     hipStream_t stream) {
   // One workgroup: it returns at once unless the call was aborted, when speed no longer matters.
   pipeline_poison_kernel<<<1, 1024, 0, stream>>>(abort, static_cast<gpu::Vec16*>(a), a_bytes / 16,
                                                  static_cast<gpu::Vec16*>(b), b_bytes / 16);
+  return hipGetLastError();
+}
+
+hipError_t launch_pause(uint64_t ticks, hipStream_t stream) {
+  pipeline_pause_kernel<<<1, 1, 0, stream>>>(ticks);
   return hipGetLastError();
 }
 

@@ -22,26 +22,6 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   }
 }
 
-// A flag's value: the epoch of the call that released it in the low 16 bits
-// and that call's site above them (jax_overlap/runtime.py numbers the call
-// sites sharing a region from 1; at most 65535). 16 bits of epoch are exact:
-// every flag of a region is rewritten every call or two, so a value is never
-// more than two epochs old, never 65536.
-JO_HOST_DEVICE uint32_t flag_value(uint32_t epoch, uint32_t site) { return site << 16 | (epoch & 0xFFFFu); }
-
-enum class Match { kNo, kYes, kOtherSite };
-
-// A wait accepts only its exact epoch: a stale value (a peer one call behind,
-// or left from before clear_errors()) is never a pass, it waits and times out.
-// Every flag's writer is itself held back by the readers' done flags, so it
-// cannot run ahead past the value a reader waits for. A wait whose expected
-// value names a site (nonzero) and finds its epoch released by another site
-// has met a peer that ran the region's calls in another order: kOtherSite.
-__device__ __forceinline__ Match match(uint32_t value, uint32_t expected) {
-  if (((value ^ expected) & 0xFFFFu) != 0) return Match::kNo;
-  return (expected >> 16) == 0 || (value >> 16) == (expected >> 16) ? Match::kYes : Match::kOtherSite;
-}
-
 __device__ __forceinline__ bool watchdog_fired(const Watchdog& wd) {
   return *static_cast<volatile uint32_t*>(wd.abort) != 0;
 }
@@ -124,8 +104,9 @@ struct GatherArgs {
   int64_t m;
   GatherLayout layout;
   Peers peers;
-  uint32_t epoch;
-  uint32_t site;  // this call site's number among those sharing the region (flag_value)
+  uint32_t epoch;  // the low bits of CallContext::epoch
+  uint32_t site;   // this call site's number among those sharing the region (flag_value)
+  bool slot_used;  // CallContext::slot_used: wait for the readers of this epoch's parity slot
   Watchdog wd;
   TraceSink trace;
 };
@@ -190,7 +171,7 @@ __device__ __forceinline__ bool gather_role(const GatherArgs& g, int worker, int
   for (int j = worker; j < chunks; j += workers) {
     const uint64_t t0 = gpu::timer_ticks();
     bool ok = true;
-    if (threadIdx.x == 0 && g.epoch > 2) {
+    if (threadIdx.x == 0 && g.slot_used) {
       // Readers of this slot two epochs ago; done already unless a peer lags.
       for (int q = 0; q < p.world && ok; ++q) {
         if (q == p.rank) continue;

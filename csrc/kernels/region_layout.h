@@ -1,8 +1,8 @@
 // Layouts of the symmetric regions the collective kernels use. A region sits
 // at the same offset in every rank's workspace; these structs turn (shape,
 // world) into byte offsets identically on host (sizing) and device (use).
-// Flags are uint32 flag_values (kernels/protocol.h: epoch and call site), never
-// reset; a wait matches its exact epoch.
+// Flags are uint32 flag_values (epoch and call site, below), never reset; a
+// wait matches its exact epoch.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,30 @@ namespace jo {
 inline constexpr uint64_t kRegionAlign = 256;
 
 JO_HOST_DEVICE uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// A flag's value: the low 16 bits of the epoch of the call that released it
+// and that call's site above them (jax_overlap/runtime.py numbers the call
+// sites sharing a region from 1; at most 65535). 16 bits of epoch are exact:
+// every flag of a region is rewritten every call or two, so a value is never
+// more than two epochs old, never 65536 (params.h EpochCounter).
+JO_HOST_DEVICE uint32_t flag_value(uint32_t epoch, uint32_t site) { return site << 16 | (epoch & 0xFFFFu); }
+
+enum class Match { kNo, kYes, kOtherSite };
+
+// A wait accepts only its exact epoch: a stale value (a peer one call behind,
+// or left from before clear_errors()) is never a pass, it waits and times out.
+// Every flag's writer is itself held back by the readers' done flags, so it
+// cannot run ahead past the value a reader waits for. A wait whose expected
+// value names a site (nonzero) and finds its epoch released by another site
+// has met a peer that ran the region's calls in another order: kOtherSite.
+// Every release carries its call site (>= 1), so a value with no site is no
+// release: a flag still zero since the workspace was zeroed never matches,
+// also when the epoch waited for has low bits 0 (every 65536th call, or a
+// region's first call from an origin such as 2^32).
+JO_HOST_DEVICE Match match(uint32_t value, uint32_t expected) {
+  if (((value ^ expected) & 0xFFFFu) != 0 || (value >> 16) == 0) return Match::kNo;
+  return (expected >> 16) == 0 || (value >> 16) == (expected >> 16) ? Match::kYes : Match::kOtherSite;
+}
 
 // Gathers (ag_matmul, all_gather): each rank publishes its [rows, row_bytes]
 // shard in chunks of chunk_rows x chunk_bytes; peers pull every chunk.

@@ -1,9 +1,9 @@
 // Layouts of the pipelined algorithm's symmetric regions (see schedule.h).
 // A region sits at the same offset in every rank's workspace; these turn
 // (shape, world) into byte offsets for sizing (Python) and use (schedule.cc).
-// Flags carry exact epochs and are never reset; data slots are
-// double-buffered by epoch parity, and a slot is overwritten only after every
-// reader released its done flag for the slot's previous use.
+// Flags carry the low 32 bits of exact epochs and are never reset; data slots
+// are double-buffered by epoch parity, and a slot is overwritten only after
+// every reader released its done flag for the slot's previous use.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,7 @@ namespace jo::pipelined {
 
 // ag_matmul: each rank publishes its shard of x; every peer pulls it.
 //   pub  [2]          owner, after copying its shard into slot[parity]; site, then epoch
-//   done [2][world]   reader q (a remote write), after pulling slot[parity]; epoch only
+//   done [2][world]   reader q (a remote write), after pulling slot[parity]; its site, then epoch
 //   slot [2][shard_bytes]
 struct GatherRegion {
   int world;
@@ -46,7 +46,7 @@ struct GatherRegion {
 // laid out like x's rows, so row block b (of rank b) is rows [b*m/world,
 // (b+1)*m/world) of every batch element; block b's owner pulls it.
 //   ready [2][world]  stager, after block b is in staging[parity]; site, then epoch
-//   done  [2][world]  block b's owner (a remote write), after pulling block b; epoch only
+//   done  [2][world]  block b's owner (a remote write), after pulling block b; its site, then epoch
 //   staging [2][partial_bytes]
 struct ReduceRegion {
   int world;

@@ -1,29 +1,35 @@
 // The pipelined algorithm: the vendor GEMM per chunk of rows, on two compute
 // streams forked from the caller's stream, with the rows moved between ranks
 // by copy engines on a copy stream (no SM spent on moving data, no host
-// synchronization), and epoch flags in the symmetric workspace between ranks.
+// synchronization), and epoch flags in the symmetric workspace between ranks
+// (docs/protocol.md; a flag's values: kernels/pipeline_kernels.h PipeFlag).
 //
 // ag_matmul, rank r of T, y = all_gather(x) @ w + bias:
-//   copy stream:    [wait: readers done with slot(e-2)] copy x -> my slot; release pub(e);
-//                   wait: every peer's pub(e); for s = r+1, r+2, ... (ring order, so each rank
-//                   is read by one peer at a time): pull peer s's slot into s's rows of
-//                   `gathered`, release done(e) in s's region, record arrived[i]; finally copy x
-//                   into my own rows of `gathered`.
+//   copy stream:    [wait: readers done with slot(e-2)] mark pub rewriting; copy x -> my slot;
+//                   release pub(e); wait: every peer's pub(e); for s = r+1, r+2, ... (ring order,
+//                   so each rank is read by one peer at a time): pull peer s's slot into s's rows of
+//                   `gathered`, record arrived[i]; verify that every peer's pub still holds (e) and
+//                   release done(e) in their regions; finally copy x into my own rows of `gathered`.
 //   compute streams: stage 0 = my own shard from x, at once; then the stages of the plan
 //                   (consecutive ring positions, one GEMM per contiguous range of rows), each
 //                   after its last shard arrived, alternating between the two streams.
-//   then:           join; NaN over y and gathered if the watchdog fired.
+//   then:           join; NaN over y and gathered if the watchdog fired (or a check failed).
 // matmul_rs, rank r of T, out = psum_scatter(x @ w) + bias:
 //   compute streams: stages over the row blocks in the order r+1, r+2, ..., r (my own last):
-//                   [wait: the blocks' owners done with staging(e-2)] GEMM the blocks' rows of x
-//                   into my staging slot (bf16/fp16, the output dtype), release ready(e) per block.
+//                   [wait: the blocks' owners done with staging(e-2)] mark the blocks' ready flags
+//                   rewriting; GEMM the blocks' rows of x into my staging slot (bf16/fp16, the
+//                   output dtype), release ready(e) per block.
 //   copy stream:    for q = r-1, r-2, ... (the order in which peers compute my block): wait for
-//                   q's ready(e) of block r, pull it into my receive area, release done(e) in q's
-//                   region.
+//                   q's ready(e) of block r, pull it into my receive area; then verify that every
+//                   ready(e) pulled still holds and release done(e) in the stagers' regions.
 //   then:           join; the fixed-order reduction (fp32, ranks 0..T-1, bias once) into out,
-//                   NaN if the watchdog fired.
+//                   NaN if the watchdog fired (or a check failed).
 // Every wait is a bounded wait kernel (kernels/pipeline_kernels.h): a stream-
 // memory-op wait cannot time out, a kernel records the error and returns.
+// The rewriting mark and the check after the pulls are for writers that run
+// on after their GPU aborted (its waits return at once): neither a copy
+// engine nor a vendor GEMM checks a flag, so a reader that was still pulling
+// finds the rewrite afterwards and fails the call instead of using the bytes.
 // Loopback (benchmarks and tests on one GPU): the same streams, GEMMs and
 // copies with my own data standing in for every peer's, and no flags.
 #pragma once
@@ -44,8 +50,9 @@ struct Context {
   SideStreams* streams;
   blas::DeviceBlas* blas;
   Peers peers;      // every rank's region of the call (unused in loopback)
-  uint32_t epoch;   // this call's epoch on the region (1, 2, ...)
-  uint32_t site;    // this call site's number among those sharing the region (>= 1)
+  uint64_t epoch;   // this call's epoch on the region (params.h EpochCounter); flags hold its low 32 bits
+  uint32_t site;    // this call site's number among those sharing the region (1 to 65535)
+  bool slot_used;   // EpochCounter::slot_used(epoch): wait for the readers of this parity's slots
   Watchdog wd;      // wd.abort: this GPU's abort flag (nullptr in loopback: no poisoning)
   int sm_count;
   bool loopback;
@@ -76,6 +83,27 @@ uint64_t region_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t k,
 // Checks a stage plan: positive sizes summing to `world`, ag_matmul's first stage its own shard alone.
 Status check_stages(OpKind op, int world, const int64_t* stages, int stage_count);
 
+// One call of a group of two or more on its rank, start to end; `ctx` comes
+// without its epoch, which this takes from `epochs`, in the order calls are
+// enqueued on this GPU (under the side streams' lock). Whatever can fail on
+// the host is done before the epoch is taken: the vendor GEMM plans of every
+// GEMM of the schedule, made with the call's own pointers (plans depend on
+// their alignment, which differs from rank to rank; made once per shape and
+// kept, so a later call only finds them). If that, or the enqueue itself,
+// fails, the rank still takes the epoch, to stay in step with its peers, and
+// abandons it (abandon_call), and the error is returned.
+Status run_call(OpKind kind, const Operands& op, Context ctx, EpochCounter& epochs, hipStream_t origin);
+
+// A call this rank cannot run (its side streams or vendor BLAS could not be
+// set up, or its GPU refuses calls after an error): takes the epoch and
+// abandons it on `origin` (kernels/pipeline_kernels.h FlagAbandon), so that
+// the peers' waits for this epoch fail at once, naming this rank
+// (WaitOn::kPeerAbandoned), instead of after the watchdog. ctx.streams and
+// ctx.blas may be null.
+Status abandon_call(OpKind kind, const Operands& op, Context ctx, EpochCounter& epochs, hipStream_t origin);
+
+// One call with ctx's epoch as given and nothing abandoned on a failure: the
+// one-GPU loopback of the benchmarks (pipelined/measure.h).
 Status enqueue_ag_matmul(const Operands& op, const Context& ctx, hipStream_t origin);
 Status enqueue_matmul_rs(const Operands& op, const Context& ctx, hipStream_t origin);
 

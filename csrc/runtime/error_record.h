@@ -18,6 +18,9 @@ enum class WaitOn : uint32_t {
   kPartialReady = 4,  // a peer's staged partial-product tile (matmul_rs)
   kCallSite = 5,      // a peer released this epoch for another call site: the ranks' call orders differ
   kTailPartial = 6,   // a stream-K tail piece of the same launch (a group of one; a bug, not a peer)
+  kOverwritten = 7,   // a peer rewrote the data this rank was pulling (it had given up on a call)
+  kPeerAbandoned = 8,  // a peer abandoned the epoch (it could not enqueue its part, or refused the call)
+  kEnqueueFailed = 9,  // this rank could not enqueue its part of a pipelined call and abandoned the epoch
 };
 
 struct ErrorRecord {
@@ -53,6 +56,9 @@ inline const char* wait_name(uint32_t what) {
     case WaitOn::kPartialReady: return "partial-product tile";
     case WaitOn::kCallSite: return "the same call site (the peer released this epoch for another one)";
     case WaitOn::kTailPartial: return "stream-K tail partial of the same launch";
+    case WaitOn::kOverwritten: return "the data it released, still unchanged after the pull";
+    case WaitOn::kPeerAbandoned: return "its part of the epoch, which it abandoned";
+    case WaitOn::kEnqueueFailed: return "its own enqueue, which failed";
   }
   return "unknown flag";
 }

@@ -370,7 +370,7 @@ Status Runtime::restart_after_error(int ordinal) {
   if (ws->base != nullptr) JO_RETURN_IF_HIP_ERROR(hipMemset(ws->base, 0, ws->bytes));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [offset, epoch] : ws->epochs) *epoch = 0;
+    for (auto& [offset, counter] : ws->epochs) counter->restart(epoch_origin_);
   }
   return clear_watchdog(ordinal, ws->error_host, ws->abort_flag());
 }
@@ -398,6 +398,11 @@ Status Runtime::side_streams(Workspace* ws, pipelined::SideStreams** out) {
   return {};
 }
 
+void Runtime::set_epoch_origin(uint64_t origin) {
+  std::lock_guard<std::mutex> lock(mu_);
+  epoch_origin_ = origin;
+}
+
 Status Runtime::bind_group(int ordinal, const int64_t* groups, size_t n_ids, int world, uint64_t region_offset,
                            uint64_t region_bytes, GroupBinding* out) {
   Workspace* ws = workspace(ordinal);
@@ -414,7 +419,7 @@ Status Runtime::bind_group(int ordinal, const int64_t* groups, size_t n_ids, int
   out->peers = Peers{};
   out->peers.world = world;
   out->peers.rank = world > 1 ? static_cast<int>(first % world) : 0;
-  out->epoch = nullptr;
+  out->epochs = nullptr;
   if (world == 1) return {};
   if (ws->base == nullptr) return Status{"jax_overlap: GPU " + std::to_string(ordinal) + " has no symmetric workspace"};
   if (region_offset + region_bytes > ws->bytes)
@@ -431,9 +436,12 @@ Status Runtime::bind_group(int ordinal, const int64_t* groups, size_t n_ids, int
     out->peers.regions[r] = it->second + region_offset;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto& slot = ws->epochs[region_offset];
-  if (!slot) slot = std::make_unique<uint32_t>(0);
-  out->epoch = slot.get();
+  auto& counter = ws->epochs[region_offset];
+  if (!counter) {
+    counter = std::make_unique<EpochCounter>();
+    counter->restart(epoch_origin_);
+  }
+  out->epochs = counter.get();
   return {};
 }
 
@@ -446,6 +454,31 @@ std::string describe_error(const ErrorRecord& r, int64_t ticks_per_second) {
                   "sharing the region: the ranks ran their jax_overlap calls in different orders (no data was "
                   "used). Fused and pipelined calls on this GPU fail until jax_overlap.clear_errors().",
                   op_name(r.op), r.rank, r.world, r.peer, r.epoch);
+    return text;
+  }
+  if (static_cast<WaitOn>(r.what) == WaitOn::kOverwritten) {
+    std::snprintf(text, sizeof(text),
+                  "jax_overlap: %s on rank %u of %u: rank %u rewrote the data it had released for epoch %u while "
+                  "this rank was still reading it: rank %u had given up on an earlier call (its watchdog fired, or a "
+                  "call failed) and its queued calls went on. The data read is lost: the call's outputs are NaN, and "
+                  "fused and pipelined calls on this GPU fail until jax_overlap.clear_errors().",
+                  op_name(r.op), r.rank, r.world, r.peer, r.epoch, r.peer);
+    return text;
+  }
+  if (static_cast<WaitOn>(r.what) == WaitOn::kPeerAbandoned) {
+    std::snprintf(text, sizeof(text),
+                  "jax_overlap: %s on rank %u of %u: rank %u abandoned epoch %u: it could not enqueue its part of "
+                  "the call, or refused it after an earlier error (that rank's error says why). The call's outputs "
+                  "are NaN, and fused and pipelined calls on this GPU fail until jax_overlap.clear_errors().",
+                  op_name(r.op), r.rank, r.world, r.peer, r.epoch);
+    return text;
+  }
+  if (static_cast<WaitOn>(r.what) == WaitOn::kEnqueueFailed) {
+    std::snprintf(text, sizeof(text),
+                  "jax_overlap: %s on rank %u of %u could not enqueue its part of epoch %u and abandoned it, so that "
+                  "its peers' calls of that epoch fail at once (the call's own error said why). Fused and pipelined "
+                  "calls on this GPU fail until jax_overlap.clear_errors().",
+                  op_name(r.op), r.rank, r.world, r.epoch);
     return text;
   }
   if (static_cast<WaitOn>(r.what) == WaitOn::kTailPartial) {

@@ -84,7 +84,7 @@ struct Workspace {
   uint64_t bytes = 0;
   std::map<int64_t, char*> peer_bases;  // global device id -> its workspace here (own included)
   std::vector<void*> ipc_mappings;
-  std::map<uint64_t, std::unique_ptr<uint32_t>> epochs;  // region offset -> calls so far
+  std::map<uint64_t, std::unique_ptr<EpochCounter>> epochs;  // region offset -> its calls on this GPU
   // The pipelined calls' streams, made on their first execute.
   std::unique_ptr<pipelined::SideStreams> side_streams;
   // The path of this GPU's pipelined copies (pipelined::CopyPath), verified by
@@ -103,7 +103,7 @@ struct Workspace {
 struct GroupBinding {
   Workspace* ws = nullptr;
   Peers peers{};
-  uint32_t* epoch = nullptr;  // nullptr when world == 1
+  EpochCounter* epochs = nullptr;  // the region's call counter; nullptr when world == 1
 };
 
 class Runtime {
@@ -134,8 +134,9 @@ class Runtime {
   // After a timeout, in two steps that every rank of every group takes, with
   // a barrier after each (jax_overlap.clear_errors() is collective): stop
   // this GPU's waits (the abort flag) and let its work finish; then zero every
-  // flag and epoch and forget the error. No rank can then still write into a
-  // zeroed workspace, and the ranks restart in step at epoch 1.
+  // flag, restart every epoch counter at the origin (0; set_epoch_origin) and
+  // forget the error. No rank can then still write into a zeroed workspace,
+  // and the ranks restart in step at epoch origin + 1.
   Status stop_after_error(int ordinal);
   Status restart_after_error(int ordinal);
   // Frees every workspace and device state; calls lowered before refuse to run.
@@ -152,6 +153,10 @@ class Runtime {
                     uint64_t region_bytes, GroupBinding* out);
   // This GPU's pipelined side streams, made on first use.
   Status side_streams(Workspace* ws, pipelined::SideStreams** out);
+  // Test hook: the origin region epoch counters start from (when made, and
+  // after clear_errors()) instead of 0, to run calls across a wrap of the
+  // flags' epoch bits (params.h EpochCounter).
+  void set_epoch_origin(uint64_t origin);
 
  private:
   void start_monitor();
@@ -160,6 +165,7 @@ class Runtime {
   std::map<int, std::unique_ptr<Workspace>> devices_;
   std::atomic<uint64_t> generation_{1};
   std::atomic<bool> abort_on_timeout_{true};
+  uint64_t epoch_origin_ = 0;  // mu_
   bool monitor_started_ = false;
 };
 

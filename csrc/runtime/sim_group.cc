@@ -73,14 +73,22 @@ Status SimGroup::region(int op, uint64_t bytes, uint64_t* offset) {
   return {};
 }
 
-CallContext SimGroup::context(int rank, uint64_t offset, uint32_t epoch, uint32_t site, OpKind op) const {
+Peers SimGroup::peers(int rank, uint64_t offset) const {
   Peers p{};
   p.rank = rank;
   p.world = world_;
   for (int r = 0; r < world_; ++r) p.regions[r] = bases_[r] + offset;
-  const Watchdog wd{records_device_[rank], abort_flag(rank), timeout_ticks_, static_cast<uint32_t>(op)};
-  return CallContext{p, epoch, site, wd, TraceSink{nullptr, nullptr, nullptr, 0},
-                     LaunchLimits{info_.sm_count, world_, info_.l2_bytes}};
+  return p;
+}
+
+Watchdog SimGroup::watchdog(int rank, OpKind op) const {
+  return Watchdog{records_device_[rank], abort_flag(rank), timeout_ticks_, static_cast<uint32_t>(op)};
+}
+
+CallContext SimGroup::context(int rank, uint64_t offset, EpochCounter& epochs, uint32_t site, OpKind op) const {
+  const uint64_t epoch = epochs.next();
+  return CallContext{peers(rank, offset), epoch, site, epochs.slot_used(epoch), watchdog(rank, op),
+                     TraceSink{nullptr, nullptr, nullptr, 0}, LaunchLimits{info_.sm_count, world_, info_.l2_bytes}};
 }
 
 GemmOperands SimMatmul::operands(int rank) const {
@@ -90,10 +98,13 @@ GemmOperands SimMatmul::operands(int rank) const {
 }
 
 Status SimGroup::run(uint64_t offset, const std::vector<int>& ranks, bool sync,
-                     const std::function<Status(int, hipStream_t, uint32_t)>& launch) {
+                     const std::function<Status(int, hipStream_t, EpochCounter&)>& launch) {
   JO_RETURN_IF_HIP_ERROR(hipSetDevice(ordinal_));
-  std::vector<uint32_t>& epochs = epochs_[offset];
-  epochs.resize(world_, 0);
+  std::vector<EpochCounter>& epochs = epochs_[offset];
+  if (epochs.empty()) {
+    epochs.resize(world_);
+    for (EpochCounter& c : epochs) c.restart(epoch_origin_);
+  }
   std::vector<int> all;
   for (int r = 0; r < world_; ++r) all.push_back(r);
   const std::vector<int>& chosen = ranks.empty() ? all : ranks;
@@ -107,10 +118,9 @@ Status SimGroup::run(uint64_t offset, const std::vector<int>& ranks, bool sync,
   std::vector<std::thread> threads;
   for (int r : chosen) {
     if (r == absent_) continue;
-    const uint32_t epoch = ++epochs[r];
-    threads.emplace_back([&, r, epoch] {
+    threads.emplace_back([&, r] {
       const hipError_t set = hipSetDevice(ordinal_);
-      launched[r] = set == hipSuccess ? launch(r, streams_[r], epoch) : Status{hipGetErrorString(set)};
+      launched[r] = set == hipSuccess ? launch(r, streams_[r], epochs[r]) : Status{hipGetErrorString(set)};
     });
   }
   for (std::thread& t : threads) t.join();
@@ -150,10 +160,10 @@ Status SimGroup::ag_matmul(const SimMatmul& c) {
   uint64_t offset = 0;
   JO_RETURN_IF_ERROR(region(kSimAg, ag_matmul_region_bytes(world_, c.batch * c.m, c.k, c.tile, c.chunk_k, elem),
                             &offset));
-  return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, uint32_t epoch) -> Status {
+  return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, EpochCounter& epochs) -> Status {
     const AgMatmulLaunch l{c.operands(r), reinterpret_cast<void*>(c.out[r]),
                            world_ > 1 ? reinterpret_cast<void*>(c.gathered[r]) : nullptr, c.m, c.chunk_k,
-                           context(r, offset, epoch, c.site, OpKind::kAgMatmul)};
+                           context(r, offset, epochs, c.site, OpKind::kAgMatmul)};
     JO_RETURN_IF_HIP_ERROR(launch_ag_matmul(l, s));
     return {};
   });
@@ -163,9 +173,9 @@ Status SimGroup::matmul_rs(const SimMatmul& c) {
   const int elem = 2;
   uint64_t offset = 0;
   JO_RETURN_IF_ERROR(region(kSimRs, matmul_rs_region_bytes(world_, c.batch, c.m, c.n, c.tile, elem), &offset));
-  return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, uint32_t epoch) -> Status {
+  return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, EpochCounter& epochs) -> Status {
     const MatmulRsLaunch l{c.operands(r), reinterpret_cast<void*>(c.out[r]), c.m,
-                           context(r, offset, epoch, c.site, OpKind::kMatmulRs)};
+                           context(r, offset, epochs, c.site, OpKind::kMatmulRs)};
     JO_RETURN_IF_HIP_ERROR(launch_matmul_rs(l, s));
     return {};
   });
@@ -175,14 +185,14 @@ Status SimGroup::all_gather(const std::vector<uintptr_t>& x, const std::vector<u
                             int64_t m, int64_t row_bytes) {
   uint64_t offset = 0;
   JO_RETURN_IF_ERROR(region(kSimGather, all_gather_region_bytes(world_, batch * m, row_bytes), &offset));
-  return run(offset, {}, true, [&](int r, hipStream_t s, uint32_t epoch) -> Status {
+  return run(offset, {}, true, [&](int r, hipStream_t s, EpochCounter& epochs) -> Status {
     AllGatherLaunch l{};
     l.x = reinterpret_cast<const void*>(x[r]);
     l.gathered = reinterpret_cast<void*>(gathered[r]);
     l.batch = batch;
     l.m = m;
     l.row_bytes = row_bytes;
-    l.ctx = context(r, offset, epoch, /*site=*/1, OpKind::kAllGather);
+    l.ctx = context(r, offset, epochs, /*site=*/1, OpKind::kAllGather);
     JO_RETURN_IF_HIP_ERROR(launch_all_gather(l, s));
     return {};
   });
@@ -196,7 +206,7 @@ Status SimGroup::pipelined(OpKind op, const SimMatmul& c) {
                             pipelined::region_bytes(op, world_, c.batch, c.m, c.k, c.n, 2), &offset));
   JO_RETURN_IF_ERROR(pipelined::check_stages(op, world_, c.stages.data(), static_cast<int>(c.stages.size())));
   if (!ag && m_total % world_ != 0) return Status{"SimGroup: rows must be a multiple of the world size"};
-  return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, uint32_t epoch) {
+  return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, EpochCounter& epochs) {
     pipelined::Operands o{};
     o.dtype = c.dtype;
     o.x = reinterpret_cast<const void*>(c.x[r]);
@@ -212,9 +222,10 @@ Status SimGroup::pipelined(OpKind op, const SimMatmul& c) {
     o.w_kmajor = c.w_kmajor;
     o.stages = c.stages.data();
     o.stage_count = static_cast<int>(c.stages.size());
-    const CallContext cc = context(r, offset, epoch, c.site, op);
-    pipelined::Context ctx{side_streams_[r].get(), blas_, cc.peers, epoch, c.site, cc.wd, info_.sm_count, false};
-    return ag ? pipelined::enqueue_ag_matmul(o, ctx, s) : pipelined::enqueue_matmul_rs(o, ctx, s);
+    // The epoch is run_call's to take (after the plans).
+    const pipelined::Context ctx{side_streams_[r].get(), blas_, peers(r, offset), 0, c.site, false, watchdog(r, op),
+                                 info_.sm_count, false};
+    return pipelined::run_call(op, o, ctx, epochs, s);
   });
 }
 

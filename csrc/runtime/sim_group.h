@@ -64,23 +64,30 @@ class SimGroup {
   int world() const { return world_; }
   // A rank that never launches (-1: none): its peers must time out, not hang.
   void set_absent(int rank) { absent_ = rank; }
+  // Test hook: regions made from now on, and every region after
+  // clear_errors(), count their epochs from `origin` (Runtime::set_epoch_origin).
+  void set_epoch_origin(uint64_t origin) { epoch_origin_ = origin; }
 
  private:
   SimGroup() = default;
   Status region(int op, uint64_t bytes, uint64_t* offset);
-  // Runs launch(rank, stream, epoch) for each of `ranks` (all when empty) but
-  // the absent one, with that rank's next epoch on the region at `offset`;
-  // then, with `sync`, waits for them.
+  // Runs launch(rank, stream, epochs) for each of `ranks` (all when empty)
+  // but the absent one, with that rank's epoch counter on the region at
+  // `offset` (the launch takes its epoch); then, with `sync`, waits for them.
   Status run(uint64_t offset, const std::vector<int>& ranks, bool sync,
-             const std::function<Status(int rank, hipStream_t stream, uint32_t epoch)>& launch);
-  // Rank `rank`'s view of the region at `offset` for one call.
-  CallContext context(int rank, uint64_t offset, uint32_t epoch, uint32_t site, OpKind op) const;
+             const std::function<Status(int rank, hipStream_t stream, EpochCounter& epochs)>& launch);
+  // Rank `rank`'s view of the region at `offset`, and its watchdog.
+  Peers peers(int rank, uint64_t offset) const;
+  Watchdog watchdog(int rank, OpKind op) const;
+  // A fused call's context on rank `rank`; takes its epoch.
+  CallContext context(int rank, uint64_t offset, EpochCounter& epochs, uint32_t site, OpKind op) const;
   // Rank `rank`'s watchdog abort flag (its workspace header, as in Workspace).
   uint32_t* abort_flag(int rank) const { return reinterpret_cast<uint32_t*>(bases_[rank] + kAbortFlagOffset); }
 
   int ordinal_ = 0;
   int world_ = 0;
   int absent_ = -1;
+  uint64_t epoch_origin_ = 0;
   uint64_t bytes_ = 0;
   uint64_t next_offset_ = kHeaderBytes;  // each rank's allocation: its device-state header, then regions
   DeviceInfo info_;
@@ -92,7 +99,7 @@ class SimGroup {
   std::vector<std::unique_ptr<pipelined::SideStreams>> side_streams_;
   blas::DeviceBlas* blas_ = nullptr;
   std::map<std::pair<int, uint64_t>, uint64_t> regions_;      // (op, bytes) -> offset
-  std::map<uint64_t, std::vector<uint32_t>> epochs_;         // offset -> calls so far, per rank
+  std::map<uint64_t, std::vector<EpochCounter>> epochs_;     // offset -> each rank's counter
 };
 
 }  // namespace jo

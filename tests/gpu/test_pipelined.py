@@ -185,13 +185,19 @@ def test_matmul_rs_bits_repeat(world):
     np.testing.assert_array_equal(a, np.asarray(b).view(np.uint16))
 
 
+@pytest.mark.parametrize("origin", [0, 2 ** 32 - 3, 2 ** 32 - 1])
 @pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
-def test_ranks_running_calls_ahead_of_each_other(op):
+def test_ranks_running_calls_ahead_of_each_other(op, origin):
   """Ranks 1..3 enqueue five calls before rank 0 starts any, then rank 0 follows one call at a time: the
-  ahead ranks wait on rank 0's flags, reuse slots only after its done flags, and every call is right."""
+  ahead ranks wait on rank 0's flags, reuse slots only after its done flags, and every call is right.
+  Also with the region's epochs counted from near 2^32 (issue 24, item 4): the calls cross the wrap of the
+  flags' 32 epoch bits (from 2^32 - 3), or start on flags still zero with low epoch bits 0 (from 2^32 - 1).
+  Before 64-bit host epochs, `epoch > 2` decided whether a slot had readers to wait for: from these origins
+  the first calls waited for done flags of calls that never ran, until the watchdog."""
   world, calls = 4, 5
   rng = np.random.default_rng(40)
   g = _group(world, watchdog=30.0)
+  g.set_epoch_origin(origin)
   batches = [Ranks(op, world, jnp.bfloat16, 1, 32 * world, 256, 128, rng) for _ in range(calls)]
   for ranks in batches:
     ranks.run(g, (1, 1, 2) if op == "ag_matmul" else (2, 2), ranks=[1, 2, 3], sync=False)
@@ -234,6 +240,47 @@ def test_absent_rank_times_out_and_poisons_every_output(op):
   g.set_absent(-1)
   ranks.poison()
   ranks.run(g, (1,) * world)
+  assert g.errors() == []
+  ranks.check("after clear_errors")
+
+
+@pytest.mark.parametrize("fault", ["pipelined_plan_fail", "pipelined_fail_after_release"])
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_a_rank_that_cannot_enqueue_abandons_its_epoch(op, fault):
+  """Issue 24, item 3: rank 1 of 2 cannot enqueue a call (fault injection: its vendor GEMM plans cannot be made,
+  or a launch fails right after its first release to rank 0). Rank 1's call fails at once naming the cause; rank
+  0's ends within seconds, not the 30 s watchdog, with NaN outputs and an error naming rank 1 (after a late
+  failure it may also end right: rank 1's data was complete), never wrong; clear_errors() puts both back in
+  step. Before, rank 1 made its plans while enqueuing, after taking its epoch, and rank 0 waited for the
+  watchdog."""
+  world, watchdog = 2, 30.0
+  rng = np.random.default_rng(80)
+  g = _group(world, watchdog)
+  ranks = Ranks(op, world, jnp.bfloat16, 1, 64 * world, 256, 128, rng)
+  stages = (1, 1)
+  for _ in range(2):  # both parities' slots in use
+    ranks.poison()
+    ranks.run(g, stages)
+  ranks.poison()
+  native.module().set_faults(f"{fault}=1")
+  t0 = time.monotonic()
+  try:
+    with pytest.raises(RuntimeError, match=fault):
+      ranks.run(g, stages)
+    g.synchronize()
+  finally:
+    native.module().set_faults("")
+  assert time.monotonic() - t0 < 10.0
+  errors = g.errors()
+  assert any("rank 1 of 2 could not enqueue" in e for e in errors), errors
+  if any("rank 0 of 2: rank 1 abandoned" in e for e in errors):
+    assert np.all(np.isnan(_f64(ranks.outs[0])))
+  else:
+    assert fault == "pipelined_fail_after_release", errors
+    assert rel_err(ranks.outs[0], ranks.reference(0)) < tolerance(jnp.bfloat16)
+  g.clear_errors()
+  ranks.poison()
+  ranks.run(g, stages)
   assert g.errors() == []
   ranks.check("after clear_errors")
 

@@ -249,3 +249,35 @@ def test_ranks_running_call_sites_in_different_orders_fail_loudly(op):
     want = [total[:, r * m:(r + 1) * m] for r in range(world)]
   for r in range(world):
     assert rel_err(ys[r], want[r]) < 2 * tolerance(dtype), f"rank {r}"
+
+
+@pytest.mark.parametrize("origin", [2 ** 16 - 4, 2 ** 32 - 4, 2 ** 32 - 1])
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_fused_epochs_across_the_wrap(op, origin):
+  """Issue 24, item 4: the region's epochs counted from near a wrap of the fused flags' 16 epoch bits (2^16 - 4;
+  2^32 - 4 wraps the host's old 32-bit counter too), or from 2^32 - 1, whose first call has low epoch bits 0 on
+  flags still zero (a zero flag must never read as a release). Eight calls, each on new inputs and checked.
+  Before 64-bit host epochs, `epoch > 2` decided whether a slot had readers to wait for: from these origins the
+  first call waited for done flags of calls that never ran, until the watchdog."""
+  world, dtype, m, k, n = 4, jnp.bfloat16, 128, 256, 256
+  rng = np.random.default_rng(90)
+  g = _group(world, watchdog=30.0)
+  g.set_epoch_origin(origin)
+  ws_host = [random(rng, (k, n), dtype, k ** -0.5) for _ in range(world)]
+  ws = [_dev(w) for w in ws_host]
+  for step in range(8):
+    rows = m if op == "ag_matmul" else m * world
+    xs = [_dev(random(rng, (1, rows, k), dtype)) for _ in range(world)]
+    if op == "ag_matmul":
+      ys = [_poisoned((1, world * m, n), dtype) for _ in range(world)]
+      gs = [_poisoned((1, world * m, k), dtype) for _ in range(world)]
+      _ag_call(g, xs, ws, [None] * world, ys, gs, batch=1, m=m, k=k, n=n)
+      want = [_gather(xs) @ np.asarray(w, np.float64) for w in ws_host]
+    else:
+      ys = [_poisoned((1, m, n), dtype) for _ in range(world)]
+      _rs_call(g, xs, ws, [None] * world, ys, batch=1, m=rows, k=k, n=n)
+      total = sum(np.asarray(x, np.float64) @ np.asarray(w, np.float64) for x, w in zip(xs, ws_host))
+      want = [total[:, r * m:(r + 1) * m] for r in range(world)]
+    assert g.errors() == [], step
+    for r in range(world):
+      assert rel_err(ys[r], want[r]) < 2 * tolerance(dtype), (step, r)
