@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
 from jax_overlap import _compat
+from test_global import AG_SHARDINGS, RS_SHARDINGS, reduce_scatter, same_layout
 
 WORLD = 4
 LEAD = (2,)
@@ -220,7 +221,7 @@ def _fused_grad_setup(op, normal, make_mesh):
 
 @pytest.mark.parametrize("op,expected", [
     # forward all-gather of x; dx = reduce-scatter of dy @ w^T; dw and dbias are local
-    ("ag", [("all-gather", (32, 16)), ("reduce-scatter", (8, 16))]),
+    ("ag", [("all-gather", (32, 16)), reduce_scatter(8, 16)]),
     # the backward's all-gather of dz (dx and dw use it); dbias sums dz's row shards. The forward's
     # reduce-scatter is dead code here: the loss is linear, so only gradients are live.
     ("rs", [("all-gather", (32, 24)), ("all-reduce", (24,))]),
@@ -238,13 +239,12 @@ def test_global_ag_grad_keeps_x_sharding(normal, make_mesh, compiled_collectives
   mesh, args, specs, grad = _fused_grad_setup("ag", normal, make_mesh)
   f = jax.jit(grad)
   assert f(*args)[0].sharding.spec == P("tp", None)
-  assert sorted(compiled_collectives(f, *args)) == [("all-gather", (32, 16)), ("reduce-scatter", (8, 16))]
+  assert sorted(compiled_collectives(f, *args)) == [("all-gather", (32, 16)), reduce_scatter(8, 16)]
 
 
 # Every layout the forward accepts (test_global.py), on a dp x tp mesh of either axis type (issue 15, item 5:
 # Explicit meshes failed with ShardingTypeError: the weight gradient's dot_general had no out_sharding, and
 # the cotangents came back in the plan's layout instead of the primal's).
-from test_global import AG_SHARDINGS, RS_SHARDINGS, same_layout  # noqa: E402
 
 LAYOUTS = [("ag", *c) for c in AG_SHARDINGS] + [("rs", *c) for c in RS_SHARDINGS]
 
