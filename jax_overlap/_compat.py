@@ -64,11 +64,6 @@ except ImportError:  # jax 0.11 dropped the module
 
 HAS_SHARD_ALIKE = _shard_alike is not None
 
-# jax 0.11's custom partitioning annotates a collective's reduction region with
-# shardings on an Explicit mesh, which XLA's CPU backend rejects ("Unsupported
-# reduction computation"); jax 0.10 does not.
-EXPLICIT_MESH_REDUCTIONS_ON_CPU = tuple(int(v) for v in jax.__version__.split(".")[:2]) < (0, 11)
-
 
 def shard_alike(x, y):
   """Ties x's and y's shardings (jax.experimental.shard_alike) where the installed JAX has it. Without it

@@ -41,6 +41,25 @@ def _explicit_mesh(x):
   return primitives._explicit_mesh(jax.typeof(x))
 
 
+def _body(fn):
+  """A partitioned body, traced with the mesh's Explicit axes Auto.
+
+  JAX traces and lowers the body under the caller's mesh (jax.set_mesh, where
+  the program is compiled); with Explicit axes every op in it would be typed
+  with that mesh, a sharding annotation on each, which XLA's CPU backend cannot
+  run where the partitioner leaves them ("Unsupported reduction computation" in
+  a collective's reducer). The body is per-shard code: it has no global types.
+  JAX lowers a collective's reducer later, when it lowers the body, so the body
+  holds no reducer of JAX's: its reductions are all-to-alls and local sums
+  (reference.py), and the primitives' lowerings set the axes Auto themselves.
+  """
+  @functools.wraps(fn)
+  def traced(*args):
+    with primitives.auto_axes():
+      return fn(*args)
+  return traced
+
+
 def _factors(prefix: str, count: int) -> list:
   return [f"{prefix}{i}" for i in range(count)]
 
@@ -74,14 +93,14 @@ def _ag_function(ndim: int, w_ndim: int, has_bias: bool, w_kmajor: bool, algorit
     log.debug("jax_overlap.ag_matmul: global arrays, %s", p.why if p.axes else f"plain partitioning ({p.why})")
     arg_sh = _named(mesh, p.x, p.w, p.bias)[: 3 if has_bias else 2]
     if p.axes is None:
-      return mesh, product, _named(mesh, p.y, p.gathered), arg_sh
+      return mesh, _body(product), _named(mesh, p.y, p.gathered), arg_sh
     size = math.prod(mesh.shape[a] for a in p.axes)
 
     def gather_and_multiply(x, w, *bias):
       return local.ag_matmul(x, w, bias[0] if bias else None, axes=p.axes, size=size, algorithm=algorithm,
                              w_kmajor=w_kmajor, gather=gather)
 
-    return mesh, gather_and_multiply, _named(mesh, p.y, p.gathered), arg_sh
+    return mesh, _body(gather_and_multiply), _named(mesh, p.y, p.gathered), arg_sh
 
   batch = _factors("b", ndim - 1)
   x_f, out_f = list(batch), list(batch)
@@ -132,18 +151,18 @@ def _rs_function(ndim: int, w_ndim: int, has_bias: bool, w_kmajor: bool, algorit
     arg_sh = _named(mesh, p.x, p.w, p.bias)[: 3 if has_bias else 2]
     out_sh = NamedSharding(mesh, p.out)
     if p.axes is None:
-      return mesh, product, out_sh, arg_sh
+      return mesh, _body(product), out_sh, arg_sh
     if p.scatter is None:
       def multiply_and_reduce(x, w, *bias):
         return local.matmul_psum(x, w, bias[0] if bias else None, axes=p.axes, w_kmajor=w_kmajor)
-      return mesh, multiply_and_reduce, out_sh, arg_sh
+      return mesh, _body(multiply_and_reduce), out_sh, arg_sh
     size = math.prod(mesh.shape[a] for a in p.axes)
 
     def multiply_and_scatter(x, w, *bias):
       return local.matmul_rs(x, w, bias[0] if bias else None, axes=p.axes, size=size, algorithm=algorithm,
                              w_kmajor=w_kmajor, scatter=p.scatter)
 
-    return mesh, multiply_and_scatter, out_sh, arg_sh
+    return mesh, _body(multiply_and_scatter), out_sh, arg_sh
 
   batch, k = _factors("b", out_ndim - 1), _factors("k", contract)
   w_f = ["n", *k] if w_kmajor else [*k, "n"]

@@ -18,6 +18,7 @@ platform, the reference decomposition (reference.py). Autodiff lives in api.py
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -140,6 +141,44 @@ def _gather_batch_rule(args, dims, *, axis_name, axis_size):
 
 # --- lowering ---------------------------------------------------------------
 
+# A lowering sees the operands' types. On a mesh with Explicit axes those carry
+# shardings that the local computation below must not be typed by: a call of a
+# one-device mesh is inlined by JAX with its global operand types (x's rows and w's
+# columns on one axis make the local dot_general an illegal sharding), and a
+# custom partitioning's body is lowered under the caller's mesh, where the
+# reducer of a collective would be typed too (XLA's CPU collectives accept only a
+# plain binary reducer). So every lowering rule below runs with those axes Auto:
+# operand types without shardings, and the context mesh's Explicit axes Auto.
+
+def _auto_axes(mesh):
+  explicit = {name: AxisType.Auto for name, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit}
+  return mesh.update_axis_types(explicit) if explicit else mesh
+
+
+def _untyped(aval):
+  mesh = _explicit_mesh(aval)
+  if mesh is None:
+    return aval
+  return aval.update(sharding=aval.sharding.update(mesh=_auto_axes(mesh), spec=P()))
+
+
+@contextlib.contextmanager
+def auto_axes():
+  """The current abstract mesh with its Explicit axes Auto: ops traced inside carry no sharding in their types."""
+  mesh = jax.sharding.get_abstract_mesh()
+  with jax.sharding.use_abstract_mesh(_auto_axes(mesh)):
+    yield
+
+
+def _untyped_lowering(rule):
+  """rule, run on operand and result types without Explicit shardings (see above)."""
+  def lower(ctx, *args, **params):
+    ctx = ctx.replace(avals_in=[_untyped(a) for a in ctx.avals_in], avals_out=[_untyped(a) for a in ctx.avals_out])
+    with auto_axes():
+      return rule(ctx, *args, **params)
+  return lower
+
+
 def _lower_reference(ctx, *args, op, **params):
   reference_fn = reference.ag_matmul if op == "ag_matmul" else reference.matmul_rs
   fn = functools.partial(_reference_call, reference_fn, **params)
@@ -193,9 +232,9 @@ def _register():
     prim.def_impl(_compat.apply_primitive(prim))
     prim.def_abstract_eval(abstract_eval)
     batching.primitive_batchers[prim] = functools.partial(_batch_rule, prim, ref)
-    mlir.register_lowering(prim, functools.partial(_default_lowering, op=op))
+    mlir.register_lowering(prim, _untyped_lowering(functools.partial(_default_lowering, op=op)))
     for platform in ("cuda", "rocm"):
-      mlir.register_lowering(prim, functools.partial(_matrix_lowering, op=op), platform=platform)
+      mlir.register_lowering(prim, _untyped_lowering(functools.partial(_matrix_lowering, op=op)), platform=platform)
   all_gather_p.def_impl(_compat.apply_primitive(all_gather_p))
   all_gather_p.def_abstract_eval(_gather_abstract_eval)
   batching.primitive_batchers[all_gather_p] = _gather_batch_rule

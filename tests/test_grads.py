@@ -249,14 +249,26 @@ def test_global_ag_grad_keeps_x_sharding(normal, make_mesh, compiled_collectives
 LAYOUTS = [("ag", *c) for c in AG_SHARDINGS] + [("rs", *c) for c in RS_SHARDINGS]
 
 
+@pytest.mark.parametrize("context", ["none", "set_mesh"])
 @pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
 @pytest.mark.parametrize("op,name,x_shape,x_spec,w_spec,b_spec", LAYOUTS, ids=[f"{c[0]}-{c[1]}" for c in LAYOUTS])
-def test_global_grads_dp_tp(op, name, x_shape, x_spec, w_spec, b_spec, axis_type, normal, make_mesh, assert_close):
+def test_global_grads_dp_tp(op, name, x_shape, x_spec, w_spec, b_spec, axis_type, context, normal, make_mesh,
+                            assert_close):
+  """Also compiled under jax.set_mesh (issue 24, item 13): on an Explicit mesh the partitioned bodies were traced
+  with the mesh's types, so a collective's reducer held sharding annotations, which XLA's CPU backend rejects
+  ("Unsupported reduction computation", jax >= 0.11); compiled, no sharding annotation is left anywhere."""
   mesh = make_mesh((2, WORLD), ("dp", "tp"), getattr(jax.sharding.AxisType, axis_type))
   x, w, bias = normal(x_shape, np.float32), normal((16, 24), np.float32), normal((24,), np.float32)
   fn = jax_overlap.ag_matmul if op == "ag" else jax_overlap.matmul_rs
   args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in ((x, x_spec), (w, w_spec), (bias, b_spec))]
-  grads = jax.jit(jax.grad(lambda x, w, b: jnp.sum(jnp.sin(fn(x, w, b))), argnums=(0, 1, 2)))(*args)
+  f = jax.jit(jax.grad(lambda x, w, b: jnp.sum(jnp.sin(fn(x, w, b))), argnums=(0, 1, 2)))
+  if context == "set_mesh":
+    with jax.set_mesh(mesh):
+      compiled = f.lower(*args).compile()
+    assert 'custom_call_target="Sharding"' not in compiled.as_text()
+    grads = compiled(*args)
+  else:
+    grads = f(*args)
   x64, w64, b64 = (a.astype(np.float64) for a in (x, w, bias))
   dy = np.cos(np.einsum("...k,kn->...n", x64, w64) + b64)
   want = (dy @ w64.T, x64.reshape(-1, 16).T @ dy.reshape(-1, 24), dy.reshape(-1, 24).sum(0))
