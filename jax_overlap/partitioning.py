@@ -175,14 +175,15 @@ def _rs_function(ndim: int, w_ndim: int, has_bias: bool, w_kmajor: bool, algorit
 
 # vmap: custom_partitioning has no batching rule, so each global op is a
 # custom_vmap whose rule folds a batched x into the leading dims (the ops take
-# any; gather and scatter dims count from the end) and sends batched weights or
-# bias to the reference product.
+# any; gather and scatter dims count from the end) and calls the op itself again,
+# so that an enclosing vmap reaches this rule too; batched weights or bias go to
+# the reference product.
 
-def _batch_rule(partitioned, reference_fn, w_kmajor: bool):
+def _batch_rule(op_fn, reference_fn, w_kmajor: bool):
   def rule(axis_size, in_batched, x, w, *bias):
     x_batched, w_batched, *bias_batched = in_batched
     if x_batched and not w_batched and not any(bias_batched):
-      out = partitioned(x, w, *bias)
+      out = op_fn(x, w, *bias)
       return out, jax.tree.map(lambda _: True, out)
     args = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip((x, w, *bias), in_batched)]
     product = lambda x, w, *b: reference_fn(x, w, b[0] if b else None, axis_name=None, w_kmajor=w_kmajor)
@@ -193,21 +194,21 @@ def _batch_rule(partitioned, reference_fn, w_kmajor: bool):
 
 @functools.cache
 def _ag_vmappable(has_bias: bool, w_kmajor: bool, algorithm: str, gather: int):
-  def partitioned(x, w, *bias):
+  @jax.custom_batching.custom_vmap
+  def fn(x, w, *bias):
     return _ag_function(x.ndim, w.ndim, has_bias, w_kmajor, algorithm, gather)(x, w, *bias)
 
-  fn = jax.custom_batching.custom_vmap(partitioned)
-  fn.def_vmap(_batch_rule(partitioned, reference.ag_matmul, w_kmajor))
+  fn.def_vmap(_batch_rule(fn, reference.ag_matmul, w_kmajor))
   return fn
 
 
 @functools.cache
 def _rs_vmappable(has_bias: bool, w_kmajor: bool, algorithm: str, scatter, request):
-  def partitioned(x, w, *bias):
+  @jax.custom_batching.custom_vmap
+  def fn(x, w, *bias):
     return _rs_function(x.ndim, w.ndim, has_bias, w_kmajor, algorithm, scatter, request)(x, w, *bias)
 
-  fn = jax.custom_batching.custom_vmap(partitioned)
-  fn.def_vmap(_batch_rule(partitioned, reference.matmul_rs, w_kmajor))
+  fn.def_vmap(_batch_rule(fn, reference.matmul_rs, w_kmajor))
   return fn
 
 
