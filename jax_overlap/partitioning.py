@@ -25,6 +25,8 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend import core as jex_core
+from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding
 
 from jax_overlap import local, primitives, reference
@@ -212,14 +214,64 @@ def _rs_vmappable(has_bias: bool, w_kmajor: bool, algorithm: str, scatter, reque
   return fn
 
 
+# Differentiating a call's custom VJP again (jax.hessian, grad of grad) differentiates custom_partitioning,
+# which has no rule in JAX.
+_NO_DERIVATIVE = "Differentiation rule for 'custom_partitioning' not implemented"
+
+
+def _call(op: str, algorithm: str, fn, *args):
+  try:
+    outs = fn(*args)
+  except NotImplementedError as e:
+    if not str(e).startswith(_NO_DERIVATIVE):
+      raise
+    raise NotImplementedError(primitives.unsupported(op, "a second derivative (jax.hessian, jax.grad of jax.grad) "
+                                                         "on global arrays", algorithm)) from e
+  return jax.tree.map(functools.partial(export_guard_p.bind, op=op, algorithm=algorithm), outs)
+
+
 def ag_matmul(x, w, bias, *, algorithm: str, w_kmajor: bool = False, gather: int = -2):
   """(x @ w + bias, x) on global arrays, partitioned from their shardings."""
   fn = _ag_vmappable(bias is not None, w_kmajor, algorithm, gather)
-  y, gathered = fn(x, w, *(() if bias is None else (bias,)))
+  y, gathered = _call("ag_matmul", algorithm, fn, x, w, *(() if bias is None else (bias,)))
   return y, gathered
 
 
 def matmul_rs(x, w, bias, *, algorithm: str, w_kmajor: bool = False, scatter: int | None = None, request=None):
   """x @ w + bias on global arrays; `request`: the asked output spec (a tuple per dim) or None."""
   fn = _rs_vmappable(bias is not None, w_kmajor, algorithm, scatter, request)
-  return fn(x, w, *(() if bias is None else (bias,)))
+  return _call("matmul_rs", algorithm, fn, x, w, *(() if bias is None else (bias,)))
+
+
+# --- jax.export -----------------------------------------------------------------
+# A custom partitioning over several devices is a Python callback at compile
+# time, which jax.export cannot serialize ("serialization of host_callbacks is
+# not yet implemented", raised after lowering, with no jax_overlap frame on the
+# stack). Every global call's results pass through this identity, whose lowering
+# says so in jax_overlap's words when the lowering is for export over several
+# devices (one device inlines the partitioning and exports).
+
+export_guard_p = jex_core.Primitive("jax_overlap_export_guard")
+
+
+def _export_guard_lowering(ctx, x, *, op, algorithm):
+  devices = getattr(ctx.module_context.axis_context, "device_assignment", None) or ()
+  if ctx.module_context.lowering_parameters.for_export and len(devices) > 1:
+    raise NotImplementedError(f"jax_overlap.{op}: jax.export cannot serialize a call on global arrays over several "
+                              f"devices with algorithm={algorithm!r} (its custom partitioning runs Python at "
+                              f"compile time); pass algorithm='xla' (plain JAX ops), or call it inside "
+                              f"jax.shard_map with axis_name")
+  return [x]
+
+
+def _register():
+  export_guard_p.def_impl(lambda x, **_: x)
+  export_guard_p.def_abstract_eval(lambda x, **_: x)
+  mlir.register_lowering(export_guard_p, _export_guard_lowering)
+  batching.primitive_batchers[export_guard_p] = lambda args, dims, **p: (export_guard_p.bind(args[0], **p), dims[0])
+  ad.primitive_jvps[export_guard_p] = lambda primals, tangents, **p: (export_guard_p.bind(primals[0], **p),
+                                                                       tangents[0])
+  ad.primitive_transposes[export_guard_p] = lambda ct, x, **p: [ct]
+
+
+_register()

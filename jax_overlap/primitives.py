@@ -26,7 +26,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.extend import core as jex_core
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 
 from jax.sharding import AxisType, PartitionSpec as P
 
@@ -139,6 +139,24 @@ def _gather_batch_rule(args, dims, *, axis_name, axis_size):
   return all_gather_p.bind(jnp.moveaxis(x, dx, 0), axis_name=axis_name, axis_size=axis_size), 0
 
 
+# --- differentiation ---------------------------------------------------------
+# The custom VJPs (api.py) differentiate the ops once, in reverse mode, without
+# differentiating these primitives. A rule is asked for only when something
+# differentiates that VJP's own forward or backward pass (jax.hessian, grad of
+# grad), which the fused algorithms do not support: it says so, and what does.
+
+def unsupported(op: str, what: str, algorithm: str) -> str:
+  """The message for a transformation a call with `algorithm` cannot take."""
+  return (f"jax_overlap.{op}: {what} is not supported with algorithm={algorithm!r}, whose custom VJP serves "
+          f"first-order reverse mode (jax.grad, jax.vjp, jax.linearize); pass algorithm='xla' (the XLA path as "
+          f"plain JAX ops, which every JAX transformation takes)")
+
+
+def _no_jvp(op, primals, tangents, *, algorithm, **params):
+  del primals, tangents, params
+  raise NotImplementedError(unsupported(op, "a second derivative (jax.hessian, jax.grad of jax.grad)", algorithm))
+
+
 # --- lowering ---------------------------------------------------------------
 
 # A lowering sees the operands' types. On a mesh with Explicit axes those carry
@@ -197,8 +215,10 @@ def _default_lowering(ctx, *args, op, **params):
 def _matrix_lowering(ctx, *args, op, out_specs, **params):
   """The GPU lowering, which takes w as a matrix: other weights are reshaped around it (row-major views, free)."""
   del out_specs  # types only the global-array trace, never a lowered (local) call
-  if params["algorithm"] == "xla":
-    log.debug("jax_overlap.%s: XLA path (algorithm='xla')", op)
+  if ctx.avals_in[0].dtype == jnp.float64 and params["algorithm"] == "auto":
+    # float64 serves checks on the XLA path; the GPU algorithms' planning has figures for 16-bit types only.
+    log.debug("jax_overlap.%s: XLA path (float64; the GPU algorithms take bfloat16 and float16)", op)
+    return _lower_reference(ctx, *args, op=op, **params)
   if ctx.avals_in[1].ndim == 2:
     return gpu_lowering.gpu_rule(ctx, *args, op=op, lower_reference=_lower_reference, **params)
   fn = functools.partial(_ag_as_matrix if op == "ag_matmul" else _rs_as_matrix, **params)
@@ -232,6 +252,7 @@ def _register():
     prim.def_impl(_compat.apply_primitive(prim))
     prim.def_abstract_eval(abstract_eval)
     batching.primitive_batchers[prim] = functools.partial(_batch_rule, prim, ref)
+    ad.primitive_jvps[prim] = functools.partial(_no_jvp, op)
     mlir.register_lowering(prim, _untyped_lowering(functools.partial(_default_lowering, op=op)))
     for platform in ("cuda", "rocm"):
       mlir.register_lowering(prim, _untyped_lowering(functools.partial(_matrix_lowering, op=op)), platform=platform)

@@ -26,7 +26,7 @@ LAYOUTS = [(P("tp", None), P(None, "tp")), (P(None, "tp"), P("tp", None)), (P("d
            (P(), P())]
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("x_spec,w_spec", LAYOUTS, ids=["ag_fused", "rs_fused", "dp_rows", "replicated"])
 @pytest.mark.parametrize("algorithm", ["auto", "xla"])
 @pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
