@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 
 import jax
 import jax.numpy as jnp
@@ -132,7 +133,7 @@ def _check_axis(op: str, name: str, value, ndim: int, last: int) -> int:
   return index
 
 
-def _check_out_sharding(op: str, out_sharding, ndim: int, axis_name) -> None:
+def _check_out_sharding(op: str, out_sharding, out_shape: tuple, axis_name) -> None:
   if out_sharding is None:
     return
   if axis_name is not None:
@@ -142,12 +143,25 @@ def _check_out_sharding(op: str, out_sharding, ndim: int, axis_name) -> None:
     raise TypeError(f"jax_overlap.{op}: out_sharding must be a NamedSharding or a PartitionSpec, "
                     f"got {type(out_sharding).__name__}")
   spec = out_sharding.spec if isinstance(out_sharding, NamedSharding) else out_sharding
-  if len(spec) > ndim:
-    raise ValueError(f"jax_overlap.{op}: out_sharding has {len(spec)} entries for a {ndim}-dim output, "
+  if len(spec) > len(out_shape):
+    raise ValueError(f"jax_overlap.{op}: out_sharding has {len(spec)} entries for a {len(out_shape)}-dim output, "
                      f"got {spec}")
-  if isinstance(out_sharding, PartitionSpec) and jax.sharding.get_abstract_mesh().empty:
+  mesh = out_sharding.mesh if isinstance(out_sharding, NamedSharding) else jax.sharding.get_abstract_mesh()
+  if isinstance(out_sharding, PartitionSpec) and mesh.empty:
     raise ValueError(f"jax_overlap.{op}: out_sharding={out_sharding} is a PartitionSpec, which needs a mesh: "
                      f"pass a NamedSharding, or set one with jax.set_mesh")
+  # The plans never make uneven shards (XLA pads them, and the padding must not reach a product), so a layout
+  # that splits a dim unevenly could only be made after the call, and JAX refuses it on Explicit meshes.
+  for dim, (axes, size) in enumerate(zip(spec_of(spec, len(out_shape)), out_shape)):
+    missing = [a for a in axes or () if a not in mesh.shape]
+    if missing:
+      raise ValueError(f"jax_overlap.{op}: out_sharding={spec} names {missing}, which the mesh "
+                       f"{tuple(mesh.axis_names)} does not have")
+    parts = math.prod(mesh.shape[a] for a in axes or ())
+    if size % parts:
+      raise ValueError(f"jax_overlap.{op}: out_sharding={spec} splits the output's dim {dim} ({size}) over "
+                       f"{axes} ({parts} parts), which does not divide it; shard that dim on axes whose size "
+                       f"divides {size}, or leave it unsharded")
 
 
 def _group(op: str, axis_name) -> tuple[tuple, int]:
@@ -422,7 +436,7 @@ def ag_matmul(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", retur
   _check_algorithm("ag_matmul", algorithm)
   n = _check_ag_operands(x, w, bias)
   gather = _check_axis("ag_matmul", "gather_axis", gather_axis, x.ndim, -2)
-  _check_out_sharding("ag_matmul", out_sharding, x.ndim - 1 + len(n), axis_name)
+  _check_out_sharding("ag_matmul", out_sharding, (*x.shape[:-1], *n), axis_name)
   if axis_name is None:
     call = _Call(None, 1, algorithm, gather)
   else:
@@ -479,7 +493,7 @@ def matmul_rs(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", scatt
   out_shape = [*x.shape[:x.ndim - (w.ndim - 1)], n]
   scatter = None if scatter_axis is None else _check_axis("matmul_rs", "scatter_axis", scatter_axis,
                                                           len(out_shape), -1)
-  _check_out_sharding("matmul_rs", out_sharding, len(out_shape), axis_name)
+  _check_out_sharding("matmul_rs", out_sharding, tuple(out_shape), axis_name)
   if axis_name is None:
     request = None if out_sharding is None else tuple(spec_of(out_sharding, len(out_shape)))
     call = _Call(None, 1, algorithm, scatter, request)

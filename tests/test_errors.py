@@ -357,3 +357,25 @@ def test_unbound_axis_name_lists_the_bound_axes(make_mesh):
   with pytest.raises(ValueError, match=r"matmul_rs: axis_name 'tp' is not bound here \(no axis is bound here\)"):
     trace("matmul_rs", spec((8, 16)), spec((16, 8)), axis_name="tp")
 
+
+# --- an out_sharding the call cannot produce (issue 25) -------------------------------------------------------
+
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+@pytest.mark.parametrize("op", OPS)
+def test_out_sharding_that_splits_a_dim_unevenly(op, axis_type, make_mesh):
+  """Rows (6) not divisible by 'tp' (4): the plan used to drop the request with a DEBUG line (Auto mesh: the
+  result came back replicated) or JAX refused the reshard without naming the call (Explicit)."""
+  mesh = make_mesh((4,), ("tp",), getattr(jax.sharding.AxisType, axis_type))
+  sharding = NamedSharding(mesh, P("tp", None))
+  with pytest.raises(ValueError, match=rf"jax_overlap\.{op}: out_sharding={re.escape(str(P('tp', None)))} splits the "
+                                       rf"output's dim 0 \(6\) over \('tp',\) \(4 parts\), which does not divide it"):
+    trace(op, spec((6, 16)), spec((16, 8)), out_sharding=sharding)
+
+
+def test_out_sharding_names_an_axis_the_mesh_lacks(make_mesh):
+  sharding = NamedSharding(make_mesh((4,), ("tp",)), P(None, "tp"))
+  with jax.set_mesh(make_mesh((4,), ("model",))):
+    with pytest.raises(ValueError, match=rf"matmul_rs: out_sharding={re.escape(str(P(None, 'tp')))} names \['tp'\], "
+                                         r"which the mesh \('model',\) does not have"):
+      trace("matmul_rs", spec((8, 16)), spec((16, 8)), out_sharding=P(None, "tp"))
+  trace("matmul_rs", spec((8, 16)), spec((16, 8)), out_sharding=sharding)
