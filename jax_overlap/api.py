@@ -427,11 +427,18 @@ def ag_matmul(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", retur
   the same axes -> the fused all-gather GEMM over them; see jax_overlap.partitioning),
   and out_sharding (a NamedSharding or PartitionSpec) lays out the result.
 
-  gather_axis: any dim of x but the last; the fused kernels serve every one.
-  algorithm: "auto" (fused kernel where eligible and predicted faster, else XLA),
-  "fused" (the fused kernel or an error), "xla" (all_gather + dot).
-  Differentiable (reverse mode) and vmappable. Results carry the checkpoint names
-  "jax_overlap.ag_matmul" and "jax_overlap.ag_matmul.gathered" (jax_overlap.remat).
+  gather_axis: any dim of x but the last; the GPU algorithms serve every one.
+  algorithm: "auto" (default): "pipelined" or "fused" where the cost model predicts a gain over
+             XLA, else the XLA path (a group of one, other platforms, ineligible calls);
+             "pipelined": the vendor GEMM per chunk of rows while copy engines move the chunks
+             between GPUs (an error where it cannot run);
+             "fused": one persistent kernel of data movers and GEMM tiles (an error where it
+             cannot run);
+             "xla": the XLA decomposition (all_gather + dot; on global arrays the dot,
+             partitioned by XLA) as plain JAX ops: no overlap, and every JAX transformation
+             (forward mode, higher derivatives, jax.export).
+  Differentiable in reverse mode (any algorithm) and vmappable. Results carry the checkpoint
+  names "jax_overlap.ag_matmul" and "jax_overlap.ag_matmul.gathered" (jax_overlap.remat).
   """
   _check_algorithm("ag_matmul", algorithm)
   n = _check_ag_operands(x, w, bias)
@@ -482,11 +489,22 @@ def matmul_rs(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", scatt
   over those axes, scattered onto scatter_axis, else onto the dim out_sharding shards
   over them, else the rows; see jax_overlap.partitioning).
 
-  scatter_axis: any output dim. The fused kernels serve every one but the last; -1
+  scatter_axis: any output dim. The GPU algorithms serve every one but the last; -1
   (the output columns) takes the XLA path (dot + psum_scatter), and the bias is then
   this rank's block of it.
-  algorithm: "auto", "fused" or "xla" (dot + psum_scatter). Differentiable and vmappable.
-  The result carries the checkpoint name "jax_overlap.matmul_rs" (jax_overlap.remat).
+  algorithm: "auto" (default): "pipelined" or "fused" where the cost model predicts a gain over
+             XLA, else the XLA path (a group of one, other platforms, ineligible calls);
+             "pipelined": the vendor GEMM per chunk of rows while copy engines move the chunks
+             between GPUs (an error where it cannot run);
+             "fused": one persistent kernel of data movers and GEMM tiles (an error where it
+             cannot run);
+             "xla": the XLA decomposition (dot + psum_scatter; on global arrays the dot,
+             partitioned by XLA) as plain JAX ops: no overlap, and every JAX transformation
+             (forward mode, higher derivatives, jax.export).
+  The XLA path reduces as the GPU algorithms do: each rank's partial product rounded to x's
+  dtype, the partials summed in float32 in rank order, the bias added once, one rounding.
+  Differentiable in reverse mode (any algorithm) and vmappable. The result carries the
+  checkpoint name "jax_overlap.matmul_rs" (jax_overlap.remat).
   """
   _check_algorithm("matmul_rs", algorithm)
   n = _check_rs_operands(x, w, bias)
