@@ -60,3 +60,20 @@ def test_transformer_block_on_one_explicit_device():
   assert run.returncode == 0, run.stdout + run.stderr
   assert "1 x cpu as dp 1 x tp 1 (explicit mesh)" in run.stdout, run.stdout
   assert run.stdout.strip().splitlines()[-1].startswith("PASS: "), run.stdout
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_one_device_explicit_mesh_lowered_for_a_gpu(op, make_mesh):
+  """The GPU lowering reshapes a weight with several output (or contracted) dims to a matrix, which the global
+  Explicit types refused (ShardingTypeError on the H200). Lowered for cuda here: with no GPU build, the lowering
+  reshapes, then takes the XLA path."""
+  mesh = make_mesh((1, 1), ("dp", "tp"), jax.sharding.AxisType.Explicit)
+  if op == "ag_matmul":  # a gated kernel [E, 2, F] on F
+    shapes, specs = ((2, 64, 256), (256, 2, 128)), (P("dp", "tp", None), P(None, None, "tp"))
+  else:  # an attention output kernel [H, D, E] on the heads
+    shapes, specs = ((2, 64, 4, 64), (4, 64, 256)), (P("dp", None, "tp", None), P("tp", None, None))
+  args = [jax.device_put(jnp.ones(s, jnp.bfloat16), NamedSharding(mesh, p)) for s, p in zip(shapes, specs)]
+  fn = getattr(jax_overlap, op)
+  loss = lambda x, w: jnp.sum(fn(x, w).astype(jnp.float32))
+  for f in (jax.jit(fn), jax.jit(jax.grad(loss, argnums=(0, 1)))):
+    assert "stablehlo.dot_general" in f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
