@@ -30,6 +30,19 @@ def axis_size(axis_name) -> int:
   return lax.axis_size(axis_name)
 
 
+def bound_axis_names() -> tuple:
+  """The axis names bound where this is traced (shard_map's manual mesh axes, vmap and pmap axis names)."""
+  from jax._src import core  # not exported
+  return tuple(core.get_axis_env().axis_names())
+
+
+def forward_mode(*values) -> bool:
+  """Whether a value is being differentiated in forward mode (jax.jvp, jax.jacfwd) here: a JVP tracer. Reverse
+  mode (jax.grad, jax.vjp, jax.linearize) traces with linearize tracers, unless jax_use_direct_linearize is off."""
+  from jax._src.interpreters import ad  # not exported
+  return jax.config.jax_use_direct_linearize and any(isinstance(v, ad.JVPTracer) for v in values)
+
+
 def apply_primitive(prim):
   """The eager implementation of a primitive: JAX's own dispatch (device assignment, a jitted call)."""
   from jax._src import dispatch  # not exported
@@ -63,11 +76,6 @@ except ImportError:  # jax 0.11 dropped the module
   _shard_alike = None
 
 HAS_SHARD_ALIKE = _shard_alike is not None
-
-# jax 0.11's custom partitioning annotates a collective's reduction region with
-# shardings on an Explicit mesh, which XLA's CPU backend rejects ("Unsupported
-# reduction computation"); jax 0.10 does not.
-EXPLICIT_MESH_REDUCTIONS_ON_CPU = tuple(int(v) for v in jax.__version__.split(".")[:2]) < (0, 11)
 
 
 def shard_alike(x, y):

@@ -16,12 +16,19 @@ the gradients come back in their primal's layout: resharded to its type on an
 Explicit mesh, tied to it with shard_alike on an Auto mesh.
 
 The results the backward pass reads carry checkpoint names (remat.py).
+
+The custom VJPs serve first-order reverse mode (jax.grad, jax.vjp,
+jax.linearize). Forward mode, second derivatives and (on global arrays over
+several devices) jax.export raise errors that say so; algorithm="xla" is the
+XLA decomposition as plain JAX ops, which takes every transformation.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
+import math
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +36,10 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_overlap import _compat, config, local, native, partitioning, primitives, remat
-from jax_overlap.sharding_plan import spec_of
+from jax_overlap import _compat, config, local, native, partitioning, primitives, reference, remat
+from jax_overlap.sharding_plan import ag_plan, rs_plan, spec_of
+
+log = logging.getLogger("jax_overlap")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +79,8 @@ def _check_arrays(op: str, x, w, bias) -> None:
     if not hasattr(v, "shape") or not hasattr(v, "dtype"):
       raise TypeError(f"jax_overlap.{op}: {name} must be an array, got {type(v).__name__}")
     if np.dtype(v.dtype).name not in config.ACCEPTED_DTYPE_NAMES:
-      raise TypeError(f"jax_overlap.{op}: {name} must have dtype bfloat16, float16 or float32, got {v.dtype}")
+      raise TypeError(f"jax_overlap.{op}: {name} must have dtype bfloat16, float16, float32 or float64 (the XLA path "
+                      f"only), got {v.dtype}")
   if w.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
     got = f"x {x.dtype}, w {w.dtype}" + (f", bias {bias.dtype}" if bias is not None else "")
     raise TypeError(f"jax_overlap.{op}: x, w and bias must share one dtype, got {got}")
@@ -123,7 +133,7 @@ def _check_axis(op: str, name: str, value, ndim: int, last: int) -> int:
   return index
 
 
-def _check_out_sharding(op: str, out_sharding, ndim: int, axis_name) -> None:
+def _check_out_sharding(op: str, out_sharding, out_shape: tuple, axis_name) -> None:
   if out_sharding is None:
     return
   if axis_name is not None:
@@ -133,12 +143,25 @@ def _check_out_sharding(op: str, out_sharding, ndim: int, axis_name) -> None:
     raise TypeError(f"jax_overlap.{op}: out_sharding must be a NamedSharding or a PartitionSpec, "
                     f"got {type(out_sharding).__name__}")
   spec = out_sharding.spec if isinstance(out_sharding, NamedSharding) else out_sharding
-  if len(spec) > ndim:
-    raise ValueError(f"jax_overlap.{op}: out_sharding has {len(spec)} entries for a {ndim}-dim output, "
+  if len(spec) > len(out_shape):
+    raise ValueError(f"jax_overlap.{op}: out_sharding has {len(spec)} entries for a {len(out_shape)}-dim output, "
                      f"got {spec}")
-  if isinstance(out_sharding, PartitionSpec) and jax.sharding.get_abstract_mesh().empty:
+  mesh = out_sharding.mesh if isinstance(out_sharding, NamedSharding) else jax.sharding.get_abstract_mesh()
+  if isinstance(out_sharding, PartitionSpec) and mesh.empty:
     raise ValueError(f"jax_overlap.{op}: out_sharding={out_sharding} is a PartitionSpec, which needs a mesh: "
                      f"pass a NamedSharding, or set one with jax.set_mesh")
+  # The plans never make uneven shards (XLA pads them, and the padding must not reach a product), so a layout
+  # that splits a dim unevenly could only be made after the call, and JAX refuses it on Explicit meshes.
+  for dim, (axes, size) in enumerate(zip(spec_of(spec, len(out_shape)), out_shape)):
+    missing = [a for a in axes or () if a not in mesh.shape]
+    if missing:
+      raise ValueError(f"jax_overlap.{op}: out_sharding={spec} names {missing}, which the mesh "
+                       f"{tuple(mesh.axis_names)} does not have")
+    parts = math.prod(mesh.shape[a] for a in axes or ())
+    if size % parts:
+      raise ValueError(f"jax_overlap.{op}: out_sharding={spec} splits the output's dim {dim} ({size}) over "
+                       f"{axes} ({parts} parts), which does not divide it; shard that dim on axes whose size "
+                       f"divides {size}, or leave it unsharded")
 
 
 def _group(op: str, axis_name) -> tuple[tuple, int]:
@@ -151,7 +174,9 @@ def _group(op: str, axis_name) -> tuple[tuple, int]:
     for a in axes:
       size *= _compat.axis_size(a)
   except NameError as e:
-    raise ValueError(f"jax_overlap.{op}: axis_name {axis_name!r} is not bound here; call it inside "
+    bound = _compat.bound_axis_names()
+    where = f"the axes bound here are {bound}" if bound else "no axis is bound here"
+    raise ValueError(f"jax_overlap.{op}: axis_name {axis_name!r} is not bound here ({where}); call it inside "
                      f"jax.shard_map over a mesh with that axis, or pass axis_name=None for global arrays "
                      f"under jit") from e
   return axes, size
@@ -235,15 +260,15 @@ def _weight_grad(a, b, a_free: int, w_layout, w_kmajor: bool):
   lead = tuple(range(a.ndim - a_free))
   first, second = (b, a) if w_kmajor else (a, b)
   sharding = w_layout.sharding if isinstance(w_layout, _Layout) else None
-  dw = lax.dot_general(first, second, ((lead, lead), ((), ())), preferred_element_type=jnp.float32,
-                       out_sharding=sharding)
+  dw = lax.dot_general(first, second, ((lead, lead), ((), ())),
+                       preferred_element_type=reference.accumulator(a.dtype), out_sharding=sharding)
   return _like(dw.astype(a.dtype), w_layout)
 
 
 def _bias_grad(dy, bias, bias_layout):
   if bias is None:
     return None
-  db = dy.astype(jnp.float32).sum(axis=tuple(range(dy.ndim - bias.ndim))).astype(bias.dtype)
+  db = dy.astype(reference.accumulator(dy.dtype)).sum(axis=tuple(range(dy.ndim - bias.ndim))).astype(bias.dtype)
   return _like(db, bias_layout)
 
 
@@ -266,7 +291,7 @@ def _ag_grads(call, w_kmajor, res, dy, dgathered=None):
     if call.axes is None:
       dx = dx + dgathered
     else:
-      dx = dx + lax.psum_scatter(dgathered, call.axes, scatter_dimension=dgathered.ndim + call.axis, tiled=True)
+      dx = dx + reference.reduce_scatter(dgathered, call.axes, call.axis)
   return _like(dx, x_layout), _weight_grad(gathered, dy, 1, w_layout, w_kmajor), _bias_grad(dy, bias, bias_layout)
 
 
@@ -318,6 +343,73 @@ def _empty_result(shape, dtype, bias, axes):
   return out if axes is None else _compat.make_varying(out, axes)
 
 
+# --- algorithm="xla": plain JAX ops --------------------------------------------------
+# The XLA decomposition written with JAX's own operations: no custom VJP, no
+# primitive, no custom partitioning, so every JAX transformation takes it
+# (forward mode, higher derivatives, any depth of vmap, jax.export). Inside
+# shard_map it is reference.py's all-gather + dot and dot + reduce-scatter,
+# the computation the other algorithms fall back to, differentiated by JAX. On
+# global arrays it is the dot itself, partitioned by XLA (which reduces the
+# float32 products); on a mesh with Explicit axes it is typed with the layouts the
+# other algorithms' plans give (sharding_plan.py).
+
+def _resharded(v, mesh, spec):
+  if v is None or spec_of(jax.typeof(v).sharding, v.ndim) == spec_of(spec, v.ndim):
+    return v
+  return jax.sharding.reshard(v, NamedSharding(mesh, spec))
+
+
+def _ag_plain(x, w, bias, call: _Call):
+  log.debug("jax_overlap.ag_matmul: XLA path (algorithm='xla', as JAX ops)")
+  if call.axes is not None:
+    gathered = remat.tag(lax.all_gather(x, call.axes, axis=x.ndim + call.axis, tiled=True), remat.AG_GATHERED)
+    return reference.ag_matmul(gathered, w, bias)[0], gathered
+  mesh = primitives._explicit_mesh(jax.typeof(x))
+  if mesh is None:
+    return reference.ag_matmul(x, w, bias)[0], x
+  p = ag_plan(mesh, spec_of(jax.typeof(x).sharding, x.ndim), spec_of(jax.typeof(w).sharding, w.ndim), x.shape,
+              w.shape, False, call.axis)
+  y = reference.local_matmul(x, w, out_sharding=NamedSharding(mesh, p.y))
+  return reference.finish(y, _resharded(bias, mesh, p.bias), x.dtype), x
+
+
+def _rs_plain(x, w, bias, call: _Call):
+  log.debug("jax_overlap.matmul_rs: XLA path (%s, as JAX ops)", "algorithm='xla'" if call.algorithm == "xla" else
+            "a scatter over the output columns; the GPU algorithms scatter rows")
+  if call.axes is not None:
+    return reference.matmul_rs(x, w, bias, axis_name=call.axes, scatter=call.axis)
+  mesh = primitives._explicit_mesh(jax.typeof(x))
+  if mesh is None:
+    return reference.matmul_rs(x, w, bias)
+  p = rs_plan(mesh, spec_of(jax.typeof(x).sharding, x.ndim), spec_of(jax.typeof(w).sharding, w.ndim), x.shape,
+              w.shape, False, call.axis, call.request)
+  z = reference.local_matmul(x, w, contract=w.ndim - 1, out_sharding=NamedSharding(mesh, p.out))
+  return reference.finish(z, _resharded(bias, mesh, p.bias), x.dtype)
+
+
+# JAX's refusal of forward mode through a custom VJP, raised inside a call (the second: jvp of a custom_vjp in an
+# eager shard_map). The operands' tracers say it first, unless jax_use_direct_linearize is off: then reverse mode
+# traces with JVP tracers too, and only these words tell the two apart.
+_FORWARD_MODE = ("can't apply forward-mode autodiff (jvp) to a custom_vjp function", "unhashable type: 'Unhashable'")
+
+
+def _reverse_mode(op: str, algorithm: str, fn, *args):
+  """fn(*args), a custom VJP's call, with JAX's refusal of forward mode said in jax_overlap's words.
+
+  Under jit JAX refuses only when it lowers the staged tangent, after the call
+  returned: forward mode is recognised from the operands' tracers first.
+  """
+  message = primitives.unsupported(op, "forward-mode differentiation (jax.jvp, jax.jacfwd)", algorithm)
+  if _compat.forward_mode(*args):
+    raise TypeError(message)
+  try:
+    return fn(*args)
+  except TypeError as e:
+    if not str(e).startswith(_FORWARD_MODE):
+      raise
+    raise TypeError(message) from e
+
+
 # --- the public functions ------------------------------------------------------------
 
 def ag_matmul(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", return_gathered: bool = False,
@@ -335,16 +427,23 @@ def ag_matmul(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", retur
   the same axes -> the fused all-gather GEMM over them; see jax_overlap.partitioning),
   and out_sharding (a NamedSharding or PartitionSpec) lays out the result.
 
-  gather_axis: any dim of x but the last; the fused kernels serve every one.
-  algorithm: "auto" (fused kernel where eligible and predicted faster, else XLA),
-  "fused" (the fused kernel or an error), "xla" (all_gather + dot).
-  Differentiable (reverse mode) and vmappable. Results carry the checkpoint names
-  "jax_overlap.ag_matmul" and "jax_overlap.ag_matmul.gathered" (jax_overlap.remat).
+  gather_axis: any dim of x but the last; the GPU algorithms serve every one.
+  algorithm: "auto" (default): "pipelined" or "fused" where the cost model predicts a gain over
+             XLA, else the XLA path (a group of one, other platforms, ineligible calls);
+             "pipelined": the vendor GEMM per chunk of rows while copy engines move the chunks
+             between GPUs (an error where it cannot run);
+             "fused": one persistent kernel of data movers and GEMM tiles (an error where it
+             cannot run);
+             "xla": the XLA decomposition (all_gather + dot; on global arrays the dot,
+             partitioned by XLA) as plain JAX ops: no overlap, and every JAX transformation
+             (forward mode, higher derivatives, jax.export).
+  Differentiable in reverse mode (any algorithm) and vmappable. Results carry the checkpoint
+  names "jax_overlap.ag_matmul" and "jax_overlap.ag_matmul.gathered" (jax_overlap.remat).
   """
   _check_algorithm("ag_matmul", algorithm)
   n = _check_ag_operands(x, w, bias)
   gather = _check_axis("ag_matmul", "gather_axis", gather_axis, x.ndim, -2)
-  _check_out_sharding("ag_matmul", out_sharding, x.ndim - 1 + len(n), axis_name)
+  _check_out_sharding("ag_matmul", out_sharding, (*x.shape[:-1], *n), axis_name)
   if axis_name is None:
     call = _Call(None, 1, algorithm, gather)
   else:
@@ -353,10 +452,12 @@ def ag_matmul(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", retur
     call = _Call(axes, size, algorithm, gather)
   if 0 in x.shape or 0 in w.shape:
     y, gathered = _ag_empty(x, w, bias, call, n)
+  elif algorithm == "xla":
+    y, gathered = _ag_plain(x, w, bias, call)
   elif return_gathered:
-    y, gathered = _ag_gathered(x, w, bias, call, False)
+    y, gathered = _reverse_mode("ag_matmul", algorithm, _ag_gathered, x, w, bias, call, False)
   else:
-    y, gathered = _ag(x, w, bias, call, False), None
+    y, gathered = _reverse_mode("ag_matmul", algorithm, _ag, x, w, bias, call, False), None
   y = remat.tag(_constrain(y, out_sharding), remat.AG_OUTPUT)
   return (y, remat.tag(gathered, remat.AG_GATHERED)) if return_gathered else y
 
@@ -388,18 +489,29 @@ def matmul_rs(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", scatt
   over those axes, scattered onto scatter_axis, else onto the dim out_sharding shards
   over them, else the rows; see jax_overlap.partitioning).
 
-  scatter_axis: any output dim. The fused kernels serve every one but the last; -1
+  scatter_axis: any output dim. The GPU algorithms serve every one but the last; -1
   (the output columns) takes the XLA path (dot + psum_scatter), and the bias is then
   this rank's block of it.
-  algorithm: "auto", "fused" or "xla" (dot + psum_scatter). Differentiable and vmappable.
-  The result carries the checkpoint name "jax_overlap.matmul_rs" (jax_overlap.remat).
+  algorithm: "auto" (default): "pipelined" or "fused" where the cost model predicts a gain over
+             XLA, else the XLA path (a group of one, other platforms, ineligible calls);
+             "pipelined": the vendor GEMM per chunk of rows while copy engines move the chunks
+             between GPUs (an error where it cannot run);
+             "fused": one persistent kernel of data movers and GEMM tiles (an error where it
+             cannot run);
+             "xla": the XLA decomposition (dot + psum_scatter; on global arrays the dot,
+             partitioned by XLA) as plain JAX ops: no overlap, and every JAX transformation
+             (forward mode, higher derivatives, jax.export).
+  The XLA path reduces as the GPU algorithms do: each rank's partial product rounded to x's
+  dtype, the partials summed in float32 in rank order, the bias added once, one rounding.
+  Differentiable in reverse mode (any algorithm) and vmappable. The result carries the
+  checkpoint name "jax_overlap.matmul_rs" (jax_overlap.remat).
   """
   _check_algorithm("matmul_rs", algorithm)
   n = _check_rs_operands(x, w, bias)
   out_shape = [*x.shape[:x.ndim - (w.ndim - 1)], n]
   scatter = None if scatter_axis is None else _check_axis("matmul_rs", "scatter_axis", scatter_axis,
                                                           len(out_shape), -1)
-  _check_out_sharding("matmul_rs", out_sharding, len(out_shape), axis_name)
+  _check_out_sharding("matmul_rs", out_sharding, tuple(out_shape), axis_name)
   if axis_name is None:
     request = None if out_sharding is None else tuple(spec_of(out_sharding, len(out_shape)))
     call = _Call(None, 1, algorithm, scatter, request)
@@ -417,11 +529,10 @@ def matmul_rs(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", scatt
     if call.axes is not None and scatter == -1 and bias is not None:
       bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(call.axes) * out_shape[-1], out_shape[-1])
     z = _empty_result(out_shape, x.dtype, bias, call.axes)
-  elif call.axes is not None and scatter == -1:  # the XLA path: JAX differentiates it (psum_scatter's transpose)
-    z = local.matmul_rs(x, w, bias, axes=call.axes, size=call.size, algorithm=algorithm, w_kmajor=False,
-                        scatter=-1)
+  elif algorithm == "xla" or (call.axes is not None and scatter == -1):  # the columns: the XLA path, as JAX ops
+    z = _rs_plain(x, w, bias, call)
   else:
-    z = _rs(x, w, bias, call, False)
+    z = _reverse_mode("matmul_rs", algorithm, _rs, x, w, bias, call, False)
   return remat.tag(_constrain(z, out_sharding), remat.RS_OUTPUT)
 
 

@@ -16,8 +16,9 @@ import math
 import numpy as np
 
 ALGORITHMS = ("auto", "xla", "fused", "pipelined")
-# dtypes the public functions accept; the fused kernels take the 16-bit ones.
-ACCEPTED_DTYPE_NAMES = ("bfloat16", "float16", "float32")
+# dtypes the public functions accept; the fused kernels take the 16-bit ones, and float64 (for checks in
+# float64, as JAX's own tests run them) takes the XLA path only.
+ACCEPTED_DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")
 FUSED_DTYPE_NAMES = ("bfloat16", "float16")
 
 # Largest group a fused kernel takes: the size of its per-rank pointer table

@@ -52,7 +52,10 @@ def _check(op: str, lhs, rhs, dimension_numbers, preferred_element_type, contrac
 
 @dataclasses.dataclass(frozen=True)
 class AgDotGeneral:
-  """lax.dot_general's signature on ag_matmul: kernel [K, *n], x [..., K]."""
+  """lax.dot_general's signature on ag_matmul: kernel [K, *n], x [..., K].
+
+  algorithm: "auto", "pipelined", "fused" or "xla", as jax_overlap.ag_matmul takes it.
+  """
 
   axis_name: str | tuple | None = None
   algorithm: str = "auto"
@@ -68,7 +71,10 @@ class AgDotGeneral:
 
 @dataclasses.dataclass(frozen=True)
 class RsDotGeneral:
-  """lax.dot_general's signature on matmul_rs: kernel [*k, N], x [..., *k]."""
+  """lax.dot_general's signature on matmul_rs: kernel [*k, N], x [..., *k].
+
+  algorithm: "auto", "pipelined", "fused" or "xla", as jax_overlap.matmul_rs takes it.
+  """
 
   axis_name: str | tuple | None = None
   algorithm: str = "auto"

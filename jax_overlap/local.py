@@ -13,9 +13,6 @@ from __future__ import annotations
 import logging
 import math
 
-import jax.numpy as jnp
-from jax import lax
-
 from jax_overlap import primitives, reference
 
 log = logging.getLogger("jax_overlap")
@@ -59,22 +56,11 @@ def matmul_rs(x, w, bias, *, axes, size, algorithm, w_kmajor, scatter=-2):
 
 def _matmul_rs_columns(x, w, bias, *, axes, size, w_kmajor):
   """The XLA path of a scatter over the output columns: this rank keeps its block of them, and of the bias."""
+  del size
   log.debug("jax_overlap.matmul_rs: XLA path (scatter over the output columns; the fused kernels scatter rows)")
-  contract = w.ndim - 1
-  acc = reference.local_matmul(x, w, w_kmajor=w_kmajor, contract=contract).astype(x.dtype)
-  if axes is not None:
-    acc = lax.psum_scatter(acc, axes, scatter_dimension=acc.ndim - 1, tiled=True)
-    if bias is not None:
-      bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(axes) * acc.shape[-1], acc.shape[-1])
-  if bias is None:
-    return acc
-  return (acc.astype(jnp.float32) + bias.astype(jnp.float32)).astype(x.dtype)
+  return reference.matmul_rs(x, w, bias, axis_name=axes, w_kmajor=w_kmajor, scatter=-1)
 
 
 def matmul_psum(x, w, bias, *, axes, w_kmajor):
   """psum(x @ w) + bias: the reduction of a global-array matmul_rs whose output is not scattered (XLA)."""
-  contract = w.ndim - 1
-  acc = lax.psum(reference.local_matmul(x, w, w_kmajor=w_kmajor, contract=contract).astype(x.dtype), axes)
-  if bias is None:
-    return acc
-  return (acc.astype(jnp.float32) + bias.astype(jnp.float32)).astype(x.dtype)
+  return reference.matmul_psum(x, w, bias, axis_name=axes, w_kmajor=w_kmajor)

@@ -18,6 +18,7 @@ platform, the reference decomposition (reference.py). Autodiff lives in api.py
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -25,7 +26,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.extend import core as jex_core
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 
 from jax.sharding import AxisType, PartitionSpec as P
 
@@ -138,7 +139,63 @@ def _gather_batch_rule(args, dims, *, axis_name, axis_size):
   return all_gather_p.bind(jnp.moveaxis(x, dx, 0), axis_name=axis_name, axis_size=axis_size), 0
 
 
+# --- differentiation ---------------------------------------------------------
+# The custom VJPs (api.py) differentiate the ops once, in reverse mode, without
+# differentiating these primitives. A rule is asked for only when something
+# differentiates that VJP's own forward or backward pass (jax.hessian, grad of
+# grad), which the fused algorithms do not support: it says so, and what does.
+
+def unsupported(op: str, what: str, algorithm: str) -> str:
+  """The message for a transformation a call with `algorithm` cannot take."""
+  return (f"jax_overlap.{op}: {what} is not supported with algorithm={algorithm!r}, whose custom VJP serves "
+          f"first-order reverse mode (jax.grad, jax.vjp, jax.linearize); pass algorithm='xla' (the XLA path as "
+          f"plain JAX ops, which every JAX transformation takes)")
+
+
+def _no_jvp(op, primals, tangents, *, algorithm, **params):
+  del primals, tangents, params
+  raise NotImplementedError(unsupported(op, "a second derivative (jax.hessian, jax.grad of jax.grad)", algorithm))
+
+
 # --- lowering ---------------------------------------------------------------
+
+# A lowering sees the operands' types. On a mesh with Explicit axes those carry
+# shardings that the local computation below must not be typed by: a call of a
+# one-device mesh is inlined by JAX with its global operand types (x's rows and w's
+# columns on one axis make the local dot_general an illegal sharding), and a
+# custom partitioning's body is lowered under the caller's mesh, where the
+# reducer of a collective would be typed too (XLA's CPU collectives accept only a
+# plain binary reducer). So every lowering rule below runs with those axes Auto:
+# operand types without shardings, and the context mesh's Explicit axes Auto.
+
+def _auto_axes(mesh):
+  explicit = {name: AxisType.Auto for name, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit}
+  return mesh.update_axis_types(explicit) if explicit else mesh
+
+
+def _untyped(aval):
+  mesh = _explicit_mesh(aval)
+  if mesh is None:
+    return aval
+  return aval.update(sharding=aval.sharding.update(mesh=_auto_axes(mesh), spec=P()))
+
+
+@contextlib.contextmanager
+def auto_axes():
+  """The current abstract mesh with its Explicit axes Auto: ops traced inside carry no sharding in their types."""
+  mesh = jax.sharding.get_abstract_mesh()
+  with jax.sharding.use_abstract_mesh(_auto_axes(mesh)):
+    yield
+
+
+def _untyped_lowering(rule):
+  """rule, run on operand and result types without Explicit shardings (see above)."""
+  def lower(ctx, *args, **params):
+    ctx = ctx.replace(avals_in=[_untyped(a) for a in ctx.avals_in], avals_out=[_untyped(a) for a in ctx.avals_out])
+    with auto_axes():
+      return rule(ctx, *args, **params)
+  return lower
+
 
 def _lower_reference(ctx, *args, op, **params):
   reference_fn = reference.ag_matmul if op == "ag_matmul" else reference.matmul_rs
@@ -158,8 +215,10 @@ def _default_lowering(ctx, *args, op, **params):
 def _matrix_lowering(ctx, *args, op, out_specs, **params):
   """The GPU lowering, which takes w as a matrix: other weights are reshaped around it (row-major views, free)."""
   del out_specs  # types only the global-array trace, never a lowered (local) call
-  if params["algorithm"] == "xla":
-    log.debug("jax_overlap.%s: XLA path (algorithm='xla')", op)
+  if ctx.avals_in[0].dtype == jnp.float64 and params["algorithm"] == "auto":
+    # float64 serves checks on the XLA path; the GPU algorithms' planning has figures for 16-bit types only.
+    log.debug("jax_overlap.%s: XLA path (float64; the GPU algorithms take bfloat16 and float16)", op)
+    return _lower_reference(ctx, *args, op=op, **params)
   if ctx.avals_in[1].ndim == 2:
     return gpu_lowering.gpu_rule(ctx, *args, op=op, lower_reference=_lower_reference, **params)
   fn = functools.partial(_ag_as_matrix if op == "ag_matmul" else _rs_as_matrix, **params)
@@ -193,9 +252,10 @@ def _register():
     prim.def_impl(_compat.apply_primitive(prim))
     prim.def_abstract_eval(abstract_eval)
     batching.primitive_batchers[prim] = functools.partial(_batch_rule, prim, ref)
-    mlir.register_lowering(prim, functools.partial(_default_lowering, op=op))
+    ad.primitive_jvps[prim] = functools.partial(_no_jvp, op)
+    mlir.register_lowering(prim, _untyped_lowering(functools.partial(_default_lowering, op=op)))
     for platform in ("cuda", "rocm"):
-      mlir.register_lowering(prim, functools.partial(_matrix_lowering, op=op), platform=platform)
+      mlir.register_lowering(prim, _untyped_lowering(functools.partial(_matrix_lowering, op=op)), platform=platform)
   all_gather_p.def_impl(_compat.apply_primitive(all_gather_p))
   all_gather_p.def_abstract_eval(_gather_abstract_eval)
   batching.primitive_batchers[all_gather_p] = _gather_batch_rule

@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
 from jax_overlap import _compat
+from test_global import AG_SHARDINGS, RS_SHARDINGS, reduce_scatter, same_layout
 
 WORLD = 4
 LEAD = (2,)
@@ -220,7 +221,7 @@ def _fused_grad_setup(op, normal, make_mesh):
 
 @pytest.mark.parametrize("op,expected", [
     # forward all-gather of x; dx = reduce-scatter of dy @ w^T; dw and dbias are local
-    ("ag", [("all-gather", (32, 16)), ("reduce-scatter", (8, 16))]),
+    ("ag", [("all-gather", (32, 16)), reduce_scatter(8, 16)]),
     # the backward's all-gather of dz (dx and dw use it); dbias sums dz's row shards. The forward's
     # reduce-scatter is dead code here: the loss is linear, so only gradients are live.
     ("rs", [("all-gather", (32, 24)), ("all-reduce", (24,))]),
@@ -238,25 +239,36 @@ def test_global_ag_grad_keeps_x_sharding(normal, make_mesh, compiled_collectives
   mesh, args, specs, grad = _fused_grad_setup("ag", normal, make_mesh)
   f = jax.jit(grad)
   assert f(*args)[0].sharding.spec == P("tp", None)
-  assert sorted(compiled_collectives(f, *args)) == [("all-gather", (32, 16)), ("reduce-scatter", (8, 16))]
+  assert sorted(compiled_collectives(f, *args)) == [("all-gather", (32, 16)), reduce_scatter(8, 16)]
 
 
 # Every layout the forward accepts (test_global.py), on a dp x tp mesh of either axis type (issue 15, item 5:
 # Explicit meshes failed with ShardingTypeError: the weight gradient's dot_general had no out_sharding, and
 # the cotangents came back in the plan's layout instead of the primal's).
-from test_global import AG_SHARDINGS, RS_SHARDINGS, same_layout  # noqa: E402
 
 LAYOUTS = [("ag", *c) for c in AG_SHARDINGS] + [("rs", *c) for c in RS_SHARDINGS]
 
 
+@pytest.mark.parametrize("context", ["none", "set_mesh"])
 @pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
 @pytest.mark.parametrize("op,name,x_shape,x_spec,w_spec,b_spec", LAYOUTS, ids=[f"{c[0]}-{c[1]}" for c in LAYOUTS])
-def test_global_grads_dp_tp(op, name, x_shape, x_spec, w_spec, b_spec, axis_type, normal, make_mesh, assert_close):
+def test_global_grads_dp_tp(op, name, x_shape, x_spec, w_spec, b_spec, axis_type, context, normal, make_mesh,
+                            assert_close):
+  """Also compiled under jax.set_mesh (issue 24, item 13): on an Explicit mesh the partitioned bodies were traced
+  with the mesh's types, so a collective's reducer held sharding annotations, which XLA's CPU backend rejects
+  ("Unsupported reduction computation", jax >= 0.11); compiled, no sharding annotation is left anywhere."""
   mesh = make_mesh((2, WORLD), ("dp", "tp"), getattr(jax.sharding.AxisType, axis_type))
   x, w, bias = normal(x_shape, np.float32), normal((16, 24), np.float32), normal((24,), np.float32)
   fn = jax_overlap.ag_matmul if op == "ag" else jax_overlap.matmul_rs
   args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in ((x, x_spec), (w, w_spec), (bias, b_spec))]
-  grads = jax.jit(jax.grad(lambda x, w, b: jnp.sum(jnp.sin(fn(x, w, b))), argnums=(0, 1, 2)))(*args)
+  f = jax.jit(jax.grad(lambda x, w, b: jnp.sum(jnp.sin(fn(x, w, b))), argnums=(0, 1, 2)))
+  if context == "set_mesh":
+    with jax.set_mesh(mesh):
+      compiled = f.lower(*args).compile()
+    assert 'custom_call_target="Sharding"' not in compiled.as_text()
+    grads = compiled(*args)
+  else:
+    grads = f(*args)
   x64, w64, b64 = (a.astype(np.float64) for a in (x, w, bias))
   dy = np.cos(np.einsum("...k,kn->...n", x64, w64) + b64)
   want = (dy @ w64.T, x64.reshape(-1, 16).T @ dy.reshape(-1, 24), dy.reshape(-1, 24).sum(0))

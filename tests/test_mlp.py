@@ -17,6 +17,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
+from test_global import reduce_scatter
 
 TP = 4
 B, S, H, F = 2, 16, 32, 64
@@ -92,6 +93,6 @@ def test_mlp_jit_global(dtype, rng, make_mesh, assert_close, compiled_collective
   # feeds dw1), the all-gather of d(out) in matmul_rs's VJP, the reduce-scatter of dx in ag_matmul's VJP,
   # and an all-reduce for db2 (d(out) is row-sharded, b2 replicated). The loss is linear in the output,
   # so the forward's reduce-scatter is dead there.
-  assert sorted(compiled_collectives(fwd, *params)) == [("all-gather", (B, S, H)), ("reduce-scatter", (B, S // TP, H))]
+  assert sorted(compiled_collectives(fwd, *params)) == [("all-gather", (B, S, H)), reduce_scatter(B, S // TP, H)]
   assert sorted(compiled_collectives(grad, *params, ct)) == [
-      ("all-gather", (B, S, H)), ("all-gather", (B, S, H)), ("all-reduce", (H,)), ("reduce-scatter", (B, S // TP, H))]
+      ("all-gather", (B, S, H)), ("all-gather", (B, S, H)), ("all-reduce", (H,)), reduce_scatter(B, S // TP, H)]

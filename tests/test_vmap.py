@@ -121,3 +121,56 @@ def test_grad_of_vmap_global(normal, make_mesh, assert_close):
   x64, w64, ct64 = (a.astype(np.float64) for a in (x, w, ct))
   assert_close(dx, ct64 @ w64.T, jnp.float32, 24, what="dx")
   assert_close(dw, np.einsum("bmk,bmn->kn", x64, ct64), jnp.float32, BATCH * 16, what="dw")
+
+
+def _nested(fn, depth: int, in_axes):
+  for _ in range(depth):
+    fn = jax.vmap(fn, in_axes=in_axes)
+  return fn
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("depth", [2, 3])
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_nested_vmap_global(op, depth, with_bias, normal, make_mesh, assert_close):
+  """vmap of vmap on global arrays (issue 24, item 7): each level's batching rule calls the op again, so the
+  next level's rule batches it too (it used to bind custom_partitioning, which has no batching rule)."""
+  mesh, dt = make_mesh((WORLD,), ("tp",)), jnp.float32
+  batch = (2, 3, 2)[:depth]
+  x, w, b = normal((*batch, WORLD * 2, 16), dt), normal((16, WORLD * 6), dt), normal((WORLD * 6,), dt)
+  x_spec, w_spec = (P(*[None] * depth, "tp", None), P(None, "tp")) if op == "ag_matmul" else \
+      (P(*[None] * depth, None, "tp"), P("tp", None))
+  args = [jax.device_put(x, NamedSharding(mesh, x_spec)), jax.device_put(w, NamedSharding(mesh, w_spec))]
+  fn = getattr(jax_overlap, op)
+  if with_bias:
+    f = _nested(lambda x, w, b: fn(x, w, b), depth, (0, None, None))
+    args.append(b)
+  else:
+    f = _nested(lambda x, w: fn(x, w), depth, (0, None))
+  want = np.einsum("...mk,kn->...mn", x.astype(np.float64), w.astype(np.float64)) + (b if with_bias else 0)
+  assert_close(jax.jit(f)(*args), want, dt, 16)
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_nested_vmap_global_batched_weights(op, normal, make_mesh, assert_close):
+  """The inner level batches x and w (the reference product), the outer x only."""
+  mesh, dt = make_mesh((WORLD,), ("tp",)), jnp.float32
+  x, w = normal((2, BATCH, WORLD * 2, 16), dt), normal((BATCH, 16, WORLD * 2), dt)
+  inner = jax.vmap(getattr(jax_overlap, op), in_axes=(0, 0))
+  got = jax.jit(jax.vmap(inner, in_axes=(0, None)))(jax.device_put(x, NamedSharding(mesh, P(None, None, "tp"))), w)
+  assert_close(got, np.einsum("abmk,bkn->abmn", x.astype(np.float64), w.astype(np.float64)), dt, 16)
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_nested_vmap_in_shard_map(op, normal, make_mesh, assert_close):
+  mesh, dt = make_mesh((WORLD,), ("tp",)), jnp.float32
+  if op == "ag_matmul":
+    x, w, b = normal((2, BATCH, WORLD * 2, 16), dt), normal((16, WORLD * 8), dt), normal((WORLD * 8,), dt)
+    specs, out = (P(None, None, "tp", None), P(None, "tp"), P("tp")), P(None, None, None, "tp")
+  else:
+    x, w, b = normal((2, BATCH, WORLD * 2, WORLD * 8), dt), normal((WORLD * 8, 16), dt), normal((16,), dt)
+    specs, out = (P(None, None, None, "tp"), P("tp", None), P()), P(None, None, "tp", None)
+  body = _nested(lambda x, w, b: getattr(jax_overlap, op)(x, w, b, axis_name="tp"), 2, (0, None, None))
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out))
+  want = np.einsum("...mk,kn->...mn", x.astype(np.float64), w.astype(np.float64)) + b
+  assert_close(f(x, w, b), want, dt, x.shape[-1])

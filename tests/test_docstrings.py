@@ -1,0 +1,22 @@
+"""The public functions' docstrings name every algorithm the functions accept (issue 25: they left out
+"pipelined"), each with what it does."""
+
+import re
+
+import pytest
+
+import jax_overlap
+from jax_overlap import config
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_op_docstring_says_what_each_algorithm_does(op):
+  doc = getattr(jax_overlap, op).__doc__
+  for algorithm in config.ALGORITHMS:
+    assert re.search(rf'"{algorithm}"(?: \(default\))?: \S', doc), f"{op}'s docstring: {algorithm!r} and what it does"
+
+
+@pytest.mark.parametrize("cls", ["AgDotGeneral", "RsDotGeneral"])
+def test_layer_docstring_names_every_algorithm(cls):
+  doc = getattr(jax_overlap, cls).__doc__
+  assert all(f'"{algorithm}"' in doc for algorithm in config.ALGORITHMS), doc
