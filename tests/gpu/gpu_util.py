@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -36,3 +38,9 @@ def rel_err(out, ref) -> float:
 def tolerance(dtype) -> float:
   """Relative-norm tolerance of a GEMM with fp32 accumulation and output rounded to dtype."""
   return {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-5}[np.dtype(dtype).name]
+
+
+def in_command_buffer(compiled_hlo: str) -> bool:
+  """Whether XLA put some of a compiled program into a command buffer (a computation named command_buffer...).
+  The word inside a longer name is no evidence: the op metadata quotes the test's own name, which may hold it."""
+  return re.search(r"(?<!\w)command_buffer", compiled_hlo) is not None

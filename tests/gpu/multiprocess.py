@@ -145,6 +145,8 @@ def main(argv=None) -> int:
         results = run_world(world, env, args.per_gpu, scenario=scenario)
         for r in results:
           print(json.dumps({k: v for k, v in r.items() if k != "stderr"}))
+          if not r["ok"] and r["stderr"]:  # a worker's exception (or the record it died with) says why
+            print(f"--- stderr of rank {r['rank']} (world {world} {scenario}), last lines:\n{r['stderr'][-1500:]}")
         failed = sorted({f"{name} (rank {r['rank']}): {c['detail']}" for r in results
                          for name, c in r["checks"].items() if not c["ok"]})
         ok &= all(r["ok"] for r in results)
