@@ -20,7 +20,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
-from jax_overlap import gpu_lowering, runtime
+from jax_overlap import lowering, processes, runtime
 
 from fake_gpu import FakeNative, install
 
@@ -33,8 +33,6 @@ def fake(monkeypatch):
   """A fresh runtime on a FakeNative (8 CPU devices as GPUs of one process)."""
   native = FakeNative()
   install(monkeypatch.setattr, native)
-  monkeypatch.setattr(runtime, "_state", runtime._State())
-  monkeypatch.setattr(runtime, "_agreed", {})
   jax.clear_caches()
   yield native
   jax.clear_caches()
@@ -139,10 +137,10 @@ def test_a_process_that_lowers_a_program_once_more_keeps_its_site_numbers(two_ho
 
 @pytest.fixture
 def gathered(monkeypatch):
-  """gpu_lowering._decided over proposals given per process (a stand-in for runtime.gather)."""
+  """lowering._decided over proposals given per process (a stand-in for processes.gather)."""
   def decide(*proposals):
-    monkeypatch.setattr(runtime, "gather", lambda name, mine: list(proposals))
-    return gpu_lowering._decided("decide/x/final", proposals[0])
+    monkeypatch.setattr(processes, "gather", lambda name, mine: list(proposals))
+    return lowering._decided("decide/x/final", proposals[0])
   return decide
 
 
@@ -160,8 +158,8 @@ def test_the_agreed_choice_is_one_every_process_proposed(gathered):
 def test_a_process_missing_at_a_step_fails_it_for_all(monkeypatch):
   def missing(name, mine):
     raise runtime.SetupError("jax_overlap: not every process reached decide/x/final within 120 s")
-  monkeypatch.setattr(runtime, "gather", missing)
-  choice, why = gpu_lowering._decided("decide/x/final", {"choice": ["pipelined"], "why": None})
+  monkeypatch.setattr(processes, "gather", missing)
+  choice, why = lowering._decided("decide/x/final", {"choice": ["pipelined"], "why": None})
   assert choice is None and "not every process reached" in why
 
 

@@ -21,7 +21,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_overlap as jo
 from gpu_util import random, rel_err, requires_gpu, tolerance
-from jax_overlap import native
+from jax_overlap import backend, native
 import test_sim_group
 from test_multiprocess import failed_under_mps, requires_mps
 
@@ -29,7 +29,7 @@ from test_multiprocess import failed_under_mps, requires_mps
 def _amd_tiles():
   if native.module() is None:
     return []
-  return [t for t in native._compiled_tile_shapes() if t.arch == "amd"]
+  return [t for t in backend.current().compiled_tile_shapes() if t.arch == "amd"]
 
 
 pytestmark = [pytest.mark.gpu, requires_gpu,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from gpu_util import random, rel_err, requires_gpu, tolerance
-from jax_overlap import native
+from jax_overlap import backend, native
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -35,7 +35,7 @@ def _poisoned(shape, dtype):
 
 
 def _bk(tile):
-  return next(t.bk for t in native._compiled_tile_shapes() if t.index == tile)
+  return next(t.bk for t in backend.current().compiled_tile_shapes() if t.index == tile)
 
 
 def _ptr(a):

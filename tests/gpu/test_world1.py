@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_overlap as jo
-from jax_overlap import native
+from jax_overlap import backend
 from gpu_util import random, rel_err, requires_gpu, tolerance
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
@@ -265,7 +265,8 @@ def test_trace_export(tmp_path):
     jo.initialize(trace=False)
   events = json.load(open(tmp_path / "trace.json"))["traceEvents"]
   tiles = [e for e in events if e["name"] == "gemm_tile"]
-  assert len(tiles) in {1024 * 1024 // (t.bm * t.bn) for t in native.tile_shapes()}  # one event per output tile
+  # one event per output tile
+  assert len(tiles) in {1024 * 1024 // (t.bm * t.bn) for t in backend.current().tile_shapes()}
   assert split["gemm_tile"] > 0 and all(e["dur"] >= 0 for e in events)
 
 
@@ -314,7 +315,7 @@ def test_trace_switch_reaches_calls_compiled_before_it(tmp_path):
     on = gemm_tiles("on.json")
   finally:
     jo.initialize(trace=False)
-  assert len(on) in {calls * 1024 * 1024 // (t.bm * t.bn) for t in native.tile_shapes()}
+  assert len(on) in {calls * 1024 * 1024 // (t.bm * t.bn) for t in backend.current().tile_shapes()}
   assert gemm_tiles("off_again.json") == []
 
 
