@@ -16,8 +16,8 @@ that cannot be mapped) fails on every process, none waiting for another; it is
 not retried until shutdown() (collective) and initialize() again.
 
 Regions. Each call that takes a workspace path gets a region at an offset
-every rank of its group agrees on, keyed by (algorithm, op, group, shape);
-calls of one key share it. Each call site has its own number (its "site"),
+every rank of its group agrees on, keyed by (algorithm, op, group, shape,
+element size); calls of one key share it. Each call site has its own number (its "site"),
 which every flag release carries, so ranks that run such calls in different
 orders get an error instead of each other's data. A site is named by where it
 sits, not by how often it was lowered: the program (module) it is lowered in

@@ -144,9 +144,11 @@ def _plan_pipelined(problem: Problem, op, auto: bool) -> Choice:
   f = _measured(problem, op)
   _vendor_blas()
   plan = pipelined.plan(op, problem.world, f, _pinned_stages(op, problem.world))
+  itemsize = dtypes.itemsize(problem.dtype_name)
   nbytes = backend.current().native.pipelined_region_bytes(
-      op.NAME, problem.world, problem.batch, problem.m, problem.k, problem.n, dtypes.itemsize(problem.dtype_name))
-  key = (f"{op.NAME}/pipelined", problem.groups, (problem.batch, problem.m, problem.k, problem.n))
+      op.NAME, problem.world, problem.batch, problem.m, problem.k, problem.n, itemsize)
+  # Calls of one key share a region: its bytes follow the element size as they do the shape.
+  key = (f"{op.NAME}/pipelined", problem.groups, (problem.batch, problem.m, problem.k, problem.n, itemsize))
   return Choice("pipelined", plan, (key, nbytes))
 
 
@@ -172,8 +174,8 @@ def _plan_fused(problem: Problem, op, auto: bool) -> Choice:
     raise Declined(why)
   if problem.world == 1:
     return Choice("fused", plan)
-  key = (f"{op.NAME}/fused", problem.groups,
-         (problem.batch, problem.m, problem.k, problem.n, plan.tile, plan.chunk_k))
+  key = (f"{op.NAME}/fused", problem.groups, (problem.batch, problem.m, problem.k, problem.n,
+                                              dtypes.itemsize(problem.dtype_name), plan.tile, plan.chunk_k))
   return Choice("fused", plan, (key, plan.region_bytes))
 
 
