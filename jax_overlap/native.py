@@ -61,8 +61,9 @@ def build_info() -> dict:
         f"the native extension failed to load: {_IMPORT_ERROR}"
     installed = _shadowed_install()
     if installed is not None:
-      why = (f"no native extension in {_PACKAGE_DIR}: Python imported these sources, not the installed package in "
-             f"{installed} (the current directory comes first on sys.path; run from another directory)")
+      why = (f"no native extension in {_PACKAGE_DIR}: Python imported these sources, which come before the installed "
+             f"package in {installed} on sys.path (as the current directory does, or PYTHONPATH); run from another "
+             f"directory")
     info["note"] = f"{why}; the XLA reference path serves every call"
     info["runs"] = f"the XLA path ({why})"
     return info
@@ -81,8 +82,8 @@ _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 
 
 def _shadowed_install() -> str | None:
-  """The installed package's directory when this import came from another copy (a source checkout that was the
-  current directory), else None. An editable install has no package directory of its own: its import hook maps the
+  """The installed package's directory when this import came from another copy (a source checkout first on
+  sys.path), else None. An editable install has no package directory of its own: its import hook maps the
   package to the sources."""
   try:
     installed = pathlib.Path(importlib.metadata.distribution("jax-overlap").locate_file("jax_overlap")).resolve()

@@ -21,8 +21,9 @@ def test_build_info_says_what_runs_here():
   """No GPU in this process: whatever was built, the calls take the XLA path, and build_info says so."""
   info = jax_overlap.build_info()
   assert info["runs"].startswith("the XLA path")
-  if info["platform"] is None:
-    assert info["runs"] == "the XLA path (no native extension in this installation)"
+  if info["platform"] is None:  # a pure-Python install, or sources on sys.path before the installed package
+    assert info["runs"].startswith("the XLA path (no native extension in ")
+    assert "failed to load" not in info["runs"]
   else:  # a GPU build (CI's CUDA build) on a machine without that GPU
     assert f"built for {info['platform']}, but this process has no {info['platform']} devices" in info["runs"]
     assert "JAX backend: cpu" in info["runs"]
@@ -56,7 +57,8 @@ def test_build_info_from_the_repository_root_tells_which_copy_it_imported(tmp_pa
   else:
     installed = pathlib.Path(elsewhere["file"]).resolve().parent
     assert from_root["platform"] is None
-    assert f"Python imported these sources, not the installed package in {installed}" in from_root["runs"], from_root
+    assert f"Python imported these sources, which come before the installed package in {installed}" \
+        in from_root["runs"], from_root
 
 
 def test_build_info_never_shows_import_machinery():
@@ -65,7 +67,7 @@ def test_build_info_never_shows_import_machinery():
   text = " ".join(str(v) for v in info.values())
   assert "circular import" not in text and "partially initialized" not in text
   if native.module() is None:
-    assert info["note"].startswith("no native extension in this installation")
+    assert info["note"].startswith("no native extension in ")
 
 
 def test_debug_log_names_the_path(caplog, make_mesh):
