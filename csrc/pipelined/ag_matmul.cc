@@ -44,15 +44,23 @@ Status make_plans(const Operands& op, const Context& ctx) {
   return {};
 }
 
+void abandon_flags(const Operands& op, const Context& ctx, const Progress& progress, FlagAbandon* a) {
+  const GatherRegion region = AgCall(op, ctx).region;
+  const auto [world, rank, parity] = ring_place(ctx);
+  char* mine = ctx.peers.regions[rank];
+  a->own[a->own_count++] = region.pub_flag(mine, parity);
+  a->released = progress.released;
+  for (int q = 0; q < world && progress.released == 0; ++q)
+    if (q != rank) wait_readers_before_marking(ctx, region.done_flag(mine, parity, q), q, a);
+  for (int q = 0; q < world && !progress.verified; ++q)
+    if (q != rank) a->done[a->done_count++] = region.done_flag(ctx.peers.regions[q], parity, rank);
+}
+
 Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipStream_t origin) {
   SideStreams& s = *ctx.streams;
-  const int world = ctx.peers.world;
-  const int rank = ctx.peers.rank;
-  const int parity = static_cast<int>(ctx.epoch & 1u);
+  const auto [world, rank, parity] = ring_place(ctx);
   const int64_t m = op.gemm.rows;
   const AgCall c(op, ctx);
-  JO_RETURN_IF_ERROR(s.fork_from(origin));
-  progress->forked = true;
   // My own shard straight from x, first: nothing of this call waits yet when it is launched (the launch
   // of a kernel not loaded yet waits for the device's running kernels).
   JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, c.x, 0, c.y, rank * m, m, /*bias=*/true, /*stream_index=*/0));
@@ -115,21 +123,6 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
         ctx.wd.abort, op.out, static_cast<uint64_t>(op.gemm.batch) * world * m * op.gemm.n * c.y.elem_bytes,
         op.gathered, static_cast<uint64_t>(world) * c.shard_bytes, origin));
   return {};
-}
-
-void abandon_flags(const Operands& op, const Context& ctx, const Progress& progress, FlagAbandon* a) {
-  const int world = ctx.peers.world;
-  const int rank = ctx.peers.rank;
-  const int parity = static_cast<int>(ctx.epoch & 1u);
-  char* mine = ctx.peers.regions[rank];
-  const GatherRegion region = GatherRegion::make(
-      world, static_cast<uint64_t>(op.gemm.batch) * op.gemm.rows * op.gemm.k * element_bytes(op.gemm.dtype));
-  a->own[a->own_count++] = region.pub_flag(mine, parity);
-  a->released = progress.released;
-  for (int q = 0; q < world && progress.released == 0; ++q)
-    if (q != rank) wait_readers_before_marking(ctx, region.done_flag(mine, parity, q), q, a);
-  for (int q = 0; q < world && !progress.verified; ++q)
-    if (q != rank) a->done[a->done_count++] = region.done_flag(ctx.peers.regions[q], parity, rank);
 }
 
 }  // namespace jo::pipelined::ag_matmul

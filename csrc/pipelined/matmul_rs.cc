@@ -56,15 +56,27 @@ Status make_plans(const Operands& op, const Context& ctx) {
   return {};
 }
 
+void abandon_flags(const Operands& op, const Context& ctx, const Progress& progress, FlagAbandon* a) {
+  const ReduceRegion region = RsCall(op, ctx).region;
+  const auto [world, rank, parity] = ring_place(ctx);
+  char* mine = ctx.peers.regions[rank];
+  for (int b = 0; b < world; ++b) {
+    if (b == rank) continue;
+    if (progress.released >> b & 1u) {
+      a->released |= 1u << a->own_count;
+    } else {
+      wait_readers_before_marking(ctx, region.done_flag(mine, parity, b), b, a);
+    }
+    a->own[a->own_count++] = region.ready_flag(mine, parity, b);
+    if (!progress.verified) a->done[a->done_count++] = region.done_flag(ctx.peers.regions[b], parity, rank);
+  }
+}
+
 Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipStream_t origin) {
   SideStreams& s = *ctx.streams;
-  const int world = ctx.peers.world;
-  const int rank = ctx.peers.rank;
-  const int parity = static_cast<int>(ctx.epoch & 1u);
+  const auto [world, rank, parity] = ring_place(ctx);
   const int64_t n = op.gemm.n;
   const RsCall c(op, ctx);
-  JO_RETURN_IF_ERROR(s.fork_from(origin));
-  progress->forked = true;
 
   // Compute streams: ring position p is row block (rank + 1 + p) % world, my own last.
   for (int j = 0, position = 0; j < op.stage_count; position += static_cast<int>(op.stages[j]), ++j) {
@@ -137,25 +149,6 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
   r.abort = ctx.wd.abort;
   JO_RETURN_IF_HIP_ERROR(launch_reduce(r, ctx.sm_count, origin));
   return {};
-}
-
-void abandon_flags(const Operands& op, const Context& ctx, const Progress& progress, FlagAbandon* a) {
-  const int world = ctx.peers.world;
-  const int rank = ctx.peers.rank;
-  const int parity = static_cast<int>(ctx.epoch & 1u);
-  char* mine = ctx.peers.regions[rank];
-  const ReduceRegion region = ReduceRegion::make(
-      world, static_cast<uint64_t>(op.gemm.batch) * op.gemm.rows * op.gemm.n * element_bytes(op.gemm.dtype));
-  for (int b = 0; b < world; ++b) {
-    if (b == rank) continue;
-    if (progress.released >> b & 1u) {
-      a->released |= 1u << a->own_count;
-    } else {
-      wait_readers_before_marking(ctx, region.done_flag(mine, parity, b), b, a);
-    }
-    a->own[a->own_count++] = region.ready_flag(mine, parity, b);
-    if (!progress.verified) a->done[a->done_count++] = region.done_flag(ctx.peers.regions[b], parity, rank);
-  }
 }
 
 }  // namespace jo::pipelined::matmul_rs

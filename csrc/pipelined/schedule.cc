@@ -24,6 +24,17 @@ Status plan_fault(int rank) {
   return Status{"jax_overlap: fault pipelined_plan_fail: no vendor GEMM plan"};
 }
 
+// The fields the verify and abandon kernels' arguments share: ctx's epoch (its low bits), site,
+// rank, world and watchdog.
+template <class FlagArgs>
+void set_call_fields(FlagArgs& a, const Context& ctx) {
+  a.epoch = static_cast<uint32_t>(ctx.epoch);
+  a.site = ctx.site;
+  a.rank = static_cast<uint32_t>(ctx.peers.rank);
+  a.world = static_cast<uint32_t>(ctx.peers.world);
+  a.wd = ctx.wd;
+}
+
 Status no_schedule(OpKind kind) {
   return Status{std::string("jax_overlap: ") + op_name(kind) + " has no pipelined schedule"};
 }
@@ -40,6 +51,8 @@ Status make_plans(OpKind kind, const Operands& op, const Context& ctx) {
 }
 
 Status enqueue_op(OpKind kind, const Operands& op, const Context& ctx, Progress* progress, hipStream_t origin) {
+  JO_RETURN_IF_ERROR(ctx.streams->fork_from(origin));
+  progress->forked = true;
   switch (kind) {
     case OpKind::kAgMatmul: return ag_matmul::enqueue(op, ctx, progress, origin);
     case OpKind::kMatmulRs: return matmul_rs::enqueue(op, ctx, progress, origin);
@@ -58,11 +71,7 @@ Status abandon(OpKind kind, const Operands& op, const Context& ctx, const Progre
     case OpKind::kMatmulRs: matmul_rs::abandon_flags(op, ctx, progress, &a); break;
     case OpKind::kAllGather: return no_schedule(kind);
   }
-  a.epoch = static_cast<uint32_t>(ctx.epoch);
-  a.site = ctx.site;
-  a.rank = static_cast<uint32_t>(ctx.peers.rank);
-  a.world = static_cast<uint32_t>(ctx.peers.world);
-  a.wd = ctx.wd;
+  set_call_fields(a, ctx);
   JO_RETURN_IF_HIP_ERROR(launch_flag_abandon(a, origin));
   return {};
 }
@@ -120,11 +129,7 @@ Status verify_and_release(const Context& ctx, const PipeFlag* const* flags, Pipe
     v.peers[i] = peers[i];
   }
   v.count = count;
-  v.epoch = static_cast<uint32_t>(ctx.epoch);
-  v.site = ctx.site;
-  v.rank = static_cast<uint32_t>(ctx.peers.rank);
-  v.world = static_cast<uint32_t>(ctx.peers.world);
-  v.wd = ctx.wd;
+  set_call_fields(v, ctx);
   JO_RETURN_IF_HIP_ERROR(launch_flag_verify(v, stream));
   return {};
 }

@@ -31,6 +31,17 @@ struct UnitRanges {
 };
 UnitRanges stage_units(int first_unit, int position, int size, int world);
 
+// This rank's place in ctx's call: the world, its rank, and the parity of the
+// call's epoch (which slots it uses).
+struct RingPlace {
+  int world;
+  int rank;
+  int parity;
+};
+inline RingPlace ring_place(const Context& ctx) {
+  return {ctx.peers.world, ctx.peers.rank, static_cast<int>(ctx.epoch & 1u)};
+}
+
 // What a call's enqueue has put on its streams so far, for abandon().
 struct Progress {
   bool forked = false;    // the side streams wait on the origin stream
@@ -92,8 +103,8 @@ void wait_readers_before_marking(const Context& ctx, const PipeFlag* done, int r
 
 // Each op's part, in its own file. make_plans: the plans of every GEMM the
 // op's enqueue runs, with the same operands (ctx.epoch is the epoch the call
-// will take). enqueue: the call on the side streams, joined back into
-// `origin`. abandon_flags: the flags of ctx's epoch this rank owes its peers,
+// will take). enqueue: the call on the side streams (forked from `origin`
+// already), joined back into `origin`. abandon_flags: the flags of ctx's epoch this rank owes its peers,
 // given what the enqueue did (pipeline_kernels.h FlagAbandon's own, released,
 // done and readers). check_stages: the op's own rule on a stage plan whose
 // sizes are positive and sum to the world size.
