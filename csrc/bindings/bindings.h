@@ -32,11 +32,12 @@ inline void throw_if_error(const Status& s) {
   if (!s.ok()) throw std::runtime_error(s.message);
 }
 
-// The DType of a dtype name from Python; ValueError naming the name and `taker` (what takes the dtypes) otherwise.
-inline DType dtype_arg(const std::string& name, const char* taker) {
+// The DType of a dtype name from Python; otherwise a ValueError naming the name, after `takes`
+// ("the pipelined algorithm takes") and the dtypes.
+inline DType dtype_arg(const std::string& name, const char* takes) {
   DType t{};
   if (!dtype_from_name(name, &t))
-    throw std::invalid_argument(std::string("jax_overlap: ") + taker + " takes " + dtype_choices() + ", got " + name);
+    throw std::invalid_argument(std::string("jax_overlap: ") + takes + " " + dtype_choices() + ", got " + name);
   return t;
 }
 

@@ -34,7 +34,7 @@ py::dict gemm_geometry(const std::string& op, int tile, const std::string& dtype
                        int ranks_per_gpu, int64_t l2_bytes, int workgroups_per_sm) {
   const OpKind kind = gemm_op_arg(op);
   GemmOperands operands{};
-  operands.dtype = dtype_arg(dtype, "the fused kernels");
+  operands.dtype = dtype_arg(dtype, "the fused kernels take");
   operands.tile = tile;
   operands.w_kmajor = w_kmajor;
   operands.batch = batch;

@@ -23,7 +23,7 @@ using namespace pybind11::literals;
 namespace jo::bindings {
 namespace {
 
-constexpr const char* kTaker = "the pipelined algorithm";
+constexpr const char* kTakes = "the pipelined algorithm takes";
 
 // A loopback call of the op (pipelined/schedule.h) from a dict of device pointers and sizes.
 pipelined::Operands loopback_operands(py::dict c, std::vector<int64_t>* stages) {
@@ -34,7 +34,7 @@ pipelined::Operands loopback_operands(py::dict c, std::vector<int64_t>* stages) 
   o.out = reinterpret_cast<void*>(c["out"].cast<uintptr_t>());
   o.gathered = reinterpret_cast<void*>(c.contains("gathered") ? c["gathered"].cast<uintptr_t>() : 0);
   o.scratch = reinterpret_cast<void*>(c["scratch"].cast<uintptr_t>());
-  o.gemm = GemmProblem::dense(dtype_arg(c["dtype"].cast<std::string>(), kTaker), c["batch"].cast<int64_t>(),
+  o.gemm = GemmProblem::dense(dtype_arg(c["dtype"].cast<std::string>(), kTakes), c["batch"].cast<int64_t>(),
                               c["m"].cast<int64_t>(), c["k"].cast<int64_t>(), c["n"].cast<int64_t>(),
                               c["w_kmajor"].cast<bool>(), o.bias != nullptr);
   *stages = c["stages"].cast<std::vector<int64_t>>();
@@ -92,7 +92,7 @@ void bind_pipelined(py::module_& m) {
       "time_gemms",
       [](int ordinal, const std::string& dtype, std::vector<int64_t> rows, int64_t n, int64_t k, bool w_kmajor,
          int repeats, double warmup_ms) {
-        const DType t = dtype_arg(dtype, kTaker);
+        const DType t = dtype_arg(dtype, kTakes);
         std::vector<double> us;
         py::gil_scoped_release release;
         throw_if_error(pipelined::time_gemms(ordinal, t, rows, n, k, w_kmajor, repeats, warmup_ms, &us));
@@ -147,7 +147,7 @@ void bind_pipelined(py::module_& m) {
   m.def(
       "time_reduce",
       [](int ordinal, const std::string& dtype, int count, int64_t rows, int64_t n, int repeats) {
-        const DType t = dtype_arg(dtype, kTaker);
+        const DType t = dtype_arg(dtype, kTakes);
         double us = 0;
         py::gil_scoped_release release;
         throw_if_error(pipelined::time_reduce(ordinal, t, count, rows, n, repeats, &us));

@@ -17,7 +17,7 @@ namespace {
 
 SimMatmul sim_call(py::dict c) {
   SimMatmul s{};
-  s.dtype = dtype_arg(c["dtype"].cast<std::string>(), "SimGroup");
+  s.dtype = dtype_arg(c["dtype"].cast<std::string>(), "SimGroup takes");
   s.tile = c["tile"].cast<int>();
   s.comm_workgroups = c["comm_workgroups"].cast<int>();
   s.chunk_k = c.contains("chunk_k") ? c["chunk_k"].cast<int>() : 0;
@@ -42,7 +42,7 @@ SimMatmul sim_call(py::dict c) {
 }  // namespace
 
 void bind_testing(py::module_& m) {
-  py::class_<SimGroup>(m, "SimGroup")
+  py::class_<SimGroup>(m, "SimGroup takes")
       .def(py::init([](int ordinal, int world, uint64_t bytes_per_rank, double watchdog_seconds) {
              std::unique_ptr<SimGroup> g;
              throw_if_error(SimGroup::create(ordinal, world, bytes_per_rank, watchdog_seconds, &g));
