@@ -6,12 +6,14 @@
   w2 [ffn, hidden]        row-sharded      matmul_rs: multiply by my rows, reduce-scatter the sequence
 
 Checks the loss and gradients against the same MLP in plain jnp on one device,
-then times training steps. Uses every GPU present (at most 8), or 8 CPU devices.
+then times training steps; the run ends with PASS or FAIL and the tolerance (exit
+status 0 or 1). Uses every GPU present (at most 8), or 8 CPU devices.
 
   python examples/mlp_shard_map.py --batch 4 --seq 512 --hidden 1024 --ffn 4096 --dtype bfloat16
 """
 
 import functools
+import sys
 
 import mlp_common as common  # first: it sets up the devices before jax starts
 
@@ -39,9 +41,10 @@ def main():
                       in_specs=(common.ACT_SPEC, *common.PARAM_SPECS), out_specs=common.ACT_SPEC)
   train_step = jax.jit(lambda p, x, t: jax.value_and_grad(common.loss)(p, x, t, mlp))
 
-  common.check_against_reference(*train_step(params, x, target), host, dtype)
+  worst = common.check_against_reference(*train_step(params, x, target), host, dtype)
   common.time_training(train_step, jax.jit(common.sgd_update), params, x, target, args.steps)
+  return common.verdict(worst, dtype)
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -8,7 +8,9 @@ functions), which tests may point at a stand-in.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import pathlib
 
 import jax
 
@@ -35,29 +37,54 @@ def platform() -> str | None:
 def build_info() -> dict:
   """What this installation is (platform, archs, compiler, FFI API, fused kernels, JAX version) and what runs here.
 
-  "runs" says which path calls take in this process: a GPU build on a machine
-  without its GPUs runs the XLA path like a pure-Python install.
+  "runs" says which path calls take in this process. A GPU build with its GPUs: algorithm="auto" gives a group of
+  two or more the pipelined algorithm where the cost model predicts a gain over XLA, and a group of one XLA's dot;
+  the fused kernels run when asked for. A GPU build on a machine without its GPUs runs the XLA path, like a
+  pure-Python install.
   """
   info = {"jax": jax.__version__, "platform": None, "archs": None, "compiler": None, "ffi_api": None,
           "fused_kernels": False}
   if _native is None:
     why = "no native extension in this installation" if _IMPORT_ERROR is None else \
         f"the native extension failed to load: {_IMPORT_ERROR}"
+    installed = _shadowed_install()
+    if installed is not None:
+      why = (f"no native extension in {_PACKAGE_DIR}: Python imported these sources, which come before the installed "
+             f"package in {installed} on sys.path (as the current directory does, or PYTHONPATH); run from another "
+             f"directory")
     info["note"] = f"{why}; the XLA reference path serves every call"
     info["runs"] = f"the XLA path ({why})"
     return info
   info.update(_native.build_info())
   if gpu_available():
-    info["runs"] = (f"the fused kernels on {platform()} where a call is eligible (algorithm='auto' picks per call), "
-                    f"else the XLA path")
+    info["runs"] = (f"on {platform()}, algorithm='auto' takes the pipelined algorithm for groups of two or more where "
+                    f"the cost model predicts a gain over XLA, and the XLA path elsewhere (XLA's dot for a group of "
+                    f"one); the fused kernels run when asked for (algorithm='fused')")
   else:
     info["runs"] = (f"the XLA path: built for {platform()}, but this process has no {platform()} devices "
                     f"(JAX backend: {jax.default_backend()})")
   return info
 
 
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+
+
+def _shadowed_install() -> str | None:
+  """The installed package's directory when this import came from another copy (a source checkout first on
+  sys.path), else None. An editable install has no package directory of its own: its import hook maps the
+  package to the sources."""
+  try:
+    installed = pathlib.Path(importlib.metadata.distribution("jax-overlap").locate_file("jax_overlap")).resolve()
+  except importlib.metadata.PackageNotFoundError:
+    return None
+  if installed == _PACKAGE_DIR or not (installed / "__init__.py").is_file():
+    return None
+  return str(installed)
+
+
 def gpu_available() -> bool:
-  """True when this build's GPU algorithms can run here: built for a GPU platform this process has."""
+  """True when this build's GPU algorithms (pipelined, fused) can run here: built for a GPU platform this process
+  has."""
   if _native is None:
     return False
   try:

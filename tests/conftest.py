@@ -1,14 +1,33 @@
-"""Shared test setup: 8 CPU host devices, the `gpu` marker's skip, and the helpers every test file uses.
+"""Shared test setup: the installed package, 8 CPU host devices, the `gpu` marker's skip, and the helpers every test
+file uses.
 
 The environment is set before anything imports jax. JAX_PLATFORMS defaults to
 cpu so the CPU suite never touches an accelerator; on a GPU machine run the
 GPU tests with JAX_PLATFORMS=cuda (or rocm), which this file leaves alone.
 """
 
+import importlib.util
 import math
 import os
+import pathlib
 import re
+import sys
 import zlib
+
+# The suite tests the package pip installed. `python -m pytest` puts the current directory first on sys.path, and
+# from the repository root that would import ./jax_overlap, the sources, which hold no native module: a CUDA build
+# would go untested and its tests would skip. So the root comes off sys.path before anything imports jax_overlap,
+# unless PYTHONPATH names it (testing the sources without installing them, on purpose). An editable install
+# (pip install -e .) still imports these sources, through the import hook it installs.
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _is_root(entry: str) -> bool:
+  return pathlib.Path(entry or os.curdir).resolve() == _ROOT
+
+
+if not any(_is_root(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry):
+  sys.path[:] = [entry for entry in sys.path if not _is_root(entry)]
 
 _HOST_DEVICES = "--xla_force_host_platform_device_count=8"
 if _HOST_DEVICES not in os.environ.get("XLA_FLAGS", ""):
@@ -32,6 +51,15 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import tolerance  # noqa: E402
+
+
+def pytest_configure(config):
+  if importlib.util.find_spec("jax_overlap") is None:
+    raise pytest.UsageError(
+        f"jax_overlap is not installed in this Python ({sys.executable}); the tests run against the installed "
+        f"package, not the sources in {_ROOT}. Install it first: pip install '{_ROOT}[test,examples]' "
+        f"(JAX_OVERLAP_PLATFORM=none skips the native build), or pip install -e '{_ROOT}[test,examples]' to "
+        f"test the sources as you edit them (PYTHONPATH={_ROOT} also does, without the native module).")
 
 
 def _gpu_backend() -> str | None:

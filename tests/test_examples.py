@@ -1,21 +1,39 @@
-"""The README's main job runs, checks itself against its reference and says PASS (a short run: 2 steps)."""
+"""The README's main job and the MLP examples run, check themselves against their references and say PASS (short
+runs: 2 steps), against the installed package as a user runs them (python examples/<name>.py, nothing added to
+PYTHONPATH)."""
 
-import os
+import importlib.util
 import pathlib
 import subprocess
 import sys
 
 import pytest
 
-pytest.importorskip("flax", reason="the transformer block example needs flax (pip install '.[examples]')")
+import jax_overlap
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_transformer_block_example():
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-  run = subprocess.run([sys.executable, str(ROOT / "examples" / "transformer_block.py"), "--steps", "2"], env=env,
-                       capture_output=True, text=True, timeout=600)
+def run_example(name: str, *args: str) -> str:
+  """The example's stdout, from the repository root; fails unless it exits 0 and its last line says PASS."""
+  run = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
   assert run.returncode == 0, run.stdout + run.stderr
-  assert "step 2/2" in run.stdout and "ms/step (compilation excluded)" in run.stdout
   assert run.stdout.strip().splitlines()[-1].startswith("PASS: "), run.stdout
+  return run.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flax") is None,
+                    reason="the transformer block example needs flax (pip install '.[examples]')")
+def test_transformer_block_example():
+  out = run_example("transformer_block.py", "--steps", "2")
+  assert "step 2/2" in out and "ms/step (compilation excluded)" in out
+  assert f"jax_overlap runs {jax_overlap.build_info()['runs']}\n" in out, "the example imported another jax_overlap"
+
+
+@pytest.mark.parametrize("name", ["mlp_shard_map.py", "mlp_jit.py"])
+def test_mlp_example(name):
+  out = run_example(name, "--steps", "2")
+  assert "2 steps: " in out and " ms/step" in out
+  assert f"{jax_overlap.build_info()['platform'] or 'no'} native build;" in out, \
+      "the example imported another jax_overlap"

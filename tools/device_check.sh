@@ -46,7 +46,9 @@ for step in "${STEPS[@]}"; do
   case "$step" in
     build)
       # A build directory in the tree: a later call on the same (warm) machine rebuilds what changed only.
-      run build 300 env JAX_OVERLAP_PLATFORM=cuda JAX_OVERLAP_INPLACE=ON \
+      # The tests, examples and benchmarks import the installed package (tests/conftest.py keeps the
+      # repository root off sys.path), never ./jax_overlap.
+      run build 300 env JAX_OVERLAP_PLATFORM=cuda \
         python3 -m pip install --no-build-isolation --no-deps -v -C build-dir=build/device . ;;
     gpu_tests)
       # One pytest per file: a crash in one cannot hide the other's results.

@@ -138,7 +138,7 @@ BCLINK=()
 for b in ockl.bc oclc_abi_version_500.bc hip.bc; do
   [[ -f "$BC/$b" ]] && BCLINK+=(-Xclang -mlink-builtin-bitcode -Xclang "$BC/$b")
 done
-COMMON=(-x hip -std=c++17 -O3 -I "$ROOT/csrc" -isystem "$JAXLIB_INCLUDE" "${DEFS[@]}" "${EXTRA[@]}")
+COMMON=(-x hip -std=c++17 -O3 -Werror=switch -I "$ROOT/csrc" -isystem "$JAXLIB_INCLUDE" "${DEFS[@]}" "${EXTRA[@]}")
 
 # ---------------------------------------------------------------- jobs
 device_one() {  # device_one SRC ARCH

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "blas/gemm.h"
+#include "platform/device_scope.h"
 #include "runtime/faults.h"
 
 namespace jo::blas {
@@ -54,9 +55,8 @@ std::vector<uint16_t> to_fp16(const std::vector<int>& values) {
   return bits;
 }
 
-// Device memory, a stream, a graph and its executable, all released at scope exit (the device restored).
+// Device memory, a stream, a graph and its executable, all released at scope exit.
 struct Resources {
-  int previous = -1;
   char* memory = nullptr;
   hipStream_t stream = nullptr;
   hipGraph_t graph = nullptr;
@@ -67,7 +67,6 @@ struct Resources {
     if (graph) (void)hipGraphDestroy(graph);
     if (stream) (void)hipStreamDestroy(stream);
     if (memory) (void)hipFree(memory);
-    if (previous >= 0) (void)hipSetDevice(previous);
   }
 };
 
@@ -75,11 +74,13 @@ struct Resources {
 Status run_check(int ordinal, CaptureCheck* out) {
   DeviceBlas* blas = nullptr;
   JO_RETURN_IF_ERROR(DeviceBlas::get(ordinal, &blas));
+  DeviceScope scope(ordinal);  // restored after r's release
+  JO_RETURN_IF_HIP_ERROR(scope.status());
   Resources r;
-  JO_RETURN_IF_HIP_ERROR(hipGetDevice(&r.previous));
-  JO_RETURN_IF_HIP_ERROR(hipSetDevice(ordinal));
   const Operands o = make_operands();
-  constexpr size_t kXBytes = kRows * kK * 2, kWBytes = kK * kN * 2, kBiasBytes = 256, kYBytes = kRows * kN * 2;
+  constexpr size_t kElem = element_bytes(DType::kF16);
+  constexpr size_t kXBytes = kRows * kK * kElem, kWBytes = kK * kN * kElem, kBiasBytes = 256,
+                   kYBytes = kRows * kN * kElem;
   JO_RETURN_IF_HIP_ERROR(hipMalloc(reinterpret_cast<void**>(&r.memory),
                                    kXBytes + kWBytes + kBiasBytes + kYBytes + kWorkspaceBytes));
   char* x = r.memory;
@@ -89,10 +90,10 @@ Status run_check(int ordinal, CaptureCheck* out) {
   char* workspace = y + kYBytes;
   JO_RETURN_IF_HIP_ERROR(hipMemcpy(x, to_fp16(o.x).data(), kXBytes, hipMemcpyHostToDevice));
   JO_RETURN_IF_HIP_ERROR(hipMemcpy(w, to_fp16(o.w).data(), kWBytes, hipMemcpyHostToDevice));
-  JO_RETURN_IF_HIP_ERROR(hipMemcpy(bias, to_fp16(o.bias).data(), kN * 2, hipMemcpyHostToDevice));
+  JO_RETURN_IF_HIP_ERROR(hipMemcpy(bias, to_fp16(o.bias).data(), kN * kElem, hipMemcpyHostToDevice));
   JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&r.stream, hipStreamNonBlocking));
-  const GemmShape shape{DType::kF16, kRows, kN, kK, 1, kK, kN, 0, 0, /*w_kmajor=*/false, /*bias=*/true,
-                        alignment_of({x, w, bias, y})};
+  const GemmProblem shape{DType::kF16, kRows, kN, kK, 1, kK, kN, 0, 0, /*w_kmajor=*/false, /*bias=*/true,
+                          alignment_of({x, w, bias, y})};
   const auto gemm = [&]() -> Status {
     const GemmPlan* plan = nullptr;
     JO_RETURN_IF_ERROR(blas->plan(shape, &plan));

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "blas/library.h"
+#include "platform/device_scope.h"
 
 namespace jo::blas {
 namespace {
@@ -17,7 +18,14 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-int data_type(DType t) { return t == DType::kBF16 ? kDataBF16 : kDataF16; }
+// The vendor's type of x, w, bias and y; false for a dtype this path does not take.
+bool data_type(DType t, int* out) {
+  switch (t) {
+    case DType::kBF16: *out = kDataBF16; return true;
+    case DType::kF16: *out = kDataF16; return true;
+  }
+  return false;
+}
 
 template <typename V>
 Status set_desc(const Api& api, MatmulDesc desc, int attr, V value) {
@@ -38,8 +46,8 @@ Status batched(const Api& api, Layout layout, int64_t count, int64_t stride) {
   return set_layout(api, layout, kLayoutBatchStride, stride);
 }
 
-std::string describe(const GemmShape& s) {
-  return std::string(s.dtype == DType::kBF16 ? "bf16" : "fp16") + " [" + std::to_string(s.batch) + " x " +
+std::string describe(const GemmProblem& s) {
+  return std::string(dtype_name(s.dtype)) + " [" + std::to_string(s.batch) + " x " +
          std::to_string(s.rows) + ", " + std::to_string(s.k) + "] @ " + (s.w_kmajor ? "[n, k]" : "[k, n]") +
          " n=" + std::to_string(s.n) + (s.bias ? " + bias" : "") + ", " + std::to_string(s.alignment) +
          "-byte aligned";
@@ -71,14 +79,13 @@ Status DeviceBlas::get(int ordinal, DeviceBlas** out) {
     std::string error;
     const Api* api = vendor_api(&error);
     if (api == nullptr) return Status{error};
-    int previous = -1;
-    JO_RETURN_IF_HIP_ERROR(hipGetDevice(&previous));
-    JO_RETURN_IF_HIP_ERROR(hipSetDevice(ordinal));
+    DeviceScope scope(ordinal);
+    JO_RETURN_IF_HIP_ERROR(scope.status());
     Handle handle = nullptr;
     const ::jo::Status created = api->create(&handle) == kSuccess
                                ? Status{}
                                : Status{std::string("jax_overlap: creating a ") + kLibraryName + " handle failed"};
-    JO_RETURN_IF_HIP_ERROR(hipSetDevice(previous));
+    JO_RETURN_IF_ERROR(scope.restore());
     JO_RETURN_IF_ERROR(created);
     auto* d = new DeviceBlas();
     d->api_ = api;
@@ -89,7 +96,10 @@ Status DeviceBlas::get(int ordinal, DeviceBlas** out) {
   return {};
 }
 
-Status DeviceBlas::plan(const GemmShape& s, const GemmPlan** out) {
+Status DeviceBlas::plan(const GemmProblem& s, const GemmPlan** out) {
+  int type = 0;
+  if (!data_type(s.dtype, &type))
+    return Status{std::string("jax_overlap: the vendor GEMM path does not take ") + dtype_name(s.dtype)};
   std::lock_guard<std::mutex> lock(mu_);
   auto it = plans_.find(s);
   if (it != plans_.end()) {
@@ -114,7 +124,6 @@ Status DeviceBlas::plan(const GemmShape& s, const GemmPlan** out) {
     const void* stand_in = reinterpret_cast<const void*>(static_cast<uintptr_t>(s.alignment));
     JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBiasPointer, stand_in));
   }
-  const int type = data_type(s.dtype);
   JO_RETURN_IF_BLAS_ERROR(s.w_kmajor ? api.layout_create(&p->a_, type, s.k, s.n, s.k)
                                      : api.layout_create(&p->a_, type, s.n, s.k, s.n));
   JO_RETURN_IF_BLAS_ERROR(api.layout_create(&p->b_, type, s.k, s.rows, s.ldx));

@@ -1,10 +1,8 @@
-// Row-major GEMMs through the vendor BLAS, for the pipelined algorithm:
-//   y[b] = x[b] @ w (+ bias)   for b < batch,
-// x[b] [rows, k] (row stride ldx), y[b] [rows, n] (row stride ldy), w [k, n]
-// or, with w_kmajor, [n, k], shared by every batch element; the bias [n] is
-// added by the GEMM's epilogue in fp32 before y is rounded. A plan (descriptors
-// and the algorithm the vendor's heuristic picks) is made once per shape and
-// device, on first use, and kept for the process.
+// Row-major GEMMs through the vendor BLAS, for the pipelined algorithm: one
+// GemmProblem (core/gemm_problem.h) per plan, the bias added by the GEMM's
+// epilogue in fp32 before y is rounded. A plan (descriptors and the algorithm
+// the vendor's heuristic picks) is made once per problem and device, on first
+// use, and kept for the process.
 #pragma once
 
 #include <cstddef>
@@ -13,10 +11,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <tuple>
 
 #include "blas/api.h"
-#include "kernels/params.h"
+#include "core/gemm_problem.h"
 #include "platform/status.h"
 
 namespace jo::blas {
@@ -25,23 +22,6 @@ namespace jo::blas {
 // default); the pipelined calls take one per compute stream from their XLA
 // scratch result, so nothing is allocated per call.
 inline constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-
-struct GemmShape {
-  DType dtype;
-  int64_t rows, n, k;
-  int64_t batch;  // >= 1
-  int64_t ldx, ldy;
-  int64_t x_batch_stride, y_batch_stride;  // elements; unused when batch == 1
-  bool w_kmajor;
-  bool bias;
-  int alignment;  // bytes every operand pointer is a multiple of (16 to 256)
-
-  auto key() const {
-    return std::make_tuple(static_cast<int>(dtype), rows, n, k, batch, ldx, ldy, x_batch_stride, y_batch_stride,
-                           w_kmajor, bias, alignment);
-  }
-  bool operator<(const GemmShape& o) const { return key() < o.key(); }
-};
 
 // The largest power of two (16 to 256) that divides every non-null pointer.
 int alignment_of(std::initializer_list<const void*> pointers);
@@ -73,8 +53,10 @@ class DeviceBlas {
   // (host work only: call it outside graph capture the first time).
   static Status get(int ordinal, DeviceBlas** out);
 
-  // The plan of `shape`, made with the vendor's heuristic on first use.
-  Status plan(const GemmShape& shape, const GemmPlan** out);
+  // The plan of `problem` (its alignment set), made with the vendor's
+  // heuristic on first use; an error for a dtype the vendor GEMM path does
+  // not take.
+  Status plan(const GemmProblem& problem, const GemmPlan** out);
 
   // Enqueues y = x @ w (+ bias) on `stream`; `workspace` holds kWorkspaceBytes.
   Status run(const GemmPlan& plan, const void* x, const void* w, const void* bias, void* y, void* workspace,
@@ -86,7 +68,7 @@ class DeviceBlas {
   const Api* api_ = nullptr;
   Handle handle_ = nullptr;
   std::mutex mu_;  // guards plans_
-  std::map<GemmShape, std::unique_ptr<GemmPlan>> plans_;
+  std::map<GemmProblem, std::unique_ptr<GemmPlan>> plans_;
 };
 
 }  // namespace jo::blas

@@ -19,12 +19,11 @@ ffi::Error AgMatmulExecute(hipStream_t stream, int32_t ordinal, CallState* state
                            ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
                            ffi::Result<ffi::AnyBuffer> gathered, FusedConfig config,
                            ffi::Span<const int64_t> /*groups*/, int64_t world) {
-  auto call = gemm_call("ag_matmul", x, w, bias, {&*y, &*gathered}, config.w_kmajor != 0);
-  if (call.has_error()) return call.error();
-  GemmOperands& op = call.value().op;
-  op.tile = static_cast<int>(config.tile);
-  op.comm_workgroups = static_cast<int>(config.comm_workgroups);
-  const int64_t m = call.value().m;
+  const auto checked = check_gemm("ag_matmul", x, w, bias, {&*y, &*gathered}, config.w_kmajor != 0);
+  if (checked.has_error()) return checked.error();
+  const GemmProblem& p = checked.value();
+  const GemmOperands op = fused_operands(p, x, w, bias, config.tile, config.comm_workgroups);
+  const int64_t m = p.rows;
   if (auto e = check_elements("ag_matmul", "result y", *y, op.batch * world * m * op.n); e.failure()) return e;
   if (auto e = check_elements("ag_matmul", "result gathered", *gathered, world > 1 ? op.batch * world * m * op.k : 0);
       e.failure())
@@ -50,7 +49,7 @@ ffi::Error AgMatmulLocalExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuf
   const auto c = local_call("ag_matmul", OpKind::kAgMatmul, x, w, bias, *y, *scratch, config, ordinal);
   if (c.has_error()) return c.error();
   const LocalCall& lc = c.value();
-  const AgMatmulLaunch l{lc.call.op, y->untyped_data(), nullptr, lc.call.m, static_cast<int>(config.chunk_k), lc.ctx,
+  const AgMatmulLaunch l{lc.op, y->untyped_data(), nullptr, lc.problem.rows, static_cast<int>(config.chunk_k), lc.ctx,
                          lc.tail};
   return finish_local_launch(launch_ag_matmul(l, stream), lc, *y, stream, "ag_matmul");
 }

@@ -3,8 +3,8 @@
 #include <string>
 #include <utility>
 
-#include "kernels/ag_matmul.h"
 #include "kernels/pipeline_kernels.h"
+#include "kernels/tile_registry.h"
 
 namespace jo {
 
@@ -71,11 +71,42 @@ ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal
   return bound.value();
 }
 
-std::optional<DType> kernel_dtype(ffi::DataType t) {
+ffi::DataType ffi_data_type(DType t) {
   switch (t) {
-    case ffi::DataType::BF16: return DType::kBF16;
-    case ffi::DataType::F16: return DType::kF16;
-    default: return std::nullopt;
+    case DType::kBF16: return ffi::DataType::BF16;
+    case DType::kF16: return ffi::DataType::F16;
+  }
+  return ffi::DataType::INVALID;
+}
+
+std::optional<DType> dtype_of(ffi::DataType t) {
+  for (DType d : kDTypes)
+    if (ffi_data_type(d) == t) return d;
+  return std::nullopt;
+}
+
+std::string data_type_name(ffi::DataType t) {
+  if (const auto d = dtype_of(t)) return dtype_name(*d);
+  // XLA's other types as jax names them; the rest by number.
+  switch (t) {
+    case ffi::DataType::PRED: return "bool";
+    case ffi::DataType::S8: return "int8";
+    case ffi::DataType::S16: return "int16";
+    case ffi::DataType::S32: return "int32";
+    case ffi::DataType::S64: return "int64";
+    case ffi::DataType::U8: return "uint8";
+    case ffi::DataType::U16: return "uint16";
+    case ffi::DataType::U32: return "uint32";
+    case ffi::DataType::U64: return "uint64";
+    case ffi::DataType::F32: return "float32";
+    case ffi::DataType::F64: return "float64";
+    case ffi::DataType::C64: return "complex64";
+    case ffi::DataType::C128: return "complex128";
+    case ffi::DataType::F8E5M2: return "float8_e5m2";
+    case ffi::DataType::F8E4M3FN: return "float8_e4m3fn";
+    case ffi::DataType::F8E5M2FNUZ: return "float8_e5m2fnuz";
+    case ffi::DataType::F8E4M3FNUZ: return "float8_e4m3fnuz";
+    default: return "XLA data type " + std::to_string(static_cast<int>(t));
   }
 }
 
@@ -102,39 +133,39 @@ ffi::Error check_elements(const char* op, const char* name, const ffi::AnyBuffer
                           dims_str(buffer.dimensions()) + " (" + std::to_string(buffer.element_count()) + ")");
 }
 
-ffi::ErrorOr<GemmCall> gemm_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
-                                 const ffi::AnyBuffer& bias, std::initializer_list<const ffi::AnyBuffer*> results,
-                                 bool w_kmajor) {
+ffi::ErrorOr<GemmProblem> check_gemm(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+                                     const ffi::AnyBuffer& bias, std::initializer_list<const ffi::AnyBuffer*> results,
+                                     bool w_kmajor) {
   // Strings only on the error path: this runs on every call.
-  const auto dtype = kernel_dtype(x.element_type());
-  if (!dtype) return ffi::Unexpected(invalid_argument(op, "dtype of x", "bfloat16 or float16", "another dtype"));
+  const auto dtype = dtype_of(x.element_type());
+  if (!dtype)
+    return ffi::Unexpected(invalid_argument(op, "dtype of x", dtype_choices(), data_type_name(x.element_type())));
   bool same = w.element_type() == x.element_type() && (!bias.element_count() || bias.element_type() == x.element_type());
   for (const ffi::AnyBuffer* r : results) same = same && (!r->element_count() || r->element_type() == x.element_type());
   if (!same) return ffi::Unexpected(invalid_argument(op, "dtypes", "w, bias and the results in x's dtype", "others"));
   const auto xd = x.dimensions();
   const auto wd = w.dimensions();
   if (xd.size() < 2) return ffi::Unexpected(invalid_argument(op, "shape of x", "[..., m, k]", dims_str(xd)));
-  GemmCall c{};
-  c.m = xd[xd.size() - 2];
-  c.op.k = xd[xd.size() - 1];
-  if (wd.size() != 2 || (w_kmajor ? wd[1] : wd[0]) != c.op.k)
+  const int64_t m = xd[xd.size() - 2];
+  const int64_t k = xd[xd.size() - 1];
+  if (wd.size() != 2 || (w_kmajor ? wd[1] : wd[0]) != k)
     return ffi::Unexpected(invalid_argument(op, "shape of w", w_kmajor ? "[n, k] with k = x's last dim" :
                                                                          "[k, n] with k = x's last dim",
                                             dims_str(wd) + " for x " + dims_str(xd)));
-  c.op.n = w_kmajor ? wd[0] : wd[1];
-  if (bias.element_count() != 0 && static_cast<int64_t>(bias.element_count()) != c.op.n)
-    return ffi::Unexpected(invalid_argument(op, "shape of bias", "[" + std::to_string(c.op.n) + "] or none",
+  const int64_t n = w_kmajor ? wd[0] : wd[1];
+  if (bias.element_count() != 0 && static_cast<int64_t>(bias.element_count()) != n)
+    return ffi::Unexpected(invalid_argument(op, "shape of bias", "[" + std::to_string(n) + "] or none",
                                             dims_str(bias.dimensions())));
-  if (c.op.k % 8 || c.op.n % 8)
+  if (k % 8 || n % 8)
     return ffi::Unexpected(invalid_argument(op, "k and n", "multiples of 8",
-                                            "k = " + std::to_string(c.op.k) + ", n = " + std::to_string(c.op.n)));
-  c.op.dtype = *dtype;
-  c.op.w_kmajor = w_kmajor;
-  c.op.x = x.untyped_data();
-  c.op.w = w.untyped_data();
-  c.op.bias = bias.element_count() ? bias.untyped_data() : nullptr;
-  c.op.batch = leading_batch(xd);
-  return c;
+                                            "k = " + std::to_string(k) + ", n = " + std::to_string(n)));
+  return GemmProblem::dense(*dtype, leading_batch(xd), m, k, n, w_kmajor, bias.element_count() != 0);
+}
+
+GemmOperands fused_operands(const GemmProblem& p, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+                            const ffi::AnyBuffer& bias, int64_t tile, int64_t comm_workgroups) {
+  return GemmOperands{p.dtype, static_cast<int>(tile), p.w_kmajor, x.untyped_data(), w.untyped_data(),
+                      p.bias ? bias.untyped_data() : nullptr, p.batch, p.k, p.n, static_cast<int>(comm_workgroups)};
 }
 
 CallContext call_context(const CallState& state, const GroupBinding& g, OpKind op) {
@@ -167,11 +198,10 @@ ffi::ErrorOr<LocalCall> local_call(const char* op, OpKind kind, const ffi::AnyBu
                                    const FusedConfig& config, int32_t ordinal) {
   if (auto e = check_generation(static_cast<uint64_t>(config.generation)); e.failure())
     return ffi::Unexpected(std::move(e));
-  auto call = gemm_call(op, x, w, bias, {&out}, config.w_kmajor != 0);
-  if (call.has_error()) return ffi::Unexpected(call.error());
-  call.value().op.tile = static_cast<int>(config.tile);
-  const GemmOperands& g = call.value().op;
-  if (auto e = check_elements(op, "result y", out, g.batch * call.value().m * g.n); e.failure())
+  const auto checked = check_gemm(op, x, w, bias, {&out}, config.w_kmajor != 0);
+  if (checked.has_error()) return ffi::Unexpected(checked.error());
+  const GemmProblem& p = checked.value();
+  if (auto e = check_elements(op, "result y", out, p.batch * p.rows * p.n); e.failure())
     return ffi::Unexpected(std::move(e));
   const Workspace* ws = Runtime::instance().workspace(ordinal);
   if (ws == nullptr)
@@ -183,7 +213,7 @@ ffi::ErrorOr<LocalCall> local_call(const char* op, OpKind kind, const ffi::AnyBu
                                                 " bytes for config.tail_slots = " + std::to_string(slots),
                                             std::to_string(scratch.size_bytes()) + " bytes"));
   if (auto e = recorded_error(*ws); e.failure()) return ffi::Unexpected(std::move(e));
-  LocalCall c{call.value(), CallContext{},
+  LocalCall c{p, fused_operands(p, x, w, bias, config.tile, /*comm_workgroups=*/0), CallContext{},
               TailScratch{slots > 0 ? scratch.untyped_data() : nullptr, slots, ws->timeout_ticks}, ws};
   c.ctx.peers.world = 1;
   c.ctx.wd = ws->watchdog(kind);

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
+#include "core/gemm_problem.h"
 #include "kernels/params.h"
 #include "runtime/runtime.h"
 #include "xla/ffi/api/ffi.h"
@@ -97,8 +99,12 @@ ffi::Error recorded_error(const Workspace& ws);
 // bind_call, and an error when this GPU's watchdog fired earlier (recorded_error).
 ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal);
 
-// The 16-bit float dtypes the kernels take.
-std::optional<DType> kernel_dtype(ffi::DataType t);
+// XLA's data type of each DType.
+ffi::DataType ffi_data_type(DType t);
+// The DType of an XLA data type; nullopt for a type no DType is.
+std::optional<DType> dtype_of(ffi::DataType t);
+// An XLA data type as jax names it ("float32", ...), for messages.
+std::string data_type_name(ffi::DataType t);
 
 // "[d0, d1, ...]" for error messages.
 std::string dims_str(ffi::Span<const int64_t> dims);
@@ -106,20 +112,18 @@ std::string dims_str(ffi::Span<const int64_t> dims);
 // Product of all but the last two dimensions (1 for rank 2).
 int64_t leading_batch(ffi::Span<const int64_t> dims);
 
-// A GEMM call's operands, checked, and x's row count m (dim -2).
-struct GemmCall {
-  GemmOperands op;
-  int64_t m;
-};
-
 // The checks every GEMM handler shares, naming `op` in their errors: x is
-// [..., m, k] in bf16 or fp16; w is 2-D and contracts with x ([k, n], or [n, k]
+// [..., m, k] of a DType; w is 2-D and contracts with x ([k, n], or [n, k]
 // with w_kmajor); bias is empty or [n]; w, bias and every non-empty result
-// have x's dtype; k and n are multiples of 8 (16-byte vectors). The fused
-// handlers add their tile and movers from the config.
-ffi::ErrorOr<GemmCall> gemm_call(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
-                                 const ffi::AnyBuffer& bias, std::initializer_list<const ffi::AnyBuffer*> results,
-                                 bool w_kmajor);
+// have x's dtype; k and n are multiples of 8 (16-byte vectors). The call's
+// problem: x's leading dims as its batch, m as its rows, dense, no alignment.
+ffi::ErrorOr<GemmProblem> check_gemm(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+                                     const ffi::AnyBuffer& bias, std::initializer_list<const ffi::AnyBuffer*> results,
+                                     bool w_kmajor);
+
+// The fused kernels' operands of a checked call, with its tile and movers.
+GemmOperands fused_operands(const GemmProblem& problem, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+                            const ffi::AnyBuffer& bias, int64_t tile, int64_t comm_workgroups);
 
 // "jax_overlap <op>: <what> for <name>: expected <expected>, got <got>" (jax's CheckShape form).
 ffi::Error invalid_argument(const char* op, const char* name, const std::string& expected, const std::string& got);
@@ -134,8 +138,8 @@ CallContext call_context(const CallState& state, const GroupBinding& g, OpKind o
 ffi::Error finish_launch(hipError_t launched, const Workspace& ws, hipStream_t stream, const char* op);
 ffi::Error finish_launch(const Status& enqueued, const Workspace& ws, hipStream_t stream, const char* op);
 
-// A group-of-one call: its checked operands (gemm_call, plus `out` being
-// [..., m, n]), its launch context on this GPU and its stream-K tail scratch
+// A group-of-one call: its checked problem and operands (check_gemm, plus
+// `out` being [..., m, n]), its launch context on this GPU and its stream-K tail scratch
 // (an XLA result of config.tail_slots slots, used as it comes: the kernel
 // clears every flag it sets, gemm/tile_scheduler.h). Such a call has no peer or
 // epoch, but its launch holds this GPU's device state (abort flag, error
@@ -146,7 +150,8 @@ ffi::Error finish_launch(const Status& enqueued, const Workspace& ws, hipStream_
 // a stream-K head that waits past it for its tail (a bug of the launch, never
 // a peer) is recorded as a peer's timeout is.
 struct LocalCall {
-  GemmCall call;
+  GemmProblem problem;
+  GemmOperands op;
   CallContext ctx;
   TailScratch tail;
   const Workspace* ws;

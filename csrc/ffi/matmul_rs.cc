@@ -18,12 +18,11 @@ ffi::ErrorOr<std::unique_ptr<CallState>> MatmulRsInstantiate(FusedConfig config,
 ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
                            ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out,
                            FusedConfig config, ffi::Span<const int64_t> /*groups*/, int64_t world) {
-  auto call = gemm_call("matmul_rs", x, w, bias, {&*out}, config.w_kmajor != 0);
-  if (call.has_error()) return call.error();
-  GemmOperands& op = call.value().op;
-  op.tile = static_cast<int>(config.tile);
-  op.comm_workgroups = static_cast<int>(config.comm_workgroups);
-  const int64_t m_total = call.value().m;
+  const auto checked = check_gemm("matmul_rs", x, w, bias, {&*out}, config.w_kmajor != 0);
+  if (checked.has_error()) return checked.error();
+  const GemmProblem& p = checked.value();
+  const GemmOperands op = fused_operands(p, x, w, bias, config.tile, config.comm_workgroups);
+  const int64_t m_total = p.rows;
   if (m_total % world != 0)
     return invalid_argument("matmul_rs", "rows of x", "a multiple of the group size " + std::to_string(world),
                             std::to_string(m_total));
@@ -47,7 +46,7 @@ ffi::Error MatmulRsLocalExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuf
   const auto c = local_call("matmul_rs", OpKind::kMatmulRs, x, w, bias, *out, *scratch, config, ordinal);
   if (c.has_error()) return c.error();
   const LocalCall& lc = c.value();
-  const MatmulRsLaunch l{lc.call.op, out->untyped_data(), lc.call.m, lc.ctx, lc.tail};
+  const MatmulRsLaunch l{lc.op, out->untyped_data(), lc.problem.rows, lc.ctx, lc.tail};
   return finish_local_launch(launch_matmul_rs(l, stream), lc, *out, stream, "matmul_rs");
 }
 

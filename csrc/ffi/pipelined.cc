@@ -8,6 +8,7 @@
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 #include "pipelined/schedule.h"
+#include "pipelined/streams.h"
 
 namespace jo {
 namespace {
@@ -43,21 +44,17 @@ ffi::ErrorOr<pipelined::Operands> operands(const char* name, OpKind kind, const 
                                            const ffi::AnyBuffer& w, const ffi::AnyBuffer& bias,
                                            std::initializer_list<const ffi::AnyBuffer*> results,
                                            const ffi::AnyBuffer& scratch, bool w_kmajor, int world) {
-  const auto call = gemm_call(name, x, w, bias, results, w_kmajor);
-  if (call.has_error()) return ffi::Unexpected(call.error());
-  const GemmOperands& g = call.value().op;
+  const auto checked = check_gemm(name, x, w, bias, results, w_kmajor);
+  if (checked.has_error()) return ffi::Unexpected(checked.error());
   pipelined::Operands op{};
-  op.dtype = g.dtype;
-  op.x = g.x;
-  op.w = g.w;
-  op.bias = g.bias;
-  op.batch = g.batch;
-  op.m = call.value().m;
-  op.k = g.k;
-  op.n = g.n;
-  op.w_kmajor = w_kmajor;
+  op.gemm = checked.value();
+  op.x = x.untyped_data();
+  op.w = w.untyped_data();
+  op.bias = op.gemm.bias ? bias.untyped_data() : nullptr;
   op.scratch = scratch.untyped_data();
-  const uint64_t want = pipelined::scratch_bytes(kind, world, op.batch, op.m, op.n, 2, /*loopback=*/false);
+  const GemmProblem& g = op.gemm;
+  const uint64_t want =
+      pipelined::scratch_bytes(kind, world, g.batch, g.rows, g.n, element_bytes(g.dtype), /*loopback=*/false);
   if (scratch.size_bytes() != want)
     return ffi::Unexpected(
         invalid_argument(name, "scratch", std::to_string(want) + " bytes", std::to_string(scratch.size_bytes())));
@@ -80,7 +77,7 @@ ffi::Error run(const char* name, OpKind kind, hipStream_t stream, int32_t ordina
   ctx.site = state->site;
   ctx.wd = g.ws->watchdog(kind);
   ctx.sm_count = g.ws->info.sm_count;
-  Status ready = Runtime::instance().side_streams(g.ws, &ctx.streams);
+  Status ready = pipelined::device_side_streams(ordinal, &ctx.streams);
   if (ready.ok()) ready = Runtime::verified_copy_path(*g.ws, &ctx.copy_path);
   if (ready.ok()) ready = blas::DeviceBlas::get(ordinal, &ctx.blas);
   const ffi::Error refused = recorded_error(*g.ws);
@@ -103,8 +100,9 @@ ffi::Error AgMatmulPipelinedExecute(hipStream_t stream, int32_t ordinal, CallSta
                      static_cast<int>(world));
   if (op.has_error()) return op.error();
   pipelined::Operands& o = op.value();
-  if (auto e = check_elements("ag_matmul", "result y", *y, o.batch * world * o.m * o.n); e.failure()) return e;
-  if (auto e = check_elements("ag_matmul", "result gathered", *gathered, o.batch * world * o.m * o.k); e.failure())
+  const GemmProblem& g = o.gemm;
+  if (auto e = check_elements("ag_matmul", "result y", *y, g.batch * world * g.rows * g.n); e.failure()) return e;
+  if (auto e = check_elements("ag_matmul", "result gathered", *gathered, g.batch * world * g.rows * g.k); e.failure())
     return e;
   o.out = y->untyped_data();
   o.gathered = gathered->untyped_data();
@@ -120,10 +118,11 @@ ffi::Error MatmulRsPipelinedExecute(hipStream_t stream, int32_t ordinal, CallSta
                      static_cast<int>(world));
   if (op.has_error()) return op.error();
   pipelined::Operands& o = op.value();
-  if (o.m % world != 0)
+  const GemmProblem& g = o.gemm;
+  if (g.rows % world != 0)
     return invalid_argument("matmul_rs", "rows of x", "a multiple of the group size " + std::to_string(world),
-                            std::to_string(o.m));
-  if (auto e = check_elements("matmul_rs", "result", *out, o.batch * (o.m / world) * o.n); e.failure()) return e;
+                            std::to_string(g.rows));
+  if (auto e = check_elements("matmul_rs", "result", *out, g.batch * (g.rows / world) * g.n); e.failure()) return e;
   o.out = out->untyped_data();
   return run("matmul_rs", OpKind::kMatmulRs, stream, ordinal, state, o);
 }
@@ -140,7 +139,8 @@ ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer
   auto op = operands("vendor_gemm", OpKind::kAgMatmul, x, w, bias, {&*y}, *scratch, w_kmajor != 0, 1);
   if (op.has_error()) return op.error();
   pipelined::Operands& o = op.value();
-  if (auto e = check_elements("vendor_gemm", "result y", *y, o.batch * o.m * o.n); e.failure()) return e;
+  if (auto e = check_elements("vendor_gemm", "result y", *y, o.gemm.batch * o.gemm.rows * o.gemm.n); e.failure())
+    return e;
   o.out = y->untyped_data();
   blas::DeviceBlas* blas = nullptr;
   JO_FFI_RETURN_IF_ERROR(blas::DeviceBlas::get(ordinal, &blas));

@@ -152,16 +152,6 @@ hipError_t launch_typed(const AgMatmulLaunch& l, hipStream_t stream) {
 
 }  // namespace
 
-bool tile_shape_info(int index, TileShapeInfo* info) {
-  return gemm::with_tile_config(index, [&](auto config) {
-    using Config = decltype(config);
-    using ML = gemm::MainloopOf<gpu::bf16, Config, gemm::BLayout::kNMajor>;
-    *info = TileShapeInfo{ML::BM, ML::BN, ML::BK, ML::kThreads, ML::kSmemBytes, ML::kStreamK, Config::Arch::kName};
-  });
-}
-
-int tile_shape_count() { return gemm::kTileCount; }
-
 uint64_t ag_matmul_region_bytes(int world, int64_t rows, int64_t k, int tile, int chunk_k, int elem_bytes) {
   if (world <= 1) return 0;
   uint64_t bytes = 0;
@@ -169,12 +159,6 @@ uint64_t ag_matmul_region_bytes(int world, int64_t rows, int64_t k, int tile, in
     bytes = ag_layout<typename decltype(config)::Shape>(world, rows, k, chunk_k, elem_bytes).total;
   });
   return bytes;
-}
-
-uint64_t tail_scratch_bytes(int tile, int slots) {
-  TileShapeInfo info{};
-  if (!tile_shape_info(tile, &info) || !info.stream_k) return 0;
-  return gemm::tail_scratch_bytes(slots, info.bm * info.bn);
 }
 
 hipError_t ag_matmul_geometry(const AgMatmulLaunch& l, int per_sm, GemmGeometry* geo) {

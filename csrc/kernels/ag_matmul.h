@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/params.h"
+#include "kernels/tile_registry.h"
 #include "platform/gpu.h"
 
 namespace jo {
@@ -16,7 +17,7 @@ struct AgMatmulLaunch {
   int64_t m;
   int chunk_k;  // K columns per ready flag, a multiple of the tile's BK
   CallContext ctx;
-  TailScratch tail{};  // group of one only
+  TailScratch tail{};  // group of one only (tile_registry.h tail_scratch_bytes)
 };
 
 // Bytes of the symmetric region a call of this shape needs (0 when world == 1).
@@ -29,9 +30,5 @@ uint64_t ag_matmul_region_bytes(int world, int64_t rows, int64_t k, int tile, in
 hipError_t ag_matmul_geometry(const AgMatmulLaunch& launch, int per_sm, GemmGeometry* geometry);
 
 hipError_t launch_ag_matmul(const AgMatmulLaunch& launch, hipStream_t stream);
-
-// Bytes of a group-of-one call's tail scratch with `slots` workgroup slots
-// for tile shape `tile` (gemm/tile_scheduler.h tail_scratch_bytes; both ops).
-uint64_t tail_scratch_bytes(int tile, int slots);
 
 }  // namespace jo

@@ -7,14 +7,10 @@
 #include <type_traits>
 
 #include "gemm/tile_shapes.h"
+#include "kernels/element_type.h"
 #include "kernels/params.h"
 
 namespace jo {
-
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
 
 // One compiled variant, as a type: fn(GemmVariant<...>{}) in with_gemm_variant.
 template <typename T, class TileConfig, gemm::BLayout L, bool kHasPeers>
@@ -27,11 +23,12 @@ struct GemmVariant {
 };
 
 // Calls fn(GemmVariant<T, TileConfig, L, kPeers>{}) for the variant of `op`
-// and returns its result; hipErrorInvalidValue when no variant matches.
+// and returns its result; hipErrorInvalidValue when no variant matches (a
+// dtype or tile that is not compiled).
 template <class Fn>
 hipError_t with_gemm_variant(const GemmOperands& op, bool peers, Fn&& fn) {
   hipError_t e = hipErrorInvalidValue;
-  auto with_type = [&](auto type) {
+  with_element_type(op.dtype, [&](auto type) {
     using T = typename decltype(type)::type;
     gemm::with_tile_config(op.tile, [&](auto config) {
       using Config = decltype(config);
@@ -44,11 +41,7 @@ hipError_t with_gemm_variant(const GemmOperands& op, bool peers, Fn&& fn) {
       else
         with_layout(std::integral_constant<gemm::BLayout, gemm::BLayout::kNMajor>{});
     });
-  };
-  switch (op.dtype) {
-    case DType::kBF16: with_type(TypeTag<gpu::bf16>{}); break;
-    case DType::kF16: with_type(TypeTag<gpu::fp16>{}); break;
-  }
+  });
   return e;
 }
 

@@ -4,16 +4,15 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+#include "core/error_record.h"
 #include "platform/gpu.h"
-#include "runtime/error_record.h"
 
 namespace jo {
 
 // Largest communication group a kernel takes (size of the per-rank region
 // table; jax_overlap/config.py MAX_WORLD must agree).
 inline constexpr int kMaxWorld = 8;
-
-enum class DType : int { kBF16 = 0, kF16 = 1 };
 
 // Bounded waits: every spin on a flag another workgroup or GPU writes gives
 // up after timeout_ticks, records the wait in *record and makes the kernel
@@ -130,18 +129,6 @@ struct GemmOperands {
   int64_t k, n;
   int comm_workgroups;  // fetchers (ag_matmul) or reducers (matmul_rs) when world > 1
 };
-
-// A block tile compiled into the GEMM kernels (gemm/tile_shapes.h), as the
-// host and Python see it.
-struct TileShapeInfo {
-  int bm, bn, bk, threads, smem_bytes;
-  bool stream_k;     // its group-of-one kernels can end in the stream-K tail (gemm/tile_scheduler.h)
-  const char* arch;  // the ArchTraits it runs: "nvidia" or "amd" (gemm/arch_traits.h)
-};
-// False when no tile shape has this index.
-bool tile_shape_info(int index, TileShapeInfo* info);
-// Tile indices are 0 .. tile_shape_count() - 1.
-int tile_shape_count();
 
 // A persistent GEMM kernel's launch as the launcher makes it, computed by one
 // function per op (kernels/launch.h gemm_geometry) for the launch and, through

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kernels/element_type.h"
 #include "kernels/protocol.h"
 
 namespace jo {
@@ -222,27 +223,32 @@ hipError_t launch_fill_random(void* p, uint64_t elems, DType dtype, uint32_t see
   const uint64_t blocks = (elems + kThreads - 1) / kThreads;
   const int grid = static_cast<int>(blocks < 1024 ? blocks : 1024);
   if (grid < 1) return hipSuccess;
-  if (dtype == DType::kBF16)
-    fill_random_kernel<gpu::bf16><<<grid, kThreads, 0, stream>>>(static_cast<gpu::bf16*>(p), elems, seed);
-  else
-    fill_random_kernel<gpu::fp16><<<grid, kThreads, 0, stream>>>(static_cast<gpu::fp16*>(p), elems, seed);
-  return hipGetLastError();
+  const bool compiled = with_element_type(dtype, [&](auto type) {
+    using T = typename decltype(type)::type;
+    fill_random_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<T*>(p), elems, seed);
+  });
+  return compiled ? hipGetLastError() : hipErrorInvalidValue;
 }
 
 hipError_t launch_reduce(const ReduceArgs& args, int sm_count, hipStream_t stream) {
-  // Batch elements along y, each one's vectors along x; about 4 workgroups per
-  // CU in all, each thread looping over its share.
-  const int64_t block_vecs = args.rows * args.n / 8;
-  if (block_vecs < 1 || args.batch < 1) return hipSuccess;
-  const int64_t grid_y = std::min<int64_t>(args.batch, 65535);
-  const int64_t grid_x = std::min((block_vecs + kReduceThreads - 1) / kReduceThreads,
-                                  std::max<int64_t>(4 * static_cast<int64_t>(sm_count) / grid_y, 1));
-  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
-  if (args.dtype == DType::kBF16)
-    pipeline_reduce_kernel<gpu::bf16><<<grid, kReduceThreads, 0, stream>>>(args);
-  else
-    pipeline_reduce_kernel<gpu::fp16><<<grid, kReduceThreads, 0, stream>>>(args);
-  return hipGetLastError();
+  hipError_t e = hipErrorInvalidValue;
+  with_element_type(args.dtype, [&](auto type) {
+    using T = typename decltype(type)::type;
+    // Batch elements along y, each one's 16-byte vectors along x; about 4
+    // workgroups per CU in all, each thread looping over its share.
+    const int64_t block_vecs = args.rows * args.n / static_cast<int64_t>(16 / sizeof(T));
+    if (block_vecs < 1 || args.batch < 1) {
+      e = hipSuccess;
+      return;
+    }
+    const int64_t grid_y = std::min<int64_t>(args.batch, 65535);
+    const int64_t grid_x = std::min((block_vecs + kReduceThreads - 1) / kReduceThreads,
+                                    std::max<int64_t>(4 * static_cast<int64_t>(sm_count) / grid_y, 1));
+    const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
+    pipeline_reduce_kernel<T><<<grid, kReduceThreads, 0, stream>>>(args);
+    e = hipGetLastError();
+  });
+  return e;
 }
 
 }  // namespace jo

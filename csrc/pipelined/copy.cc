@@ -10,8 +10,6 @@
 namespace jo::pipelined {
 namespace {
 
-constexpr int kElem = 2;  // bf16 and fp16
-
 // One piece, at most the cap, on `path`.
 Status enqueue_piece(CopyPath path, char* dst, uint64_t dst_pitch, const char* src, uint64_t src_pitch,
                      uint64_t width, uint64_t height, hipStream_t stream) {
@@ -146,9 +144,9 @@ Status copy_2d(CopyPath path, void* dst, uint64_t dst_pitch, const void* src, ui
 }
 
 Status copy_rows(CopyPath path, char* dst, int64_t dst_batch_stride, const char* src, int64_t src_batch_stride,
-                 int64_t batch, int64_t rows, int64_t cols, hipStream_t stream) {
-  return copy_2d(path, dst, static_cast<uint64_t>(dst_batch_stride) * kElem, src,
-                 static_cast<uint64_t>(src_batch_stride) * kElem, static_cast<uint64_t>(rows * cols) * kElem,
+                 int64_t batch, int64_t rows, int64_t cols, int elem_bytes, hipStream_t stream) {
+  return copy_2d(path, dst, static_cast<uint64_t>(dst_batch_stride) * elem_bytes, src,
+                 static_cast<uint64_t>(src_batch_stride) * elem_bytes, static_cast<uint64_t>(rows * cols) * elem_bytes,
                  static_cast<uint64_t>(batch), stream, max_copy_bytes());
 }
 

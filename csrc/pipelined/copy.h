@@ -58,9 +58,9 @@ Status copy_2d(CopyPath path, void* dst, uint64_t dst_pitch, const void* src, ui
 inline Status copy_bytes(CopyPath path, void* dst, const void* src, uint64_t bytes, hipStream_t stream) {
   return copy_2d(path, dst, bytes, src, bytes, bytes, 1, stream, max_copy_bytes());
 }
-// `rows` rows of `cols` 16-bit elements per batch element, batch strides in elements.
+// `rows` rows of `cols` elements of `elem_bytes` per batch element, batch strides in elements.
 Status copy_rows(CopyPath path, char* dst, int64_t dst_batch_stride, const char* src, int64_t src_batch_stride,
-                 int64_t batch, int64_t rows, int64_t cols, hipStream_t stream);
+                 int64_t batch, int64_t rows, int64_t cols, int elem_bytes, hipStream_t stream);
 
 // The self-test. Each workspace holds, just before its regions, kCopyCheckBytes
 // of a pattern its owner wrote (fill_copy_pattern, seeded by the owner's

@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "kernels/pipeline_kernels.h"
+#include "platform/device_scope.h"
 
 namespace jo::pipelined {
 namespace {
@@ -69,33 +70,20 @@ struct TimingStream {
   }
 };
 
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int ordinal) {
-    (void)hipGetDevice(&previous_);
-    status_ = hipSetDevice(ordinal);
-  }
-  ~ScopedDevice() { (void)hipSetDevice(previous_); }
-  hipError_t status() const { return status_; }
-
- private:
-  int previous_ = 0;
-  hipError_t status_;
-};
-
 }  // namespace
 
 Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, int64_t n, int64_t k, bool w_kmajor,
                   int repeats, double warmup_ms, std::vector<double>* us) {
-  ScopedDevice scope(ordinal);
+  DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   blas::DeviceBlas* blas = nullptr;
   JO_RETURN_IF_ERROR(blas::DeviceBlas::get(ordinal, &blas));
   const int64_t max_rows = rows.empty() ? 0 : *std::max_element(rows.begin(), rows.end());
+  const int elem = element_bytes(dtype);
   DeviceBuffer x, w, y, workspace;
-  JO_RETURN_IF_HIP_ERROR(hipMalloc(&x.p, max_rows * k * 2));
-  JO_RETURN_IF_HIP_ERROR(hipMalloc(&w.p, k * n * 2));
-  JO_RETURN_IF_HIP_ERROR(hipMalloc(&y.p, max_rows * n * 2));
+  JO_RETURN_IF_HIP_ERROR(hipMalloc(&x.p, max_rows * k * elem));
+  JO_RETURN_IF_HIP_ERROR(hipMalloc(&w.p, k * n * elem));
+  JO_RETURN_IF_HIP_ERROR(hipMalloc(&y.p, max_rows * n * elem));
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&workspace.p, blas::kWorkspaceBytes));
   TimingStream timing;
   JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
@@ -105,16 +93,11 @@ Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, in
   JO_RETURN_IF_HIP_ERROR(launch_fill_random(w.p, static_cast<uint64_t>(k * n), dtype, 2, stream));
   const auto gemm = [&](int64_t r) {
     Operands op{};
-    op.dtype = dtype;
+    op.gemm = GemmProblem::dense(dtype, /*batch=*/1, r, k, n, w_kmajor, /*bias=*/false);
     op.x = x.p;
     op.w = w.p;
     op.out = y.p;
     op.scratch = workspace.p;
-    op.batch = 1;
-    op.m = r;
-    op.k = k;
-    op.n = n;
-    op.w_kmajor = w_kmajor;
     return [op, blas](hipStream_t s) { return enqueue_local_gemm(op, *blas, s); };
   };
   Status status = rows.empty() ? Status{} : warm_up(stream, gemm(max_rows), warmup_ms);
@@ -129,7 +112,7 @@ Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, in
 
 Status time_copy(int ordinal, const void* src, uint64_t bytes, int repeats, CopyPath path, uint64_t max_piece_bytes,
                  double* us) {
-  ScopedDevice scope(ordinal);
+  DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   DeviceBuffer dst, own_src;
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&dst.p, bytes));
@@ -147,7 +130,7 @@ Status time_copy(int ordinal, const void* src, uint64_t bytes, int repeats, Copy
 
 Status copy_and_wait(int ordinal, CopyPath path, void* dst, uint64_t dst_pitch, const void* src, uint64_t src_pitch,
                      uint64_t width, uint64_t height, uint64_t max_bytes) {
-  ScopedDevice scope(ordinal);
+  DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   TimingStream stream;
   JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&stream.s, hipStreamNonBlocking));
@@ -158,12 +141,13 @@ Status copy_and_wait(int ordinal, CopyPath path, void* dst, uint64_t dst_pitch, 
 
 Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n, int repeats, double* us) {
   if (count < 1 || count > kMaxWorld) return Status{"jax_overlap: time_reduce takes 1 to 8 partials"};
-  ScopedDevice scope(ordinal);
+  DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   const uint64_t elems = static_cast<uint64_t>(rows) * n;
+  const int elem = element_bytes(dtype);
   DeviceBuffer partials, out;
-  JO_RETURN_IF_HIP_ERROR(hipMalloc(&partials.p, count * elems * 2));
-  JO_RETURN_IF_HIP_ERROR(hipMalloc(&out.p, elems * 2));
+  JO_RETURN_IF_HIP_ERROR(hipMalloc(&partials.p, count * elems * elem));
+  JO_RETURN_IF_HIP_ERROR(hipMalloc(&out.p, elems * elem));
   int sm_count = 0;
   JO_RETURN_IF_HIP_ERROR(hipDeviceGetAttribute(&sm_count, hipDeviceAttributeMultiprocessorCount, ordinal));
   TimingStream timing;
@@ -172,7 +156,7 @@ Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n,
   ReduceArgs r{};
   r.dtype = dtype;
   for (int q = 0; q < count; ++q) {
-    r.partials[q] = static_cast<char*>(partials.p) + q * elems * 2;
+    r.partials[q] = static_cast<char*>(partials.p) + q * elems * elem;
     r.partial_batch_stride[q] = static_cast<int64_t>(elems);
   }
   r.count = count;
@@ -191,7 +175,7 @@ Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n,
 
 Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world, int repeats, CopyPath path,
                      double* us) {
-  ScopedDevice scope(ordinal);
+  DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   JO_RETURN_IF_ERROR(check_stages(op, world, operands.stages, operands.stage_count));
   std::unique_ptr<SideStreams> streams;
@@ -212,10 +196,7 @@ Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world
   JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
   return median_us(
       timing.s, repeats,
-      [&](hipStream_t s) {
-        return op == OpKind::kAgMatmul ? enqueue_ag_matmul(operands, ctx, s) : enqueue_matmul_rs(operands, ctx, s);
-      },
-      us);
+      [&](hipStream_t s) { return enqueue(op, operands, ctx, s); }, us);
 }
 
 }  // namespace jo::pipelined

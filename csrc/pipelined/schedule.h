@@ -32,11 +32,18 @@
 // finds the rewrite afterwards and fails the call instead of using the bytes.
 // Loopback (benchmarks and tests on one GPU): the same streams, GEMMs and
 // copies with my own data standing in for every peer's, and no flags.
+//
+// The code: schedule.cc is the core every op shares (waits, releases, the
+// check after the pulls, abandoned epochs, the GEMM plans, stage units) and
+// dispatches per op (switch over OpKind) to the op's own file, ag_matmul.cc
+// and matmul_rs.cc (its region, stage rule, plans, enqueue and abandon).
 #pragma once
 
 #include <cstdint>
 
 #include "blas/gemm.h"
+#include "core/gemm_problem.h"
+#include "core/op_kind.h"
 #include "kernels/params.h"
 #include "pipelined/copy.h"
 #include "pipelined/layout.h"
@@ -60,23 +67,23 @@ struct Context {
 };
 
 struct Operands {
-  DType dtype;
+  // The call's GEMM as x gives it, dense (its alignment unset: each GEMM of
+  // the schedule has its own): gemm.rows (m below) is ag_matmul's rows of x's
+  // shard, matmul_rs's rows of x (all blocks), per batch element.
+  GemmProblem gemm;
   const void* x;
   const void* w;
   const void* bias;  // [n] or nullptr
   void* out;         // ag_matmul: y [batch, world * m, n]; matmul_rs: [batch, m / world, n]
   void* gathered;    // ag_matmul: [batch, world * m, k]
   void* scratch;     // scratch_bytes(): the compute streams' vendor workspaces, matmul_rs's receive area
-  int64_t batch;
-  int64_t m;  // ag_matmul: rows of x's shard; matmul_rs: rows of x (all blocks)
-  int64_t k, n;
-  bool w_kmajor;
   const int64_t* stages;  // ring positions per stage, in order; they sum to the world size
   int stage_count;
 };
 
 // Bytes of a call's XLA scratch result (and, in loopback, of matmul_rs's
-// stand-in staging after it).
+// stand-in staging after it). all_gather has no pipelined schedule: 0 here and
+// in region_bytes, an error from check_stages and the enqueues.
 uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n, int elem_bytes, bool loopback);
 // Bytes of a call's symmetric region (0 for a group of one).
 uint64_t region_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int elem_bytes);
@@ -104,8 +111,7 @@ Status abandon_call(OpKind kind, const Operands& op, Context ctx, EpochCounter& 
 
 // One call with ctx's epoch as given and nothing abandoned on a failure: the
 // one-GPU loopback of the benchmarks (pipelined/measure.h).
-Status enqueue_ag_matmul(const Operands& op, const Context& ctx, hipStream_t origin);
-Status enqueue_matmul_rs(const Operands& op, const Context& ctx, hipStream_t origin);
+Status enqueue(OpKind kind, const Operands& op, const Context& ctx, hipStream_t origin);
 
 // A group of one: y = x @ w + bias, the vendor GEMM alone on `stream`
 // (scratch: one vendor workspace).

@@ -1,11 +1,27 @@
 #include "pipelined/streams.h"
 
+#include <map>
+
+#include "platform/device_scope.h"
+
 namespace jo::pipelined {
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::map<int, std::unique_ptr<SideStreams>> devices;  // ordinal -> its side streams
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();  // never destroyed: handlers may run during interpreter exit
+  return *r;
+}
+
+}  // namespace
 
 Status SideStreams::create(int ordinal, std::unique_ptr<SideStreams>* out) {
-  int previous = -1;
-  JO_RETURN_IF_HIP_ERROR(hipGetDevice(&previous));
-  JO_RETURN_IF_HIP_ERROR(hipSetDevice(ordinal));
+  DeviceScope scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
   std::unique_ptr<SideStreams> s(new SideStreams());
   const Status made = [&]() -> Status {
     int least = 0, greatest = 0;
@@ -17,7 +33,7 @@ Status SideStreams::create(int ordinal, std::unique_ptr<SideStreams>* out) {
     for (hipEvent_t& e : s->arrived) JO_RETURN_IF_HIP_ERROR(hipEventCreateWithFlags(&e, hipEventDisableTiming));
     return {};
   }();
-  JO_RETURN_IF_HIP_ERROR(hipSetDevice(previous));
+  JO_RETURN_IF_ERROR(scope.restore());
   JO_RETURN_IF_ERROR(made);
   *out = std::move(s);
   return {};
@@ -25,7 +41,7 @@ Status SideStreams::create(int ordinal, std::unique_ptr<SideStreams>* out) {
 
 SideStreams::~SideStreams() {
   // Destroyed only when nothing runs on them any more (SimGroup teardown,
-  // after a device sync); errors have nowhere to go.
+  // Runtime::release, each after a device sync); errors have nowhere to go.
   for (hipEvent_t e : arrived)
     if (e) (void)hipEventDestroy(e);
   for (hipEvent_t e : finished)
@@ -50,6 +66,21 @@ Status SideStreams::join_into(hipStream_t origin) {
     JO_RETURN_IF_HIP_ERROR(hipStreamWaitEvent(origin, finished[i], 0));
   }
   return {};
+}
+
+Status device_side_streams(int ordinal, SideStreams** out) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::unique_ptr<SideStreams>& streams = r.devices[ordinal];
+  if (!streams) JO_RETURN_IF_ERROR(SideStreams::create(ordinal, &streams));
+  *out = streams.get();
+  return {};
+}
+
+void release_side_streams(int ordinal) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.devices.erase(ordinal);
 }
 
 }  // namespace jo::pipelined

@@ -3,7 +3,10 @@
 // priority (transfers and their signals), and two compute streams that take
 // the chunk GEMMs in turn, so one GEMM's partial last wave can overlap the
 // next. Made once per GPU (per simulated rank in SimGroup) outside any
-// execute handler's hot path and never destroyed while calls may run.
+// execute handler's hot path and never destroyed while calls may run. The
+// GPUs' own, which the FFI handlers' calls run on, are kept here
+// (device_side_streams) until the runtime frees the GPU's state
+// (release_side_streams).
 #pragma once
 
 #include <memory>
@@ -33,5 +36,11 @@ struct SideStreams {
   // `origin` waits for everything enqueued on the side streams so far.
   Status join_into(hipStream_t origin);
 };
+
+// GPU `ordinal`'s side streams, made on first use.
+Status device_side_streams(int ordinal, SideStreams** out);
+// Destroys GPU `ordinal`'s side streams, when nothing runs on them any more
+// (Runtime::release, after a device sync); the next call makes new ones.
+void release_side_streams(int ordinal);
 
 }  // namespace jo::pipelined

@@ -7,25 +7,11 @@
 #include <cstring>
 #include <thread>
 
+#include "pipelined/streams.h"
+#include "platform/device_scope.h"
+
 namespace jo {
 namespace {
-
-// Makes `ordinal` current for the scope and restores the previous device.
-class DeviceScope {
- public:
-  explicit DeviceScope(int ordinal) {
-    if (hipGetDevice(&previous_) != hipSuccess) previous_ = -1;
-    status_ = hipSetDevice(ordinal);
-  }
-  ~DeviceScope() {
-    if (previous_ >= 0) (void)hipSetDevice(previous_);
-  }
-  hipError_t status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  hipError_t status_ = hipSuccess;
-};
 
 // How often the monitor thread reads the error records (host-mapped: a read
 // costs nothing on the GPU).
@@ -380,7 +366,7 @@ Status Runtime::release() {
   for (auto& [ordinal, ws] : devices_) {
     DeviceScope scope(ordinal);
     JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
-    ws->side_streams.reset();
+    pipelined::release_side_streams(ordinal);
     for (void* p : ws->ipc_mappings) JO_RETURN_IF_HIP_ERROR(hipIpcCloseMemHandle(p));
     if (ws->base != nullptr) JO_RETURN_IF_HIP_ERROR(hipFree(ws->base - pipelined::kCopyCheckBytes));
     JO_RETURN_IF_HIP_ERROR(hipFree(ws->header));
@@ -388,13 +374,6 @@ Status Runtime::release() {
   }
   devices_.clear();
   generation_.fetch_add(1, std::memory_order_acq_rel);
-  return {};
-}
-
-Status Runtime::side_streams(Workspace* ws, pipelined::SideStreams** out) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!ws->side_streams) JO_RETURN_IF_ERROR(pipelined::SideStreams::create(ws->ordinal, &ws->side_streams));
-  *out = ws->side_streams.get();
   return {};
 }
 

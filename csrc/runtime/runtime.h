@@ -24,12 +24,11 @@
 #include <string>
 #include <vector>
 
+#include "core/error_record.h"
 #include "kernels/params.h"
 #include "pipelined/copy.h"
-#include "pipelined/streams.h"
 #include "platform/gpu.h"
 #include "platform/status.h"
-#include "runtime/error_record.h"
 
 namespace jo {
 
@@ -85,8 +84,6 @@ struct Workspace {
   std::map<int64_t, char*> peer_bases;  // global device id -> its workspace here (own included)
   std::vector<void*> ipc_mappings;
   std::map<uint64_t, std::unique_ptr<EpochCounter>> epochs;  // region offset -> its calls on this GPU
-  // The pipelined calls' streams, made on their first execute.
-  std::unique_ptr<pipelined::SideStreams> side_streams;
   // The path of this GPU's pipelined copies (pipelined::CopyPath), verified by
   // Runtime::choose_copy_path; -1 until then.
   std::atomic<int> copy_path{-1};
@@ -139,7 +136,8 @@ class Runtime {
   // and the ranks restart in step at epoch origin + 1.
   Status stop_after_error(int ordinal);
   Status restart_after_error(int ordinal);
-  // Frees every workspace and device state; calls lowered before refuse to run.
+  // Frees every workspace and device state, and the pipelined side streams
+  // (pipelined/streams.h); calls lowered before refuse to run.
   Status release();
 
   // nullptr when this GPU is not set up.
@@ -151,8 +149,6 @@ class Runtime {
   // concatenated) to this device's rank and the group's regions.
   Status bind_group(int ordinal, const int64_t* groups, size_t n_ids, int world, uint64_t region_offset,
                     uint64_t region_bytes, GroupBinding* out);
-  // This GPU's pipelined side streams, made on first use.
-  Status side_streams(Workspace* ws, pipelined::SideStreams** out);
   // Test hook: the origin region epoch counters start from (when made, and
   // after clear_errors()) instead of 0, to run calls across a wrap of the
   // flags' epoch bits (params.h EpochCounter).

@@ -191,7 +191,9 @@ print(json.dumps(out))
 
 
 def test_a_stalled_stream_k_head_is_an_error_not_a_trap():
-  run = subprocess.run([sys.executable, "-c", _TAIL_STALL], capture_output=True, text=True, timeout=300,
+  # -P: the current directory does not go first on sys.path (from the repository root Python would import the
+  # sources, which hold no native module, instead of the installed package).
+  run = subprocess.run([sys.executable, "-P", "-c", _TAIL_STALL], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ))
   assert run.returncode == 0, run.stderr[-3000:]
   out = json.loads(run.stdout.strip().splitlines()[-1])

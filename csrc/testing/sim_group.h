@@ -15,12 +15,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <string>
 #include <memory>
-#include <utility>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "blas/gemm.h"
+#include "core/op_kind.h"
 #include "kernels/params.h"
 #include "pipelined/streams.h"
 #include "runtime/runtime.h"
@@ -70,7 +71,8 @@ class SimGroup {
 
  private:
   SimGroup() = default;
-  Status region(int op, uint64_t bytes, uint64_t* offset);
+  // The region of `bytes` of the op's fused (or pipelined) calls, placed on first use.
+  Status region(OpKind op, bool pipelined, uint64_t bytes, uint64_t* offset);
   // Runs launch(rank, stream, epochs) for each of `ranks` (all when empty)
   // but the absent one, with that rank's epoch counter on the region at
   // `offset` (the launch takes its epoch); then, with `sync`, waits for them.
@@ -98,7 +100,7 @@ class SimGroup {
   std::vector<hipStream_t> streams_;
   std::vector<std::unique_ptr<pipelined::SideStreams>> side_streams_;
   blas::DeviceBlas* blas_ = nullptr;
-  std::map<std::pair<int, uint64_t>, uint64_t> regions_;      // (op, bytes) -> offset
+  std::map<std::tuple<OpKind, bool, uint64_t>, uint64_t> regions_;  // (op, pipelined, bytes) -> offset
   std::map<uint64_t, std::vector<EpochCounter>> epochs_;     // offset -> each rank's counter
 };
 

@@ -6,9 +6,9 @@
 
 #include <cstdint>
 
-namespace jo {
+#include "core/op_kind.h"
 
-enum class OpKind : uint32_t { kAgMatmul = 1, kMatmulRs = 2, kAllGather = 3 };
+namespace jo {
 
 // Which flag a wait was on.
 enum class WaitOn : uint32_t {
@@ -38,15 +38,6 @@ struct ErrorRecord {
 // Whether a kernel has completed a record: an acquire on `valid`, so the
 // fields it published before are read after it.
 inline bool error_recorded(const ErrorRecord& r) { return __atomic_load_n(&r.valid, __ATOMIC_ACQUIRE) != 0; }
-
-inline const char* op_name(uint32_t op) {
-  switch (static_cast<OpKind>(op)) {
-    case OpKind::kAgMatmul: return "ag_matmul";
-    case OpKind::kMatmulRs: return "matmul_rs";
-    case OpKind::kAllGather: return "all_gather";
-  }
-  return "unknown op";
-}
 
 inline const char* wait_name(uint32_t what) {
   switch (static_cast<WaitOn>(what)) {

@@ -1,4 +1,4 @@
-#include "runtime/sim_group.h"
+#include "testing/sim_group.h"
 
 #include <cstring>
 #include <thread>
@@ -10,11 +10,6 @@
 #include "pipelined/schedule.h"
 
 namespace jo {
-namespace {
-
-enum SimOp { kSimAg = 0, kSimRs = 1, kSimGather = 2, kSimPipelinedAg = 3, kSimPipelinedRs = 4 };
-
-}  // namespace
 
 Status SimGroup::create(int ordinal, int world, uint64_t bytes_per_rank, double watchdog_seconds,
                         std::unique_ptr<SimGroup>* out) {
@@ -59,8 +54,8 @@ SimGroup::~SimGroup() {
   for (hipStream_t s : streams_) (void)hipStreamDestroy(s);
 }
 
-Status SimGroup::region(int op, uint64_t bytes, uint64_t* offset) {
-  auto key = std::make_pair(op, bytes);
+Status SimGroup::region(OpKind op, bool pipelined, uint64_t bytes, uint64_t* offset) {
+  const auto key = std::make_tuple(op, pipelined, bytes);
   auto it = regions_.find(key);
   if (it == regions_.end()) {
     if (next_offset_ + bytes > bytes_)
@@ -156,9 +151,10 @@ std::vector<std::string> SimGroup::errors() const {
 }
 
 Status SimGroup::ag_matmul(const SimMatmul& c) {
-  const int elem = 2;
   uint64_t offset = 0;
-  JO_RETURN_IF_ERROR(region(kSimAg, ag_matmul_region_bytes(world_, c.batch * c.m, c.k, c.tile, c.chunk_k, elem),
+  JO_RETURN_IF_ERROR(region(OpKind::kAgMatmul, /*pipelined=*/false,
+                            ag_matmul_region_bytes(world_, c.batch * c.m, c.k, c.tile, c.chunk_k,
+                                                   element_bytes(c.dtype)),
                             &offset));
   return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, EpochCounter& epochs) -> Status {
     const AgMatmulLaunch l{c.operands(r), reinterpret_cast<void*>(c.out[r]),
@@ -170,9 +166,10 @@ Status SimGroup::ag_matmul(const SimMatmul& c) {
 }
 
 Status SimGroup::matmul_rs(const SimMatmul& c) {
-  const int elem = 2;
   uint64_t offset = 0;
-  JO_RETURN_IF_ERROR(region(kSimRs, matmul_rs_region_bytes(world_, c.batch, c.m, c.n, c.tile, elem), &offset));
+  JO_RETURN_IF_ERROR(region(OpKind::kMatmulRs, /*pipelined=*/false,
+                            matmul_rs_region_bytes(world_, c.batch, c.m, c.n, c.tile, element_bytes(c.dtype)),
+                            &offset));
   return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, EpochCounter& epochs) -> Status {
     const MatmulRsLaunch l{c.operands(r), reinterpret_cast<void*>(c.out[r]), c.m,
                            context(r, offset, epochs, c.site, OpKind::kMatmulRs)};
@@ -184,7 +181,8 @@ Status SimGroup::matmul_rs(const SimMatmul& c) {
 Status SimGroup::all_gather(const std::vector<uintptr_t>& x, const std::vector<uintptr_t>& gathered, int64_t batch,
                             int64_t m, int64_t row_bytes) {
   uint64_t offset = 0;
-  JO_RETURN_IF_ERROR(region(kSimGather, all_gather_region_bytes(world_, batch * m, row_bytes), &offset));
+  JO_RETURN_IF_ERROR(
+      region(OpKind::kAllGather, /*pipelined=*/false, all_gather_region_bytes(world_, batch * m, row_bytes), &offset));
   return run(offset, {}, true, [&](int r, hipStream_t s, EpochCounter& epochs) -> Status {
     AllGatherLaunch l{};
     l.x = reinterpret_cast<const void*>(x[r]);
@@ -199,27 +197,28 @@ Status SimGroup::all_gather(const std::vector<uintptr_t>& x, const std::vector<u
 }
 
 Status SimGroup::pipelined(OpKind op, const SimMatmul& c) {
-  const bool ag = op == OpKind::kAgMatmul;
-  const int64_t m_total = ag ? world_ * c.m : c.m;
   uint64_t offset = 0;
-  JO_RETURN_IF_ERROR(region(ag ? kSimPipelinedAg : kSimPipelinedRs,
-                            pipelined::region_bytes(op, world_, c.batch, c.m, c.k, c.n, 2), &offset));
+  JO_RETURN_IF_ERROR(region(op, /*pipelined=*/true,
+                            pipelined::region_bytes(op, world_, c.batch, c.m, c.k, c.n, element_bytes(c.dtype)),
+                            &offset));
   JO_RETURN_IF_ERROR(pipelined::check_stages(op, world_, c.stages.data(), static_cast<int>(c.stages.size())));
-  if (!ag && m_total % world_ != 0) return Status{"SimGroup: rows must be a multiple of the world size"};
+  bool gathers = false;  // the op fills c.gathered
+  switch (op) {
+    case OpKind::kAgMatmul: gathers = true; break;
+    case OpKind::kMatmulRs:
+      if (c.m % world_ != 0) return Status{"SimGroup: rows must be a multiple of the world size"};
+      break;
+    case OpKind::kAllGather: return Status{"SimGroup: all_gather has no pipelined schedule"};
+  }
   return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, EpochCounter& epochs) {
     pipelined::Operands o{};
-    o.dtype = c.dtype;
+    o.gemm = GemmProblem::dense(c.dtype, c.batch, c.m, c.k, c.n, c.w_kmajor, c.bias[r] != 0);
     o.x = reinterpret_cast<const void*>(c.x[r]);
     o.w = reinterpret_cast<const void*>(c.w[r]);
     o.bias = reinterpret_cast<const void*>(c.bias[r]);
     o.out = reinterpret_cast<void*>(c.out[r]);
-    o.gathered = ag ? reinterpret_cast<void*>(c.gathered[r]) : nullptr;
+    o.gathered = gathers ? reinterpret_cast<void*>(c.gathered[r]) : nullptr;
     o.scratch = reinterpret_cast<void*>(c.scratch[r]);
-    o.batch = c.batch;
-    o.m = c.m;
-    o.k = c.k;
-    o.n = c.n;
-    o.w_kmajor = c.w_kmajor;
     o.stages = c.stages.data();
     o.stage_count = static_cast<int>(c.stages.size());
     // The epoch is run_call's to take (after the plans).

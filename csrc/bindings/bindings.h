@@ -1,0 +1,51 @@
+// The Python module jax_overlap._native, bound by concern: csrc/module.cc's
+// PYBIND11_MODULE calls each bind_* below on the module, and each lives in
+// the file of that name here.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/op_kind.h"
+#include "platform/status.h"
+
+namespace jo::bindings {
+
+// The FFI targets and their registrations, the build (registrations.cc).
+void bind_registrations(pybind11::module_& m);
+// The runtime jax_overlap/runtime.py drives: devices, workspaces, peers, errors, faults (runtime.cc).
+void bind_runtime(pybind11::module_& m);
+// The flag protocol's value rules, as the kernels apply them, for the CPU tests (protocol.cc).
+void bind_protocol(pybind11::module_& m);
+// The pipelined algorithm's sizes, copy paths, vendor GEMM set-up and timings (pipelined.cc).
+void bind_pipelined(pybind11::module_& m);
+// The fused kernels' compiled tiles and launch geometry, for jax_overlap/config.py (fused.cc).
+void bind_fused(pybind11::module_& m);
+// The simulated-rank harness of the GPU tests and benchmarks (testing.cc).
+void bind_testing(pybind11::module_& m);
+
+// A failed status as the Python exception (RuntimeError) of its message.
+inline void throw_if_error(const Status& s) {
+  if (!s.ok()) throw std::runtime_error(s.message);
+}
+
+// The DType of a dtype name from Python; otherwise a ValueError naming the name, after `takes`
+// ("the pipelined algorithm takes") and the dtypes.
+inline DType dtype_arg(const std::string& name, const char* takes) {
+  DType t{};
+  if (!dtype_from_name(name, &t))
+    throw std::invalid_argument(std::string("jax_overlap: ") + takes + " " + dtype_choices() + ", got " + name);
+  return t;
+}
+
+// The GEMM op a name from Python names (ag_matmul or matmul_rs); ValueError otherwise.
+inline OpKind gemm_op_arg(const std::string& name) {
+  if (name == op_name(OpKind::kAgMatmul)) return OpKind::kAgMatmul;
+  if (name == op_name(OpKind::kMatmulRs)) return OpKind::kMatmulRs;
+  throw std::invalid_argument("jax_overlap: no op " + name);
+}
+
+}  // namespace jo::bindings

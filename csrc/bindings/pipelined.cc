@@ -1,0 +1,173 @@
+// Bindings of the pipelined algorithm: its scratch and region sizes, copy
+// paths, the vendor GEMM's set-up, and the timings the cost model is fed with
+// (pipelined/measure.h).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bindings/bindings.h"
+#include "blas/capture_check.h"
+#include "blas/gemm.h"
+#include "pipelined/copy.h"
+#include "pipelined/measure.h"
+#include "pipelined/schedule.h"
+#include "runtime/runtime.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace jo::bindings {
+namespace {
+
+constexpr const char* kTakes = "the pipelined algorithm takes";
+
+// A loopback call of the op (pipelined/schedule.h) from a dict of device pointers and sizes.
+pipelined::Operands loopback_operands(py::dict c, std::vector<int64_t>* stages) {
+  pipelined::Operands o{};
+  o.x = reinterpret_cast<const void*>(c["x"].cast<uintptr_t>());
+  o.w = reinterpret_cast<const void*>(c["w"].cast<uintptr_t>());
+  o.bias = reinterpret_cast<const void*>(c["bias"].cast<uintptr_t>());
+  o.out = reinterpret_cast<void*>(c["out"].cast<uintptr_t>());
+  o.gathered = reinterpret_cast<void*>(c.contains("gathered") ? c["gathered"].cast<uintptr_t>() : 0);
+  o.scratch = reinterpret_cast<void*>(c["scratch"].cast<uintptr_t>());
+  o.gemm = GemmProblem::dense(dtype_arg(c["dtype"].cast<std::string>(), kTakes), c["batch"].cast<int64_t>(),
+                              c["m"].cast<int64_t>(), c["k"].cast<int64_t>(), c["n"].cast<int64_t>(),
+                              c["w_kmajor"].cast<bool>(), o.bias != nullptr);
+  *stages = c["stages"].cast<std::vector<int64_t>>();
+  o.stages = stages->data();
+  o.stage_count = static_cast<int>(stages->size());
+  return o;
+}
+
+// The copy path a timing or test names ("copy_engine", ...); none: the path initialize() verified on the
+// GPU, or before it did, the first candidate (calibration's guess of the link precedes initialize()).
+pipelined::CopyPath copy_path_of(int ordinal, const std::optional<std::string>& name) {
+  pipelined::CopyPath path = pipelined::kCopyPaths[0];
+  if (name) {
+    if (!pipelined::parse_copy_path(*name, &path))
+      throw std::invalid_argument("jax_overlap: no copy path " + *name + "; the paths are copy_engine, "
+                                  "device_to_device and kernel");
+    return path;
+  }
+  const Workspace* ws = Runtime::instance().workspace(ordinal);
+  if (ws != nullptr) (void)Runtime::verified_copy_path(*ws, &path);
+  return path;
+}
+
+}  // namespace
+
+void bind_pipelined(py::module_& m) {
+  m.def(
+      "pipelined_region_bytes",
+      [](const std::string& op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int elem_bytes) {
+        return pipelined::region_bytes(gemm_op_arg(op), world, batch, m, k, n, elem_bytes);
+      },
+      py::arg("op"), py::arg("world"), py::arg("batch"), py::arg("m"), py::arg("k"), py::arg("n"),
+      py::arg("elem_bytes"));
+  m.def(
+      "pipelined_scratch_bytes",
+      [](const std::string& op, int world, int64_t batch, int64_t m, int64_t n, int elem_bytes, bool loopback) {
+        return pipelined::scratch_bytes(gemm_op_arg(op), world, batch, m, n, elem_bytes, loopback);
+      },
+      py::arg("op"), py::arg("world"), py::arg("batch"), py::arg("m"), py::arg("n"), py::arg("elem_bytes"),
+      py::arg("loopback") = false);
+  // Loads the vendor BLAS on GPU `ordinal` and runs its capture check (blas/capture_check.h) once.
+  m.def("prepare_vendor_blas", [](int ordinal) {
+    blas::CaptureCheck check;
+    {
+      py::gil_scoped_release release;
+      blas::DeviceBlas* blas = nullptr;
+      throw_if_error(blas::DeviceBlas::get(ordinal, &blas));
+      throw_if_error(blas::check_graph_capture(ordinal, &check));
+    }
+    return py::dict("graph_safe"_a = check.graph_safe, "detail"_a = check.detail,
+                    "checked_now"_a = check.checked_now);
+  });
+  m.def("vendor_gemm_graph_safe", &blas::graph_capture_safe);
+  m.def(
+      "time_gemms",
+      [](int ordinal, const std::string& dtype, std::vector<int64_t> rows, int64_t n, int64_t k, bool w_kmajor,
+         int repeats, double warmup_ms) {
+        const DType t = dtype_arg(dtype, kTakes);
+        std::vector<double> us;
+        py::gil_scoped_release release;
+        throw_if_error(pipelined::time_gemms(ordinal, t, rows, n, k, w_kmajor, repeats, warmup_ms, &us));
+        return us;
+      },
+      py::arg("ordinal"), py::arg("dtype"), py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("w_kmajor") = false,
+      py::arg("repeats") = 5, py::arg("warmup_ms") = 0.0);
+  // piece_bytes 0: the cap in force (pipelined::max_copy_bytes); path None: copy_path_of.
+  m.def(
+      "time_copy",
+      [](int ordinal, uintptr_t src, uint64_t bytes, int repeats, std::optional<std::string> path,
+         uint64_t piece_bytes) {
+        const pipelined::CopyPath p = copy_path_of(ordinal, path);
+        const uint64_t pieces = piece_bytes != 0 ? piece_bytes : pipelined::max_copy_bytes();
+        double us = 0;
+        py::gil_scoped_release release;
+        throw_if_error(
+            pipelined::time_copy(ordinal, reinterpret_cast<const void*>(src), bytes, repeats, p, pieces, &us));
+        return us;
+      },
+      py::arg("ordinal"), py::arg("src"), py::arg("bytes"), py::arg("repeats") = 5, py::arg("path") = py::none(),
+      py::arg("piece_bytes") = 0);
+  m.attr("MAX_COPY_BYTES") = pipelined::kMaxCopyBytes;
+  m.def("max_copy_bytes", &pipelined::max_copy_bytes);
+  m.def("copy_paths", [] {
+    py::list names;
+    for (pipelined::CopyPath p : pipelined::kCopyPaths) names.append(pipelined::copy_path_name(p));
+    return names;
+  });
+  m.def(
+      "copy_pieces",
+      [](uint64_t width, uint64_t height, uint64_t max_bytes) {
+        py::list out;
+        for (const pipelined::CopyPiece& p : pipelined::copy_pieces(width, height, max_bytes))
+          out.append(py::make_tuple(p.row, p.offset, p.width, p.height));
+        return out;
+      },
+      py::arg("width"), py::arg("height"), py::arg("max_bytes"));
+  // Tests: one 2-D copy on `path` on a stream of its own, waited for (max_bytes 0: the cap in force).
+  m.def(
+      "copy_2d",
+      [](int ordinal, const std::string& path, uintptr_t dst, uint64_t dst_pitch, uintptr_t src, uint64_t src_pitch,
+         uint64_t width, uint64_t height, uint64_t max_bytes) {
+        const pipelined::CopyPath p = copy_path_of(ordinal, path);
+        py::gil_scoped_release release;
+        throw_if_error(pipelined::copy_and_wait(ordinal, p, reinterpret_cast<void*>(dst), dst_pitch,
+                                                reinterpret_cast<const void*>(src), src_pitch, width, height,
+                                                max_bytes != 0 ? max_bytes : pipelined::max_copy_bytes()));
+      },
+      py::arg("ordinal"), py::arg("path"), py::arg("dst"), py::arg("dst_pitch"), py::arg("src"), py::arg("src_pitch"),
+      py::arg("width"), py::arg("height"), py::arg("max_bytes") = 0);
+  m.def(
+      "time_reduce",
+      [](int ordinal, const std::string& dtype, int count, int64_t rows, int64_t n, int repeats) {
+        const DType t = dtype_arg(dtype, kTakes);
+        double us = 0;
+        py::gil_scoped_release release;
+        throw_if_error(pipelined::time_reduce(ordinal, t, count, rows, n, repeats, &us));
+        return us;
+      },
+      py::arg("ordinal"), py::arg("dtype"), py::arg("count"), py::arg("rows"), py::arg("n"), py::arg("repeats") = 5);
+  m.def(
+      "time_loopback",
+      [](int ordinal, const std::string& op, int world, py::dict call, int repeats, std::optional<std::string> path) {
+        std::vector<int64_t> stages;
+        const pipelined::Operands o = loopback_operands(call, &stages);
+        const pipelined::CopyPath p = copy_path_of(ordinal, path);
+        const OpKind kind = gemm_op_arg(op);
+        double us = 0;
+        py::gil_scoped_release release;
+        throw_if_error(pipelined::time_loopback(ordinal, kind, o, world, repeats, p, &us));
+        return us;
+      },
+      py::arg("ordinal"), py::arg("op"), py::arg("world"), py::arg("call"), py::arg("repeats") = 10,
+      py::arg("path") = py::none());
+}
+
+}  // namespace jo::bindings

@@ -1,0 +1,128 @@
+// ag_matmul's part of the pipelined schedule (schedule.h): its shard published
+// on the copy stream and pulled from every peer in ring order, its stages'
+// GEMMs over the gathered rows as they arrive.
+#include "pipelined/layout.h"
+#include "pipelined/schedule_core.h"
+
+namespace jo::pipelined::ag_matmul {
+namespace {
+
+// The operands' tensors as row ranges, and the call's region in every rank's workspace.
+struct AgCall {
+  RowRange x, gathered, y;
+  uint64_t shard_bytes;
+  GatherRegion region;
+
+  AgCall(const Operands& op, const Context& ctx)
+      : x{static_cast<char*>(const_cast<void*>(op.x)), op.gemm.rows, op.gemm.k, element_bytes(op.gemm.dtype)},
+        gathered{static_cast<char*>(op.gathered), ctx.peers.world * op.gemm.rows, op.gemm.k, x.elem_bytes},
+        y{static_cast<char*>(op.out), ctx.peers.world * op.gemm.rows, op.gemm.n, x.elem_bytes},
+        shard_bytes(static_cast<uint64_t>(op.gemm.batch) * op.gemm.rows * op.gemm.k * x.elem_bytes),
+        region(GatherRegion::make(ctx.peers.world, shard_bytes)) {}
+};
+
+}  // namespace
+
+uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t k, int elem_bytes) {
+  return GatherRegion::make(world, static_cast<uint64_t>(batch) * m * k * elem_bytes).total;
+}
+
+Status check_stages(const int64_t* stages) {
+  if (stages[0] != 1) return Status{"jax_overlap: ag_matmul's first pipelined stage must be its own shard alone"};
+  return {};
+}
+
+Status make_plans(const Operands& op, const Context& ctx) {
+  const AgCall c(op, ctx);
+  const int rank = ctx.peers.rank;
+  const int64_t m = op.gemm.rows;
+  JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, c.x, 0, c.y, rank * m, m, true, 0, /*enqueue=*/false));
+  for (int j = 1, position = 1; j < op.stage_count; position += static_cast<int>(op.stages[j]), ++j) {
+    const UnitRanges units = stage_units(rank, position, static_cast<int>(op.stages[j]), ctx.peers.world);
+    JO_RETURN_IF_ERROR(stage_gemms(op, ctx, c.gathered, c.y, m, units, true, j % 2, /*enqueue=*/false));
+  }
+  return {};
+}
+
+void abandon_flags(const Operands& op, const Context& ctx, const Progress& progress, FlagAbandon* a) {
+  const GatherRegion region = AgCall(op, ctx).region;
+  const auto [world, rank, parity] = ring_place(ctx);
+  char* mine = ctx.peers.regions[rank];
+  a->own[a->own_count++] = region.pub_flag(mine, parity);
+  a->released = progress.released;
+  for (int q = 0; q < world && progress.released == 0; ++q)
+    if (q != rank) wait_readers_before_marking(ctx, region.done_flag(mine, parity, q), q, a);
+  for (int q = 0; q < world && !progress.verified; ++q)
+    if (q != rank) a->done[a->done_count++] = region.done_flag(ctx.peers.regions[q], parity, rank);
+}
+
+Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipStream_t origin) {
+  SideStreams& s = *ctx.streams;
+  const auto [world, rank, parity] = ring_place(ctx);
+  const int64_t m = op.gemm.rows;
+  const AgCall c(op, ctx);
+  // My own shard straight from x, first: nothing of this call waits yet when it is launched (the launch
+  // of a kernel not loaded yet waits for the device's running kernels).
+  JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, c.x, 0, c.y, rank * m, m, /*bias=*/true, /*stream_index=*/0));
+
+  // Copy stream: publish my shard, then pull the peers' in ring order.
+  const PipeFlag* pulled[kMaxWorld];
+  PipeFlag* done[kMaxWorld];
+  uint32_t owners[kMaxWorld];
+  if (!ctx.loopback) {
+    char* mine = ctx.peers.regions[rank];
+    PipeFlag* pub = c.region.pub_flag(mine, parity);
+    const PipeFlag* flags[kMaxWorld];
+    int count = 0;
+    if (ctx.slot_used) {  // the readers of this slot two calls ago
+      for (int q = 0; q < world; ++q)
+        if (q != rank) flags[count] = c.region.done_flag(mine, parity, q), owners[count++] = q;
+      JO_RETURN_IF_ERROR(wait_flags(ctx, flags, owners, count, ctx.epoch - 2, 0, WaitOn::kReadersDone, s.copy));
+    }
+    JO_RETURN_IF_ERROR(mark_rewriting(pub, s.copy));
+    JO_RETURN_IF_ERROR(copy_bytes(ctx.copy_path, c.region.slot(mine, parity), op.x, c.shard_bytes, s.copy));
+    JO_RETURN_IF_ERROR(release(pub, ctx.epoch, ctx.site, s.copy));
+    progress->released = 1;
+    JO_RETURN_IF_ERROR(fail_after_release_if_asked(rank));
+    for (int i = 1; i < world; ++i) {
+      const int q = (rank + i) % world;
+      pulled[i - 1] = c.region.pub_flag(ctx.peers.regions[q], parity);
+      done[i - 1] = c.region.done_flag(ctx.peers.regions[q], parity, rank);
+      owners[i - 1] = static_cast<uint32_t>(q);
+    }
+    JO_RETURN_IF_ERROR(wait_flags(ctx, pulled, owners, world - 1, ctx.epoch, ctx.site, WaitOn::kPublished, s.copy));
+    JO_RETURN_IF_ERROR(pause_if_asked(s.copy));
+  }
+  for (int i = 1; i < world; ++i) {
+    const int shard = (rank + i) % world;
+    const char* src = ctx.loopback ? c.x.base : c.region.slot(ctx.peers.regions[shard], parity);
+    JO_RETURN_IF_ERROR(copy_rows(ctx.copy_path, c.gathered.at(shard * m), c.gathered.batch_stride(), src,
+                                 c.x.batch_stride(), op.gemm.batch, m, op.gemm.k, c.x.elem_bytes, s.copy));
+    JO_RETURN_IF_HIP_ERROR(hipEventRecord(s.arrived[i], s.copy));
+  }
+  if (!ctx.loopback) {
+    // One check of every peer's pub flag after all pulls, then the done flags (their writers need them
+    // only when they publish into this parity's slot again, two calls later).
+    JO_RETURN_IF_ERROR(verify_and_release(ctx, pulled, done, owners, world - 1, s.copy));
+    progress->verified = true;
+  }
+  JO_RETURN_IF_ERROR(copy_rows(ctx.copy_path, c.gathered.at(rank * m), c.gathered.batch_stride(), c.x.base,
+                               c.x.batch_stride(), op.gemm.batch, m, op.gemm.k, c.x.elem_bytes, s.copy));
+
+  // Compute streams: each stage once its last shard arrived.
+  for (int j = 1, position = 1; j < op.stage_count; position += static_cast<int>(op.stages[j]), ++j) {
+    const int size = static_cast<int>(op.stages[j]);
+    JO_RETURN_IF_HIP_ERROR(hipStreamWaitEvent(s.compute[j % 2], s.arrived[position + size - 1], 0));
+    const UnitRanges units = stage_units(rank, position, size, world);
+    JO_RETURN_IF_ERROR(stage_gemms(op, ctx, c.gathered, c.y, m, units, /*bias=*/true, j % 2));
+  }
+  JO_RETURN_IF_ERROR(s.join_into(origin));
+  progress->forked = false;
+  if (ctx.wd.abort != nullptr)
+    JO_RETURN_IF_HIP_ERROR(launch_poison_if_aborted(
+        ctx.wd.abort, op.out, static_cast<uint64_t>(op.gemm.batch) * world * m * op.gemm.n * c.y.elem_bytes,
+        op.gathered, static_cast<uint64_t>(world) * c.shard_bytes, origin));
+  return {};
+}
+
+}  // namespace jo::pipelined::ag_matmul
