@@ -252,7 +252,8 @@ def _u8(nbytes: int):
   return jax.core.ShapedArray((int(nbytes),), np.uint8)
 
 
-def _group_ids(problem: Problem):
+def _groups_attribute(problem: Problem):
+  """Every group's global device ids, flattened: the custom calls' `groups` attribute."""
   return np.array([i for g in problem.groups for i in g], np.int64)
 
 
@@ -275,7 +276,7 @@ def _emit_fused(ctx, problem: Problem, op, choice: Choice, x, w, bias):
     return op.results_of_one(y, x)
   sub_ctx = ctx.replace(avals_in=avals_in, avals_out=list(ctx.avals_out))
   return jax.ffi.ffi_lowering(machine.target(op.NAME))(
-      sub_ctx, x, w, bias_value, config=attrs, groups=_group_ids(problem), world=np.int64(problem.world))
+      sub_ctx, x, w, bias_value, config=attrs, groups=_groups_attribute(problem), world=np.int64(problem.world))
 
 
 def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, x, w, bias):
@@ -300,7 +301,7 @@ def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, x, w, bias):
                  "region_bytes": np.int64(region_bytes), "site": np.int64(_site(ctx, region_key)),
                  "generation": np.int64(runtime.generation())}
   outs = jax.ffi.ffi_lowering(machine.target(op.NAME + "_pipelined"))(
-      sub_ctx, x, w, bias_value, config=config_attr, groups=_group_ids(problem), world=np.int64(problem.world),
+      sub_ctx, x, w, bias_value, config=config_attr, groups=_groups_attribute(problem), world=np.int64(problem.world),
       stages=np.array(plan.stages, np.int64))
   return outs[:-1]
 
@@ -360,4 +361,4 @@ def gather_rule(ctx, x, *, axis_name, axis_size):
   return jax.ffi.ffi_lowering(backend.current().target("all_gather"))(
       ctx, x, config={"region_offset": np.int64(choice.offset), "region_bytes": np.int64(region_bytes),
                       "site": np.int64(_site(ctx, region_key)), "generation": np.int64(runtime.generation())},
-      groups=_group_ids(problem), world=np.int64(axis_size))
+      groups=_groups_attribute(problem), world=np.int64(axis_size))

@@ -31,27 +31,27 @@ def abstract_eval(x, *, axis_name, axis_size):
   return x.update(shape=(*lead, axis_size * m, c))
 
 
-def _batch_rule(args, dims, *, axis_name, axis_size):
+def _gather_batch_rule(args, dims, *, axis_name, axis_size):
   (x,), (dx,) = args, dims
   return bind(jnp.moveaxis(x, dx, 0), axis_name=axis_name, axis_size=axis_size), 0
 
 
-def _default_lowering(ctx, x, *, axis_name, axis_size):
+def _gather_default_lowering(ctx, x, *, axis_name, axis_size):
   del axis_size
   fn = lambda v: jax.lax.all_gather(v, axis_name, axis=v.ndim - 2, tiled=True)
   return mlir.lower_fun(fn, multiple_results=False)(ctx, x)
 
 
-def _gpu_lowering(ctx, x, *, axis_name, axis_size):
+def _gather_gpu_lowering(ctx, x, *, axis_name, axis_size):
   """The runtime's all-gather where the planner's "all_gather" takes it, else lax.all_gather."""
   out = lowering.gather_rule(ctx, x, axis_name=axis_name, axis_size=axis_size)
-  return _default_lowering(ctx, x, axis_name=axis_name, axis_size=axis_size) if out is None else out
+  return _gather_default_lowering(ctx, x, axis_name=axis_name, axis_size=axis_size) if out is None else out
 
 
 def register() -> None:
   primitive.def_impl(_compat.apply_primitive(primitive))
   primitive.def_abstract_eval(abstract_eval)
-  batching.primitive_batchers[primitive] = _batch_rule
-  mlir.register_lowering(primitive, _default_lowering)
+  batching.primitive_batchers[primitive] = _gather_batch_rule
+  mlir.register_lowering(primitive, _gather_default_lowering)
   for platform in ("cuda", "rocm"):
-    mlir.register_lowering(primitive, _gpu_lowering, platform=platform)
+    mlir.register_lowering(primitive, _gather_gpu_lowering, platform=platform)
