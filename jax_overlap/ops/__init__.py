@@ -42,11 +42,16 @@ PROTOCOL = ("NAME", "DUAL", "primitive", "bind", "abstract_eval", "as_matrix", "
             "fused_chunk_k", "fused_units")
 
 
+def check(op) -> None:
+  """TypeError naming what an op module lacks of the protocol."""
+  missing = [name for name in PROTOCOL if not hasattr(op, name)]
+  if missing:
+    raise TypeError(f"{op.__name__} does not define {missing} (the op protocol: jax_overlap/ops/__init__.py)")
+
+
 def _register() -> None:
   for op in OPS.values():
-    missing = [name for name in PROTOCOL if not hasattr(op, name)]
-    if missing:
-      raise TypeError(f"{op.__name__} does not define {missing} (the op protocol: jax_overlap/ops/__init__.py)")
+    check(op)
     primitives.register(op)
   all_gather.register()
 
