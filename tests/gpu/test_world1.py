@@ -377,7 +377,8 @@ print(json.dumps(out))
 
 def test_fused_group_of_one_compiled_before_shutdown_refuses_to_run():
   tolerated = "RTOL, ATOL = {}, {}\n".format(*tolerances(jnp.bfloat16, 1024, 1 / 32))
-  run = subprocess.run([sys.executable, "-c", tolerated + _AFTER_SHUTDOWN], capture_output=True, text=True,
+  # -P: the installed package, as in test_a_stalled_stream_k_head_is_an_error_not_a_trap.
+  run = subprocess.run([sys.executable, "-P", "-c", tolerated + _AFTER_SHUTDOWN], capture_output=True, text=True,
                        timeout=300, env=dict(os.environ))
   assert run.returncode == 0, run.stderr[-3000:]
   out = json.loads(run.stdout.strip().splitlines()[-1])
