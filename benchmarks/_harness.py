@@ -42,7 +42,9 @@ import numpy as np
 from jax.sharding import Mesh
 
 import jax_overlap as jo
-from jax_overlap import config, native
+from jax_overlap import backend, native
+from jax_overlap.ops import OPS
+from jax_overlap.planning import fused
 
 UNROLL = 20
 REPEATS = 7
@@ -281,11 +283,11 @@ def sim_group_us(world: int, op: str, m_total: int, n: int, k: int) -> float:
     ws = [put((k, n // world), k ** -0.5) for _ in range(world)]
     ys = [jnp.zeros((m_total, n // world), jnp.bfloat16) for _ in range(world)]
     gs = [jnp.zeros((m_total, k), jnp.bfloat16) for _ in range(world)]
-    geometry = functools.partial(native.gemm_geometry, "ag_matmul", dtype_name="bfloat16", w_kmajor=False,
-                                 world=world, batch=1, m=m, k=k, n=n // world, device=_sim_props(world))
-    plan, _ = config.plan_ag_matmul(dtype_name="bfloat16", rows=m, k=k, n=n // world, world=world,
-                                    device=_sim_props(world), tiles=native.tile_shapes(), geometry=geometry,
-                                    algorithm="fused")
+    geometry = functools.partial(backend.current().gemm_geometry, "ag_matmul", dtype_name="bfloat16",
+                                 w_kmajor=False, world=world, batch=1, m=m, k=k, n=n // world,
+                                 device=_sim_props(world))
+    plan, _ = fused.plan(OPS["ag_matmul"], dtype_name="bfloat16", rows=m, k=k, n=n // world, world=world,
+                         device=_sim_props(world), tiles=backend.current().tile_shapes(), geometry=geometry)
     call = dict(dtype="bfloat16", tile=plan.tile, comm_workgroups=plan.comm_workgroups, chunk_k=plan.chunk_k,
                 w_kmajor=False, batch=1, m=m, k=k, n=n // world, x=[a.unsafe_buffer_pointer() for a in xs],
                 w=[a.unsafe_buffer_pointer() for a in ws], bias=[0] * world,
@@ -295,11 +297,11 @@ def sim_group_us(world: int, op: str, m_total: int, n: int, k: int) -> float:
     xs = [put((m_total, k // world)) for _ in range(world)]
     ws = [put((k // world, n), k ** -0.5) for _ in range(world)]
     outs = [jnp.zeros((m_total // world, n), jnp.bfloat16) for _ in range(world)]
-    geometry = functools.partial(native.gemm_geometry, "matmul_rs", dtype_name="bfloat16", w_kmajor=False,
-                                 world=world, batch=1, m=m_total, k=k // world, n=n, device=_sim_props(world))
-    plan, _ = config.plan_matmul_rs(dtype_name="bfloat16", rows=m_total, k=k // world, n=n, world=world,
-                                    device=_sim_props(world), tiles=native.tile_shapes(), geometry=geometry,
-                                    algorithm="fused")
+    geometry = functools.partial(backend.current().gemm_geometry, "matmul_rs", dtype_name="bfloat16",
+                                 w_kmajor=False, world=world, batch=1, m=m_total, k=k // world, n=n,
+                                 device=_sim_props(world))
+    plan, _ = fused.plan(OPS["matmul_rs"], dtype_name="bfloat16", rows=m_total, k=k // world, n=n, world=world,
+                         device=_sim_props(world), tiles=backend.current().tile_shapes(), geometry=geometry)
     call = dict(dtype="bfloat16", tile=plan.tile, comm_workgroups=plan.comm_workgroups, w_kmajor=False, batch=1,
                 m=m_total,
                 k=k // world, n=n, x=[a.unsafe_buffer_pointer() for a in xs],
@@ -318,10 +320,9 @@ def sim_group_us(world: int, op: str, m_total: int, n: int, k: int) -> float:
   return statistics.median(times) * 1e6
 
 
-def _sim_props(world: int) -> config.DeviceProps:
+def _sim_props(world: int) -> backend.DeviceProps:
   info = native.module().device_info(0)
-  return config.DeviceProps(sm_count=info["sm_count"], smem_per_block=info["smem_per_block"],
-                               ranks_per_gpu=world)
+  return backend.DeviceProps(sm_count=info["sm_count"], smem_per_block=info["smem_per_block"], ranks_per_gpu=world)
 
 
 EMULATED_WORLDS = [2, 4, 8]

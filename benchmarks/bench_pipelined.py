@@ -14,7 +14,7 @@ Two tables, all columns measured in the same run (bf16, us per call):
                  vendor GEMM of the whole [M, K] @ [K, N] (`gemm_us`, the same library and heuristic), for the
                  plan the cost model picks on this GPU (`stages`) and for one chunk per stage; the three are
                  timed in alternation, 5 rounds, medians. `model_us` is the cost model's estimate of the
-                 planned schedule from calibration's figures; `model_w<ms>_us` the same from GEMMs timed
+                 planned schedule from the measured figures; `model_w<ms>_us` the same from GEMMs timed
                  after <ms> milliseconds of GEMMs back to back (time_gemms warmup_ms): which warm-up makes
                  the model predict the schedule. matmul_rs rows add `reduce_us`, its reduction kernel alone
                  (world blocks into one), and the HBM rate it reached (`reduce_tb_s`: bytes read and written).
@@ -36,7 +36,9 @@ from jax.sharding import PartitionSpec as P
 
 import _harness
 import jax_overlap as jo
-from jax_overlap import calibration, native, pipeline_plan
+from jax_overlap import native, planning
+from jax_overlap.ops import OPS
+from jax_overlap.planning import pipelined
 
 SHAPES = [(16384, 3584, 8192), (16384, 8192, 3584), (1024, 3584, 8192)]  # M total, N, K per rank
 WORLDS = [2, 4, 8]
@@ -79,19 +81,20 @@ def schedule(op: str, world: int, m_total: int, n: int, k: int, every_plan: bool
   gathered = put(jnp.zeros((1, world * m, k), jnp.bfloat16)) if op == "ag_matmul" else None
   scratch = put(jnp.zeros((nat.pipelined_scratch_bytes(op, world, 1, m, n, 2, True),), jnp.uint8))
   jax.block_until_ready([x, w, out, scratch])
-  figures = calibration.figures(op, "bfloat16", m, k, n, world, False)
-  figures = pipeline_plan.Figures(figures.gemm_us, figures.chunk_bytes, figures.local_bytes_per_us,
-                                  figures.local_bytes_per_us)  # loopback: the "link" is this GPU's copy engine
-  plan = pipeline_plan.plan(op, world, figures)
+  spec = OPS[op]
+  figures = planning.figures.measure(spec, "bfloat16", m, k, n, world, False)
+  figures = planning.figures.Figures(figures.gemm_us, figures.chunk_bytes, figures.local_bytes_per_us,
+                                     figures.local_bytes_per_us)  # loopback: the "link" is this GPU's copy engine
+  plan = pipelined.plan(spec, world, figures)
   ptr = lambda a: a.unsafe_buffer_pointer() if a is not None else 0
   base = dict(dtype="bfloat16", x=ptr(x), w=ptr(w), bias=0, out=ptr(out), gathered=ptr(gathered),
               scratch=ptr(scratch), batch=1, m=m, k=k, n=n, w_kmajor=False)
-  chunk = pipeline_plan.chunk_rows(op, m, world)
+  chunk = spec.chunk_rows(m, world)
   models = {}
   for ms in WARMUPS_MS:
     warm = nat.time_gemms(0, "bfloat16", [chunk * s for s in range(1, world + 1)], n, k, warmup_ms=ms)
-    models[f"model_w{ms}_us"] = pipeline_plan.plan(op, world, dataclasses.replace(figures, gemm_us=tuple(warm)),
-                                                   plan.stages).est_us
+    models[f"model_w{ms}_us"] = pipelined.plan(spec, world, dataclasses.replace(figures, gemm_us=tuple(warm)),
+                                               plan.stages).est_us
   # The GPU's clocks drift by up to 17% between minutes under this load: time the references and the
   # schedules in alternation, ROUNDS times, and compare medians.
   runs = {"planned": plan.stages, "chunks": (1,) * world}
@@ -110,8 +113,7 @@ def schedule(op: str, world: int, m_total: int, n: int, k: int, every_plan: bool
     row.update(reduce_us=reduce, reduce_tb_s=(world + 1) * chunk * n * 2 / reduce / 1e6)
   rows = [row]
   if every_plan:
-    plans = [(1,) + rest for rest in pipeline_plan.compositions(world - 1)] if op == "ag_matmul" else list(
-        pipeline_plan.compositions(world))
+    plans = spec.stage_candidates(world)
     times, gemms = {p: [] for p in plans}, []
     for _ in range(ROUNDS):  # the reference GEMM again in each round: the clocks drift between the tables
       gemms.append(nat.time_gemms(0, "bfloat16", [m_total], n, k)[0])
@@ -121,7 +123,7 @@ def schedule(op: str, world: int, m_total: int, n: int, k: int, every_plan: bool
     for p in plans:
       loop = float(np.median(times[p]))
       rows.append(dict(table="plan", op=op, world=world, m=m_total, n=n, k=k, stages=str(p),
-                       model_us=pipeline_plan.plan(op, world, figures, p).est_us, loopback_us=loop,
+                       model_us=pipelined.plan(spec, world, figures, p).est_us, loopback_us=loop,
                        gemm_us=plans_gemm, gemm_vs_loopback=plans_gemm / loop, planned=p == tuple(plan.stages)))
   return rows
 

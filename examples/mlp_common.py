@@ -37,7 +37,7 @@ def parse_args(description: str):
   parser.add_argument("--algorithm", default=None, choices=["auto", "pipelined", "fused", "xla"],
                       help="default: fused on a GPU build with its GPUs, else auto")
   args = parser.parse_args()
-  algorithm = args.algorithm or ("fused" if jax_overlap.fused_available() else "auto")
+  algorithm = args.algorithm or ("fused" if jax_overlap.gpu_available() else "auto")
   dtype = jnp.dtype(args.dtype)
   tp = min(len(jax.devices()), 8)
   if args.seq % tp or args.ffn % tp:

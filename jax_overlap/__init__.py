@@ -11,15 +11,15 @@ jax.jit (axis_name=None). Checkpoint names of the results: jax_overlap.remat. Se
 
 from jax_overlap import remat, tracing
 from jax_overlap.api import ag_matmul, all_gather, matmul_rs
+from jax_overlap.errors import PeerTimeoutError, WorkspaceFullError
 from jax_overlap.linear import AgDotGeneral, RsDotGeneral
-from jax_overlap.native import build_info, fused_available
-from jax_overlap.runtime import (PeerTimeoutError, WorkspaceFullError, check_errors, clear_errors, initialize,
-                                 shutdown, workspace_info)
+from jax_overlap.native import build_info, gpu_available
+from jax_overlap.runtime import check_errors, clear_errors, initialize, shutdown, workspace_info
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ag_matmul", "matmul_rs", "AgDotGeneral", "RsDotGeneral", "all_gather", "remat", "build_info", "fused_available",
+    "ag_matmul", "matmul_rs", "AgDotGeneral", "RsDotGeneral", "all_gather", "remat", "build_info", "gpu_available",
     "initialize", "shutdown", "workspace_info", "check_errors", "clear_errors", "PeerTimeoutError",
     "WorkspaceFullError", "tracing", "__version__",
 ]

@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 
-from jax_overlap import native, runtime
+from jax_overlap import backend, runtime
 
 # Mirrors csrc/kernels/params.h TraceEvent and TraceKind.
 EVENT_DTYPE = np.dtype([("start", "<u8"), ("end", "<u8"), ("block", "<u4"), ("kind", "<u4"), ("arg0", "<u4"),
@@ -24,7 +24,7 @@ KINDS = ("gemm_tile", "wait", "fetch", "publish", "reduce")
 
 def events(ordinal: int) -> tuple[np.ndarray, float]:
   """Raw events of one local GPU (and clears them), with timer ticks per microsecond."""
-  raw, ticks_per_us = native.module().read_trace(ordinal)
+  raw, ticks_per_us = backend.current().native.read_trace(ordinal)
   return np.frombuffer(raw, dtype=EVENT_DTYPE), ticks_per_us
 
 

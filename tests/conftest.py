@@ -47,9 +47,10 @@ os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
 import jax  # noqa: E402  (after the environment above)
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+import tolerance  # noqa: E402
 
 
 def pytest_configure(config):
@@ -82,32 +83,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 # --- tolerances ---------------------------------------------------------------
-
-def tolerances(dtype, k: int, scale: float = 1.0) -> tuple[float, float]:
-  """(rtol, atol) for a length-k reduction computed in `dtype`, against float64 on the same inputs.
-
-  u = finfo(dtype).eps / 2 is the unit roundoff (bf16 2^-8, f16 2^-11, f32 2^-24).
-  rtol = u^(2/3): bf16 0.025, f16 6.2e-3, f32 1.5e-5, i.e. a few ulps for the
-    16-bit types (output rounding, reductions over the group in the dtype) and
-    room for the f32 accumulation error, which grows like u * sqrt(k).
-  atol = rtol * sqrt(k) * scale: a sum of k terms of magnitude `scale` (1 for
-    unit-normal operands) has magnitude ~ sqrt(k) * scale, so entries that
-    cancel to near zero keep the error of their terms.
-  """
-  u = float(jnp.finfo(dtype).eps) / 2
-  rtol = u ** (2 / 3)
-  return rtol, rtol * math.sqrt(k) * scale
-
+# One scheme for every test (tolerance.py, which the GPU tests and the multi-process scenarios import too).
 
 @pytest.fixture
 def assert_close():
-  def check(actual, expected, dtype, k: int, scale: float = 1.0, what: str = ""):
-    rtol, atol = tolerances(dtype, k, scale)
-    actual = np.asarray(np.asarray(actual).astype(np.float64))
-    expected = np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=what)
-  return check
+  return tolerance.assert_close
 
 
 # --- inputs -------------------------------------------------------------------

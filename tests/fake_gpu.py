@@ -1,10 +1,12 @@
 """A stand-in for the native module that lets the real runtime and lowering run on CPU devices.
 
-runtime.py and gpu_lowering.py run unchanged (workspace set-up, peers, the
-key-value store, calibration, decisions, regions, sites) over a FakeNative that
-takes the CPU devices for GPUs: memory it allocates is a count, copies and GEMMs
-take the times of a model GPU, and its failures are those of the real module
-(RuntimeError). Lowering for "cuda" then emits the custom calls a GPU would get.
+The runtime, the planner and the lowering run unchanged (workspace set-up,
+peers, the key-value store, the measured figures, decisions, regions, sites) on
+a backend (jax_overlap/backend.py) whose native module is a FakeNative and
+whose GPUs are the CPU devices: memory it allocates is a count, copies and
+GEMMs take the times of a model GPU, and its failures are those of the real
+module (RuntimeError). Lowering for "cuda" then emits the custom calls a GPU
+would get.
 
   FakeNative(gemm_scale=2.0, fail={"allocate_workspace", "prepare_vendor_blas"})
   install(setattr, fake, host="host-a")   # setattr: pytest's monkeypatch.setattr, or builtins.setattr
@@ -14,9 +16,11 @@ Only the pipelined algorithm is planned (no fused tiles: their launch is the com
 
 from __future__ import annotations
 
+import socket
+
 import jax
 
-from jax_overlap import native, runtime
+from jax_overlap import backend
 
 # The model GPU: the GEMM at 700 TFLOP/s (a chunk's share 5% slower than the whole), copies within a GPU at
 # 2 TB/s and between GPUs at 300 GB/s.
@@ -25,14 +29,21 @@ LOCAL_BYTES_PER_US = 2e6
 LINK_BYTES_PER_US = 3e5
 
 
+class _Targets(dict):
+  def __missing__(self, name):
+    return f"jax_overlap_{name}"
+
+
 class FakeNative:
-  """The native module's runtime functions on CPU devices; `fail` names those that raise as out of memory would."""
+  """The native module's runtime functions on CPU devices; `fail` names those that raise as out of memory would.
+  Copies between GPUs run at `link_bytes_per_us`."""
 
   DEFAULT_WATCHDOG_SECONDS = 600.0
 
-  def __init__(self, gemm_scale: float = 1.0, fail=()):
+  def __init__(self, gemm_scale: float = 1.0, fail=(), link_bytes_per_us: float = LINK_BYTES_PER_US):
     self.gemm_scale = gemm_scale
     self.fail = set(fail)
+    self.link_bytes_per_us = link_bytes_per_us
     self.gen = 1
     self.workspaces = {}  # ordinal -> bytes
     self.calls = []  # (function, args) of the set-up functions, in order
@@ -51,6 +62,18 @@ class FakeNative:
 
   def faults(self) -> str:
     return ""
+
+  def targets(self):
+    return _Targets()
+
+  def registrations(self):
+    return {}
+
+  def type_registrations(self):
+    return {}
+
+  def tile_shapes(self):
+    return []
 
   def init_device(self, ordinal, global_id):
     self._maybe_fail("init_device", ordinal, global_id)
@@ -87,7 +110,7 @@ class FakeNative:
   def time_copy(self, ordinal, ptr, nbytes) -> float:
     self._maybe_fail("time_copy", ordinal)
     own = ptr in (0, (jax.local_devices()[ordinal].id + 1) << 40)
-    return nbytes / (LOCAL_BYTES_PER_US if own else LINK_BYTES_PER_US)
+    return nbytes / (LOCAL_BYTES_PER_US if own else self.link_bytes_per_us)
 
   def time_gemms(self, ordinal, dtype_name, rows, n, k, w_kmajor, warmup_ms) -> list:
     self._maybe_fail("time_gemms", ordinal)
@@ -126,13 +149,9 @@ class FakeNative:
     return None
 
 
-def install(set_attr, fake: FakeNative, host: str | None = None) -> None:
-  """Makes jax_overlap take `fake` for its native module and this process's CPU devices for its GPUs (on `host`)."""
-  set_attr(native, "module", lambda: fake)
-  set_attr(native, "platform", lambda: "cuda")
-  set_attr(native, "ensure_registered", lambda: None)
-  set_attr(native, "target", lambda op: f"jax_overlap_{op}")
-  set_attr(native, "tile_shapes", lambda: ())
-  set_attr(runtime, "_local_gpus", jax.local_devices)
-  if host is not None:
-    set_attr(runtime, "_hostname", lambda: host)
+def install(set_attr, fake: FakeNative, host: str | None = None, gpus=jax.local_devices) -> backend.Backend:
+  """Makes jax_overlap run on a fresh backend: `fake` for its native module ("cuda") and this process's CPU
+  devices (or `gpus()`) for its GPUs, on `host`."""
+  machine = backend.Backend(fake, "cuda", gpus=gpus, host=socket.gethostname if host is None else lambda: host)
+  set_attr(backend, "_current", machine)
+  return machine

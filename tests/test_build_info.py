@@ -34,7 +34,7 @@ def test_build_info_on_a_gpu_build_with_its_gpus_names_what_auto_takes(monkeypat
   asked for (the wording once said auto ran the fused kernels)."""
   built = {"platform": "cuda", "archs": "90", "compiler": "NVIDIA 13.0", "ffi_api": "0.1", "fused_kernels": True}
   monkeypatch.setattr(native, "_native", types.SimpleNamespace(build_info=lambda: dict(built)))
-  monkeypatch.setattr(native, "fused_available", lambda: True)
+  monkeypatch.setattr(native, "gpu_available", lambda: True)
   runs = native.build_info()["runs"]
   assert runs.startswith("on cuda, algorithm='auto' takes the pipelined algorithm for groups of two or more"), runs
   assert "XLA's dot for a group of one" in runs and "fused kernels run when asked for (algorithm='fused')" in runs

@@ -1,8 +1,10 @@
-"""What calibration measures for the cost model, with a stand-in for the GPU timings (no GPU)."""
+"""The figures measured for the cost models (planning/figures.py), with a stand-in for the GPU timings (no GPU)."""
 
 import pytest
 
-from jax_overlap import calibration, native, runtime
+from jax_overlap import backend, runtime
+from jax_overlap.ops import ag_matmul, matmul_rs
+from jax_overlap.planning import figures
 
 
 class _Timings:
@@ -16,7 +18,7 @@ class _Timings:
     return 1
 
   def time_gemms(self, ordinal, dtype, rows, n, k, w_kmajor, warmup_ms):
-    assert warmup_ms == calibration.GEMM_WARMUP_MS
+    assert warmup_ms == figures.GEMM_WARMUP_MS
     self.gemms.append(tuple(rows))
     if self.fail:
       raise RuntimeError("time_gemms: out of memory")
@@ -30,16 +32,15 @@ class _Timings:
 @pytest.fixture
 def timings(monkeypatch):
   fake = _Timings()
-  monkeypatch.setattr(native, "module", lambda: fake)
-  monkeypatch.setattr(runtime, "_agreed", {})
+  machine = backend.Backend(fake, "cuda")
+  machine.state.link_bytes_per_us, machine.state.local_bytes_per_us = 3e5, 2e6  # as initialize() measures them
+  monkeypatch.setattr(backend, "_current", machine)
   monkeypatch.setattr(runtime, "first_ordinal", lambda: 0)
-  monkeypatch.setattr(runtime, "link_bytes_per_us", lambda: 3e5)
-  monkeypatch.setattr(runtime, "local_bytes_per_us", lambda: 2e6)
   return fake
 
 
 def test_matmul_rs_figures_carry_its_measured_reduction(timings):
-  f = calibration.figures("matmul_rs", "bfloat16", 4096, 512, 256, 4, False)
+  f = figures.measure(matmul_rs, "bfloat16", 4096, 512, 256, 4, False)
   assert timings.reductions == [("bfloat16", 4, 1024, 256)]  # world blocks of rows / world rows each
   assert f.reduce_us == 42.0
   assert f.gemm_us == (1024.0, 2048.0, 3072.0, 4096.0)
@@ -47,15 +48,15 @@ def test_matmul_rs_figures_carry_its_measured_reduction(timings):
 
 
 def test_ag_matmul_figures_have_no_reduction(timings):
-  f = calibration.figures("ag_matmul", "bfloat16", 1024, 512, 256, 4, False)
+  f = figures.measure(ag_matmul, "bfloat16", 1024, 512, 256, 4, False)
   assert f.reduce_us is None and timings.reductions == []
   assert f.gemm_us == (1024.0, 2048.0, 3072.0, 4096.0) and f.chunk_bytes == 1024 * 512 * 2
 
 
 def test_each_shape_is_measured_once(timings):
   for _ in range(3):
-    calibration.figures("matmul_rs", "bfloat16", 4096, 512, 256, 4, False)
-  calibration.figures("matmul_rs", "bfloat16", 4096, 512, 256, 2, False)
+    figures.measure(matmul_rs, "bfloat16", 4096, 512, 256, 4, False)
+  figures.measure(matmul_rs, "bfloat16", 4096, 512, 256, 2, False)
   assert timings.gemms == [(1024, 2048, 3072, 4096), (2048, 4096)] and len(timings.reductions) == 2
 
 
@@ -64,5 +65,5 @@ def test_a_failed_measurement_is_a_setup_error_and_is_not_tried_again(timings):
   timings.fail = True
   for _ in range(2):
     with pytest.raises(runtime.SetupError, match=r"gemm/bfloat16/1024x4/256/512/0: time_gemms: out of memory"):
-      calibration.figures("ag_matmul", "bfloat16", 1024, 512, 256, 4, False)
+      figures.measure(ag_matmul, "bfloat16", 1024, 512, 256, 4, False)
   assert len(timings.gemms) == 1

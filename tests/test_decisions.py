@@ -20,8 +20,11 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
-from jax_overlap import gpu_lowering, runtime
+from jax_overlap import lowering, planning, processes, runtime
+from jax_overlap.ops import OPS
+from jax_overlap.planning import pipelined
 
+import fake_gpu
 from fake_gpu import FakeNative, install
 
 # The calls' per-rank GEMM: with the model GPU of fake_gpu, overlapping the gather pays (pipelined).
@@ -33,8 +36,6 @@ def fake(monkeypatch):
   """A fresh runtime on a FakeNative (8 CPU devices as GPUs of one process)."""
   native = FakeNative()
   install(monkeypatch.setattr, native)
-  monkeypatch.setattr(runtime, "_state", runtime._State())
-  monkeypatch.setattr(runtime, "_agreed", {})
   jax.clear_caches()
   yield native
   jax.clear_caches()
@@ -139,10 +140,10 @@ def test_a_process_that_lowers_a_program_once_more_keeps_its_site_numbers(two_ho
 
 @pytest.fixture
 def gathered(monkeypatch):
-  """gpu_lowering._decided over proposals given per process (a stand-in for runtime.gather)."""
+  """lowering._decided over proposals given per process (a stand-in for processes.gather)."""
   def decide(*proposals):
-    monkeypatch.setattr(runtime, "gather", lambda name, mine: list(proposals))
-    return gpu_lowering._decided("decide/x/final", proposals[0])
+    monkeypatch.setattr(processes, "gather", lambda name, mine: list(proposals))
+    return lowering._decided("decide/x/final", proposals[0])
   return decide
 
 
@@ -160,9 +161,41 @@ def test_the_agreed_choice_is_one_every_process_proposed(gathered):
 def test_a_process_missing_at_a_step_fails_it_for_all(monkeypatch):
   def missing(name, mine):
     raise runtime.SetupError("jax_overlap: not every process reached decide/x/final within 120 s")
-  monkeypatch.setattr(runtime, "gather", missing)
-  choice, why = gpu_lowering._decided("decide/x/final", {"choice": ["pipelined"], "why": None})
+  monkeypatch.setattr(processes, "gather", missing)
+  choice, why = lowering._decided("decide/x/final", {"choice": ["pipelined"], "why": None})
   assert choice is None and "not every process reached" in why
+
+
+# --- planning (one process) -------------------------------------------------------------
+
+@pytest.fixture
+def planned(monkeypatch):
+  """The links each pipelined plan of the calls that follow was made with."""
+  links, plan = [], pipelined.plan
+  def counted(op, world, figures, stages=None):
+    links.append(figures.link_bytes_per_us)
+    return plan(op, world, figures, stages)
+  monkeypatch.setattr(pipelined, "plan", counted)
+  return links
+
+
+def test_an_auto_call_is_planned_once_from_the_figures_at_hand(fake, make_mesh, planned):
+  """Before the workspace exists, with the link guessed (a quarter of the local copy rate) and once more with
+  the measured one; after, once."""
+  mesh = make_mesh((8,), ("tp",))
+  assert len(_calls(_ag(mesh, "auto"), *_operands(mesh))) == 1
+  assert planned == [0.25 * fake_gpu.LOCAL_BYTES_PER_US, fake_gpu.LINK_BYTES_PER_US]
+  planned.clear()
+  assert len(_calls(_ag(mesh, "auto", name="again"), *_operands(mesh))) == 1
+  assert planned == [fake_gpu.LINK_BYTES_PER_US]
+
+
+def test_eligibility_is_judged_before_anything_is_measured(fake):
+  """A call no algorithm takes measures nothing (the figures are a collective step with several processes)."""
+  problem = planning.Problem("ag_matmul", "float32", 1, ROWS, K, N, 8, (tuple(range(8)),), False)
+  with pytest.raises(planning.Declined, match=r"^pipelined: dtype float32 \(.*\); fused: dtype float32 \("):
+    planning.decide(problem, OPS["ag_matmul"], "auto")
+  assert fake.calls == []
 
 
 # --- resource failures (one process) ------------------------------------------------

@@ -6,17 +6,17 @@ import re
 import pytest
 
 import jax_overlap
-from jax_overlap import config
+from jax_overlap.api import ALGORITHMS
 
 
 @pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
 def test_op_docstring_says_what_each_algorithm_does(op):
   doc = getattr(jax_overlap, op).__doc__
-  for algorithm in config.ALGORITHMS:
+  for algorithm in ALGORITHMS:
     assert re.search(rf'"{algorithm}"(?: \(default\))?: \S', doc), f"{op}'s docstring: {algorithm!r} and what it does"
 
 
 @pytest.mark.parametrize("cls", ["AgDotGeneral", "RsDotGeneral"])
 def test_layer_docstring_names_every_algorithm(cls):
   doc = getattr(jax_overlap, cls).__doc__
-  assert all(f'"{algorithm}"' in doc for algorithm in config.ALGORITHMS), doc
+  assert all(f'"{algorithm}"' in doc for algorithm in ALGORITHMS), doc

@@ -14,7 +14,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
-from jax_overlap import sharding_plan
+from jax_overlap.sharding import spec_of
 
 TP = 4
 
@@ -25,7 +25,7 @@ def reference(x, w, bias):
 
 def reduce_scatter(*block, dim: int = -2):
   """The compiled collective of the XLA path's reduce-scatter onto `block` (this rank's block of the output):
-  an all-to-all of the rounded partials, summed locally (reference.py); XLA's CPU backend sends one buffer per
+  an all-to-all of the rounded partials, summed locally (numerics.py); XLA's CPU backend sends one buffer per
   peer, `block` with a unit dim for the group before the scattered dim."""
   shape = list(block)
   shape.insert(len(shape) + dim, 1)
@@ -42,7 +42,7 @@ def all_reduce(shape, group: int):
 def same_layout(sharding, spec) -> bool:
   """sharding lays its array out as spec says (trailing unsharded dims written or not)."""
   ndim = max(len(sharding.spec), len(spec))
-  return sharding_plan.spec_of(sharding, ndim) == sharding_plan.spec_of(spec, ndim)
+  return spec_of(sharding, ndim) == spec_of(spec, ndim)
 
 
 def _put(mesh, arrays_and_specs):
@@ -269,7 +269,7 @@ def test_gather_axis_global(normal, make_mesh, compiled_collectives, assert_clos
   y = f(*args)
   assert_close(y, reference(x, w, 0 * w[0]), jnp.float32, 16)
   assert same_layout(y.sharding, P(None, None, "tp"))
-  # The body folds the batch and the rows into one row dim (local.py), which is what it gathers.
+  # The body folds the batch and the rows into one row dim (ag_matmul.on_shards), which is what it gathers.
   assert compiled_collectives(f, *args) == [("all-gather", (24, 16))]
 
 

@@ -76,7 +76,7 @@ def test_gated_mlp_grads(normal, make_mesh, assert_close):
 
 @pytest.mark.parametrize("gather_axis", [0, -3, 1])
 def test_gather_axis(gather_axis, normal, make_mesh, assert_close):
-  """x [B, S, K] gathered along B (0 or -3) or S (1): the fused kernels' rows after a fold (local.py)."""
+  """x [B, S, K] gathered along B (0 or -3) or S (1): the fused kernels' rows after a fold (ag_matmul.on_shards)."""
   mesh = make_mesh((WORLD,), ("tp",))
   x, w, bias = normal((WORLD * 2, 3, 16), np.float32), normal((16, WORLD * 2), np.float32), normal((WORLD * 2,),
                                                                                                     np.float32)

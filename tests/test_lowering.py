@@ -14,45 +14,61 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_overlap
-from jax_overlap import calibration, config, gpu_lowering, native, pipeline_plan, runtime
+from jax_overlap import backend, lowering, native, runtime
+
+from fake_gpu import FakeNative, install
 
 pytestmark = pytest.mark.skipif(native.platform() != "cuda", reason="needs the CUDA build of the extension")
 
-# Stand-in measurements: the GEMM at 700 TFLOP/s, each chunk's share of it 5% slower than the whole.
-_GEMM_FLOPS_PER_US = 7e8
+
+class _CompiledFake(FakeNative):
+  """FakeNative's runtime and model GPU (the GEMM at 700 TFLOP/s, each chunk's share of it 5% slower than the
+  whole), with the compiled module's targets, tiles, sizes and launch geometry, at the kernels' occupancy on an
+  H200 (no GPU to query here): the 8-warp tiles one workgroup per SM, the 4-warp ones two."""
+
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    self.compiled = native.module()
+    self.gen = 7
+
+  def targets(self):
+    return self.compiled.targets()
+
+  def tile_shapes(self):
+    return self.compiled.tile_shapes()
+
+  def gemm_geometry(self, op, tile, *args):
+    threads = next(t["threads"] for t in self.compiled.tile_shapes() if t["index"] == tile)
+    return self.compiled.gemm_geometry(op, tile, *args[:-1], 1 if threads >= 256 else 2)
+
+  def pipelined_scratch_bytes(self, *args):
+    return self.compiled.pipelined_scratch_bytes(*args)
+
+  def pipelined_region_bytes(self, *args):
+    return self.compiled.pipelined_region_bytes(*args)
+
+  def all_gather_region_bytes(self, *args):
+    return self.compiled.all_gather_region_bytes(*args)
 
 
-def _figures(link_bytes_per_us):
-  def figures(op, dtype_name, rows, k, n, world, w_kmajor):
-    chunk = pipeline_plan.chunk_rows(op, rows, world)
-    gemm = tuple(2.0 * s * chunk * k * n / _GEMM_FLOPS_PER_US * (1.05 if s < world else 1.0)
-                 for s in range(1, world + 1))
-    return pipeline_plan.Figures(gemm, pipeline_plan.chunk_bytes(op, rows, k, n, world), link_bytes_per_us, 2e6)
-  return figures
+def _install(monkeypatch, link=3e5, gpus=jax.devices, workspace_bytes=1 << 30, set_up=True):
+  """A runtime on a _CompiledFake whose GPUs are `gpus()` (CPU devices), every one reachable, with a `link`
+  bytes/us link; its workspace of `workspace_bytes` set up (set_up)."""
+  fake = _CompiledFake(link_bytes_per_us=link)
+  install(monkeypatch.setattr, fake, gpus=gpus)
+  if set_up:
+    jax_overlap.initialize(workspace_bytes=workspace_bytes)
+  return fake
 
 
 @pytest.fixture
 def fake_gpu_runtime(monkeypatch):
   """A runtime that believes it has every CPU device as a reachable GPU, with a 300 GB/s link."""
-  monkeypatch.setattr(runtime._state, "active", True)
-  monkeypatch.setattr(runtime._state, "workspace_bytes", 1 << 30)
-  monkeypatch.setattr(runtime._state, "next_offset", 0)
-  monkeypatch.setattr(runtime._state, "regions", {})
-  monkeypatch.setattr(runtime._state, "sites", {})
-  monkeypatch.setattr(runtime._state, "reachable", {d.id for d in jax.devices()})
-  monkeypatch.setattr(runtime._state, "link_bytes_per_us", 3e5)
-  monkeypatch.setattr(runtime, "initialize", lambda **kw: runtime.workspace_info())
-  monkeypatch.setattr(runtime, "device_props", lambda: config.DeviceProps(sm_count=132, smem_per_block=232448))
-  monkeypatch.setattr(runtime, "local_device_ids", lambda: {d.id for d in jax.devices()})
-  monkeypatch.setattr(runtime, "generation", lambda: 7)
-  monkeypatch.setattr(native, "ensure_registered", lambda: None)
-  monkeypatch.setattr(gpu_lowering, "_vendor_blas", lambda: None)
-  monkeypatch.setattr(calibration, "figures", _figures(3e5))
-  # The kernels' occupancy on an H200 (no GPU to query here): the 8-warp tiles one workgroup per SM,
-  # the 4-warp ones two.
-  compiled = native.gemm_geometry
-  monkeypatch.setattr(native, "gemm_geometry", lambda op, tile, *a, **kw: compiled(
-      op, tile, *a, **kw, workgroups_per_sm=1 if tile.threads >= 256 else 2))
+  return _install(monkeypatch)
+
+
+def _regions():
+  return backend.current().state.regions
 
 
 def _custom_calls(text):
@@ -98,7 +114,7 @@ def test_backward_uses_both_fused_ops_with_w_transposed(fake_gpu_runtime, make_m
       lowering_platforms=("cuda",)).as_text())
   assert [c.split("@")[1].split("(")[0] for c in calls] == ["jax_overlap_ag_matmul", "jax_overlap_matmul_rs"]
   assert "w_kmajor = 1" in calls[1]
-  assert len(runtime._state.regions) == 2  # one region per (op, group, shape)
+  assert len(_regions()) == 2  # one region per (op, group, shape)
 
 
 def test_fused_refused_where_it_cannot_run(fake_gpu_runtime, make_mesh):
@@ -222,8 +238,7 @@ def test_auto_takes_pipelined_where_the_cost_model_says_so(fake_gpu_runtime, mon
                                                            target):
   # 300 GB/s: the transfer is a quarter of the GEMM and overlapping it pays; 30 TB/s: it is nearly free, and
   # chunking only costs.
-  monkeypatch.setattr(calibration, "figures", _figures(link))
-  monkeypatch.setattr(runtime._state, "link_bytes_per_us", link)
+  _install(monkeypatch, link=link)
   calls = _custom_calls(_lowered(_op_fn(op, make_mesh((8,), ("tp",)), "auto"), *_operands(op, 8, 16384, 8192, 8192)))
   if target is None:
     assert calls == []
@@ -231,27 +246,22 @@ def test_auto_takes_pipelined_where_the_cost_model_says_so(fake_gpu_runtime, mon
     assert len(calls) == 1 and f"@jax_overlap_{op}_{target}(" in calls[0]
 
 
-def _refuse(*args, **kwargs):
-  raise AssertionError("nothing may be set up for this call")
-
-
 @pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
-def test_xla_and_a_group_of_one_under_auto_set_nothing_up(fake_gpu_runtime, monkeypatch, make_mesh, op):
-  monkeypatch.setattr(runtime, "initialize", _refuse)
-  monkeypatch.setattr(runtime, "prepare_devices", _refuse)
-  monkeypatch.setattr(runtime, "placement", _refuse)
-  monkeypatch.setattr(runtime, "site", _refuse)
+def test_xla_and_a_group_of_one_under_auto_set_nothing_up(monkeypatch, make_mesh, op):
+  fake = _install(monkeypatch, set_up=False)
   assert _custom_calls(_lowered(_op_fn(op, make_mesh((4,), ("tp",)), "xla"), *_operands(op, 4, 256, 64, 64))) == []
   mesh = make_mesh((8, 1), ("dp", "tp"))
   fn = getattr(jax_overlap, op)
   f = jax.jit(jax.shard_map(lambda x, w: fn(x, w, axis_name="tp", algorithm="auto"), mesh=mesh,
                             in_specs=(P("dp"), P()), out_specs=P(("dp", "tp"))))
   assert _custom_calls(_lowered(f, jnp.zeros((256, 512), jnp.bfloat16), jnp.zeros((512, 256), jnp.bfloat16))) == []
+  state = backend.current().state
+  assert fake.calls == [] and not state.prepared and state.regions == {} and state.sites == {}
 
 
 @pytest.mark.parametrize("algorithm", ["fused", "pipelined", "auto"])
 def test_kill_switch_forces_the_xla_path(fake_gpu_runtime, monkeypatch, make_mesh, algorithm):
-  monkeypatch.setenv(gpu_lowering.KILL_SWITCH, "1")
+  monkeypatch.setenv(lowering.KILL_SWITCH, "1")
   text = _lowered(_op_fn("ag_matmul", make_mesh((4,), ("tp",)), algorithm), *_operands("ag_matmul", 4, 16384, 8192, 8192))
   assert _custom_calls(text) == [] and "all_gather" in text
 
@@ -268,7 +278,7 @@ def test_call_sites_sharing_a_region_get_their_own_numbers(fake_gpu_runtime, mak
                             out_specs=P(None, "tp")))
   x, w = _operands("ag_matmul", 4, 1024, 256, 128)
   calls = _custom_calls(_lowered(f, x, w, w, jnp.zeros((512,), jnp.bfloat16)))
-  assert len(calls) == 2 and len(runtime._state.regions) == 1  # one region, shared
+  assert len(calls) == 2 and len(_regions()) == 1  # one region, shared
   assert [int(re.search(r"site = (\d+)", c).group(1)) for c in calls] == [1, 2]
   assert len({re.search(r"region_offset = (\d+)", c).group(1) for c in calls}) == 1
 
@@ -283,8 +293,7 @@ def test_site_numbers_repeat_after_16_bits(fake_gpu_runtime):
 
 def test_only_this_process_groups_must_be_reachable(fake_gpu_runtime, monkeypatch, make_mesh):
   # This process has devices 0-3 (one host); 4-7 are another host's, never mapped here.
-  monkeypatch.setattr(runtime, "local_device_ids", lambda: {0, 1, 2, 3})
-  monkeypatch.setattr(runtime._state, "reachable", {0, 1, 2, 3})
+  _install(monkeypatch, gpus=lambda: jax.devices()[:4])
   x, w = jnp.zeros((256, 512), jnp.bfloat16), jnp.zeros((512, 256), jnp.bfloat16)
   # tp inside the host (dp across hosts): this process's group is reachable.
   mesh = make_mesh((2, 4), ("dp", "tp"))
@@ -305,7 +314,7 @@ def test_only_this_process_groups_must_be_reachable(fake_gpu_runtime, monkeypatc
 
 
 def test_a_full_workspace_falls_back_under_auto_and_raises_when_asked_for(fake_gpu_runtime, monkeypatch, make_mesh):
-  monkeypatch.setattr(runtime._state, "workspace_bytes", 4096)
+  _install(monkeypatch, workspace_bytes=4096)
   args = _operands("matmul_rs", 8, 16384, 8192, 8192)
   assert _custom_calls(_lowered(_op_fn("matmul_rs", make_mesh((8,), ("tp",)), "auto"), *args)) == []
   with pytest.raises(ValueError, match=r"algorithm='pipelined' cannot take this call: .*bytes of symmetric workspace"):

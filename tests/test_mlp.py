@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
 from test_global import reduce_scatter
+from tolerance import rms
 
 TP = 4
 B, S, H, F = 2, 16, 32, 64
@@ -58,9 +59,9 @@ def _check(got_out, got_grads, params, ct, dtype, assert_close):
     if like is not None:
       assert got.shape == like.shape and got.dtype == like.dtype, name
     want = np.asarray(want, np.float64)
-    # Order-1 values, so the tolerance's scale is the expected RMS (see conftest.tolerances), times the
+    # Order-1 values, so the tolerance's scale is the expected RMS (see tolerance.tolerances), times the
     # three rounded stages on every path (matmul, gelu, matmul) whose errors add up.
-    assert_close(got, want, dtype, 1, scale=3 * float(np.sqrt(np.mean(want ** 2))), what=name)
+    assert_close(got, want, dtype, 1, scale=3 * rms(want), what=name)
 
 
 DTYPES = [jnp.bfloat16, jnp.float32]

@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
-from jax_overlap import reference
+from jax_overlap import numerics
 
 
 def _name(d):
@@ -23,7 +23,7 @@ def _name(d):
 def partials(x, w, group: int):
   """Each rank's partial product in float32, rank r holding x's and w's r-th block of the contraction."""
   k = x.shape[-1] // group
-  product = jax.jit(lambda a, b: reference.local_matmul(a, b))
+  product = jax.jit(lambda a, b: numerics.local_matmul(a, b))
   return [np.asarray(product(x[..., r * k:(r + 1) * k], w[r * k:(r + 1) * k])) for r in range(group)]
 
 

@@ -1,7 +1,7 @@
-"""Global-mode partition decisions (sharding_plan.ag_plan / rs_plan / spec_of) and the Shardy rules, with no
+"""Global-mode partition decisions (each op's sharding_plan, sharding.spec_of) and the Shardy rules, with no
 devices.
 
-Specs are what sharding_plan.spec_of makes of a sharding: one entry per dim,
+Specs are what sharding.spec_of makes of a sharding: one entry per dim,
 a tuple of mesh axes or None. The mesh is a stand-in with a .shape.
 """
 
@@ -10,18 +10,19 @@ import types
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jax_overlap import partitioning, sharding_plan
+from jax_overlap import partitioning, sharding
+from jax_overlap.ops import ag_matmul, matmul_rs
 
 MESH = types.SimpleNamespace(shape={"dp": 2, "tp": 4})
 DP, TP, BOTH = ("dp",), ("tp",), ("dp", "tp")
 
 
 def ag(x_spec, w_spec, x_shape=(16, 16), w_shape=(16, 24), w_kmajor=False, gather=-2):
-  return sharding_plan.ag_plan(MESH, x_spec, w_spec, x_shape, w_shape, w_kmajor, gather)
+  return ag_matmul.sharding_plan(MESH, x_spec, w_spec, x_shape, w_shape, w_kmajor, gather)
 
 
 def rs(x_spec, w_spec, x_shape=(16, 16), w_shape=(16, 24), w_kmajor=False, scatter=None, request=None):
-  return sharding_plan.rs_plan(MESH, x_spec, w_spec, x_shape, w_shape, w_kmajor, scatter, request)
+  return matmul_rs.sharding_plan(MESH, x_spec, w_spec, x_shape, w_shape, w_kmajor, scatter, request)
 
 
 # (name, x spec, w spec, w_kmajor, x shape, w shape) -> (axes, x, w, bias, y, gathered)
@@ -67,7 +68,7 @@ AG_CASES = [
                          ids=[c[0] for c in AG_CASES])
 def test_ag_plan(name, x_spec, w_spec, w_kmajor, x_shape, w_shape, expected):
   plan = ag(x_spec, w_spec, x_shape, w_shape, w_kmajor)
-  assert isinstance(plan, sharding_plan.AgPlan)
+  assert isinstance(plan, ag_matmul.Plan)
   assert (plan.axes, plan.x, plan.w, plan.bias, plan.y, plan.gathered) == expected
   assert plan.why
 
@@ -123,7 +124,7 @@ RS_CASES = [
 def test_rs_plan(name, x_spec, w_spec, x_shape, w_shape, scatter, asked, expected):
   w_kmajor = name == "w_kmajor"
   plan = rs(x_spec, w_spec, x_shape, w_shape, w_kmajor, scatter, asked)
-  assert isinstance(plan, sharding_plan.RsPlan)
+  assert isinstance(plan, matmul_rs.Plan)
   assert (plan.axes, plan.scatter, plan.x, plan.w, plan.bias, plan.out) == expected
   assert plan.why
 
@@ -136,12 +137,12 @@ def test_rs_plan(name, x_spec, w_spec, x_shape, w_shape, scatter, asked, expecte
     (P((), "tp"), 2, [None, TP]),
 ], ids=["plain", "tuple_padded", "padded", "replicated", "empty_tuple"])
 def test_spec_normalization(spec, ndim, expected):
-  assert sharding_plan.spec_of(types.SimpleNamespace(spec=spec), ndim) == expected
-  assert sharding_plan.spec_of(spec, ndim) == expected
+  assert sharding.spec_of(types.SimpleNamespace(spec=spec), ndim) == expected
+  assert sharding.spec_of(spec, ndim) == expected
 
 
 def test_spec_without_sharding_is_replicated():
-  assert sharding_plan.spec_of(None, 3) == [None, None, None]
+  assert sharding.spec_of(None, 3) == [None, None, None]
 
 
 @pytest.mark.parametrize("has_bias,w_kmajor,w_ndim,expected", [
@@ -151,14 +152,14 @@ def test_spec_without_sharding_is_replicated():
 ])
 def test_ag_sharding_rule(has_bias, w_kmajor, w_ndim, expected):
   """The gathered dim is its own factor p in the results: propagation must not copy x's sharding of it onto y."""
-  rule = partitioning._ag_function(3, w_ndim, has_bias, w_kmajor, "auto", -2).sharding_rule
+  rule = partitioning.custom_partitioned(ag_matmul, 3, w_ndim, has_bias, w_kmajor, "auto", -2, None).sharding_rule
   assert rule.operand_mappings == expected
   n = tuple(f"n{i}" for i in range(w_ndim - 1))
   assert rule.result_mappings == (("b0", "p", *n), ("b0", "p", "k"))
 
 
 def test_ag_sharding_rule_gather_axis():
-  rule = partitioning._ag_function(3, 2, False, False, "auto", -3).sharding_rule
+  rule = partitioning.custom_partitioned(ag_matmul, 3, 2, False, False, "auto", -3, None).sharding_rule
   assert rule.operand_mappings == (("g", "b1", "k"), ("k", "n0"))
   assert rule.result_mappings == (("p", "b1", "n0"), ("p", "b1", "k"))
 
@@ -168,7 +169,7 @@ def test_ag_sharding_rule_gather_axis():
     (3, (("b0", "k0", "k1"), ("k0", "k1", "n"), ("n",))),
 ])
 def test_rs_sharding_rule(w_ndim, expected):
-  rule = partitioning._rs_function(3, w_ndim, True, False, "auto", None, None).sharding_rule
+  rule = partitioning.custom_partitioned(matmul_rs, 3, w_ndim, True, False, "auto", None, None).sharding_rule
   assert rule.operand_mappings == expected
   out_lead = expected[0][:3 - (w_ndim - 1)]
   assert rule.result_mappings == ((*out_lead, "n"),)

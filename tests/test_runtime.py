@@ -9,7 +9,7 @@ import jax
 import pytest
 
 import jax_overlap
-from jax_overlap import gpu_lowering, native, runtime, tracing
+from jax_overlap import lowering, native, runtime, tracing
 
 WORKSPACE_KEYS = {"active", "workspace_bytes", "used_bytes", "regions", "watchdog_seconds", "on_timeout",
                   "sync_after_launch", "trace", "devices", "reachable_devices", "link_gbps"}
@@ -88,11 +88,11 @@ def test_settings_read_from_the_environment(monkeypatch):
   assert jax_overlap.workspace_info()["watchdog_seconds"] == math.inf
   for text, on in (("1", True), ("TRUE", True), ("on", True), ("", False), ("0", False), ("False", False),
                    ("no", False)):
-    monkeypatch.setenv(gpu_lowering.KILL_SWITCH, text)
-    assert gpu_lowering.disabled() is on
-  monkeypatch.setenv(gpu_lowering.KILL_SWITCH, "disabled")
+    monkeypatch.setenv(lowering.KILL_SWITCH, text)
+    assert lowering.disabled() is on
+  monkeypatch.setenv(lowering.KILL_SWITCH, "disabled")
   with pytest.raises(ValueError, match="jax_overlap: JAX_OVERLAP_DISABLE='disabled' is not a switch"):
-    gpu_lowering.disabled()
+    lowering.disabled()
 
 
 def test_workspace_info():

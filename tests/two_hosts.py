@@ -31,7 +31,7 @@ sys.path[:0] = [os.path.dirname(_TESTS), _TESTS]  # this checkout's jax_overlap,
 import fake_gpu  # noqa: E402
 
 import jax_overlap as jo  # noqa: E402
-from jax_overlap import _compat, runtime  # noqa: E402
+from jax_overlap import _compat, processes, runtime  # noqa: E402
 
 # A bound on every wait for the other process (a stalled collective step shows as this long, or its error).
 KV_TIMEOUT_MS = 20_000
@@ -114,7 +114,7 @@ def main() -> None:
   # The processes only lower: no collectives between them, and none of gloo's need of a resolvable host name.
   jax.config.update("jax_cpu_collectives_implementation", None)
   jax.distributed.initialize(f"127.0.0.1:{args.port}", num_processes=2, process_id=args.rank)
-  runtime._KV_TIMEOUT_MS = KV_TIMEOUT_MS
+  processes._KV_TIMEOUT_MS = KV_TIMEOUT_MS
   fake = fake_gpu.FakeNative()
   fake_gpu.install(setattr, fake, host=f"host-{args.rank}")
   devices = np.array(jax.devices())  # process 0's 4 devices, then process 1's

@@ -28,9 +28,12 @@ import sys
 import tempfile
 import time
 
+# The scenarios check results with the tests' one tolerance scheme (tests/tolerance.py).
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 # jax is imported by the worker after its environment is set.
-from scenarios import SCENARIOS
-from scenarios.common import WATCHDOG_SECONDS, Ctx
+from scenarios import SCENARIOS  # noqa: E402
+from scenarios.common import WATCHDOG_SECONDS, Ctx  # noqa: E402
 
 
 def worker(rank: int, world: int, port: int, out_path: str, per_gpu: bool, scenario: str) -> None:

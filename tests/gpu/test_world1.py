@@ -15,8 +15,9 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_overlap as jo
-from jax_overlap import native
-from gpu_util import random, rel_err, requires_gpu, tolerance
+from jax_overlap import backend
+from gpu_util import random, requires_gpu
+from tolerance import assert_close, rms, tolerances
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -53,7 +54,7 @@ def test_ag_matmul_fused(dtype, lead, m, k, n, with_bias):
   if with_bias:
     ref = ref + np.asarray(b, np.float64)
   assert y.shape == ref.shape and y.dtype == dtype
-  assert rel_err(y, ref) < tolerance(dtype)
+  assert_close(y, ref, dtype, k, k ** -0.5)
   np.testing.assert_array_equal(np.asarray(g), np.asarray(x))
 
 
@@ -76,7 +77,7 @@ def test_matmul_rs_fused(dtype, lead, m, k, n, with_bias):
   ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   if with_bias:
     ref = ref + np.asarray(b, np.float64)
-  assert rel_err(z, ref) < tolerance(dtype)
+  assert_close(z, ref, dtype, k, k ** -0.5)
   np.testing.assert_array_equal(np.asarray(f(x, w, b)).view(np.uint16), np.asarray(z).view(np.uint16))
 
 
@@ -103,10 +104,9 @@ def test_stream_k_tail_matches_reference_and_repeats_bits(dtype, op, k):
   _tail_slots(f, x, w, b)
   y = f(x, w, b)
   ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64) + np.asarray(b, np.float64)
-  assert rel_err(y, ref) < tolerance(dtype)
   # Element by element: a piece summed twice, lost, or read before it was
   # published moves whole tiles far beyond output rounding (2^-8 relative).
-  np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=1e-2, atol=1e-2)
+  assert_close(y, ref, dtype, k, k ** -0.5)
   for _ in range(3):
     np.testing.assert_array_equal(np.asarray(f(x, w, b)).view(np.uint16), np.asarray(y).view(np.uint16))
 
@@ -128,8 +128,7 @@ def test_stream_k_tail_chained_calls_on_fresh_data():
         _tail_slots(chain, xs, w)
       for step, (x, y) in enumerate(zip(xs, chain(xs, w))):
         ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
-        np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=1e-2, atol=1e-2,
-                                   err_msg=f"{op.__name__} run {run} call {step}")
+        assert_close(y, ref, jnp.bfloat16, k, k ** -0.5, f"{op.__name__} run {run} call {step}")
 
 
 # A group of one whose stream-K head cannot get its tail: rank 0 of a simulated pair whose rank 1
@@ -232,8 +231,8 @@ def test_mlp_grad_fused_matches_xla(dtype):
   assert text.count("jax_overlap_ag_matmul") >= 2 and text.count("jax_overlap_matmul_rs") >= 2
   (lf, gf), (lx, gx) = fused(params, x), xla(params, x)
   assert abs(float(lf) - float(lx)) <= 2e-2 * abs(float(lx))
-  for a, b in zip(jax.tree.leaves(gf), jax.tree.leaves(gx)):
-    assert rel_err(a, b) < 3 * tolerance(dtype)
+  for a, b in zip(jax.tree.leaves(gf), jax.tree.leaves(gx)):  # three rounded stages, as in test_mlp
+    assert_close(a, b, dtype, 1, 3 * rms(b))
 
 
 def test_global_mode_single_gpu_fused():
@@ -241,7 +240,7 @@ def test_global_mode_single_gpu_fused():
   x, w = random(rng, (512, 768), jnp.bfloat16), random(rng, (768, 1024), jnp.bfloat16, 1 / 28)
   f = jax.jit(lambda x, w: jo.ag_matmul(x, w, algorithm="fused"))
   assert "jax_overlap_ag_matmul" in f.lower(x, w).compile().as_text()
-  assert rel_err(f(x, w), np.asarray(x, np.float64) @ np.asarray(w, np.float64)) < tolerance(jnp.bfloat16)
+  assert_close(f(x, w), np.asarray(x, np.float64) @ np.asarray(w, np.float64), jnp.bfloat16, 768, 1 / 28)
 
 
 def test_fused_refuses_float32_with_reason():
@@ -267,7 +266,8 @@ def test_trace_export(tmp_path):
     jo.initialize(trace=False)
   events = json.load(open(tmp_path / "trace.json"))["traceEvents"]
   tiles = [e for e in events if e["name"] == "gemm_tile"]
-  assert len(tiles) in {1024 * 1024 // (t.bm * t.bn) for t in native.tile_shapes()}  # one event per output tile
+  # one event per output tile
+  assert len(tiles) in {1024 * 1024 // (t.bm * t.bn) for t in backend.current().tile_shapes()}
   assert split["gemm_tile"] > 0 and all(e["dur"] >= 0 for e in events)
 
 
@@ -286,7 +286,7 @@ def test_chained_calls_match_a_rounded_reference():
       want.append(cur)
     for run in range(2):
       for step, (out, ref) in enumerate(zip(chain(x, w), want)):
-        assert rel_err(np.asarray(out, np.float64), ref) < tolerance(jnp.bfloat16), (op.__name__, run, step)
+        assert_close(out, ref, jnp.bfloat16, 1024, 1 / 32, f"{op.__name__} run {run} step {step}")
 
 
 def test_trace_switch_reaches_calls_compiled_before_it(tmp_path):
@@ -316,7 +316,7 @@ def test_trace_switch_reaches_calls_compiled_before_it(tmp_path):
     on = gemm_tiles("on.json")
   finally:
     jo.initialize(trace=False)
-  assert len(on) in {calls * 1024 * 1024 // (t.bm * t.bn) for t in native.tile_shapes()}
+  assert len(on) in {calls * 1024 * 1024 // (t.bm * t.bn) for t in backend.current().tile_shapes()}
   assert gemm_tiles("off_again.json") == []
 
 
@@ -349,17 +349,14 @@ def chain(op):
   return jax.jit(lambda x, w: [x := call(x, w) for _ in range(6)])
 
 
-def worst(outs):
-  errs = []
-  for out, ref in zip(outs, want):
-    out = np.asarray(out, np.float64)
-    errs.append(float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) if np.all(np.isfinite(out)) else 1e30)
-  return max(errs)
+def worst(outs):  # the largest error of any step's element, as a share of its tolerance (RTOL, ATOL: the parent's)
+  shares = [np.abs(np.asarray(out, np.float64) - ref) / (ATOL + RTOL * np.abs(ref)) for out, ref in zip(outs, want)]
+  return max(float(np.max(s)) if np.all(np.isfinite(s)) else 1e30 for s in shares)
 
 
 def attempt(f):
   try:
-    return {"ran": True, "worst_rel_err": worst(jax.block_until_ready(f(x, w)))}
+    return {"ran": True, "worst_share": worst(jax.block_until_ready(f(x, w)))}
   except Exception as e:
     return {"ran": False, "error": str(e)[:400]}
 
@@ -379,12 +376,14 @@ print(json.dumps(out))
 
 
 def test_fused_group_of_one_compiled_before_shutdown_refuses_to_run():
-  run = subprocess.run([sys.executable, "-c", _AFTER_SHUTDOWN], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ))
+  tolerated = "RTOL, ATOL = {}, {}\n".format(*tolerances(jnp.bfloat16, 1024, 1 / 32))
+  # -P: the installed package, as in test_a_stalled_stream_k_head_is_an_error_not_a_trap.
+  run = subprocess.run([sys.executable, "-P", "-c", tolerated + _AFTER_SHUTDOWN], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ))
   assert run.returncode == 0, run.stderr[-3000:]
   out = json.loads(run.stdout.strip().splitlines()[-1])
   for op, r in out.items():
-    assert r["first"]["ran"] and r["first"]["worst_rel_err"] < tolerance(jnp.bfloat16), (op, r)
+    assert r["first"]["ran"] and r["first"]["worst_share"] <= 1, (op, r)
     for stale in ("after_shutdown", "after_initialize"):
       assert not r[stale]["ran"] and "shutdown() freed" in r[stale]["error"], (op, stale, r)
-    assert r["recompiled"]["ran"] and r["recompiled"]["worst_rel_err"] < tolerance(jnp.bfloat16), (op, r)
+    assert r["recompiled"]["ran"] and r["recompiled"]["worst_share"] <= 1, (op, r)

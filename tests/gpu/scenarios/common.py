@@ -22,12 +22,6 @@ def gelu_grad(x):
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)
 
 
-def rel(out, ref) -> float:
-  """Relative L2 error of `out` against `ref` in float64; inf when `out` holds a non-finite value."""
-  out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-  return float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) if np.all(np.isfinite(out)) else float("inf")
-
-
 def all_nan(a) -> bool:
   return bool(np.all(np.isnan(np.asarray(a).astype(np.float32))))
 

@@ -1,4 +1,5 @@
-"""config.py: eligibility and launch configuration of the fused kernels, as pure Python (no devices).
+"""planning/fused.py and planning.eligible: eligibility and launch configuration of the fused kernels, as pure
+Python (no devices).
 
 Tile shapes and device properties are made up here; only their relations matter. The launch
 geometry is C++'s (csrc/kernels/launch.h); the planner tests use a stand-in with one workgroup
@@ -8,22 +9,26 @@ per SM, and the C++ figures themselves are checked where the extension is built.
 import dataclasses
 import math
 import re
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from jax_overlap import config, native
+from jax_overlap import backend, native, planning
+from jax_overlap.backend import DeviceProps, GemmGeometry, TileShape
+from jax_overlap.ops import OPS
+from jax_overlap.planning import fused
 
 TILES = (
-    config.TileShape(index=0, bm=128, bn=128, bk=64, threads=256, smem_bytes=65536),
-    config.TileShape(index=1, bm=256, bn=128, bk=32, threads=512, smem_bytes=98304),
-    config.TileShape(index=2, bm=64, bn=64, bk=32, threads=128, smem_bytes=16384),
+    TileShape(index=0, bm=128, bn=128, bk=64, threads=256, smem_bytes=65536),
+    TileShape(index=1, bm=256, bn=128, bk=32, threads=512, smem_bytes=98304),
+    TileShape(index=2, bm=64, bn=64, bk=32, threads=128, smem_bytes=16384),
 )
-H100 = config.DeviceProps(sm_count=132, smem_per_block=232448)
-MI300X = config.DeviceProps(sm_count=304, smem_per_block=65536)
-SHARED_GPU = config.DeviceProps(sm_count=132, smem_per_block=232448, ranks_per_gpu=4)
-PLANNERS = {"ag_matmul": config.plan_ag_matmul, "matmul_rs": config.plan_matmul_rs}
+H100 = DeviceProps(sm_count=132, smem_per_block=232448)
+MI300X = DeviceProps(sm_count=304, smem_per_block=65536)
+SHARED_GPU = DeviceProps(sm_count=132, smem_per_block=232448, ranks_per_gpu=4)
+PLANNERS = list(OPS)
 
 
 def stand_in_geometry(op, *, rows, k, n, world, device, per_sm=1):
@@ -35,15 +40,18 @@ def stand_in_geometry(op, *, rows, k, n, world, device, per_sm=1):
     grid = min(co_resident, comm + tiles)
     whole = group_rows % tile.bm == 0 and n % tile.bn == 0 and k % tile.bk == 0
     tail = grid if tile.stream_k and world == 1 and whole and tiles > grid and tiles % grid else 0
-    return config.GemmGeometry(per_sm, co_resident, comm, grid, tiles, 1, tail, 0, 0, grid > comm)
+    return GemmGeometry(per_sm, co_resident, comm, grid, tiles, 1, tail, 0, 0, grid > comm)
   return geometry
 
 
-def plan(op, *, dtype_name="bfloat16", rows=4096, k=4096, n=4096, world=8, device=H100, tiles=TILES,
-         algorithm="auto"):
+def plan(op, *, dtype_name="bfloat16", rows=4096, k=4096, n=4096, world=8, device=H100, tiles=TILES):
+  """(plan, "fused") as the planner makes it for an eligible call (planning.eligible), else (None, why not)."""
+  why = planning.eligible(planning.Problem(op, dtype_name, 1, rows, k, n, world, (), False), OPS[op], "fused")
+  if why:
+    return None, why
   geometry = stand_in_geometry(op, rows=rows, k=k, n=n, world=world, device=device)
-  return PLANNERS[op](dtype_name=dtype_name, rows=rows, k=k, n=n, world=world, device=device, tiles=tiles,
-                      geometry=geometry, algorithm=algorithm)
+  return fused.plan(OPS[op], dtype_name=dtype_name, rows=rows, k=k, n=n, world=world, device=device, tiles=tiles,
+                    geometry=geometry)
 
 
 def _tile(index):
@@ -55,58 +63,59 @@ def _tile(index):
 @pytest.mark.parametrize("op", PLANNERS)
 @pytest.mark.parametrize("dtype_name", ["float32", "float64", "int8"])
 def test_only_16_bit_dtypes(op, dtype_name):
-  p, why = plan(op, dtype_name=dtype_name, algorithm="fused")
+  p, why = plan(op, dtype_name=dtype_name)
   assert p is None and why.startswith(f"dtype {dtype_name}"), why
 
 
 @pytest.mark.parametrize("op", PLANNERS)
 @pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
 def test_16_bit_dtypes_planned(op, dtype_name):
-  p, why = plan(op, dtype_name=dtype_name, algorithm="fused")
+  p, why = plan(op, dtype_name=dtype_name)
   assert p is not None and why == "fused"
 
 
 @pytest.mark.parametrize("op", PLANNERS)
 @pytest.mark.parametrize("k,n", [(4100, 4096), (4096, 4092), (12, 8)])
 def test_k_and_n_multiples_of_8(op, k, n):
-  p, why = plan(op, k=k, n=n, algorithm="fused")
-  assert p is None and f"k={k} and n={n} must be multiples of {config.VECTOR_ELEMS}" in why
+  p, why = plan(op, k=k, n=n)
+  assert p is None and f"k={k} and n={n} must be multiples of 8" in why
 
 
 @pytest.mark.parametrize("op", PLANNERS)
 def test_world_above_max(op):
-  world = config.MAX_WORLD + 1
-  p, why = plan(op, world=world, rows=world * 512, algorithm="fused")
-  assert p is None and why == f"group of {world} ranks (at most {config.MAX_WORLD})"
+  world = planning.MAX_WORLD + 1
+  p, why = plan(op, world=world, rows=world * 512)
+  assert p is None and why == f"group of {world} ranks (at most {planning.MAX_WORLD})"
 
 
 def test_max_world_matches_native():
   if native.module() is None:
     pytest.skip(f"no native extension to compare with ({native.build_info().get('note')})")
-  assert config.MAX_WORLD == native.module().MAX_WORLD
+  assert planning.MAX_WORLD == native.module().MAX_WORLD
 
 
 @pytest.mark.parametrize("op", PLANNERS)
 def test_empty_operand(op):
-  p, why = plan(op, rows=0, algorithm="fused")
+  p, why = plan(op, rows=0)
   assert p is None and why == "empty operand"
 
 
 def test_matmul_rs_rows_divisible_by_world():
-  p, why = plan("matmul_rs", rows=4100, world=8, algorithm="fused")
+  p, why = plan("matmul_rs", rows=4100, world=8)
   assert p is None and why == "rows=4100 not divisible by the group size 8"
-  assert plan("ag_matmul", rows=4100, world=8, algorithm="fused")[0] is not None  # ag_matmul has no such rule
+  assert plan("ag_matmul", rows=4100, world=8)[0] is not None  # ag_matmul has no such rule
 
 
 @pytest.mark.parametrize("op", PLANNERS)
 def test_world_1_auto_declines(op):
-  p, why = plan(op, world=1)
-  assert p is None and why.startswith("world 1 has no communication to overlap")
+  problem = planning.Problem(op, "bfloat16", 1, 4096, 4096, 4096, 1, (), False)
+  with pytest.raises(planning.Declined, match="^a group of one has no communication to overlap"):
+    planning.decide(problem, OPS[op], "auto")
 
 
 @pytest.mark.parametrize("op", PLANNERS)
 def test_world_1_fused_forced(op):
-  p, why = plan(op, world=1, algorithm="fused")
+  p, why = plan(op, world=1)
   assert p is not None and why == "fused" and p.comm_workgroups == 0
 
 
@@ -119,22 +128,17 @@ COMM_BOUND = {"ag_matmul": dict(rows=8192, k=8192, n=256, world=8),
 
 @pytest.mark.parametrize("op", PLANNERS)
 def test_cost_model_declines_compute_bound(op):
+  """The plan is made (an explicit "fused" runs it: the caller asked), and auto's margin turns it down."""
   p, why = plan(op, **COMPUTE_BOUND)
-  assert p is None and why.startswith("cost model predicts fused"), why
-
-
-@pytest.mark.parametrize("op", PLANNERS)
-def test_fused_forces_a_plan(op):
-  p, why = plan(op, **COMPUTE_BOUND, algorithm="fused")
   assert p is not None and why == "fused"
-  assert p.est_fused_us >= 0.95 * p.est_xla_us  # the model still says it is slower; the caller asked anyway
+  assert p.est_us >= planning.AUTO_MARGIN * p.est_xla_us and not planning.faster(p.est_us, p.est_xla_us)
 
 
 @pytest.mark.parametrize("op", PLANNERS)
 def test_cost_model_takes_comm_bound(op):
   p, why = plan(op, **COMM_BOUND[op])
   assert p is not None and why == "fused"
-  assert p.est_fused_us < 0.95 * p.est_xla_us
+  assert planning.faster(p.est_us, p.est_xla_us)
 
 
 # --- the plan's numbers ---------------------------------------------------------
@@ -147,7 +151,7 @@ SHAPES = [dict(rows=r, k=k, n=n, world=w) for r, k, n, w in [
 @pytest.mark.parametrize("device", [H100, MI300X, SHARED_GPU], ids=["sm132", "sm304", "sm132_4ranks"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "r{rows}_k{k}_n{n}_w{world}".format(**s))
 def test_chunk_k_is_whole_k_tiles(shape, device):
-  p, _ = plan("ag_matmul", **shape, device=device, algorithm="fused")
+  p, _ = plan("ag_matmul", **shape, device=device)
   bk = _tile(p.tile).bk
   assert p.chunk_k > 0 and p.chunk_k % bk == 0
   # About 8 ready flags along K: never more K tiles per flag than needed to cover K in 8 chunks.
@@ -161,7 +165,7 @@ def test_chunk_k_is_whole_k_tiles(shape, device):
 def test_workers_bounded(op, shape, device):
   """World > 1: 2 to a quarter of a rank's co-resident workgroups fetchers/reducers, and never more than they
   have work units (ag_matmul: row tiles x K chunks of one shard; matmul_rs: tiles of one row block)."""
-  p, _ = plan(op, **shape, device=device, algorithm="fused")
+  p, _ = plan(op, **shape, device=device)
   tile = _tile(p.tile)
   if op == "ag_matmul":
     units = math.ceil(shape["rows"] / tile.bm) * math.ceil(shape["k"] / p.chunk_k)
@@ -173,19 +177,19 @@ def test_workers_bounded(op, shape, device):
 
 def test_comm_workgroups_at_least_two_with_work():
   for op in PLANNERS:
-    p, _ = plan(op, rows=8192, k=8192, n=8192, world=8, algorithm="fused")
+    p, _ = plan(op, rows=8192, k=8192, n=8192, world=8)
     assert 2 <= p.comm_workgroups <= H100.sm_count // 4
 
 
 def test_matmul_rs_has_no_chunks():
-  p, _ = plan("matmul_rs", algorithm="fused")
+  p, _ = plan("matmul_rs")
   assert p.chunk_k == 0
 
 
 def test_plan_attribute_names_every_ffi_config_member():
   """FusedPlan.attribute() and csrc/ffi/common.h's struct-attribute decoding of FusedConfig name the same members."""
-  p = config.FusedPlan(tile=1, comm_workgroups=6, chunk_k=512, tail_slots=0, tail_scratch_bytes=0,
-                       region_bytes=4096, est_fused_us=1.0, est_xla_us=2.0)
+  p = fused.FusedPlan(tile=1, comm_workgroups=6, chunk_k=512, tail_slots=0, tail_scratch_bytes=0,
+                      region_bytes=4096, est_us=1.0, est_xla_us=2.0)
   attr = p.attribute(w_kmajor=True, region_offset=256, site=3, generation=2)
   common_h = (Path(__file__).parents[1] / "csrc" / "ffi" / "common.h").read_text()
   decoding = re.search(r"XLA_FFI_REGISTER_STRUCT_ATTR_DECODING\(::jo::FusedConfig,(.*?)\);", common_h, re.S).group(1)
@@ -196,42 +200,42 @@ def test_plan_attribute_names_every_ffi_config_member():
 
 # --- tile choice ----------------------------------------------------------------
 
-WIDE = config.TileShape(index=10, bm=128, bn=64, bk=32, threads=256, smem_bytes=1)
-TALL = config.TileShape(index=11, bm=64, bn=128, bk=32, threads=256, smem_bytes=1)
-BIG = config.TileShape(index=12, bm=128, bn=128, bk=32, threads=256, smem_bytes=1)
-SMALL = config.TileShape(index=13, bm=64, bn=64, bk=32, threads=256, smem_bytes=1)
+WIDE = TileShape(index=10, bm=128, bn=64, bk=32, threads=256, smem_bytes=1)
+TALL = TileShape(index=11, bm=64, bn=128, bk=32, threads=256, smem_bytes=1)
+BIG = TileShape(index=12, bm=128, bn=128, bk=32, threads=256, smem_bytes=1)
+SMALL = TileShape(index=13, bm=64, bn=64, bk=32, threads=256, smem_bytes=1)
 
 
 def _launch(tile, rows, n, co_resident, groups=1, per_sm=1, tail=False):
   tiles = groups * math.ceil(rows / tile.bm) * math.ceil(n / tile.bn)
-  return tile, config.GemmGeometry(per_sm, co_resident, 0, min(co_resident, tiles), tiles, 1,
+  return tile, GemmGeometry(per_sm, co_resident, 0, min(co_resident, tiles), tiles, 1,
                                    co_resident if tail else 0, 0, 0)
 
 
 def test_tile_fewer_waves_at_equal_area():
   # rows=128, n=192, 3 workgroups: 128x64 covers it in 1x3 = 3 tiles (one wave), 64x128 in 2x2 = 4 (two waves).
-  assert config.choose_tile([_launch(TALL, 128, 192, 3), _launch(WIDE, 128, 192, 3)])[0] == WIDE
-  assert config.choose_tile([_launch(WIDE, 192, 128, 3), _launch(TALL, 192, 128, 3)])[0] == TALL
+  assert fused.choose_tile([_launch(TALL, 128, 192, 3), _launch(WIDE, 128, 192, 3)])[0] == WIDE
+  assert fused.choose_tile([_launch(WIDE, 192, 128, 3), _launch(TALL, 192, 128, 3)])[0] == TALL
 
 
 def test_tile_least_quantized_work():
   # 128x128 in 4 workgroups: the big tile is one tile (one wave, 16384); the small one 4 tiles, one wave, 4096.
-  assert config.choose_tile([_launch(BIG, 128, 128, 4), _launch(SMALL, 128, 128, 4)])[0] == SMALL
+  assert fused.choose_tile([_launch(BIG, 128, 128, 4), _launch(SMALL, 128, 128, 4)])[0] == SMALL
   # Four row groups (the world's blocks): big 4 tiles = 1 wave (16384); small 16 tiles = 4 waves (16384).
   # The tie goes to the bigger tile.
-  assert config.choose_tile([_launch(SMALL, 128, 128, 4, 4), _launch(BIG, 128, 128, 4, 4)])[0] == BIG
+  assert fused.choose_tile([_launch(SMALL, 128, 128, 4, 4), _launch(BIG, 128, 128, 4, 4)])[0] == BIG
 
 
 def test_tile_cost_counts_workgroups_sharing_an_sm():
   # 16384 x 8192 on 132 SMs: the 128x256 tile alone on its SM, 4096 tiles in 31.03 waves evened out by the
   # stream-K tail; the 128x128 tile two to an SM (264 co-resident), 8192 tiles in 32 whole waves of two
   # tiles per SM. Counted with its real grid, the small tile's waves cost an SM twice its area.
-  big = config.TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456, stream_k=True)
-  small = config.TileShape(index=1, bm=128, bn=128, bk=32, threads=128, smem_bytes=65536)
+  big = TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456, stream_k=True)
+  small = TileShape(index=1, bm=128, bn=128, bk=32, threads=128, smem_bytes=65536)
   launches = [_launch(big, 16384, 8192, 132, tail=True), _launch(small, 16384, 8192, 264, per_sm=2)]
-  assert config.choose_tile(launches)[0] == big
+  assert fused.choose_tile(launches)[0] == big
   no_tail = [_launch(big, 16384, 8192, 132), launches[1]]  # e.g. an AMD build: whole waves count again
-  assert config.choose_tile(no_tail)[0] == big  # 32 x 32768 vs 32 x 16384 x 2: a tie, to the larger tile
+  assert fused.choose_tile(no_tail)[0] == big  # 32 x 32768 vs 32 x 16384 x 2: a tie, to the larger tile
 
 
 @pytest.mark.parametrize("op,rows", [("ag_matmul", 128), ("matmul_rs", 512)])
@@ -241,8 +245,8 @@ def test_plan_tiles_every_row_block_of_the_group(op, rows):
   6 SMs: 1 comm workgroup and 5 GEMM workgroups. Over 4 blocks, BIG is 4 tiles (one wave, 16384) and SMALL 16
   tiles (four waves, 16384): a tie, so BIG. Had the plan looked at one block, SMALL would win (4096 vs 16384).
   """
-  p, _ = plan(op, rows=rows, k=256, n=128, world=4, device=config.DeviceProps(sm_count=6, smem_per_block=1),
-              tiles=(SMALL, BIG), algorithm="fused")
+  p, _ = plan(op, rows=rows, k=256, n=128, world=4, device=DeviceProps(sm_count=6, smem_per_block=1),
+              tiles=(SMALL, BIG))
   assert p.comm_workgroups == 1 and p.tile == BIG.index
 
 
@@ -250,53 +254,55 @@ def test_plan_tiles_every_row_block_of_the_group(op, rows):
 def test_plan_takes_only_tiles_that_fit_shared_memory(op, rows):
   # Shapes where the cost model picks tile 1 (96 KiB of stages) on an H100; with 64 KiB of shared
   # memory per workgroup (MI300X's LDS) it cannot launch, so the plan takes tile 0 instead.
-  small_lds = config.DeviceProps(sm_count=132, smem_per_block=65536)
-  assert plan(op, rows=rows, device=H100, tiles=(_tile(1), _tile(0)), algorithm="fused")[0].tile == 1
-  assert plan(op, rows=rows, device=small_lds, tiles=(_tile(1), _tile(0)), algorithm="fused")[0].tile == 0
-  p, why = plan(op, device=small_lds, tiles=(_tile(1),), algorithm="fused")
+  small_lds = DeviceProps(sm_count=132, smem_per_block=65536)
+  assert plan(op, rows=rows, device=H100, tiles=(_tile(1), _tile(0)))[0].tile == 1
+  assert plan(op, rows=rows, device=small_lds, tiles=(_tile(1), _tile(0)))[0].tile == 0
+  p, why = plan(op, device=small_lds, tiles=(_tile(1),))
   assert p is None and why == "no compiled tile fits 65536 bytes of shared memory per workgroup"
 
 
 @pytest.mark.parametrize("op", PLANNERS)
 def test_group_of_one_plan_carries_the_launch_tail(op):
-  big = config.TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456, stream_k=True)
-  p, _ = plan(op, rows=2048, k=512, n=3584, world=1, tiles=(big,), algorithm="fused")
+  big = TileShape(index=0, bm=128, bn=256, bk=64, threads=256, smem_bytes=147456, stream_k=True)
+  p, _ = plan(op, rows=2048, k=512, n=3584, world=1, tiles=(big,))
   assert p.tail_slots == 132  # 224 tiles on 132 SMs: a partial second wave
-  p, _ = plan(op, rows=2048, k=520, n=3584, world=1, tiles=(big,), algorithm="fused")
+  p, _ = plan(op, rows=2048, k=520, n=3584, world=1, tiles=(big,))
   assert p.tail_slots == 0  # k not whole k-tiles: whole tiles only
 
 
 def test_tiles_for_arch():
   tiles = (dataclasses.replace(_tile(0), arch="nvidia"), dataclasses.replace(_tile(1), arch="amd"))
-  assert config.tiles_for_arch(tiles) == tiles[:1]  # the build's own: its first tile's
-  assert config.tiles_for_arch(tiles, "amd") == tiles[1:]
+  assert backend.tiles_for_arch(tiles) == tiles[:1]  # the build's own: its first tile's
+  assert backend.tiles_for_arch(tiles, "amd") == tiles[1:]
   with pytest.raises(ValueError, match="no compiled tiles for ArchTraits 'gfx'"):
-    config.tiles_for_arch(tiles, "gfx")
+    backend.tiles_for_arch(tiles, "gfx")
 
 
 def test_an_unknown_arch_traits_setting_names_the_variable(monkeypatch):
-  monkeypatch.setattr(native, "_compiled_tile_shapes", lambda: (dataclasses.replace(_tile(0), arch="nvidia"),))
+  tile = dataclasses.asdict(dataclasses.replace(_tile(0), arch="nvidia"))
+  compiled = types.SimpleNamespace(tile_shapes=lambda: [tile])
   monkeypatch.setenv("JAX_OVERLAP_ARCH_TRAITS", "gfx")
   with pytest.raises(ValueError, match=r"^jax_overlap: JAX_OVERLAP_ARCH_TRAITS='gfx': no compiled tiles for ArchTraits "
                                        r"'gfx'; this build has \['nvidia'\]$"):
-    native.tile_shapes()
+    backend.Backend(compiled, "cuda").tile_shapes()
 
 
 # --- the C++ geometry (csrc/kernels/launch.h), where the extension is built --------
 
 needs_native = pytest.mark.skipif(native.module() is None, reason="no native extension (pure-Python install)")
-H200 = config.DeviceProps(sm_count=132, smem_per_block=232448, l2_bytes=60 << 20)
+H200 = DeviceProps(sm_count=132, smem_per_block=232448, l2_bytes=60 << 20)
 
 
 def _geometry(op, tile, comm=0, chunk_k=0, *, world=1, batch=1, m=2048, k=512, n=3584, per_sm=1, device=H200):
-  return native.gemm_geometry(op, tile, comm, chunk_k, dtype_name="bfloat16", w_kmajor=False, world=world,
-                              batch=batch, m=m, k=k, n=n, device=device, workgroups_per_sm=per_sm)
+  return backend.current().gemm_geometry(op, tile, comm, chunk_k, dtype_name="bfloat16", w_kmajor=False,
+                                        world=world, batch=batch, m=m, k=k, n=n, device=device,
+                                        workgroups_per_sm=per_sm)
 
 
 @needs_native
 @pytest.mark.parametrize("op", PLANNERS)
 def test_native_geometry_grid_is_the_co_resident_workgroups(op):
-  tiles = native.tile_shapes()
+  tiles = backend.current().tile_shapes()
   big, small = tiles[0], tiles[1]
   g = _geometry(op, small, per_sm=2, m=16384, n=8192)
   assert (g.co_resident, g.grid, g.tiles) == (264, 264, 128 * 64)  # two 4-warp workgroups per SM, all launched
@@ -309,7 +315,7 @@ def test_native_geometry_grid_is_the_co_resident_workgroups(op):
 @needs_native
 @pytest.mark.parametrize("op", PLANNERS)
 def test_native_tail_only_for_a_partial_wave_of_whole_tiles(op):
-  big = native.tile_shapes()[0]
+  big = backend.current().tile_shapes()[0]
   if not big.stream_k:
     pytest.skip("this build's large tile has no stream-K tail (AMD)")
   g = _geometry(op, big)
@@ -321,15 +327,15 @@ def test_native_tail_only_for_a_partial_wave_of_whole_tiles(op):
   assert _geometry(op, big, m=2040).tail_slots == _geometry(op, big, k=520).tail_slots == 0  # not whole tiles
   assert _geometry(op, big, n=2 ** 18 + 256).tail_slots == 0  # w's row stride past the fast copies' strides
   assert _geometry(op, big, per_sm=1, device=dataclasses.replace(H200, ranks_per_gpu=2)).tail_slots == 66
-  assert _geometry(op, native.tile_shapes()[1], per_sm=2).tail_slots == 0  # the 4-warp tile runs whole tiles
+  assert _geometry(op, backend.current().tile_shapes()[1], per_sm=2).tail_slots == 0  # the 4-warp tile runs whole tiles
 
 
 @needs_native
 def test_native_tiles_list_both_archs_in_a_cuda_build():
   if native.platform() != "cuda":
     pytest.skip("only CUDA builds compile the AMD data path beside their own")
-  compiled = native._compiled_tile_shapes()
+  compiled = backend.current().compiled_tile_shapes()
   assert [t.arch for t in compiled] == ["nvidia", "nvidia", "amd", "amd"]
   assert [(t.bm, t.bn, t.bk) for t in compiled if t.arch == "amd"] == [(256, 128, 64), (128, 128, 32)]
   assert not any(t.stream_k for t in compiled if t.arch == "amd")
-  assert native.tile_shapes() == compiled[:2]
+  assert backend.current().tile_shapes() == compiled[:2]

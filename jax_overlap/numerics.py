@@ -1,14 +1,8 @@
-"""The XLA reference decompositions: the fallback path, algorithm="xla", and the test oracle.
+"""The numerics every op's reference decomposition shares (ops/<op>.py reference): the XLA path (the
+fallback, algorithm="xla") and the test oracle.
 
-Inside shard_map (axis_name given):
-  ag_matmul:  all_gather(x, gather, tiled) @ w + bias          -> (y, gathered)
-  matmul_rs:  psum_scatter(x @ w, scatter, tiled) + bias       -> z
-With axis_name None both are the local product.
-
-Shapes: ag_matmul contracts x [..., m, K] with w [K, *n] (bias [*n]); matmul_rs
-contracts x's trailing dims [..., M, *k] with w [*k, N] (bias [N]). `w_kmajor`
-means w is stored with the contraction last ([*n, K], [N, *k]): the backward
-passes use it so that w is never transposed in memory.
+`w_kmajor` means w is stored with the contraction last ([*n, K], [N, *k]): the
+backward passes use it so that w is never transposed in memory.
 
 Numerics follow the GPU algorithms: products accumulate in float32 (float64 for
 float64), the bias is added in that type and the sum is rounded once to x's
@@ -52,7 +46,7 @@ def finish(acc, bias, dtype):
   return acc.astype(dtype)
 
 
-def _group_size(axis_name) -> int:
+def group_size(axis_name) -> int:
   names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
   return math.prod(lax.axis_size(a) for a in names)
 
@@ -65,7 +59,7 @@ def reduce_scatter(partial, axis_name, dim: int, bias=None):
   in rank order: ((p0 + p1) + p2) + ..., with no reassociation (XLA keeps the
   order of floating-point adds).
   """
-  size, axis = _group_size(axis_name), partial.ndim + dim
+  size, axis = group_size(axis_name), partial.ndim + dim
   blocks = partial.reshape(*partial.shape[:axis], size, partial.shape[axis] // size, *partial.shape[axis + 1:])
   blocks = lax.all_to_all(blocks, axis_name, axis, axis, tiled=True)
   acc = lax.index_in_dim(blocks, 0, axis, keepdims=False).astype(accumulator(partial.dtype))
@@ -78,7 +72,7 @@ def all_reduce(partial, axis_name, bias=None):
   """psum(partial) + bias with reduce_scatter's numerics: the all-reduce as a reduce-scatter of the flattened
   partial (padded to a multiple of the group) and an all-gather of the rounded sums, so the same bytes as a
   ring all-reduce cross the links, and every element equals what a scatter plan would give it."""
-  size, shape = _group_size(axis_name), partial.shape
+  size, shape = group_size(axis_name), partial.shape
   total = math.prod(shape)
   chunk = -(-total // size)
   flat = jnp.pad(partial.reshape(-1), (0, size * chunk - total))
@@ -87,26 +81,3 @@ def all_reduce(partial, axis_name, bias=None):
     bias = bias[(start + jnp.arange(chunk)) % bias.shape[-1]]
   mine = reduce_scatter(flat, axis_name, -1, bias)
   return lax.all_gather(mine, axis_name, tiled=True)[:total].reshape(shape)
-
-
-def ag_matmul(x, w, bias=None, *, axis_name=None, w_kmajor: bool = False, gather: int = -2):
-  gathered = x if axis_name is None else lax.all_gather(x, axis_name, axis=x.ndim + gather, tiled=True)
-  return finish(local_matmul(gathered, w, w_kmajor=w_kmajor), bias, x.dtype), gathered
-
-
-def matmul_rs(x, w, bias=None, *, axis_name=None, w_kmajor: bool = False, scatter: int = -2):
-  """scatter == -1 (the output columns) adds this rank's block of the bias."""
-  contract = w.ndim - 1
-  acc = local_matmul(x, w, w_kmajor=w_kmajor, contract=contract)
-  if axis_name is None:
-    return finish(acc, bias, x.dtype)
-  if scatter == -1 and bias is not None:
-    n = acc.shape[-1] // _group_size(axis_name)
-    bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(axis_name) * n, n)
-  return reduce_scatter(acc.astype(x.dtype), axis_name, scatter, bias)
-
-
-def matmul_psum(x, w, bias=None, *, axis_name, w_kmajor: bool = False):
-  """psum(x @ w) + bias: matmul_rs without the scatter."""
-  acc = local_matmul(x, w, w_kmajor=w_kmajor, contract=w.ndim - 1)
-  return all_reduce(acc.astype(x.dtype), axis_name, bias)

@@ -1,0 +1,82 @@
+"""What the ops' backward passes share (each op's `backward`, ops/; the custom VJP itself is api.py's).
+
+The ops are each other's gradient:
+  ag_matmul  y = AG(x) @ W + b:  dx = RS(dy @ W^T)          (a matmul_rs)
+                                 dW = AG(x)^T @ dy          (the forward's gathered x, no second gather)
+  matmul_rs  z = RS(x @ W) + b:  dx = AG(dz) @ W^T          (an ag_matmul)
+                                 dW = x^T @ AG(dz)          (that ag_matmul's gathered dz)
+so the fused kernels serve the backward pass too; W^T is never materialized
+(the kernels read w in either layout, w_kmajor). Here: the weight and bias
+gradients, and the layouts gradients of global arrays come back in (their
+primal's: resharded to its type on an Explicit mesh, tied to it with
+shard_alike on an Auto mesh).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+from jax import lax
+from jax.sharding import NamedSharding
+
+from jax_overlap import _compat, numerics, sharding
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """A primal's sharding on an Explicit mesh, kept as a residual (static: no array)."""
+
+  sharding: NamedSharding
+
+
+def explicit_sharding(v):
+  """v's sharding when its type carries one of a mesh with Explicit axes, else None."""
+  aval = jax.typeof(v)
+  return aval.sharding if sharding.explicit_mesh(aval) is not None else None
+
+
+def layout(v, call):
+  """What v's cotangent must be laid out like: its type on an Explicit mesh, v itself on an Auto mesh; None
+  inside shard_map (`call.axes` set), where cotangents have their primal's type already."""
+  if call.axes is not None or v is None:
+    return None
+  found = explicit_sharding(v)
+  return v if found is None else Layout(found)
+
+
+def like(ct, primal_layout):
+  """ct laid out as layout() said."""
+  if ct is None or primal_layout is None:
+    return ct
+  if isinstance(primal_layout, Layout):
+    if jax.typeof(ct).sharding == primal_layout.sharding:
+      return ct
+    return jax.sharding.reshard(ct, primal_layout.sharding)
+  return _compat.shard_alike(ct, primal_layout)[0]
+
+
+def request(primal_layout, ndim: int):
+  """The output spec (sharding.spec_of form) a dual call is asked for, so its result lands in the layout."""
+  return tuple(sharding.spec_of(primal_layout.sharding, ndim)) if isinstance(primal_layout, Layout) else None
+
+
+def weight_grad(a, b, a_free: int, w_layout, w_kmajor: bool):
+  """dW for out = a @ W: a^T @ b over every dim but a's last a_free and b's own, laid out like w.
+
+  w_kmajor stores W with the contraction last, so the product runs b^T @ a.
+  """
+  lead = tuple(range(a.ndim - a_free))
+  first, second = (b, a) if w_kmajor else (a, b)
+  out_sharding = w_layout.sharding if isinstance(w_layout, Layout) else None
+  dw = lax.dot_general(first, second, ((lead, lead), ((), ())),
+                       preferred_element_type=numerics.accumulator(a.dtype), out_sharding=out_sharding)
+  return like(dw.astype(a.dtype), w_layout)
+
+
+def bias_grad(dy, bias, bias_layout):
+  if bias is None:
+    return None
+  db = dy.astype(numerics.accumulator(dy.dtype)).sum(axis=tuple(range(dy.ndim - bias.ndim))).astype(bias.dtype)
+  return like(db, bias_layout)

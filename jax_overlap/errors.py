@@ -1,0 +1,20 @@
+"""The runtime's errors."""
+
+from __future__ import annotations
+
+
+class PeerTimeoutError(RuntimeError):
+  """A kernel gave up waiting for a peer. `record` holds op, rank, peer, epoch, flag."""
+
+  def __init__(self, record: dict):
+    super().__init__(record["message"])
+    self.record = record
+
+
+class WorkspaceFullError(RuntimeError):
+  """A call needs more symmetric workspace than is left."""
+
+
+class SetupError(RuntimeError):
+  """What a call needs could not be set up: GPU memory, a measurement, the vendor BLAS, or an answer from another
+  process in time. `auto` then takes the XLA path; with several processes every process learns of it."""

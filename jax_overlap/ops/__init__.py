@@ -1,0 +1,59 @@
+"""The ops, one module each: everything that differs between ops is its module's, and nothing else branches on them.
+
+A GEMM op module (ag_matmul.py, matmul_rs.py) defines, and api.py,
+primitives.py, partitioning.py, planning/ and lowering.py look up:
+
+  the op           NAME (its FFI targets' stem and its messages' prefix); DUAL (the op of its gradient)
+                   primitive; bind(x, w, bias, *, axis_name, axis_size, algorithm, w_kmajor, out_specs)
+                   abstract_eval(x, w, *bias, **params); as_matrix(x, w, *bias, w_kmajor, **params) (w as a
+                   matrix); results_of_one(y, x) (the results of a group of one's custom call, which computes y)
+  the XLA path     reference(x, w, bias, *, axis_name, w_kmajor, <its axis>): the decomposition, the fallback
+                   and the test oracle; plain(x, w, bias, call): algorithm="xla" as JAX ops
+  shards           on_shards(x, w, bias, *, axes, size, algorithm, w_kmajor, axis): the call on one rank's shards
+                   for any gather / scatter axis (folded into the rows)
+  global arrays    Plan (a NamedTuple with axes, x, w, bias, results, why); sharding_plan(mesh, x_spec, w_spec,
+                   x_shape, w_shape, w_kmajor, axis, request); sharding_rule(ndim, w_ndim, has_bias, w_kmajor,
+                   axis) -> (rule, reduction factors); result_ndim(ndim, w_ndim); partitioned(plan, *, size,
+                   algorithm, w_kmajor, axis) (the body of a plan that gathers or reduces)
+  api.py           check_operands(x, w, bias): the shape checks, returning the output's trailing dims
+  the custom VJP   residual(x, results); backward(call, residuals, cotangents, dual) -> (dx, dw, dbias), with
+                   dual the differentiable call of DUAL
+  planning         ALGORITHMS (auto's candidates); eligible(rows, world) (the op's own conditions);
+                   chunk_rows, chunk_bytes (what a rank receives per chunk); REDUCES (a reduction to measure);
+                   stage_candidates(world), check_stages(stages, text), pipelined_us(stages, figures) (the
+                   pipelined model); MOVERS, fused_traffic, fused_chunk_k, fused_units (the fused planner's)
+
+OPS maps names to GEMM op modules; importing this package checks that each
+defines every name above and registers every primitive's rules. all_gather.py
+is the runtime's all-gather (tests), with rules of its own.
+"""
+
+from __future__ import annotations
+
+from jax_overlap import primitives
+from jax_overlap.ops import ag_matmul, all_gather, matmul_rs
+
+OPS = {op.NAME: op for op in (ag_matmul, matmul_rs)}
+
+PROTOCOL = ("NAME", "DUAL", "primitive", "bind", "abstract_eval", "as_matrix", "results_of_one", "reference",
+            "plain", "on_shards", "Plan", "sharding_plan", "sharding_rule", "result_ndim", "partitioned",
+            "check_operands", "residual", "backward", "ALGORITHMS", "eligible", "chunk_rows", "chunk_bytes",
+            "REDUCES", "stage_candidates", "check_stages", "pipelined_us", "MOVERS", "fused_traffic",
+            "fused_chunk_k", "fused_units")
+
+
+def check(op) -> None:
+  """TypeError naming what an op module lacks of the protocol."""
+  missing = [name for name in PROTOCOL if not hasattr(op, name)]
+  if missing:
+    raise TypeError(f"{op.__name__} does not define {missing} (the op protocol: jax_overlap/ops/__init__.py)")
+
+
+def _register() -> None:
+  for op in OPS.values():
+    check(op)
+    primitives.register(op)
+  all_gather.register()
+
+
+_register()

@@ -1,0 +1,271 @@
+"""ag_matmul: y = all_gather(x) @ w + bias, the column-parallel linear layer, as one unit (protocol: ops/__init__.py).
+
+Shapes: x [..., m, K] (a rank's shard of the gathered dim), w [K, *n] (or
+[*n, K] when w_kmajor), bias [*n]; results y [..., T*m, *n] and the gathered x
+[..., T*m, K] for a group of T. The primitive gathers x's rows (dim -2);
+another dim folds into the rows around it (on_shards).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import NamedTuple
+
+import jax
+from jax import lax
+from jax.extend import core as jex_core
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jax_overlap import autodiff, numerics, primitives, remat, sharding
+from jax_overlap.planning import pipelined
+
+log = logging.getLogger("jax_overlap")
+
+NAME = "ag_matmul"
+DUAL = "matmul_rs"  # its gradient's op: dx = RS(dy @ W^T), over the same axes
+ALGORITHMS = ("pipelined", "fused")  # auto's candidates
+MOVERS = "fetchers"  # the fused kernel's workgroups that pull the peers' shards
+REDUCES = False  # no reduction kernel to measure
+
+primitive = jex_core.Primitive("jax_overlap_ag_matmul")
+primitive.multiple_results = True
+
+
+def bind(x, w, bias, *, axis_name, axis_size, algorithm, w_kmajor=False, out_specs=None):
+  """(y, gathered) of the primitive: x's rows gathered over axis_name (None: the local product and x itself)."""
+  y, gathered = primitive.bind(x, w, *(() if bias is None else (bias,)), axis_name=axis_name, axis_size=axis_size,
+                               algorithm=algorithm, w_kmajor=w_kmajor, out_specs=out_specs)
+  return y, gathered
+
+
+def abstract_eval(x, w, *bias, axis_name, axis_size, algorithm, w_kmajor, out_specs):
+  del algorithm, bias, axis_name
+  *lead, m, k = x.shape
+  n = w.shape[:-1] if w_kmajor else w.shape[1:]
+  y_spec, g_spec = primitives.result_specs(out_specs, 2)
+  return (primitives.result_aval(x, (*lead, axis_size * m, *n), y_spec),
+          primitives.result_aval(x, (*lead, axis_size * m, k), g_spec))
+
+
+def as_matrix(x, w, *bias, w_kmajor, **params):
+  """The call with w viewed as a matrix [K, prod(n)] (row-major: free), y viewed back with w's dims."""
+  n = w.shape[:-1] if w_kmajor else w.shape[1:]
+  w2 = w.reshape(-1, w.shape[-1]) if w_kmajor else w.reshape(w.shape[0], -1)
+  y, gathered = bind(x, w2, bias[0].reshape(-1) if bias else None, w_kmajor=w_kmajor, **params)
+  return y.reshape(*y.shape[:-1], *n), gathered
+
+
+def reference(x, w, bias=None, *, axis_name=None, w_kmajor: bool = False, gather: int = -2):
+  """The XLA decomposition: (all_gather(x, gather, tiled) @ w + bias, the gathered x); axis_name None: the local
+  product (and x)."""
+  gathered = x if axis_name is None else lax.all_gather(x, axis_name, axis=x.ndim + gather, tiled=True)
+  return numerics.finish(numerics.local_matmul(gathered, w, w_kmajor=w_kmajor), bias, x.dtype), gathered
+
+
+def results_of_one(y, x) -> list:
+  """The results of a group of one, whose custom call computes y alone: x is its own gathered x."""
+  return [y, x]
+
+
+# --- one rank's shards ----------------------------------------------------------------
+
+
+def on_shards(x, w, bias, *, axes, size, algorithm, w_kmajor, axis=-2):
+  """(all_gather(x, axis) @ w + bias, all_gather(x, axis)) inside shard_map or a partitioned body; axes None:
+  the local product. Another dim than the rows is a layout change, free on row-major arrays: the dims from it
+  up to the rows fold into one row dim, since a tiled gather moves whole blocks of everything after it."""
+  if axis == -2:
+    return bind(x, w, bias, axis_name=axes, axis_size=size, algorithm=algorithm, w_kmajor=w_kmajor)
+  y, gathered = bind(sharding.fold(x, axis, -1), w, bias, axis_name=axes, axis_size=size, algorithm=algorithm,
+                     w_kmajor=w_kmajor)
+  mid = x.shape[x.ndim + axis + 1:-1]
+  gathered_shape = (*x.shape[:x.ndim + axis], size * x.shape[axis], *mid)
+  n_ndim = w.ndim - 1
+  return (y.reshape(*gathered_shape, *y.shape[y.ndim - n_ndim:]),
+          gathered.reshape(*gathered_shape, x.shape[-1]))
+
+
+# --- global arrays ----------------------------------------------------------------------
+# x [..., m, K] @ w [K, *n] (or [*n, K]), bias [*n]; `gather` is the x dim gathered (default -2):
+#   gather  exactly one of w's n dims is sharded, on axes A, and x's gather dim is sharded on
+#           (*others, *A): gather x over A; y keeps `others` on that dim and A on w's sharded dim.
+#   plain   x keeps its sharding but K, w its n dims' sharding where it does not collide with x's;
+#           y is the local product.
+# Axes on x's other dims pass through as batch. The Shardy rule "b.. g k, k n.. -> b.. p n.., b.. p k" gives
+# the gathered dim a factor of its own in the results (p), so propagation does not copy x's gathered sharding
+# onto y (the fused result is sharded on w's n dim instead).
+
+class Plan(NamedTuple):
+  axes: tuple | None  # mesh axes x is gathered over; None: a plain partitioning
+  x: P
+  w: P
+  bias: P
+  y: P
+  gathered: P
+  why: str  # what decided it, for the DEBUG log
+
+  @property
+  def results(self) -> tuple:
+    return self.y, self.gathered
+
+
+def sharding_plan(mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor: bool, gather: int = -2, request=None) -> Plan:
+  """The partitioning of a call on global arrays from its operands' specs (sharding.spec_of) and shapes; the
+  requested output spec does not change it."""
+  del request
+  x_spec, w_spec = sharding.even(mesh, x_spec, x_shape), sharding.even(mesh, w_spec, w_shape)
+  free = x_spec[:-1]
+  g = len(x_spec) + gather
+  n_specs = w_spec[:-1] if w_kmajor else w_spec[1:]
+  n_none = [None] * len(n_specs)
+  sharded = [(i, s) for i, s in enumerate(n_specs) if s]
+  rows = x_spec[g] or ()
+  if len(sharded) == 1:
+    i, axes = sharded[0]
+    if len(rows) >= len(axes) and rows[len(rows) - len(axes):] == axes:
+      kept = list(free)
+      kept[g] = rows[:len(rows) - len(axes)] or None
+      n_out = list(n_none)
+      n_out[i] = axes
+      return Plan(axes, P(*free, None), sharding.w_spec([None], n_out, w_kmajor), P(*n_out), P(*kept, *n_out),
+                  P(*kept, None), f"gather dim {gather} over {axes}")
+    why = f"x's dim {gather} is sharded on {rows or 'nothing'}, not ending with w's output axes {axes}"
+  else:
+    why = "none of w's output dims is sharded" if not sharded else "more than one of w's output dims is sharded"
+  n_kept = sharding.disjoint(n_specs, sharding.axes_in(free))
+  return Plan(None, P(*free, None), sharding.w_spec([None], n_kept, w_kmajor), P(*n_kept), P(*free, *n_kept),
+              P(*free, None), why)
+
+
+def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, w_kmajor: bool, gather: int) -> tuple[str, tuple]:
+  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim."""
+  batch = sharding.factors("b", ndim - 1)
+  x_f, out_f = list(batch), list(batch)
+  x_f[ndim + gather], out_f[ndim + gather] = "g", "p"
+  n = sharding.factors("n", w_ndim - 1)
+  w_f = [*n, "k"] if w_kmajor else ["k", *n]
+  operands = [" ".join([*x_f, "k"]), " ".join(w_f)] + ([" ".join(n)] if has_bias else [])
+  return f"{', '.join(operands)} -> {' '.join([*out_f, *n])}, {' '.join([*out_f, 'k'])}", ()
+
+
+def result_ndim(ndim: int, w_ndim: int) -> int:
+  return ndim - 1 + w_ndim - 1
+
+
+def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis: int):
+  """The partitioned body of a plan that gathers (plan.axes set)."""
+  def gather_and_multiply(x, w, *bias):
+    return on_shards(x, w, bias[0] if bias else None, axes=plan.axes, size=size, algorithm=algorithm,
+                     w_kmajor=w_kmajor, axis=axis)
+  return gather_and_multiply
+
+
+# --- the public function's parts (api.py) ---------------------------------------------------
+
+def check_operands(x, w, bias) -> tuple:
+  """w [K, *n] against x [..., K] (arrays of one accepted dtype, api.py): returns n."""
+  if w.shape[0] != x.shape[-1]:
+    raise ValueError(f"jax_overlap.ag_matmul: w's first dim must equal x's last dim (K = {x.shape[-1]}), "
+                     f"got w of shape {w.shape}")
+  n = tuple(w.shape[1:])
+  if bias is not None and tuple(bias.shape) != n:
+    raise ValueError(f"jax_overlap.ag_matmul: bias must have shape {n} to match w's columns, got {bias.shape}")
+  return n
+
+
+def plain(x, w, bias, call) -> tuple:
+  """algorithm="xla" as JAX ops: (y, gathered). Inside shard_map the reference; on global arrays the dot,
+  partitioned by XLA, typed on an Explicit mesh with the layouts the plan gives."""
+  log.debug("jax_overlap.ag_matmul: XLA path (algorithm='xla', as JAX ops)")
+  if call.axes is not None:
+    gathered = remat.tag(lax.all_gather(x, call.axes, axis=x.ndim + call.axis, tiled=True), remat.AG_GATHERED)
+    return reference(gathered, w, bias)[0], gathered
+  mesh = sharding.explicit_mesh(jax.typeof(x))
+  if mesh is None:
+    return reference(x, w, bias)[0], x
+  p = sharding_plan(mesh, sharding.spec_of(jax.typeof(x).sharding, x.ndim),
+                    sharding.spec_of(jax.typeof(w).sharding, w.ndim), x.shape, w.shape, False, call.axis)
+  y = numerics.local_matmul(x, w, out_sharding=NamedSharding(mesh, p.y))
+  return numerics.finish(y, sharding.resharded(bias, mesh, p.bias), x.dtype), x
+
+
+# --- differentiation (the custom VJP: api.py) --------------------------------------------------
+
+def residual(x, results):
+  """What the backward pass keeps of the forward besides w and bias: the gathered x (dW reads it)."""
+  return remat.tag(results[1], remat.AG_GATHERED)
+
+
+def backward(call, residuals, cotangents, dual):
+  """(dx, dw, dbias): dx = RS(dy @ W^T) by `dual` (the differentiable call of matmul_rs), dW = gathered^T @ dy."""
+  gathered, w, bias, (x_layout, w_layout, bias_layout) = residuals
+  dy, *rest = cotangents
+  dx = dual(dy, w, None, call.dual(DUAL, call.axis if call.axes else None,
+                                   autodiff.request(x_layout, gathered.ndim)))
+  if rest:  # the gathered output's own cotangent: the transpose of the all-gather
+    (dgathered,) = rest
+    dx = dx + (dgathered if call.axes is None else numerics.reduce_scatter(dgathered, call.axes, call.axis))
+  return (autodiff.like(dx, x_layout), autodiff.weight_grad(gathered, dy, 1, w_layout, call.w_kmajor),
+          autodiff.bias_grad(dy, bias, bias_layout))
+
+
+# --- planning (planning/) ----------------------------------------------------------------------
+
+def eligible(rows: int, world: int) -> str | None:
+  """What the GPU algorithms need of the call beyond what every op needs (planning.eligible): nothing."""
+  del rows, world
+  return None
+
+
+def chunk_rows(rows: int, world: int) -> int:
+  """Rows of x in one chunk a rank receives: a whole shard."""
+  del world
+  return rows
+
+
+def chunk_bytes(rows: int, k: int, n: int, world: int, itemsize: int) -> int:
+  """Bytes of one chunk a rank receives: a shard of x [rows, k]."""
+  del n, world
+  return rows * k * itemsize
+
+
+def stage_candidates(world: int) -> list:
+  """Every stage plan: the own shard alone first (it is here at once), then any split of the peers' shards."""
+  return [(1,) + rest for rest in pipelined.compositions(world - 1)] if world > 1 else [(1,)]
+
+
+def check_stages(stages: tuple, text: str) -> None:
+  if stages[0] != 1:
+    raise ValueError(f"stage plan {text!r}: ag_matmul's first stage is its own shard alone (1)")
+
+
+def pipelined_us(stages: tuple, f) -> float:
+  """Model of a pipelined call: stage 0 (the own shard) at once; stage j once its last shard has arrived (a
+  copy of x into the published slot, then one pull per ring position, in order)."""
+  pull = f.chunk_bytes / f.link_bytes_per_us
+  publish = f.chunk_bytes / f.local_bytes_per_us
+  end, position = pipelined.gemm_us(f, stages[0]), stages[0]
+  for size in stages[1:]:
+    arrived = publish + (position + size - 1) * pull
+    end = max(end, arrived) + pipelined.STAGE_OVERHEAD_US + pipelined.gemm_us(f, size)
+    position += size
+  return end + pipelined.CALL_OVERHEAD_US
+
+
+def fused_traffic(rows: int, k: int, n: int, world: int, itemsize: int) -> tuple:
+  """(bytes the fetchers move, bytes pulled over the link, flops) of a fused call: every peer's shard of x."""
+  pull_bytes = (world - 1) * rows * k * itemsize
+  return pull_bytes, pull_bytes, 2.0 * world * rows * n * k
+
+
+def fused_chunk_k(tile, k: int) -> int:
+  """K columns one ready flag covers: about 8 flags along K, so GEMM blocks start on a tile once its first
+  chunk has landed, without a flag wait every k-tile."""
+  return tile.bk * max(1, math.ceil(math.ceil(k / tile.bk) / 8))
+
+
+def fused_units(rows: int, k: int, n: int, world: int, tile, chunk_k: int) -> int:
+  """The fetchers' units of work (no more fetchers than these): the chunks of a shard."""
+  del n, world
+  return math.ceil(rows / tile.bm) * math.ceil(k / chunk_k)

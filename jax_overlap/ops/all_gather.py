@@ -1,0 +1,57 @@
+"""all_gather: the runtime's all-gather of x's rows (axis -2, tiled) inside shard_map, on the symmetric workspace.
+
+It is how the runtime is tested end to end: on a GPU build it runs its own
+custom call (the planner's "all_gather" algorithm: rows of whole 16-byte
+vectors, a group of two or more), elsewhere and otherwise lax.all_gather.
+Not differentiable, no global-array mode: the GEMM ops' protocol does not
+apply; its rules are registered here.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.extend import core as jex_core
+from jax.interpreters import batching, mlir
+
+from jax_overlap import _compat, lowering
+
+NAME = "all_gather"
+
+primitive = jex_core.Primitive("jax_overlap_all_gather")
+
+
+def bind(x, *, axis_name, axis_size):
+  return primitive.bind(x, axis_name=axis_name, axis_size=axis_size)
+
+
+def abstract_eval(x, *, axis_name, axis_size):
+  del axis_name
+  *lead, m, c = x.shape
+  return x.update(shape=(*lead, axis_size * m, c))
+
+
+def _gather_batch_rule(args, dims, *, axis_name, axis_size):
+  (x,), (dx,) = args, dims
+  return bind(jnp.moveaxis(x, dx, 0), axis_name=axis_name, axis_size=axis_size), 0
+
+
+def _gather_default_lowering(ctx, x, *, axis_name, axis_size):
+  del axis_size
+  fn = lambda v: jax.lax.all_gather(v, axis_name, axis=v.ndim - 2, tiled=True)
+  return mlir.lower_fun(fn, multiple_results=False)(ctx, x)
+
+
+def _gather_gpu_lowering(ctx, x, *, axis_name, axis_size):
+  """The runtime's all-gather where the planner's "all_gather" takes it, else lax.all_gather."""
+  out = lowering.gather_rule(ctx, x, axis_name=axis_name, axis_size=axis_size)
+  return _gather_default_lowering(ctx, x, axis_name=axis_name, axis_size=axis_size) if out is None else out
+
+
+def register() -> None:
+  primitive.def_impl(_compat.apply_primitive(primitive))
+  primitive.def_abstract_eval(abstract_eval)
+  batching.primitive_batchers[primitive] = _gather_batch_rule
+  mlir.register_lowering(primitive, _gather_default_lowering)
+  for platform in ("cuda", "rocm"):
+    mlir.register_lowering(primitive, _gather_gpu_lowering, platform=platform)

@@ -1,0 +1,325 @@
+"""matmul_rs: z = reduce_scatter(x @ w) + bias, the row-parallel linear layer, as one unit (protocol: ops/__init__.py).
+
+Shapes: x [..., M, *k] (the contraction sharded: k local), w [*k, N] (or
+[N, *k] when w_kmajor), bias [N] added once after the reduction; result
+z [..., M/T, N] for a group of T. The primitive scatters the rows (dim -2);
+another output dim folds into the rows around it, and the columns (-1) take
+the XLA path (on_shards).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import NamedTuple
+
+import jax
+from jax import lax
+from jax.extend import core as jex_core
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jax_overlap import autodiff, numerics, primitives, sharding
+from jax_overlap.planning import pipelined
+
+log = logging.getLogger("jax_overlap")
+
+NAME = "matmul_rs"
+DUAL = "ag_matmul"  # its gradient's op: dx = AG(dz) @ W^T, over the same axes
+ALGORITHMS = ("pipelined", "fused")  # auto's candidates
+MOVERS = "reducers"  # the fused kernel's workgroups that pull and sum the peers' partials
+REDUCES = True  # the pipelined call ends in a reduction kernel, measured for its model
+
+primitive = jex_core.Primitive("jax_overlap_matmul_rs")
+
+
+def bind(x, w, bias, *, axis_name, axis_size, algorithm, w_kmajor=False, out_specs=None):
+  """z of the primitive: the rows scattered over axis_name (None: the local product)."""
+  return primitive.bind(x, w, *(() if bias is None else (bias,)), axis_name=axis_name, axis_size=axis_size,
+                        algorithm=algorithm, w_kmajor=w_kmajor, out_specs=out_specs)
+
+
+def abstract_eval(x, w, *bias, axis_name, axis_size, algorithm, w_kmajor, out_specs):
+  del algorithm, bias, axis_name
+  contract = w.ndim - 1
+  *lead, m = x.shape[:x.ndim - contract]
+  n = w.shape[0] if w_kmajor else w.shape[-1]
+  (z_spec,) = primitives.result_specs(out_specs, 1)
+  return primitives.result_aval(x, (*lead, m // axis_size, n), z_spec)
+
+
+def as_matrix(x, w, *bias, w_kmajor, **params):
+  """The call with w viewed as a matrix [prod(k), N] and x's trailing k dims as one (row-major: free)."""
+  contract = w.ndim - 1
+  k = math.prod(w.shape[1:] if w_kmajor else w.shape[:-1])
+  w2 = w.reshape(w.shape[0], k) if w_kmajor else w.reshape(k, w.shape[-1])
+  x2 = x.reshape(*x.shape[:x.ndim - contract], k)
+  return bind(x2, w2, bias[0] if bias else None, w_kmajor=w_kmajor, **params)
+
+
+def reference(x, w, bias=None, *, axis_name=None, w_kmajor: bool = False, scatter: int = -2):
+  """The XLA decomposition: psum_scatter(x @ w, scatter, tiled) + bias, summed as the GPU algorithms do
+  (numerics.py); scatter == -1 (the output columns) adds this rank's block of the bias. axis_name None: the
+  local product."""
+  contract = w.ndim - 1
+  acc = numerics.local_matmul(x, w, w_kmajor=w_kmajor, contract=contract)
+  if axis_name is None:
+    return numerics.finish(acc, bias, x.dtype)
+  if scatter == -1 and bias is not None:
+    n = acc.shape[-1] // numerics.group_size(axis_name)
+    bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(axis_name) * n, n)
+  return numerics.reduce_scatter(acc.astype(x.dtype), axis_name, scatter, bias)
+
+
+def reference_all_reduce(x, w, bias=None, *, axis_name, w_kmajor: bool = False):
+  """psum(x @ w) + bias: the reduction without the scatter, summed as reference's is."""
+  acc = numerics.local_matmul(x, w, w_kmajor=w_kmajor, contract=w.ndim - 1)
+  return numerics.all_reduce(acc.astype(x.dtype), axis_name, bias)
+
+
+def results_of_one(y, x) -> list:
+  """The results of a group of one, whose custom call computes y alone."""
+  del x
+  return [y]
+
+
+# --- one rank's shards ----------------------------------------------------------------
+
+def on_shards(x, w, bias, *, axes, size, algorithm, w_kmajor, axis=-2):
+  """psum_scatter(x @ w, axis) + bias inside shard_map or a partitioned body, `axis` a dim of the output; axes
+  None: the local product. Another dim than the rows folds into the rows (a tiled scatter moves whole blocks of
+  everything after it); the columns (-1) are not a row layout and take the XLA path."""
+  contract = w.ndim - 1
+  if axis == -1:
+    log.debug("jax_overlap.matmul_rs: XLA path (scatter over the output columns; the fused kernels scatter rows)")
+    return reference(x, w, bias, axis_name=axes, w_kmajor=w_kmajor, scatter=-1)
+  if axis == -2:
+    return bind(x, w, bias, axis_name=axes, axis_size=size, algorithm=algorithm, w_kmajor=w_kmajor)
+  out_lead = x.shape[:x.ndim - contract]
+  z = bind(sharding.fold(x, axis + 1 - contract, -contract), w, bias, axis_name=axes, axis_size=size,
+           algorithm=algorithm, w_kmajor=w_kmajor)
+  start = len(out_lead) + axis + 1
+  return z.reshape(*out_lead[:start], out_lead[start] // size, *out_lead[start + 1:], z.shape[-1])
+
+
+
+# --- global arrays ----------------------------------------------------------------------
+# x [..., M, *k] @ w [*k, N] (or [N, *k]), bias [N]:
+#   scatter  x's and w's k dims are sharded alike, on axes A: reduce over A, scattered onto one output
+#            dim (`scatter`: the scatter_axis argument, else the dim the requested output sharding puts
+#            A on, else the rows, -2), which keeps its own sharding as the major part.
+#   reduce   as scatter, but the requested output sharding has A nowhere, or the scatter dim is not a
+#            multiple of its new axes' size: an all-reduce over A.
+#   plain    the contraction is not sharded alike: K unsharded (XLA gathers it), a local product.
+# Axes on x's other dims pass through as batch. The Shardy rule "b.. k.., k.. n -> b.. n" reduces the k factors.
+# The request is the out_sharding argument, or what propagation decided (a constraint or jit's out_shardings
+# downstream); with none on an Auto mesh the reduction is an all-reduce, as XLA's own dot would be.
+
+class Plan(NamedTuple):
+  axes: tuple | None  # mesh axes the partial products are reduced over; None: a plain partitioning
+  scatter: int | None  # negative output dim the reduction scatters onto; None: an all-reduce
+  x: P
+  w: P
+  bias: P
+  out: P
+  why: str
+
+  @property
+  def results(self) -> tuple:
+    return (self.out,)
+
+
+def sharding_plan(mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor: bool, scatter: int | None = None,
+                  request=None) -> Plan:
+  """The partitioning of a call on global arrays from its operands' specs (sharding.spec_of) and shapes.
+  `scatter`: the output dim asked for (negative), or None; `request`: a requested output spec, or None."""
+  x_spec, w_spec = sharding.even(mesh, x_spec, x_shape), sharding.even(mesh, w_spec, w_shape)
+  contract = len(w_shape) - 1
+  free, xk = x_spec[:len(x_spec) - contract], x_spec[len(x_spec) - contract:]
+  wk, n_spec = (w_spec[1:], w_spec[0]) if w_kmajor else (w_spec[:-1], w_spec[-1])
+  (n_kept,) = sharding.disjoint([n_spec], sharding.axes_in(free))
+  axes = tuple(a for s in xk for a in (s or ()))
+  if not axes or xk != wk:
+    none_k = [None] * contract
+    why = "the contraction is not sharded" if not axes else f"x's contraction dims {xk} and w's {wk} differ"
+    return Plan(None, None, P(*free, *none_k), sharding.w_spec(none_k, [n_kept], w_kmajor), P(n_kept),
+                P(*free, n_kept), why)
+  out = [*free, n_kept]
+  x_sh, w_sh = P(*free, *xk), sharding.w_spec(wk, [n_kept], w_kmajor)
+  dim = _scatter_dim(out, axes, scatter, request)
+  if dim is None:
+    return Plan(axes, None, x_sh, w_sh, P(n_kept), P(*out), f"all-reduce over {axes}: the requested output "
+                f"sharding {request} does not shard over them")
+  out_shape = (*x_shape[:len(x_shape) - contract], w_shape[0] if w_kmajor else w_shape[-1])
+  on_dim = (*(out[dim] or ()), *axes)
+  if out_shape[dim] % sharding.size(mesh, on_dim):
+    return Plan(axes, None, x_sh, w_sh, P(n_kept), P(*out), f"all-reduce over {axes}: output dim "
+                f"{dim - len(out)} ({out_shape[dim]}) is not a multiple of the size of {on_dim}")
+  out[dim] = on_dim
+  bias = P(on_dim) if dim == len(out) - 1 else P(n_kept)
+  return Plan(axes, dim - len(out), x_sh, w_sh, bias, P(*out), f"reduce-scatter over {axes} onto dim "
+              f"{dim - len(out)}")
+
+
+def _scatter_dim(out, axes, scatter, request) -> int | None:
+  """The output dim (non-negative) the reduced axes go to, or None for an all-reduce."""
+  if scatter is not None:
+    return len(out) + scatter
+  if request is None:
+    return len(out) - 2
+  for d, s in enumerate(request):
+    if s and len(s) >= len(axes) and tuple(s[len(s) - len(axes):]) == axes:
+      return d
+  return None
+
+
+def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, w_kmajor: bool, scatter) -> tuple[str, tuple]:
+  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim."""
+  del scatter
+  contract = w_ndim - 1
+  batch, k = sharding.factors("b", result_ndim(ndim, w_ndim) - 1), sharding.factors("k", contract)
+  w_f = ["n", *k] if w_kmajor else [*k, "n"]
+  operands = [" ".join([*batch, *k]), " ".join(w_f)] + (["n"] if has_bias else [])
+  return f"{', '.join(operands)} -> {' '.join([*batch, 'n'])}", tuple(k)
+
+
+def result_ndim(ndim: int, w_ndim: int) -> int:
+  return ndim - (w_ndim - 1) + 1
+
+
+def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis):
+  """The partitioned body of a plan that reduces (plan.axes set): scattered onto plan.scatter, or all-reduced."""
+  del axis  # the plan's scatter dim, which the argument decided
+  if plan.scatter is None:
+    def multiply_and_reduce(x, w, *bias):
+      return reference_all_reduce(x, w, bias[0] if bias else None, axis_name=plan.axes, w_kmajor=w_kmajor)
+    return multiply_and_reduce
+
+  def multiply_and_scatter(x, w, *bias):
+    return on_shards(x, w, bias[0] if bias else None, axes=plan.axes, size=size, algorithm=algorithm,
+                     w_kmajor=w_kmajor, axis=plan.scatter)
+  return multiply_and_scatter
+
+
+# --- the public function's parts (api.py) ---------------------------------------------------
+
+def check_operands(x, w, bias) -> int:
+  """w [*k, N], contracted with x's trailing dims (arrays of one accepted dtype, api.py): returns N."""
+  k = tuple(w.shape[:-1])
+  if x.ndim < len(k) + 1:
+    raise ValueError(f"jax_overlap.matmul_rs: x must have rank >= {len(k) + 1} (rows and w's {len(k)} contracted "
+                     f"dims {k}), got shape {x.shape}")
+  if tuple(x.shape[x.ndim - len(k):]) != k:
+    if len(k) == 1:
+      raise ValueError(f"jax_overlap.matmul_rs: w's first dim must equal x's last dim (k = {x.shape[-1]}), "
+                       f"got w of shape {w.shape}")
+    raise ValueError(f"jax_overlap.matmul_rs: w's leading dims {k} must equal x's trailing dims, got x of shape "
+                     f"{x.shape}")
+  n = w.shape[-1]
+  if bias is not None and tuple(bias.shape) != (n,):
+    raise ValueError(f"jax_overlap.matmul_rs: bias must have shape ({n},) to match w's columns, got {bias.shape}")
+  return n
+
+
+def plain(x, w, bias, call):
+  """The XLA path as JAX ops (algorithm="xla", or a scatter over the columns inside shard_map). Inside shard_map
+  the reference; on global arrays the dot, partitioned by XLA, typed on an Explicit mesh with the plan's
+  layouts."""
+  log.debug("jax_overlap.matmul_rs: XLA path (%s, as JAX ops)", "algorithm='xla'" if call.algorithm == "xla" else
+            "a scatter over the output columns; the GPU algorithms scatter rows")
+  if call.axes is not None:
+    return reference(x, w, bias, axis_name=call.axes, scatter=call.axis)
+  mesh = sharding.explicit_mesh(jax.typeof(x))
+  if mesh is None:
+    return reference(x, w, bias)
+  p = sharding_plan(mesh, sharding.spec_of(jax.typeof(x).sharding, x.ndim),
+                    sharding.spec_of(jax.typeof(w).sharding, w.ndim), x.shape, w.shape, False, call.axis,
+                    call.request)
+  z = numerics.local_matmul(x, w, contract=w.ndim - 1, out_sharding=NamedSharding(mesh, p.out))
+  return numerics.finish(z, sharding.resharded(bias, mesh, p.bias), x.dtype)
+
+
+# --- differentiation (the custom VJP: api.py) --------------------------------------------------
+
+def residual(x, results):
+  """What the backward pass keeps of the forward besides w and bias: x (dW reads it)."""
+  del results
+  return x
+
+
+def backward(call, residuals, cotangents, dual):
+  """(dx, dw, dbias): (dx, AG(dz)) by `dual` (the differentiable call of ag_matmul with its gathered result),
+  dW = x^T @ AG(dz)."""
+  x, w, bias, (x_layout, w_layout, bias_layout) = residuals
+  (dz,) = cotangents
+  # On global arrays the gather dim points the plan at the dim dz is sharded on; after a scatter of the columns
+  # (-1) no dim of dz matches w's output axes, and the plan's plain partitioning gathers dz through XLA.
+  gather = -2 if call.axis in (None, -1) else call.axis
+  dx, dz_gathered = dual(dz, w, None, call.dual(DUAL, gather, outputs=2))
+  return (autodiff.like(dx, x_layout), autodiff.weight_grad(x, dz_gathered, w.ndim - 1, w_layout, call.w_kmajor),
+          autodiff.bias_grad(dz, bias, bias_layout))
+
+
+# --- planning (planning/) ----------------------------------------------------------------------
+
+def eligible(rows: int, world: int) -> str | None:
+  """What the GPU algorithms need of the call beyond what every op needs (planning.eligible): whole row blocks."""
+  if rows % world:
+    return f"rows={rows} not divisible by the group size {world}"
+  return None
+
+
+def chunk_rows(rows: int, world: int) -> int:
+  """Rows in one chunk a rank receives: a world-th of x's rows, its block of the output."""
+  return rows // world
+
+
+def chunk_bytes(rows: int, k: int, n: int, world: int, itemsize: int) -> int:
+  """Bytes of one chunk a rank receives: a block of partials [rows / world, n]."""
+  del k
+  return rows // world * n * itemsize
+
+
+def stage_candidates(world: int) -> list:
+  return list(pipelined.compositions(world))
+
+
+def check_stages(stages: tuple, text: str) -> None:
+  """Any split of the ring is one of matmul_rs's plans."""
+  del stages, text
+
+
+def pipelined_us(stages: tuple, f) -> float:
+  """Model of a pipelined call: the stages' GEMMs back to back (peers run the same schedule, so the peer at ring
+  distance i has my block ready when its stage holding position i - 1 ends), the pulls of my block in that
+  order, then the reduction of world partials (read) into one (written)."""
+  world = sum(stages)
+  ready, t = [], 0.0
+  for size in stages:
+    t += pipelined.STAGE_OVERHEAD_US + pipelined.gemm_us(f, size)
+    ready += [t] * size
+  pull, pulled = f.chunk_bytes / f.link_bytes_per_us, 0.0
+  for i in range(1, world):
+    pulled = max(pulled, ready[i - 1] + pipelined.STAGE_OVERHEAD_US) + pull
+  reduce = f.reduce_us
+  if reduce is None:  # a copy moves each byte twice (read and write); the reduction reads world blocks, writes one
+    reduce = (world + 1) * f.chunk_bytes / (2 * f.local_bytes_per_us)
+  return max(t, pulled) + reduce + pipelined.CALL_OVERHEAD_US
+
+
+def fused_traffic(rows: int, k: int, n: int, world: int, itemsize: int) -> tuple:
+  """(bytes the reducers move, bytes pulled over the link, flops) of a fused call: each rank reads its row block
+  from every rank's staged partials."""
+  block = rows // world * n * itemsize
+  return world * block, (world - 1) * block, 2.0 * rows * n * k
+
+
+def fused_chunk_k(tile, k: int) -> int:
+  """No ready flags along K: a partial is staged whole."""
+  del tile, k
+  return 0
+
+
+def fused_units(rows: int, k: int, n: int, world: int, tile, chunk_k: int) -> int:
+  """The reducers' units of work (no more reducers than these): the tiles of a row block."""
+  del k, chunk_k
+  return math.ceil(rows // world / tile.bm) * math.ceil(n / tile.bn)

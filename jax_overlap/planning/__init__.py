@@ -1,0 +1,229 @@
+"""Which GPU algorithm takes a call, and with which plan: one decision, from figures measured on the machine.
+
+  planning/figures.py    what the models know of the machine (measured: GEMM and reduction times, copy rates)
+  planning/pipelined.py  the pipelined algorithm's stage planner and cost model
+  planning/fused.py      the fused kernels' tile and mover planner and cost model
+and here, decide(): an explicit algorithm's plan, or for "auto" the candidate
+the models predict fastest, taken only when it beats the XLA path by
+AUTO_MARGIN. Each algorithm's eligibility is judged once, before anything is
+measured; each candidate is planned once from the figures at hand. What is op
+specific (chunks, the pipelined model, what the fused movers carry) is the op
+module's (ops/), passed in as `op`; nothing here branches on an op's name.
+
+With several processes the figures are a collective step (process 0
+measures): a planner takes them after the eligibility, which is the same on
+every process, and before anything that one process alone can refuse (the
+vendor BLAS, the tiles its GPU can hold), so that every process reaches the
+same steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import os
+
+import numpy as np
+
+from jax_overlap import backend, dtypes, runtime
+from jax_overlap.planning import figures, fused, pipelined
+
+log = logging.getLogger("jax_overlap")
+
+# `auto` takes a GPU algorithm only when its model predicts it at least this
+# much faster than the XLA path: the model's error must not make a call slower
+# than XLA.
+AUTO_MARGIN = 0.95
+# Largest group the GPU algorithms take: the size of the kernels' per-rank pointer table
+# (kMaxWorld in csrc/kernels/params.h; a native test checks they agree).
+MAX_WORLD = 8
+# The fused kernels' GEMM engine against the vendor GEMM (0.62-0.66x cuBLAS on
+# the H200, benchmarks/results): the fused model's engine rate is the measured
+# vendor rate times this.
+FUSED_ENGINE_RATIO = 0.63
+# Pins the pipelined stage plan ("1,3": stage sizes in ring order) of the calls over a group of as many
+# ranks as its stages cover, in place of the cost model's choice (tuning, tests).
+PINNED_STAGES = "JAX_OVERLAP_PIPELINE_STAGES"
+
+
+class Declined(Exception):
+  """No algorithm takes the call; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """One call as the planner sees it. `m` is x's rows per batch element (ag_matmul: a shard's)."""
+
+  op: str
+  dtype_name: str
+  batch: int
+  m: int
+  k: int
+  n: int
+  world: int
+  groups: tuple  # every group's global device ids in rank order; () for a group of one
+  w_kmajor: bool
+
+  @property
+  def rows(self) -> int:
+    return self.batch * self.m
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  algorithm: str  # "pipelined", "fused" or "all_gather"
+  plan: object  # fused.FusedPlan, pipelined.PipelinedPlan, or None (a group of one's vendor GEMM, all_gather)
+  region: tuple | None = None  # (key, bytes) of its workspace region; None for a group of one
+  offset: int = 0  # the region's offset, once placed
+
+  def estimates(self) -> tuple:
+    """The model's times (us) for the plan and for the XLA path."""
+    return self.plan.est_us, self.plan.est_xla_us
+
+  def fingerprint(self) -> list:
+    """What every rank of a group must share to run the call together (JSON)."""
+    return [self.algorithm, None if self.plan is None else self.plan.fingerprint(), repr(self.region), self.offset]
+
+
+def faster(est_us: float, est_xla_us: float) -> bool:
+  """Whether `auto` should take a path the model predicts at est_us over XLA's est_xla_us."""
+  return math.isfinite(est_us) and est_us < AUTO_MARGIN * est_xla_us
+
+
+def eligible(problem: Problem, op, algorithm: str) -> str | None:
+  """None when `algorithm` ("pipelined" or "fused") can take the call, else why not."""
+  if not dtypes.takes(algorithm, problem.dtype_name):
+    return (f"dtype {problem.dtype_name} (the {algorithm} algorithm takes "
+            f"{', '.join(dtypes.dtypes_for(algorithm))})")
+  if problem.world > MAX_WORLD:
+    return f"group of {problem.world} ranks (at most {MAX_WORLD})"
+  vector = dtypes.vector_elems(problem.dtype_name)
+  if problem.k % vector or problem.n % vector:
+    return f"k={problem.k} and n={problem.n} must be multiples of {vector} (16-byte rows)"
+  if problem.rows == 0 or problem.k == 0 or problem.n == 0:
+    return "empty operand"
+  return op.eligible(problem.rows, problem.world)
+
+
+def _vendor_blas() -> None:
+  """Loads the vendor BLAS on every local GPU now, at lowering: never during a command buffer's capture; and
+  checks, once per GPU, that its GEMM replays right from a captured graph (csrc/blas/capture_check.h)."""
+  try:
+    for ordinal in runtime.local_ordinals():
+      check = backend.current().native.prepare_vendor_blas(ordinal)
+      if check["checked_now"] and not check["graph_safe"]:
+        log.info("jax_overlap: the vendor GEMM on GPU %d failed its graph-capture check (%s): pipelined calls of a "
+                 "group of one run outside XLA's command buffers", ordinal, check["detail"])
+  except RuntimeError as e:
+    raise Declined(str(e)) from e
+
+
+def _measured(problem: Problem, op) -> figures.Figures:
+  return figures.measure(op, problem.dtype_name, problem.rows, problem.k, problem.n, problem.world,
+                         problem.w_kmajor)
+
+
+def _pinned_stages(op, world: int) -> tuple | None:
+  pinned = os.environ.get(PINNED_STAGES)
+  try:
+    return pipelined.parse_stages(pinned, op, world) if pinned else None
+  except ValueError as e:
+    raise ValueError(f"jax_overlap: {PINNED_STAGES}: {e}") from None
+
+
+def _plan_pipelined(problem: Problem, op, auto: bool) -> Choice:
+  del auto  # the same plan either way: the model picks the stages
+  why = eligible(problem, op, "pipelined")
+  if why:
+    raise Declined(why)
+  if problem.world == 1:
+    _vendor_blas()
+    return Choice("pipelined", None)
+  f = _measured(problem, op)
+  _vendor_blas()
+  plan = pipelined.plan(op, problem.world, f, _pinned_stages(op, problem.world))
+  itemsize = dtypes.itemsize(problem.dtype_name)
+  nbytes = backend.current().native.pipelined_region_bytes(
+      op.NAME, problem.world, problem.batch, problem.m, problem.k, problem.n, itemsize)
+  # Calls of one key share a region: its bytes follow the element size as they do the shape.
+  key = (f"{op.NAME}/pipelined", problem.groups, (problem.batch, problem.m, problem.k, problem.n, itemsize))
+  return Choice("pipelined", plan, (key, nbytes))
+
+
+def _plan_fused(problem: Problem, op, auto: bool) -> Choice:
+  """auto: the model fed with this machine's figures (vendor GEMM rate, peer link) as the pipelined one is."""
+  why = eligible(problem, op, "fused")
+  if why:
+    raise Declined(why)
+  f = _measured(problem, op) if auto else None
+  device = runtime.device_props()
+  if f is not None:
+    chunk_rows = op.chunk_rows(problem.rows, problem.world)
+    vendor = 2.0 * problem.world * chunk_rows * problem.k * problem.n / f.gemm_us[-1]
+    device = dataclasses.replace(device, vendor_flops=vendor, engine_flops=FUSED_ENGINE_RATIO * vendor,
+                                 link_bytes=f.link_bytes_per_us)
+  machine = backend.current()
+  geometry = functools.partial(machine.gemm_geometry, op.NAME, dtype_name=problem.dtype_name,
+                               w_kmajor=problem.w_kmajor, world=problem.world, batch=problem.batch, m=problem.m,
+                               k=problem.k, n=problem.n, device=device)
+  plan, why = fused.plan(op, dtype_name=problem.dtype_name, rows=problem.rows, k=problem.k, n=problem.n,
+                         world=problem.world, device=device, tiles=machine.tile_shapes(), geometry=geometry)
+  if plan is None:
+    raise Declined(why)
+  if problem.world == 1:
+    return Choice("fused", plan)
+  key = (f"{op.NAME}/fused", problem.groups, (problem.batch, problem.m, problem.k, problem.n,
+                                              dtypes.itemsize(problem.dtype_name), plan.tile, plan.chunk_k))
+  return Choice("fused", plan, (key, plan.region_bytes))
+
+
+def _plan_all_gather(problem: Problem, op, auto: bool) -> Choice:
+  """The runtime's all-gather of x's rows (tests): any dtype, rows of whole 16-byte vectors."""
+  del op, auto
+  row_bytes = problem.k * np.dtype(problem.dtype_name).itemsize
+  if problem.world < 2 or row_bytes % dtypes.VECTOR_BYTES:
+    raise Declined("a group of one, or rows not 16-byte multiples")
+  nbytes = backend.current().native.all_gather_region_bytes(problem.world, problem.rows, row_bytes)
+  return Choice("all_gather", None, (("all_gather", problem.groups, (problem.rows, problem.k, problem.dtype_name)),
+                                     nbytes))
+
+
+_PLANNERS = {"pipelined": _plan_pipelined, "fused": _plan_fused, "all_gather": _plan_all_gather}
+
+
+def decide(problem: Problem, op, requested: str, *, again: str | None = None) -> Choice:
+  """The algorithm and plan that take the call, or Declined saying why none does.
+
+  requested: an algorithm (its plan, whatever the models predict), or "auto":
+  the fastest of op.ALGORITHMS the models predict AUTO_MARGIN faster than the
+  XLA path. again: auto's choice made before the workspace existed, judged once
+  more now that it does (the link measured, the ranks sharing a GPU known).
+  """
+  if requested != "auto":
+    return _PLANNERS[requested](problem, op, auto=False)
+  if problem.world == 1:
+    raise Declined("a group of one has no communication to overlap: XLA's dot")
+  if again is not None:
+    choice = _PLANNERS[again](problem, op, auto=True)
+    est, est_xla = choice.estimates()
+    if not faster(est, est_xla):
+      raise Declined(f"{again}: with the measured link the cost model predicts {est:.0f} us vs xla "
+                     f"{est_xla:.0f} us")
+    return choice
+  reasons, options = [], []
+  for algorithm in op.ALGORITHMS:
+    try:
+      choice = _PLANNERS[algorithm](problem, op, auto=True)
+    except Declined as e:
+      reasons.append(f"{algorithm}: {e}")
+      continue
+    est, est_xla = choice.estimates()
+    if faster(est, est_xla):
+      options.append((est, algorithm, choice))
+    else:
+      reasons.append(f"{algorithm}: the cost model predicts {est:.0f} us vs xla {est_xla:.0f} us")
+  if not options:
+    raise Declined("; ".join(reasons))
+  return min(options, key=lambda option: option[:2])[2]

@@ -1,0 +1,86 @@
+"""Figures measured on this machine's GPUs: what the cost models know of a call (planning/pipelined.py, fused.py).
+
+- GEMM times: the vendor GEMM (what the pipelined algorithm runs, and close to
+  what XLA's dot runs) timed at the rows each number of chunks of a call
+  covers, once per shape and dtype, at the first lowering that needs them,
+  after a warm-up (GEMM_WARMUP_MS) that puts the GPU on its sustained clocks.
+- The reduction of an op that reduces (matmul_rs): its kernel timed on one
+  block of each rank count and shape, once, like the GEMMs.
+- The peer link and the local copy rate: copy-engine copies timed when
+  initialize() maps the peers (runtime._measure_copies). Before that, the
+  decision whether to set the workspace up at all guesses the link at a
+  quarter of the local copy rate (H200: about 0.5 of 2 TB/s, near NVLink's
+  450 GB/s per direction; MI300X: about 0.4 TB/s, near its 7 xGMI links): the
+  measurement then replaces the guess, and the call may still take the XLA path.
+
+With several processes, every process decides with process 0's figures
+(processes.agree): only process 0 measures, and timings that differ from
+process to process (noise, one GPU busier) cannot make them decide differently.
+A measurement that fails (out of memory for its buffers, no vendor BLAS)
+raises SetupError on every process, and `auto` takes the XLA path; it is not
+retried in this runtime generation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jax_overlap import backend, dtypes, processes, runtime
+
+LINK_GUESS_FRACTION = 0.25
+# GEMMs run back to back for this long before the GEMM times are taken: a GPU idle before a timing
+# runs its first tens of milliseconds on higher clocks than under a training step's sustained load.
+# Measured on the H200 (benchmarks/results/pipelined_2026-12-01_f83e693.json): without it the model
+# predicted the loopback schedule 10-17% short; after 300 ms (or 1000) within -4% to +2%.
+GEMM_WARMUP_MS = 300.0
+# Bytes the copy rate within a GPU is timed over before any workspace exists (between temporary buffers).
+_LOCAL_COPY_PROBE_BYTES = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Figures:
+  """What the models know of one call on this machine (times in us, rates in bytes per us)."""
+
+  gemm_us: tuple  # gemm_us[s - 1]: the vendor GEMM over s chunks' rows, s = 1 .. world
+  chunk_bytes: int  # bytes of one chunk a rank receives (ag_matmul: a shard of x; matmul_rs: a block of partials)
+  link_bytes_per_us: float  # a copy-engine pull from a peer
+  local_bytes_per_us: float  # a copy-engine copy within this GPU
+  reduce_us: float | None = None  # the reduction of world blocks into one (None: from the local copy rate)
+
+
+def _native():
+  return backend.current().native
+
+
+def _local_copy_bytes_per_us() -> float:
+  """A copy-engine copy within this GPU, before any workspace exists."""
+  probe = _LOCAL_COPY_PROBE_BYTES
+  return processes.agree("local_copy", lambda: probe / _native().time_copy(runtime.first_ordinal(), 0, probe))
+
+
+def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmajor: bool) -> tuple:
+  """The vendor GEMM's time (us) over s chunks of `chunk_rows` rows, s = 1 .. world."""
+  rows = [chunk_rows * s for s in range(1, world + 1)]
+  return tuple(processes.agree(f"gemm/{dtype_name}/{chunk_rows}x{world}/{n}/{k}/{int(w_kmajor)}", lambda: list(
+      _native().time_gemms(runtime.first_ordinal(), dtype_name, rows, n, k, w_kmajor, warmup_ms=GEMM_WARMUP_MS))))
+
+
+def reduce_us(dtype_name: str, block_rows: int, world: int, n: int) -> float:
+  """The reduction (us) of `world` partials of [block_rows, n] into one."""
+  return processes.agree(f"reduce/{dtype_name}/{block_rows}x{world}/{n}", lambda: _native().time_reduce(
+      runtime.first_ordinal(), dtype_name, world, block_rows, n))
+
+
+def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor: bool) -> Figures:
+  """The figures for one call of `op` (an op module, ops/): measured link and copy rates once the workspace
+  exists, else the local copy rate and the link guessed from it (see the module docstring). SetupError when a
+  measurement failed."""
+  link, local = runtime.link_bytes_per_us(), runtime.local_bytes_per_us()
+  if link is None:
+    local = _local_copy_bytes_per_us()
+    link = LINK_GUESS_FRACTION * local
+  chunk_rows = op.chunk_rows(rows, world)
+  return Figures(gemm_us=gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor),
+                 chunk_bytes=op.chunk_bytes(rows, k, n, world, dtypes.itemsize(dtype_name)),
+                 link_bytes_per_us=link, local_bytes_per_us=local,
+                 reduce_us=reduce_us(dtype_name, chunk_rows, world, n) if op.REDUCES else None)
