@@ -143,7 +143,7 @@ static Result checked_timing(F&& launch, T* y, const T* ref, size_t n, int reps)
 }
 
 // Scratch of the stream-K tail (gemm/tile_scheduler.h) for tile shape 0, one slot
-// per SM as jax_overlap/config.py gives it. Filled with a byte pattern once,
+// per SM as jax_overlap/planning/fused.py gives it. Filled with a byte pattern once,
 // never cleared: the kernels take it as XLA hands it over, holding whatever
 // an earlier user (or their own earlier launch) left.
 struct TailScratchBuffer {

@@ -22,7 +22,7 @@ void bind_runtime(pybind11::module_& m);
 void bind_protocol(pybind11::module_& m);
 // The pipelined algorithm's sizes, copy paths, vendor GEMM set-up and timings (pipelined.cc).
 void bind_pipelined(pybind11::module_& m);
-// The fused kernels' compiled tiles and launch geometry, for jax_overlap/config.py (fused.cc).
+// The fused kernels' compiled tiles and launch geometry, for jax_overlap/planning/fused.py (fused.cc).
 void bind_fused(pybind11::module_& m);
 // The simulated-rank harness of the GPU tests and benchmarks (testing.cc).
 void bind_testing(pybind11::module_& m);

@@ -1,4 +1,4 @@
-// Bindings of the fused kernels for jax_overlap/config.py: the compiled tiles
+// Bindings of the fused kernels for jax_overlap/planning/fused.py: the compiled tiles
 // and the launch C++ makes of a call (kernels/launch.h gemm_geometry), and
 // the kernels' scratch and region sizes.
 #include <pybind11/pybind11.h>

@@ -44,7 +44,7 @@ pipelined::Operands loopback_operands(py::dict c, std::vector<int64_t>* stages) 
 }
 
 // The copy path a timing or test names ("copy_engine", ...); none: the path initialize() verified on the
-// GPU, or before it did, the first candidate (calibration's guess of the link precedes initialize()).
+// GPU, or before it did, the first candidate (planning/figures.py's guess of the link precedes initialize()).
 pipelined::CopyPath copy_path_of(int ordinal, const std::optional<std::string>& name) {
   pipelined::CopyPath path = pipelined::kCopyPaths[0];
   if (name) {

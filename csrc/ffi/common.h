@@ -19,7 +19,7 @@ namespace jo {
 
 namespace ffi = ::xla::ffi;
 
-// Launch configuration of a fused call (jax_overlap/config.py FusedPlan plus
+// Launch configuration of a fused call (jax_overlap/planning/fused.py FusedPlan plus
 // the region the runtime placed for it), decoded from the "config" attribute.
 struct FusedConfig {
   int64_t tile;
@@ -41,7 +41,7 @@ struct RegionConfig {
   int64_t generation;
 };
 
-// A pipelined call (jax_overlap/pipeline_plan.py); its stages come as the
+// A pipelined call (jax_overlap/planning/pipelined.py); its stages come as the
 // "stages" attribute.
 struct PipelinedConfig {
   int64_t w_kmajor;

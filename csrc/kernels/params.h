@@ -11,7 +11,7 @@
 namespace jo {
 
 // Largest communication group a kernel takes (size of the per-rank region
-// table; jax_overlap/config.py MAX_WORLD must agree).
+// table; jax_overlap/planning MAX_WORLD must agree).
 inline constexpr int kMaxWorld = 8;
 
 // Bounded waits: every spin on a flag another workgroup or GPU writes gives
@@ -132,7 +132,7 @@ struct GemmOperands {
 
 // A persistent GEMM kernel's launch as the launcher makes it, computed by one
 // function per op (kernels/launch.h gemm_geometry) for the launch and, through
-// the Python module, for the planner (jax_overlap/config.py GemmGeometry).
+// the Python module, for the planner (jax_overlap/backend.py GemmGeometry).
 struct GemmGeometry {
   int workgroups_per_sm;  // of this kernel, by its occupancy
   int co_resident;        // workgroups that run at once on this rank's share of the GPU

@@ -1,5 +1,5 @@
 // Timings on one GPU: the figures the cost model is fed with (jax_overlap/
-// calibration.py) and the one-GPU benchmark of the pipelined schedule. They
+// planning/figures.py) and the one-GPU benchmark of the pipelined schedule. They
 // synchronize the host and allocate temporary buffers: lowering-time and
 // benchmark tools, never on a call's path.
 #pragma once
