@@ -42,7 +42,7 @@ SimMatmul sim_call(py::dict c) {
 }  // namespace
 
 void bind_testing(py::module_& m) {
-  py::class_<SimGroup>(m, "SimGroup takes")
+  py::class_<SimGroup>(m, "SimGroup")
       .def(py::init([](int ordinal, int world, uint64_t bytes_per_rank, double watchdog_seconds) {
              std::unique_ptr<SimGroup> g;
              throw_if_error(SimGroup::create(ordinal, world, bytes_per_rank, watchdog_seconds, &g));
