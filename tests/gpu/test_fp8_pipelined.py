@@ -16,12 +16,11 @@ processes: tests/gpu/scenarios/fp8.py).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gpu_util import random, requires_gpu
+from gpu_util import on_gpu as _dev, pointer as _ptr, poisoned as _poisoned, random, requires_gpu
 from tolerance import assert_close
 from jax_overlap import native
 
@@ -30,18 +29,6 @@ pytestmark = [pytest.mark.gpu, requires_gpu]
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 FORMATS = [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3)]
 OUT_DTYPES = [jnp.bfloat16, jnp.float16, jnp.float32]
-
-
-def _dev(a):
-  return jax.device_put(a, jax.devices()[0]).block_until_ready()
-
-
-def _poisoned(shape, dtype):
-  return jnp.full(shape, jnp.nan, dtype).block_until_ready()
-
-
-def _ptr(a):
-  return a.unsafe_buffer_pointer() if a is not None else 0
 
 
 def _f64(a):
