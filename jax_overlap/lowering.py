@@ -257,6 +257,7 @@ class _Call:
   x_aval: object
   w_aval: object
   bias_aval: object | None
+  scale_avals: tuple
   out_dtype: np.dtype
   w_kmajor: bool  # as given: a float8 w given [k, n] is transposed for the vendor GEMM (Hopper takes K-major only)
 
@@ -268,9 +269,10 @@ class _Call:
 def _call_of(ctx, operands, scaled: bool, out_dtype, w_kmajor: bool) -> _Call:
   x, w, *rest = operands
   x_aval, w_aval, *rest_avals = ctx.avals_in
-  scales = tuple(rest[-2:]) if scaled else ()
-  bias = rest[0] if len(rest) > len(scales) else None
-  return _Call(x, w, bias, scales, x_aval, w_aval, rest_avals[0] if bias is not None else None,
+  count = 2 if scaled else 0
+  scales, scale_avals = tuple(rest[len(rest) - count:]), tuple(rest_avals[len(rest) - count:])
+  bias = rest[0] if len(rest) > count else None
+  return _Call(x, w, bias, scales, x_aval, w_aval, rest_avals[0] if bias is not None else None, scale_avals,
                np.dtype(out_dtype or x_aval.dtype), bool(w_kmajor))
 
 
@@ -284,7 +286,7 @@ def _k_major_w(ctx, call: _Call):
   vendor's float8 GEMM on Hopper takes K-major operands only), else as given."""
   if not call.scaled or call.w_kmajor:
     return call.w, call.w_aval
-  transposed = jax.core.ShapedArray(call.w_aval.shape[::-1], call.w_aval.dtype)
+  transposed = call.w_aval.update(shape=call.w_aval.shape[::-1])
   return _lowered(ctx, lambda w: w.T, [call.w], [call.w_aval], transposed), transposed
 
 
@@ -293,9 +295,9 @@ def _scale_operands(ctx, call: _Call) -> tuple:
   if not call.scaled:
     empty = np.zeros((0,), np.float32)
     return [mlir.ir_constant(empty)] * 2, [jax.core.ShapedArray((0,), np.float32)] * 2
-  one = jax.core.ShapedArray((1,), np.float32)
-  return [_lowered(ctx, lambda s: s.reshape(1), [s], [jax.core.ShapedArray((), np.float32)], one)
-          for s in call.scales], [one, one]
+  ones = [aval.update(shape=(1,)) for aval in call.scale_avals]
+  return [_lowered(ctx, lambda s: s.reshape(1), [s], [aval], one)
+          for s, aval, one in zip(call.scales, call.scale_avals, ones)], ones
 
 
 def _bias_by_xla(problem: Problem, op, call: _Call) -> bool:
@@ -327,9 +329,8 @@ def _finished(ctx, call: _Call, y, y_aval, bias_after: bool):
   in float32, rounded once to the output dtype."""
   if not bias_after:
     return y
-  out = jax.core.ShapedArray(y_aval.shape, call.out_dtype)
   return _lowered(ctx, lambda y, b: (y + b.astype(np.float32)).astype(call.out_dtype), [y, call.bias],
-                  [y_aval, call.bias_aval], out)
+                  [y_aval, call.bias_aval], y_aval.update(dtype=call.out_dtype))
 
 
 def _bias_operand(x_aval, bias):
@@ -373,8 +374,8 @@ def _results_of_one(ctx, op, call: _Call, y) -> list:
   returns gathered scales too (one result more), x's own scale as them, f32[1]."""
   results = list(op.results_of_one(y, call.x))
   if len(results) < len(ctx.avals_out):
-    f32 = jax.core.ShapedArray((), np.float32)
-    results.append(_lowered(ctx, lambda s: s.reshape(1), [call.scales[0]], [f32], ctx.avals_out[len(results)]))
+    results.append(_lowered(ctx, lambda s: s.reshape(1), [call.scales[0]], [call.scale_avals[0]],
+                            ctx.avals_out[len(results)]))
   return results
 
 

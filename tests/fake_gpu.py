@@ -148,9 +148,9 @@ class FakeNative:
     return 256
 
   def pipelined_region_bytes(self, op, world, batch, m, k, n, x_bytes, out_bytes, scaled=False) -> int:
-    rows = batch * m if op == "ag_matmul" else batch * m // world
-    moved = k * x_bytes + 256 * scaled if op == "ag_matmul" else n * out_bytes
-    return 4096 + world * rows * moved
+    if op == "ag_matmul":
+      return 4096 + world * batch * m * k * x_bytes + 512 * scaled  # two slots, each with a scale header
+    return 4096 + batch * m * n * out_bytes
 
   def all_gather_region_bytes(self, world, rows, row_bytes) -> int:
     return 4096 + world * rows * row_bytes

@@ -1,6 +1,6 @@
-"""The GPU lowering of float8 calls on a CPU machine: lower for "cuda" on a stand-in runtime (test_lowering.py's)
-and read the custom calls: their operands (x, w K-major, bias, x_scale f32[1], w_scale f32[1]), their results,
-the bias XLA adds after a float32 GEMM, and the calls no GPU algorithm takes."""
+"""The GPU lowering of float8 calls on a CPU machine: lower for "cuda" on a stand-in runtime (tests/fake_gpu.py, an
+H200's sm_90) and read the custom calls: their operands (x, w K-major, bias, x_scale f32[1], w_scale f32[1]),
+their results, the bias XLA adds after a float32 GEMM, and the calls no GPU algorithm takes."""
 
 import inspect
 import re
@@ -11,22 +11,31 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_overlap
-from jax_overlap import backend, native
+from jax_overlap import backend
 
-from test_lowering import _custom_calls, _install, _lowered
+from fake_gpu import FakeNative, install
 
-pytestmark = [
-    pytest.mark.skipif(native.platform() != "cuda", reason="needs the CUDA build of the extension"),
-    pytest.mark.skipif("x_scale" not in inspect.signature(jax_overlap.ag_matmul).parameters,
-                       reason="needs the float8 API of issue 27 (x_scale, w_scale, out_dtype)"),
-]
+pytestmark = pytest.mark.skipif("x_scale" not in inspect.signature(jax_overlap.ag_matmul).parameters,
+                                reason="needs the float8 API of issue 27 (x_scale, w_scale, out_dtype)")
 
 E4M3 = jnp.float8_e4m3fn
 
 
 @pytest.fixture
 def fake_gpu_runtime(monkeypatch):
-  return _install(monkeypatch)
+  """A runtime that believes it has every CPU device as a reachable GPU, with a 300 GB/s link."""
+  fake = FakeNative()
+  install(monkeypatch.setattr, fake)
+  jax_overlap.initialize(workspace_bytes=1 << 30)
+  return fake
+
+
+def _lowered(f, *args) -> str:
+  return f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _custom_calls(text):
+  return [line for line in text.splitlines() if "stablehlo.custom_call @jax_overlap" in line]
 
 
 def _spec(*shape, dtype=E4M3):
@@ -88,18 +97,17 @@ def test_float8_call_with_peers(fake_gpu_runtime, make_mesh, op, w_kmajor):
 
 
 @pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
-def test_float8_region_holds_a_scale_per_slot(fake_gpu_runtime, make_mesh, op):
-  """ag_matmul's published slots carry the shard's scale in a header: its region differs from a 16-bit call's of
-  the same bytes; matmul_rs stages partials in the output dtype."""
-  mesh = make_mesh((4,), ("tp",))
-  _lowered(_fn(op, mesh, out_dtype=jnp.float32), *_operands(op, 4))
+def test_float8_region_follows_the_element_sizes(fake_gpu_runtime, make_mesh, op):
+  """A float8 call's region is sized for its 1-byte x, its output's partials and (ag_matmul) its shards' scale
+  headers, and keyed by them."""
+  calls = []
+  sizes = fake_gpu_runtime.pipelined_region_bytes
+  fake_gpu_runtime.pipelined_region_bytes = lambda *args: calls.append(args) or sizes(*args)
+  _lowered(_fn(op, make_mesh((4,), ("tp",)), out_dtype=jnp.float32), *_operands(op, 4))
+  m = 1024 if op == "ag_matmul" else 4096  # x's rows per rank
+  assert calls == [(op, 4, 1, m, 512, 256, 1, 4, True)]
   ((key, (_, nbytes)),) = backend.current().state.regions.items()
-  assert key[2][-3:] == (1, 4, True)  # x's and the output's element bytes, scaled
-  m = 1024 if op == "ag_matmul" else 4096
-  region = lambda scaled: native.module().pipelined_region_bytes(op, 4, 1, m, 512, 256, 1, 4, scaled)
-  assert nbytes == region(True)
-  # Two slots (double-buffered by epoch parity), each with a 256-byte header for the scale.
-  assert region(True) - region(False) == (512 if op == "ag_matmul" else 0)
+  assert key[2][-3:] == (1, 4, True) and nbytes == sizes(*calls[0])
 
 
 @pytest.mark.parametrize("world", [1, 4])

@@ -83,6 +83,14 @@ def test_the_reduction_split_matches_the_schedules():
     assert pipelined.reduce_split_columns(n) == native.module().reduce_split_columns(n), n
 
 
+def test_a_float8_shard_carries_its_scale_in_a_slot_header():
+  if native.platform() != "cuda":
+    pytest.skip("needs the CUDA build of the extension (csrc/pipelined/layout.h GatherRegion)")
+  region = lambda op, scaled: native.module().pipelined_region_bytes(op, 4, 1, 1024, 512, 256, 1, 2, scaled)
+  assert region("ag_matmul", True) - region("ag_matmul", False) == 2 * 256  # a header per parity's slot
+  assert region("matmul_rs", True) == region("matmul_rs", False)
+
+
 def _rs_figures(world=4, reduce_us=200.0, split_share=0.0):
   gemm = tuple(1000.0 * s / world for s in range(1, world + 1))
   return figures.Figures(gemm, 8 << 20, 3e5, 2e6, reduce_us=reduce_us, split_share=split_share)
