@@ -28,6 +28,10 @@ class DType:
 TABLE = {d.name: d for d in (
     DType("bfloat16", 2, GPU_ALGORITHMS),
     DType("float16", 2, GPU_ALGORITHMS),
+    DType("float8_e4m3fn", 1, ("pipelined",)),
+    DType("float8_e5m2", 1, ("pipelined",)),
+    DType("float8_e4m3fnuz", 1, ("pipelined",)),
+    DType("float8_e5m2fnuz", 1, ("pipelined",)),
     DType("float32", 4, ()),
     DType("float64", 8, ()),
 )}

@@ -242,9 +242,99 @@ def _site(ctx, region_key: tuple) -> int:
 
 
 # --- emitting the custom calls ---------------------------------------------------
+# A call's operands as the primitive gives them (ops/<op>.bind): x, w, [bias], [x_scale, w_scale]. Float8 calls
+# (scaled) carry float32 scalar scales and an out_dtype; the pipelined targets take (x, w, bias, x_scale, w_scale)
+# with the scales as f32[1] (f32[0] for a 16-bit call) and an empty bias [0] for none (csrc/ffi/pipelined.cc).
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+  """One call's operands (IR values) and types at lowering."""
+
+  x: object
+  w: object
+  bias: object | None
+  scales: tuple  # (x_scale, w_scale) of a float8 call, else ()
+  x_aval: object
+  w_aval: object
+  bias_aval: object | None
+  scale_avals: tuple
+  out_dtype: np.dtype
+  w_kmajor: bool  # as given: a float8 w given [k, n] is transposed for the vendor GEMM (Hopper takes K-major only)
+
+  @property
+  def scaled(self) -> bool:
+    return bool(self.scales)
+
+
+def _call_of(ctx, operands, scaled: bool, out_dtype, w_kmajor: bool) -> _Call:
+  x, w, *rest = operands
+  x_aval, w_aval, *rest_avals = ctx.avals_in
+  count = 2 if scaled else 0
+  scales, scale_avals = tuple(rest[len(rest) - count:]), tuple(rest_avals[len(rest) - count:])
+  bias = rest[0] if len(rest) > count else None
+  return _Call(x, w, bias, scales, x_aval, w_aval, rest_avals[0] if bias is not None else None, scale_avals,
+               np.dtype(out_dtype or x_aval.dtype), bool(w_kmajor))
+
+
+def _lowered(ctx, fn, args, avals_in, aval_out):
+  """fn(*args) lowered in place: one value of aval_out."""
+  return mlir.lower_fun(fn, multiple_results=False)(ctx.replace(avals_in=avals_in, avals_out=[aval_out]), *args)[0]
+
+
+def _k_major_w(ctx, call: _Call):
+  """(w, its aval) as the call passes it: a float8 w given [k, n] transposed to [n, k] (one pass over w: the
+  vendor's float8 GEMM on Hopper takes K-major operands only), else as given."""
+  if not call.scaled or call.w_kmajor:
+    return call.w, call.w_aval
+  transposed = call.w_aval.update(shape=call.w_aval.shape[::-1])
+  return _lowered(ctx, lambda w: w.T, [call.w], [call.w_aval], transposed), transposed
+
+
+def _scale_operands(ctx, call: _Call) -> tuple:
+  """(values, avals) of x_scale and w_scale: f32[1] each for a float8 call, f32[0] for a 16-bit one."""
+  if not call.scaled:
+    empty = np.zeros((0,), np.float32)
+    return [mlir.ir_constant(empty)] * 2, [jax.core.ShapedArray((0,), np.float32)] * 2
+  ones = [aval.update(shape=(1,)) for aval in call.scale_avals]
+  return [_lowered(ctx, lambda s: s.reshape(1), [s], [aval], one)
+          for s, aval, one in zip(call.scales, call.scale_avals, ones)], ones
+
+
+def _bias_by_xla(problem: Problem, op, call: _Call) -> bool:
+  """Whether the bias of a float8 call is added by XLA after the custom call rather than by it: the vendor's
+  float8 GEMM epilogue takes a bias in a 16-bit output's dtype only (csrc/blas/cublaslt_api.h), so a float32
+  bias (or a float32 output) goes that way when a GEMM adds it: then the custom call writes y in float32
+  without it, and XLA adds the bias in float32 and rounds once, as the epilogue would (one more pass over y).
+  matmul_rs with peers adds its bias in its reduction, in float32 from either dtype."""
+  if not call.scaled or call.bias is None or (op.REDUCES and problem.world > 1):
+    return False
+  return call.bias_aval.dtype != call.out_dtype or call.out_dtype == np.float32
+
+
+def _gemm_operands(ctx, call: _Call, bias_after: bool) -> tuple:
+  """(values, avals) of (x, w, bias, x_scale, w_scale) for a pipelined target; the bias empty where XLA adds it
+  after the call (bias_after)."""
+  w, w_aval = _k_major_w(ctx, call)
+  if call.bias is None or bias_after:
+    empty = np.zeros((0,), call.out_dtype if call.scaled else call.x_aval.dtype)
+    bias, bias_aval = mlir.ir_constant(empty), jax.core.ShapedArray(empty.shape, empty.dtype)
+  else:
+    bias, bias_aval = call.bias, call.bias_aval
+  scales, scale_avals = _scale_operands(ctx, call)
+  return [call.x, w, bias, *scales], [call.x_aval, w_aval, bias_aval, *scale_avals]
+
+
+def _finished(ctx, call: _Call, y, y_aval, bias_after: bool):
+  """y of the custom call as the op returns it: with bias_after (_bias_by_xla), the call's float32 y + the bias
+  in float32, rounded once to the output dtype."""
+  if not bias_after:
+    return y
+  return _lowered(ctx, lambda y, b: (y + b.astype(np.float32)).astype(call.out_dtype), [y, call.bias],
+                  [y_aval, call.bias_aval], y_aval.update(dtype=call.out_dtype))
+
 
 def _bias_operand(x_aval, bias):
-  return (bias[0] if bias else mlir.ir_constant(np.zeros((0,), x_aval.dtype)),
+  return (bias if bias is not None else mlir.ir_constant(np.zeros((0,), x_aval.dtype)),
           jax.core.ShapedArray((0,), x_aval.dtype))
 
 
@@ -257,11 +347,11 @@ def _groups_attribute(problem: Problem):
   return np.array([i for g in problem.groups for i in g], np.int64)
 
 
-def _emit_fused(ctx, problem: Problem, op, choice: Choice, x, w, bias):
+def _emit_fused(ctx, problem: Problem, op, choice: Choice, call: _Call):
   machine, plan = backend.current(), choice.plan
-  x_aval, w_aval = ctx.avals_in[:2]
-  bias_value, empty = _bias_operand(x_aval, bias)
-  avals_in = [x_aval, w_aval, ctx.avals_in[2] if bias else empty]
+  x, w, bias = call.x, call.w, call.bias
+  bias_value, empty = _bias_operand(call.x_aval, bias)
+  avals_in = [call.x_aval, call.w_aval, call.bias_aval if bias is not None else empty]
   site = _site(ctx, choice.region[0]) if problem.world > 1 else 0
   attrs = plan.attribute(w_kmajor=problem.w_kmajor, region_offset=choice.offset, site=site,
                          generation=runtime.generation())
@@ -279,31 +369,44 @@ def _emit_fused(ctx, problem: Problem, op, choice: Choice, x, w, bias):
       sub_ctx, x, w, bias_value, config=attrs, groups=_groups_attribute(problem), world=np.int64(problem.world))
 
 
-def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, x, w, bias):
+def _results_of_one(ctx, op, call: _Call, y) -> list:
+  """The op's results of a group of one from its y (op.results_of_one), and for a float8 call of an op that
+  returns gathered scales too (one result more), x's own scale as them, f32[1]."""
+  results = list(op.results_of_one(y, call.x))
+  if len(results) < len(ctx.avals_out):
+    results.append(_lowered(ctx, lambda s: s.reshape(1), [call.scales[0]], [call.scale_avals[0]],
+                            ctx.avals_out[len(results)]))
+  return results
+
+
+def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: _Call):
   machine, plan = backend.current(), choice.plan
-  x_aval, w_aval = ctx.avals_in[:2]
-  bias_value, empty = _bias_operand(x_aval, bias)
-  avals_in = [x_aval, w_aval, ctx.avals_in[2] if bias else empty]
+  bias_after = _bias_by_xla(problem, op, call)
+  operands, avals_in = _gemm_operands(ctx, call, bias_after)
+  y_aval = ctx.avals_out[0].update(dtype=np.dtype(np.float32) if bias_after else call.out_dtype)
   scratch = _u8(machine.native.pipelined_scratch_bytes(op.NAME, problem.world, problem.batch, problem.m, problem.n,
-                                                       dtypes.itemsize(problem.dtype_name)))
+                                                       dtypes.itemsize(problem.out_dtype)))
   if problem.world == 1:
     log.debug("jax_overlap.%s: pipelined, a group of one: the vendor GEMM", op.NAME)
-    sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[ctx.avals_out[0], scratch])
+    sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, scratch])
     # In XLA's command buffers only where the vendor GEMM passed its capture check (planning._vendor_blas).
     target = machine.target("vendor_gemm" if machine.native.vendor_gemm_graph_safe() else "vendor_gemm_no_graph")
-    y = jax.ffi.ffi_lowering(target)(sub_ctx, x, w, bias_value, w_kmajor=np.int64(problem.w_kmajor))[0]
-    return op.results_of_one(y, x)
+    y = jax.ffi.ffi_lowering(target)(sub_ctx, *operands, w_kmajor=np.int64(problem.w_kmajor))[0]
+    return _results_of_one(ctx, op, call, _finished(ctx, call, y, y_aval, bias_after))
   region_key, region_bytes = choice.region
   log.debug("jax_overlap.%s: pipelined (world %d, stages %s; model %.0f us vs xla %.0f us)", op.NAME, problem.world,
             plan.stages, plan.est_us, plan.est_xla_us)
-  sub_ctx = ctx.replace(avals_in=avals_in, avals_out=list(ctx.avals_out) + [scratch])
+  # A call that gathers x (results y and the gathered x) also returns the gathered scales: f32[0] when unscaled.
+  gathers = len(ctx.avals_out) > 1
+  scales_out = [jax.core.ShapedArray((0,), np.float32)] if gathers and not call.scaled else []
+  sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, *ctx.avals_out[1:], *scales_out, scratch])
   config_attr = {"w_kmajor": np.int64(problem.w_kmajor), "region_offset": np.int64(choice.offset),
                  "region_bytes": np.int64(region_bytes), "site": np.int64(_site(ctx, region_key)),
                  "generation": np.int64(runtime.generation())}
-  outs = jax.ffi.ffi_lowering(machine.target(op.NAME + "_pipelined"))(
-      sub_ctx, x, w, bias_value, config=config_attr, groups=_groups_attribute(problem), world=np.int64(problem.world),
+  y, *rest = jax.ffi.ffi_lowering(machine.target(op.NAME + "_pipelined"))(
+      sub_ctx, *operands, config=config_attr, groups=_groups_attribute(problem), world=np.int64(problem.world),
       stages=np.array(plan.stages, np.int64))
-  return outs[:-1]
+  return [_finished(ctx, call, y, y_aval, bias_after), *rest[:len(ctx.avals_out) - 1]]
 
 
 _EMITTERS = {"pipelined": _emit_pipelined, "fused": _emit_fused}
@@ -323,25 +426,32 @@ def _fallback(op_name: str, algorithm: str, error: Exception) -> None:
 _DECLINED = (Declined, WorkspaceFullError, SetupError)
 
 
-def gpu_rule(ctx, x, w, *bias, op, axis_name, axis_size, algorithm, w_kmajor):
+def gpu_rule(ctx, *operands, op, axis_name, axis_size, algorithm, w_kmajor, scaled: bool = False,
+             out_dtype: str | None = None, has_bias: bool | None = None):
   """The lowering of a GEMM op's primitive on a GPU platform (see the module docstring): its custom call's
-  results, or None where the call takes the XLA path."""
+  results, or None where the call takes the XLA path. operands: x, w, [bias], [x_scale, w_scale] (scaled: float8
+  x and w, their y of out_dtype); a 16-bit call's params may leave out scaled, out_dtype (x's dtype) and
+  has_bias, which its operands say."""
+  del has_bias
   if algorithm == "xla" or disabled():
     if algorithm != "xla":
       log.debug("jax_overlap.%s: XLA path (%s is set)", op.NAME, KILL_SWITCH)
     return None
-  x_aval, w_aval = ctx.avals_in[:2]
-  *lead, m, k = x_aval.shape
+  call = _call_of(ctx, operands, scaled, out_dtype, w_kmajor)
+  *lead, m, k = call.x_aval.shape
   try:
     _native_ready(ctx)
     groups = () if axis_name is None else group_ids(ctx, axis_name)
-    problem = Problem(op.NAME, dtypes.name(x_aval.dtype), math.prod(lead), m, k, w_aval.shape[0 if w_kmajor else 1],
-                      axis_size if axis_name is not None else 1, groups, bool(w_kmajor))
+    # A float8 w reaches the GPU K-major whatever its layout here (_k_major_w).
+    problem = Problem(op.NAME, dtypes.name(call.x_aval.dtype), math.prod(lead), m, k,
+                      call.w_aval.shape[0 if w_kmajor else 1], axis_size if axis_name is not None else 1, groups,
+                      bool(w_kmajor) or call.scaled, out_dtype_name=call.out_dtype.name,
+                      w_dtype_name=dtypes.name(call.w_aval.dtype), scaled=call.scaled)
     choice = choose(problem, op, algorithm)
   except _DECLINED as e:
     _fallback(op.NAME, algorithm, e)
     return None
-  return _EMITTERS[choice.algorithm](ctx, problem, op, choice, x, w, bias)
+  return _EMITTERS[choice.algorithm](ctx, problem, op, choice, call)
 
 
 def gather_rule(ctx, x, *, axis_name, axis_size):

@@ -47,6 +47,7 @@ class FakeNative:
     self.gen = 1
     self.workspaces = {}  # ordinal -> bytes
     self.calls = []  # (function, args) of the set-up functions, in order
+    self.timed_gemms = []  # (x dtype, w dtype, out dtype, w_kmajor) of each time_gemms, in order (None: x's)
 
   def _maybe_fail(self, name: str, *args) -> None:
     self.calls.append((name, args))
@@ -112,14 +113,25 @@ class FakeNative:
     own = ptr in (0, (jax.local_devices()[ordinal].id + 1) << 40)
     return nbytes / (LOCAL_BYTES_PER_US if own else self.link_bytes_per_us)
 
-  def time_gemms(self, ordinal, dtype_name, rows, n, k, w_kmajor, warmup_ms) -> list:
+  def time_gemms(self, ordinal, dtype_name, rows, n, k, w_kmajor, warmup_ms, w_dtype=None, out_dtype=None) -> list:
     self._maybe_fail("time_gemms", ordinal)
+    self.timed_gemms.append((dtype_name, w_dtype, out_dtype, w_kmajor))
     whole = rows[-1]
-    return [self.gemm_scale * 2.0 * r * n * k / GEMM_FLOPS_PER_US * (1.05 if r < whole else 1.0) for r in rows]
+    rate = GEMM_FLOPS_PER_US * (2 if w_dtype is not None else 1)  # float8 at twice the 16-bit rate
+    return [self.gemm_scale * 2.0 * r * n * k / rate * (1.05 if r < whole else 1.0) for r in rows]
 
   def time_reduce(self, ordinal, dtype_name, world, rows, n) -> float:
     self._maybe_fail("time_reduce", ordinal)
-    return self.gemm_scale * (world + 1) * rows * n * 2 / (2 * LOCAL_BYTES_PER_US)
+    itemsize = 4 if dtype_name == "float32" else 2
+    return self.gemm_scale * (world + 1) * rows * n * itemsize / (2 * LOCAL_BYTES_PER_US)
+
+  def vendor_fp8_dtypes(self, arch) -> list:
+    """The rule of csrc/blas/*_api.h runs_fp8."""
+    if arch == "gfx942":
+      return ["float8_e4m3fnuz", "float8_e5m2fnuz"]
+    if arch == "gfx950" or (arch.startswith("sm_") and int(arch[3:]) >= 89):
+      return ["float8_e4m3fn", "float8_e5m2"]
+    return []
 
   def prepare_vendor_blas(self, ordinal):
     self._maybe_fail("prepare_vendor_blas", ordinal)
@@ -132,12 +144,13 @@ class FakeNative:
     self._maybe_fail("choose_copy_path", ordinal)
     return {"path": "copy_engine", "description": "the copy engine", "rejected": []}
 
-  def pipelined_scratch_bytes(self, op, world, batch, m, n, elem_bytes) -> int:
+  def pipelined_scratch_bytes(self, op, world, batch, m, n, out_bytes) -> int:
     return 256
 
-  def pipelined_region_bytes(self, op, world, batch, m, k, n, elem_bytes) -> int:
-    rows = batch * m if op == "ag_matmul" else batch * m // world
-    return 4096 + world * rows * (k if op == "ag_matmul" else n) * elem_bytes
+  def pipelined_region_bytes(self, op, world, batch, m, k, n, x_bytes, out_bytes, scaled=False) -> int:
+    if op == "ag_matmul":
+      return 4096 + world * batch * m * k * x_bytes + 512 * scaled  # two slots, each with a scale header
+    return 4096 + batch * m * n * out_bytes
 
   def all_gather_region_bytes(self, world, rows, row_bytes) -> int:
     return 4096 + world * rows * row_bytes

@@ -194,6 +194,20 @@ def test_pipelined_lowers_to_its_target_with_its_plan(fake_gpu_runtime, make_mes
   assert f"tensor<{scratch}xui8>" in calls[0].split(" : ")[-1]
 
 
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+@pytest.mark.parametrize("world", [1, 4])
+def test_16bit_pipelined_calls_pass_empty_scales(fake_gpu_runtime, make_mesh, op, world):
+  """The pipelined targets take (x, w, bias, x_scale, w_scale): a 16-bit call passes an empty bias and f32[0]
+  scales, and ag_matmul's target with peers returns empty gathered scales (csrc/ffi/pipelined.cc)."""
+  mesh = make_mesh((world, 8 // world), ("tp", "dp"))
+  calls = _custom_calls(_lowered(_op_fn(op, mesh, "pipelined"), *_operands(op, world, 4096, 512, 256)))
+  assert len(calls) == 1
+  operands, results = calls[0].split(" : ")[-1].split(" -> ")
+  assert operands.endswith("tensor<0xbf16>, tensor<0xf32>, tensor<0xf32>)")
+  gathered_scales = world > 1 and op == "ag_matmul"
+  assert ("tensor<0xf32>" in results) == gathered_scales
+
+
 @pytest.mark.parametrize("op,pinned,want", [("ag_matmul", "1,2,1", [1, 2, 1]), ("matmul_rs", "4", [4]),
                                              ("matmul_rs", "1,3", [1, 3]), ("ag_matmul", "1,1", None)])
 def test_pinned_stages_replace_the_cost_models_plan(fake_gpu_runtime, monkeypatch, make_mesh, op, pinned, want):

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "core/gemm_problem.h"
 #include "core/op_kind.h"
 #include "platform/status.h"
 
@@ -39,6 +40,19 @@ inline DType dtype_arg(const std::string& name, const char* takes) {
   if (!dtype_from_name(name, &t))
     throw std::invalid_argument(std::string("jax_overlap: ") + takes + " " + dtype_choices() + ", got " + name);
   return t;
+}
+
+// A GEMM's types from a call dict of the tests and benchmarks: "dtype" (x's), and optionally "w_dtype" (x's
+// by default), "out_dtype" (x's by default; required with float8 x) and "bias_dtype" (out's by default).
+inline GemmTypes gemm_types_arg(const pybind11::dict& c, const char* takes) {
+  const auto named = [&](const char* key, DType fallback) {
+    return c.contains(key) ? dtype_arg(c[key].cast<std::string>(), takes) : fallback;
+  };
+  const DType x = dtype_arg(c["dtype"].cast<std::string>(), takes);
+  if (is_fp8(x) && !c.contains("out_dtype"))
+    throw std::invalid_argument(std::string("jax_overlap: float8 x (") + dtype_name(x) + ") needs an out_dtype");
+  const DType out = named("out_dtype", x);
+  return GemmTypes{x, named("w_dtype", x), out, named("bias_dtype", out), is_fp8(x)};
 }
 
 // The GEMM op a name from Python names (ag_matmul or matmul_rs); ValueError otherwise.

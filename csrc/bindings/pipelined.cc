@@ -31,12 +31,20 @@ pipelined::Operands loopback_operands(py::dict c, std::vector<int64_t>* stages) 
   o.x = reinterpret_cast<const void*>(c["x"].cast<uintptr_t>());
   o.w = reinterpret_cast<const void*>(c["w"].cast<uintptr_t>());
   o.bias = reinterpret_cast<const void*>(c["bias"].cast<uintptr_t>());
+  const auto pointer = [&](const char* key) { return c.contains(key) ? c[key].cast<uintptr_t>() : uintptr_t{0}; };
+  o.x_scale = reinterpret_cast<const float*>(pointer("x_scale"));
+  o.w_scale = reinterpret_cast<const float*>(pointer("w_scale"));
   o.out = reinterpret_cast<void*>(c["out"].cast<uintptr_t>());
-  o.gathered = reinterpret_cast<void*>(c.contains("gathered") ? c["gathered"].cast<uintptr_t>() : 0);
+  o.gathered = reinterpret_cast<void*>(pointer("gathered"));
+  o.gathered_scales = reinterpret_cast<float*>(pointer("gathered_scales"));
   o.scratch = reinterpret_cast<void*>(c["scratch"].cast<uintptr_t>());
-  o.gemm = GemmProblem::dense(dtype_arg(c["dtype"].cast<std::string>(), kTakes), c["batch"].cast<int64_t>(),
-                              c["m"].cast<int64_t>(), c["k"].cast<int64_t>(), c["n"].cast<int64_t>(),
-                              c["w_kmajor"].cast<bool>(), o.bias != nullptr);
+  o.gemm = GemmProblem::dense(gemm_types_arg(c, kTakes), c["batch"].cast<int64_t>(), c["m"].cast<int64_t>(),
+                              c["k"].cast<int64_t>(), c["n"].cast<int64_t>(), c["w_kmajor"].cast<bool>(),
+                              o.bias != nullptr);
+  if (o.gemm.types.scaled && (o.x_scale == nullptr || o.w_scale == nullptr))
+    throw std::invalid_argument("jax_overlap: a float8 loopback call takes x_scale and w_scale (and ag_matmul "
+                                "gathered_scales)");
+  if (c.contains("overlap_reduction")) o.overlap_reduction = c["overlap_reduction"].cast<bool>();
   *stages = c["stages"].cast<std::vector<int64_t>>();
   o.stages = stages->data();
   o.stage_count = static_cast<int>(stages->size());
@@ -61,20 +69,34 @@ pipelined::CopyPath copy_path_of(int ordinal, const std::optional<std::string>& 
 }  // namespace
 
 void bind_pipelined(py::module_& m) {
+  // x_bytes: x's element; out_bytes: y's (matmul_rs's partials'); scaled: float8 operands.
   m.def(
       "pipelined_region_bytes",
-      [](const std::string& op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int elem_bytes) {
-        return pipelined::region_bytes(gemm_op_arg(op), world, batch, m, k, n, elem_bytes);
+      [](const std::string& op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int x_bytes,
+         int out_bytes, bool scaled) {
+        return pipelined::region_bytes(gemm_op_arg(op), world, batch, m, k, n, x_bytes, out_bytes, scaled);
       },
       py::arg("op"), py::arg("world"), py::arg("batch"), py::arg("m"), py::arg("k"), py::arg("n"),
-      py::arg("elem_bytes"));
+      py::arg("x_bytes"), py::arg("out_bytes"), py::arg("scaled") = false);
   m.def(
       "pipelined_scratch_bytes",
-      [](const std::string& op, int world, int64_t batch, int64_t m, int64_t n, int elem_bytes, bool loopback) {
-        return pipelined::scratch_bytes(gemm_op_arg(op), world, batch, m, n, elem_bytes, loopback);
+      [](const std::string& op, int world, int64_t batch, int64_t m, int64_t n, int out_bytes, bool loopback) {
+        return pipelined::scratch_bytes(gemm_op_arg(op), world, batch, m, n, out_bytes, loopback);
       },
-      py::arg("op"), py::arg("world"), py::arg("batch"), py::arg("m"), py::arg("n"), py::arg("elem_bytes"),
+      py::arg("op"), py::arg("world"), py::arg("batch"), py::arg("m"), py::arg("n"), py::arg("out_bytes"),
       py::arg("loopback") = false);
+  m.def("reduce_split_columns", &pipelined::reduce_split_columns, py::arg("n"));
+  // The float8 formats the vendor GEMM runs on a GPU of architecture `arch` ("sm_90", "gfx942": the
+  // runtime's device_info), by jax's names.
+  m.def(
+      "vendor_fp8_dtypes",
+      [](const std::string& arch) {
+        py::list names;
+        for (DType t : kDTypes)
+          if (is_fp8(t) && blas::takes_fp8(t, arch)) names.append(dtype_name(t));
+        return names;
+      },
+      py::arg("arch"));
   // Loads the vendor BLAS on GPU `ordinal` and runs its capture check (blas/capture_check.h) once.
   m.def("prepare_vendor_blas", [](int ordinal) {
     blas::CaptureCheck check;
@@ -88,18 +110,23 @@ void bind_pipelined(py::module_& m) {
                     "checked_now"_a = check.checked_now);
   });
   m.def("vendor_gemm_graph_safe", &blas::graph_capture_safe);
+  // dtype: x's; w_dtype: x's when None; out_dtype: x's when None, required with float8 x.
   m.def(
       "time_gemms",
       [](int ordinal, const std::string& dtype, std::vector<int64_t> rows, int64_t n, int64_t k, bool w_kmajor,
-         int repeats, double warmup_ms) {
-        const DType t = dtype_arg(dtype, kTakes);
+         int repeats, double warmup_ms, std::optional<std::string> w_dtype, std::optional<std::string> out_dtype) {
+        py::dict names("dtype"_a = dtype);
+        if (w_dtype) names["w_dtype"] = *w_dtype;
+        if (out_dtype) names["out_dtype"] = *out_dtype;
+        const GemmTypes types = gemm_types_arg(names, kTakes);
         std::vector<double> us;
         py::gil_scoped_release release;
-        throw_if_error(pipelined::time_gemms(ordinal, t, rows, n, k, w_kmajor, repeats, warmup_ms, &us));
+        throw_if_error(pipelined::time_gemms(ordinal, types, rows, n, k, w_kmajor, repeats, warmup_ms, &us));
         return us;
       },
       py::arg("ordinal"), py::arg("dtype"), py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("w_kmajor") = false,
-      py::arg("repeats") = 5, py::arg("warmup_ms") = 0.0);
+      py::arg("repeats") = 5, py::arg("warmup_ms") = 0.0, py::arg("w_dtype") = py::none(),
+      py::arg("out_dtype") = py::none());
   // piece_bytes 0: the cap in force (pipelined::max_copy_bytes); path None: copy_path_of.
   m.def(
       "time_copy",
@@ -161,6 +188,9 @@ void bind_pipelined(py::module_& m) {
         const pipelined::Operands o = loopback_operands(call, &stages);
         const pipelined::CopyPath p = copy_path_of(ordinal, path);
         const OpKind kind = gemm_op_arg(op);
+        if (kind == OpKind::kAgMatmul && (o.gathered == nullptr || (o.gemm.types.scaled && !o.gathered_scales)))
+          throw std::invalid_argument("jax_overlap: a loopback ag_matmul takes gathered (and, float8, "
+                                      "gathered_scales)");
         double us = 0;
         py::gil_scoped_release release;
         throw_if_error(pipelined::time_loopback(ordinal, kind, o, world, repeats, p, &us));

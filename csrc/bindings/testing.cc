@@ -17,7 +17,7 @@ namespace {
 
 SimMatmul sim_call(py::dict c) {
   SimMatmul s{};
-  s.dtype = dtype_arg(c["dtype"].cast<std::string>(), "SimGroup takes");
+  s.types = gemm_types_arg(c, "SimGroup takes");
   s.tile = c["tile"].cast<int>();
   s.comm_workgroups = c["comm_workgroups"].cast<int>();
   s.chunk_k = c.contains("chunk_k") ? c["chunk_k"].cast<int>() : 0;
@@ -32,6 +32,10 @@ SimMatmul sim_call(py::dict c) {
   s.out = c["out"].cast<std::vector<uintptr_t>>();
   if (c.contains("gathered")) s.gathered = c["gathered"].cast<std::vector<uintptr_t>>();
   if (c.contains("scratch")) s.scratch = c["scratch"].cast<std::vector<uintptr_t>>();
+  if (c.contains("x_scale")) s.x_scale = c["x_scale"].cast<std::vector<uintptr_t>>();
+  if (c.contains("w_scale")) s.w_scale = c["w_scale"].cast<std::vector<uintptr_t>>();
+  if (c.contains("gathered_scales")) s.gathered_scales = c["gathered_scales"].cast<std::vector<uintptr_t>>();
+  if (c.contains("overlap_reduction")) s.overlap_reduction = c["overlap_reduction"].cast<bool>();
   if (c.contains("stages")) s.stages = c["stages"].cast<std::vector<int64_t>>();
   if (c.contains("site")) s.site = c["site"].cast<uint32_t>();
   if (c.contains("ranks")) s.ranks = c["ranks"].cast<std::vector<int>>();
@@ -42,7 +46,7 @@ SimMatmul sim_call(py::dict c) {
 }  // namespace
 
 void bind_testing(py::module_& m) {
-  py::class_<SimGroup>(m, "SimGroup takes")
+  py::class_<SimGroup>(m, "SimGroup")
       .def(py::init([](int ordinal, int world, uint64_t bytes_per_rank, double watchdog_seconds) {
              std::unique_ptr<SimGroup> g;
              throw_if_error(SimGroup::create(ordinal, world, bytes_per_rank, watchdog_seconds, &g));

@@ -14,10 +14,15 @@ namespace jo::blas {
 
 static_assert(kSuccess == CUBLAS_STATUS_SUCCESS);
 static_assert(kDataF32 == CUDA_R_32F && kDataF16 == CUDA_R_16F && kDataBF16 == CUDA_R_16BF);
+static_assert(kDataF8E4M3 == CUDA_R_8F_E4M3 && kDataF8E5M2 == CUDA_R_8F_E5M2);
 static_assert(kComputeF32 == CUBLAS_COMPUTE_32F && kOpN == CUBLAS_OP_N && kOpT == CUBLAS_OP_T);
 static_assert(kDescTransA == CUBLASLT_MATMUL_DESC_TRANSA && kDescTransB == CUBLASLT_MATMUL_DESC_TRANSB);
 static_assert(kDescEpilogue == CUBLASLT_MATMUL_DESC_EPILOGUE && kDescBiasPointer == CUBLASLT_MATMUL_DESC_BIAS_POINTER);
 static_assert(kEpilogueDefault == CUBLASLT_EPILOGUE_DEFAULT && kEpilogueBias == CUBLASLT_EPILOGUE_BIAS);
+static_assert(kDescAScalePointer == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER &&
+              kDescBScalePointer == CUBLASLT_MATMUL_DESC_B_SCALE_POINTER);
+static_assert(kDescFastAccum == CUBLASLT_MATMUL_DESC_FAST_ACCUM &&
+              kDescBiasDataType == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE);
 static_assert(kLayoutBatchCount == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT);
 static_assert(kLayoutBatchStride == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET);
 static_assert(kPrefMaxWorkspaceBytes == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES);

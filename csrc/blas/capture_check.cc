@@ -92,12 +92,13 @@ Status run_check(int ordinal, CaptureCheck* out) {
   JO_RETURN_IF_HIP_ERROR(hipMemcpy(w, to_fp16(o.w).data(), kWBytes, hipMemcpyHostToDevice));
   JO_RETURN_IF_HIP_ERROR(hipMemcpy(bias, to_fp16(o.bias).data(), kN * kElem, hipMemcpyHostToDevice));
   JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&r.stream, hipStreamNonBlocking));
-  const GemmProblem shape{DType::kF16, kRows, kN, kK, 1, kK, kN, 0, 0, /*w_kmajor=*/false, /*bias=*/true,
-                          alignment_of({x, w, bias, y})};
+  GemmProblem shape = GemmProblem::dense(GemmTypes::same(DType::kF16), /*batch=*/1, kRows, kK, kN,
+                                         /*w_kmajor=*/false, /*bias=*/true);
+  shape.alignment = alignment_of({x, w, bias, y});
   const auto gemm = [&]() -> Status {
     const GemmPlan* plan = nullptr;
     JO_RETURN_IF_ERROR(blas->plan(shape, &plan));
-    return blas->run(*plan, x, w, bias, y, workspace, r.stream);
+    return blas->run(*plan, GemmPointers{x, w, bias, nullptr, nullptr, y}, workspace, r.stream);
   };
   const auto poison = [&]() -> Status {  // NaN, so that an output left unwritten shows
     JO_RETURN_IF_HIP_ERROR(hipMemsetAsync(y, 0xFF, kYBytes, r.stream));

@@ -8,6 +8,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
 
 namespace jo::blas {
 
@@ -19,10 +22,15 @@ inline constexpr const char* kSonames[] = {"libcublasLt.so.13", "libcublasLt.so.
 using LtStatus = int;  // cublasStatus_t
 inline constexpr LtStatus kSuccess = 0;
 
-// cudaDataType_t / cublasComputeType_t / cublasOperation_t
+// cudaDataType_t / cublasComputeType_t / cublasOperation_t. No type is gfx942's float8 (fnuz) formats.
+inline constexpr int kNoDataType = -1;
 inline constexpr int kDataF32 = 0;
 inline constexpr int kDataF16 = 2;
 inline constexpr int kDataBF16 = 14;
+inline constexpr int kDataF8E4M3 = 28;
+inline constexpr int kDataF8E5M2 = 29;
+inline constexpr int kDataF8E4M3Fnuz = kNoDataType;
+inline constexpr int kDataF8E5M2Fnuz = kNoDataType;
 inline constexpr int kComputeF32 = 68;
 inline constexpr int kOpN = 0;
 inline constexpr int kOpT = 1;
@@ -32,6 +40,11 @@ inline constexpr int kDescTransA = 3;
 inline constexpr int kDescTransB = 4;
 inline constexpr int kDescEpilogue = 7;
 inline constexpr int kDescBiasPointer = 8;
+// A/B_SCALE_POINTER const void* (a device float each), FAST_ACCUM int8, BIAS_DATA_TYPE int32 (cudaDataType_t).
+inline constexpr int kDescAScalePointer = 17;
+inline constexpr int kDescBScalePointer = 18;
+inline constexpr int kDescFastAccum = 25;
+inline constexpr int kDescBiasDataType = 26;
 // cublasLtEpilogue_t
 inline constexpr uint32_t kEpilogueDefault = 1;
 inline constexpr uint32_t kEpilogueBias = 4;
@@ -42,6 +55,28 @@ inline constexpr int kLayoutBatchStride = 6;
 inline constexpr int kPrefMaxWorkspaceBytes = 1;
 inline constexpr bool kHasAlignmentPreferences = true;
 inline constexpr int kPrefMinAlignmentA = 5;  // then B, C, D: 6, 7, 8
+
+// float8 GEMMs (cuBLAS's cublasLtMatmul, "FP8" type table; Ada and Hopper):
+// - the formats float8_e4m3fn and float8_e5m2, not both e5m2, on sm_89 and later;
+// - A transposed and B not ("TN"): w K-major ([n, k]) in this project's view, where A is w and B is x;
+// - the bias in D's type for a 16-bit D (bfloat16 for a float32 D, which this project does not use): never
+//   float32 (torch._scaled_mm has the same rules);
+// - fast accumulation off (FAST_ACCUM 0): the accumulator is promoted to full fp32 as the K loop goes, as
+//   torch._scaled_mm does by default (use_fast_accum=False).
+inline constexpr bool kFp8TransposedWOnly = true;
+inline bool fp8_bias_type_ok(DType out, DType bias) { return bias == out && out != DType::kF32; }
+
+// Whether the GPU of architecture `arch` ("sm_90") runs float8 GEMMs of format `t`.
+inline bool runs_fp8(DType t, const std::string& arch) {
+  if (t != DType::kF8E4M3FN && t != DType::kF8E5M2) return false;
+  if (arch.rfind("sm_", 0) != 0 || arch.size() == 3) return false;
+  int version = 0;  // major * 10 + minor, as gpu::arch_name spells it
+  for (size_t i = 3; i < arch.size(); ++i) {
+    if (arch[i] < '0' || arch[i] > '9') return false;
+    version = version * 10 + (arch[i] - '0');
+  }
+  return version >= 89;
+}
 
 // cublasLtMatmulAlgo_t, passed by value.
 struct Algo {

@@ -18,13 +18,18 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-// The vendor's type of x, w, bias and y; false for a dtype this path does not take.
+// The vendor's type of `t`; false for a dtype this vendor's GEMM does not take.
 bool data_type(DType t, int* out) {
   switch (t) {
-    case DType::kBF16: *out = kDataBF16; return true;
-    case DType::kF16: *out = kDataF16; return true;
+    case DType::kBF16: *out = kDataBF16; break;
+    case DType::kF16: *out = kDataF16; break;
+    case DType::kF32: *out = kDataF32; break;
+    case DType::kF8E4M3FN: *out = kDataF8E4M3; break;
+    case DType::kF8E5M2: *out = kDataF8E5M2; break;
+    case DType::kF8E4M3FNUZ: *out = kDataF8E4M3Fnuz; break;
+    case DType::kF8E5M2FNUZ: *out = kDataF8E5M2Fnuz; break;
   }
-  return false;
+  return *out != kNoDataType;
 }
 
 template <typename V>
@@ -47,13 +52,48 @@ Status batched(const Api& api, Layout layout, int64_t count, int64_t stride) {
 }
 
 std::string describe(const GemmProblem& s) {
-  return std::string(dtype_name(s.dtype)) + " [" + std::to_string(s.batch) + " x " +
-         std::to_string(s.rows) + ", " + std::to_string(s.k) + "] @ " + (s.w_kmajor ? "[n, k]" : "[k, n]") +
-         " n=" + std::to_string(s.n) + (s.bias ? " + bias" : "") + ", " + std::to_string(s.alignment) +
+  const GemmTypes& t = s.types;
+  const std::string types = t.scaled ? std::string(dtype_name(t.x)) + " x " + dtype_name(t.w) + " -> " +
+                                           dtype_name(t.out) + " (scaled)"
+                                     : dtype_name(t.x);
+  return types + " [" + std::to_string(s.batch) + " x " + std::to_string(s.rows) + ", " + std::to_string(s.k) +
+         "] @ " + (s.w_kmajor ? "[n, k]" : "[k, n]") + " n=" + std::to_string(s.n) +
+         (s.bias ? std::string(" + ") + dtype_name(t.bias) + " bias" : "") + ", " + std::to_string(s.alignment) +
          "-byte aligned";
 }
 
+Status refused(const GemmProblem& s, const std::string& why) {
+  return Status{std::string("jax_overlap: the vendor GEMM (") + kLibraryName + ") does not take " + describe(s) +
+                ": " + why};
+}
+
+// The vendor's types of the problem's A (w), B (x) and D (y, also C's), and the bias's; or why it takes none.
+struct VendorTypes {
+  int a, b, d, bias;
+};
+Status vendor_types(const GemmProblem& s, VendorTypes* out) {
+  const GemmTypes& t = s.types;
+  const auto vendor = [&](DType d, int* v) {
+    return data_type(d, v) ? Status{} : refused(s, std::string("it has no ") + dtype_name(d) + " type");
+  };
+  JO_RETURN_IF_ERROR(vendor(t.w, &out->a));
+  JO_RETURN_IF_ERROR(vendor(t.x, &out->b));
+  JO_RETURN_IF_ERROR(vendor(t.out, &out->d));
+  if (s.bias) JO_RETURN_IF_ERROR(vendor(t.bias, &out->bias));
+  if (!t.scaled) {
+    if (t.w != t.x || t.out != t.x || (s.bias && t.bias != t.x))
+      return refused(s, "unscaled operands take w, bias and y in x's dtype");
+    return {};
+  }
+  if (!is_fp8(t.x) || !is_fp8(t.w)) return refused(s, "scaled operands are float8");
+  if (kFp8TransposedWOnly && !s.w_kmajor) return refused(s, "its float8 GEMM takes w K-major ([n, k]) only");
+  if (s.bias && !fp8_bias_type_ok(t.out, t.bias)) return refused(s, "its float8 GEMM takes no such bias");
+  return {};
+}
+
 }  // namespace
+
+bool takes_fp8(DType t, const std::string& arch) { return runs_fp8(t, arch); }
 
 int alignment_of(std::initializer_list<const void*> pointers) {
   uintptr_t bits = 256;
@@ -97,9 +137,8 @@ Status DeviceBlas::get(int ordinal, DeviceBlas** out) {
 }
 
 Status DeviceBlas::plan(const GemmProblem& s, const GemmPlan** out) {
-  int type = 0;
-  if (!data_type(s.dtype, &type))
-    return Status{std::string("jax_overlap: the vendor GEMM path does not take ") + dtype_name(s.dtype)};
+  VendorTypes type{};
+  JO_RETURN_IF_ERROR(vendor_types(s, &type));
   std::lock_guard<std::mutex> lock(mu_);
   auto it = plans_.find(s);
   if (it != plans_.end()) {
@@ -112,22 +151,28 @@ Status DeviceBlas::plan(const GemmProblem& s, const GemmPlan** out) {
   std::unique_ptr<GemmPlan> p(new GemmPlan());
   p->api_ = api_;
   p->bias_ = s.bias;
+  p->scaled_ = s.types.scaled;
   // Column-major view of the row-major product: y^T [n, rows] = w^T [n, k] @ x^T [k, rows],
   // so the vendor's A is w (transposed when w is [n, k]) and its B is x.
   JO_RETURN_IF_BLAS_ERROR(api.matmul_desc_create(&p->desc_, kComputeF32, kDataF32));
   JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescTransA, static_cast<int32_t>(s.w_kmajor ? kOpT : kOpN)));
   JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescTransB, static_cast<int32_t>(kOpN)));
   JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescEpilogue, s.bias ? kEpilogueBias : kEpilogueDefault));
-  if (s.bias) {
-    // The heuristic reads the bias pointer's alignment, not its data: a
-    // stand-in with exactly the plan's alignment.
-    const void* stand_in = reinterpret_cast<const void*>(static_cast<uintptr_t>(s.alignment));
-    JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBiasPointer, stand_in));
+  // The heuristic reads the bias and scale pointers' presence and alignment, not their data (and finds
+  // nothing for an epilogue or scaling whose pointer is unset on hipBLASLt): stand-ins with exactly the
+  // plan's alignment.
+  const void* stand_in = reinterpret_cast<const void*>(static_cast<uintptr_t>(s.alignment));
+  if (s.bias) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBiasPointer, stand_in));
+  if (s.types.scaled) {
+    JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescAScalePointer, stand_in));
+    JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBScalePointer, stand_in));
+    if (s.bias) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBiasDataType, static_cast<int32_t>(type.bias)));
+    if constexpr (kDescFastAccum >= 0) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescFastAccum, int8_t{0}));
   }
-  JO_RETURN_IF_BLAS_ERROR(s.w_kmajor ? api.layout_create(&p->a_, type, s.k, s.n, s.k)
-                                     : api.layout_create(&p->a_, type, s.n, s.k, s.n));
-  JO_RETURN_IF_BLAS_ERROR(api.layout_create(&p->b_, type, s.k, s.rows, s.ldx));
-  JO_RETURN_IF_BLAS_ERROR(api.layout_create(&p->d_, type, s.n, s.rows, s.ldy));
+  JO_RETURN_IF_BLAS_ERROR(s.w_kmajor ? api.layout_create(&p->a_, type.a, s.k, s.n, s.ldw)
+                                     : api.layout_create(&p->a_, type.a, s.n, s.k, s.ldw));
+  JO_RETURN_IF_BLAS_ERROR(api.layout_create(&p->b_, type.b, s.k, s.rows, s.ldx));
+  JO_RETURN_IF_BLAS_ERROR(api.layout_create(&p->d_, type.d, s.n, s.rows, s.ldy));
   JO_RETURN_IF_ERROR(batched(api, p->a_, s.batch, 0));
   JO_RETURN_IF_ERROR(batched(api, p->b_, s.batch, s.x_batch_stride));
   JO_RETURN_IF_ERROR(batched(api, p->d_, s.batch, s.y_batch_stride));
@@ -160,18 +205,22 @@ Status DeviceBlas::plan(const GemmProblem& s, const GemmPlan** out) {
   return {};
 }
 
-Status DeviceBlas::run(const GemmPlan& p, const void* x, const void* w, const void* bias, void* y, void* workspace,
-                       hipStream_t stream) const {
+Status DeviceBlas::run(const GemmPlan& p, const GemmPointers& g, void* workspace, hipStream_t stream) const {
+  // alpha 1: with scales, the vendor multiplies the product by A's and B's scale (w's and x's) itself.
   static const float kOne = 1.f, kZero = 0.f;
   const Api& api = *api_;
   auto matmul = [&]() -> Status {
-    JO_RETURN_IF_BLAS_ERROR(api.matmul(handle_, p.desc_, &kOne, w, p.a_, x, p.b_, &kZero, y, p.d_, y, p.d_, &p.algo_,
-                                       workspace, kWorkspaceBytes, stream));
+    JO_RETURN_IF_BLAS_ERROR(api.matmul(handle_, p.desc_, &kOne, g.w, p.a_, g.x, p.b_, &kZero, g.y, p.d_, g.y, p.d_,
+                                       &p.algo_, workspace, kWorkspaceBytes, stream));
     return {};
   };
-  if (!p.bias_) return matmul();
-  std::lock_guard<std::mutex> lock(p.bias_mu_);
-  JO_RETURN_IF_ERROR(set_desc(api, p.desc_, kDescBiasPointer, bias));
+  if (!p.bias_ && !p.scaled_) return matmul();
+  std::lock_guard<std::mutex> lock(p.pointers_mu_);
+  if (p.bias_) JO_RETURN_IF_ERROR(set_desc(api, p.desc_, kDescBiasPointer, g.bias));
+  if (p.scaled_) {
+    JO_RETURN_IF_ERROR(set_desc(api, p.desc_, kDescAScalePointer, static_cast<const void*>(g.w_scale)));
+    JO_RETURN_IF_ERROR(set_desc(api, p.desc_, kDescBScalePointer, static_cast<const void*>(g.x_scale)));
+  }
   return matmul();
 }
 

@@ -1,7 +1,9 @@
 // Row-major GEMMs through the vendor BLAS, for the pipelined algorithm: one
 // GemmProblem (core/gemm_problem.h) per plan, the bias added by the GEMM's
-// epilogue in fp32 before y is rounded. A plan (descriptors and the algorithm
-// the vendor's heuristic picks) is made once per problem and device, on first
+// epilogue in fp32 before y is rounded; float8 operands with their scales as
+// device pointers (the vendor's A and B scale: the product is scaled in fp32
+// before the bias is added). A plan (descriptors and the algorithm the
+// vendor's heuristic picks) is made once per problem and device, on first
 // use, and kept for the process.
 #pragma once
 
@@ -11,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "blas/api.h"
 #include "core/gemm_problem.h"
@@ -25,6 +28,20 @@ inline constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 // The largest power of two (16 to 256) that divides every non-null pointer.
 int alignment_of(std::initializer_list<const void*> pointers);
+
+// Whether the vendor GEMM takes float8 operands of format `t` on a GPU of architecture `arch` ("sm_90",
+// "gfx942"; gpu::arch_name).
+bool takes_fp8(DType t, const std::string& arch);
+
+// One GEMM's operands: x, w, y, and the bias and the scales where the plan has them (else null).
+struct GemmPointers {
+  const void* x;
+  const void* w;
+  const void* bias;
+  const float* x_scale;
+  const float* w_scale;
+  void* y;
+};
 
 class GemmPlan {
  public:
@@ -41,9 +58,10 @@ class GemmPlan {
   Layout a_ = nullptr, b_ = nullptr, d_ = nullptr;
   Algo algo_{};
   bool bias_ = false;
-  // The bias pointer is an attribute of the shared descriptor: set and used
-  // under this lock (uncontended: one thread enqueues a device's calls).
-  mutable std::mutex bias_mu_;
+  bool scaled_ = false;
+  // The bias and scale pointers are attributes of the shared descriptor: set
+  // and used under this lock (uncontended: one thread enqueues a device's calls).
+  mutable std::mutex pointers_mu_;
 };
 
 // One GPU's vendor BLAS handle and the plans made on it.
@@ -58,9 +76,8 @@ class DeviceBlas {
   // not take.
   Status plan(const GemmProblem& problem, const GemmPlan** out);
 
-  // Enqueues y = x @ w (+ bias) on `stream`; `workspace` holds kWorkspaceBytes.
-  Status run(const GemmPlan& plan, const void* x, const void* w, const void* bias, void* y, void* workspace,
-             hipStream_t stream) const;
+  // Enqueues the plan's GEMM of `p` on `stream`; `workspace` holds kWorkspaceBytes.
+  Status run(const GemmPlan& plan, const GemmPointers& p, void* workspace, hipStream_t stream) const;
 
  private:
   DeviceBlas() = default;

@@ -7,6 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
 
 namespace jo::blas {
 
@@ -17,10 +20,16 @@ inline constexpr const char* kSonames[] = {"libhipblaslt.so.1", "libhipblaslt.so
 using LtStatus = int;  // hipblasStatus_t
 inline constexpr LtStatus kSuccess = 0;
 
-// hipDataType / hipblasComputeType_t / hipblasOperation_t
+// hipDataType / hipblasComputeType_t / hipblasOperation_t; the float8 types as ROCm >= 6.2 numbers them (OCP
+// e4m3/e5m2 28 and 29 as CUDA's, gfx942's fnuz formats 1000 and 1001).
+inline constexpr int kNoDataType = -1;
 inline constexpr int kDataF32 = 0;
 inline constexpr int kDataF16 = 2;
 inline constexpr int kDataBF16 = 14;
+inline constexpr int kDataF8E4M3 = 28;
+inline constexpr int kDataF8E5M2 = 29;
+inline constexpr int kDataF8E4M3Fnuz = 1000;
+inline constexpr int kDataF8E5M2Fnuz = 1001;
 inline constexpr int kComputeF32 = 2;
 inline constexpr int kOpN = 111;
 inline constexpr int kOpT = 112;
@@ -30,6 +39,12 @@ inline constexpr int kDescTransA = 0;
 inline constexpr int kDescTransB = 1;
 inline constexpr int kDescEpilogue = 2;
 inline constexpr int kDescBiasPointer = 3;
+// BIAS_DATA_TYPE int32 (hipDataType), A/B_SCALE_POINTER const void* (a device float each). No fast-accumulation
+// switch: the MFMA float8 instructions accumulate in fp32.
+inline constexpr int kDescBiasDataType = 4;
+inline constexpr int kDescAScalePointer = 5;
+inline constexpr int kDescBScalePointer = 6;
+inline constexpr int kDescFastAccum = -1;
 // hipblasLtEpilogue_t
 inline constexpr uint32_t kEpilogueDefault = 1;
 inline constexpr uint32_t kEpilogueBias = 4;
@@ -40,6 +55,20 @@ inline constexpr int kLayoutBatchStride = 1;
 inline constexpr int kPrefMaxWorkspaceBytes = 1;
 inline constexpr bool kHasAlignmentPreferences = false;
 inline constexpr int kPrefMinAlignmentA = -1;
+
+// float8 GEMMs (hipBLASLt's data-type support page): the fnuz formats on gfx942, the OCP ones on gfx950; the
+// bias in D's type or float32. Its heuristic finds no algorithm for scaled operands, or for a bias epilogue,
+// unless the scale and bias pointers are set first (XLA's ROCm GEMM sets stand-ins too; blas/gemm.cc does on
+// both vendors). Which layouts its float8 kernels take is not known here: w is given K-major, as on NVIDIA.
+inline constexpr bool kFp8TransposedWOnly = true;
+inline bool fp8_bias_type_ok(DType out, DType bias) { return bias == out || bias == DType::kF32; }
+
+// Whether the GPU of architecture `arch` ("gfx942") runs float8 GEMMs of format `t`.
+inline bool runs_fp8(DType t, const std::string& arch) {
+  if (arch == "gfx942") return t == DType::kF8E4M3FNUZ || t == DType::kF8E5M2FNUZ;
+  if (arch == "gfx950") return t == DType::kF8E4M3FN || t == DType::kF8E5M2;
+  return false;
+}
 
 // hipblasLtMatmulAlgo_t, passed by value.
 struct Algo {

@@ -1,11 +1,14 @@
 // One row-major GEMM problem, as every layer that checks, schedules or plans
 // a GEMM sees it (the FFI handlers' checks, the pipelined schedule's chunks,
 // the vendor BLAS plan key):
-//   y[b] = x[b] @ w (+ bias)   for b < batch,
-// x[b] [rows, k] (row stride ldx), y[b] [rows, n] (row stride ldy), w [k, n]
-// or, with w_kmajor, [n, k], shared by every batch element; the bias [n].
-// The operand pointers travel beside it: a problem is a shape, the same for
-// every call of a compiled program.
+//   y[b] = x[b] @ w (+ bias)                       for b < batch (16-bit calls),
+//   y[b] = x_scale * w_scale * (x[b] @ w) (+ bias)  with float8 x and w (scaled),
+// accumulated in fp32, the bias added in fp32, y rounded once. x[b] [rows, k]
+// (row stride ldx), y[b] [rows, n] (row stride ldy), w [k, n] or, with
+// w_kmajor, [n, k] (row stride ldw), shared by every batch element; the bias
+// [n]. The operand pointers (and the scales', device pointers to one float
+// each) travel beside it: a problem is a shape, the same for every call of a
+// compiled program.
 #pragma once
 
 #include <cstdint>
@@ -15,25 +18,42 @@
 
 namespace jo {
 
+// The element types of one GEMM (core/dtype.h roles).
+struct GemmTypes {
+  DType x, w;    // operands: both 16-bit of one type, or both float8
+  DType out;     // y: x's type for 16-bit operands; bfloat16, float16 or float32 for float8 ones
+  DType bias;    // out's type, or float32 (float8 operands); unused without a bias
+  bool scaled;   // float8 operands, each with a float32 scale
+
+  // A 16-bit call's: x, w, y and the bias all of type t.
+  static GemmTypes same(DType t) { return GemmTypes{t, t, t, t, false}; }
+
+  auto key() const {
+    return std::make_tuple(static_cast<int>(x), static_cast<int>(w), static_cast<int>(out), static_cast<int>(bias),
+                           scaled);
+  }
+};
+
 struct GemmProblem {
-  DType dtype;  // x, w, bias and y
+  GemmTypes types;
   int64_t rows, n, k;
   int64_t batch;  // >= 1
-  int64_t ldx, ldy;  // elements
+  int64_t ldx, ldy, ldw;  // elements
   int64_t x_batch_stride, y_batch_stride;  // elements; unused when batch == 1
   bool w_kmajor;
   bool bias;
   int alignment;  // bytes every operand pointer is a multiple of (16 to 256); 0 where no pointer is known yet
 
-  // A problem whose batch elements are dense [rows, k] and [rows, n] matrices, one after the other.
-  static GemmProblem dense(DType dtype, int64_t batch, int64_t rows, int64_t k, int64_t n, bool w_kmajor,
+  // A problem whose batch elements are dense [rows, k] and [rows, n] matrices, one after the other, and whose w
+  // is dense.
+  static GemmProblem dense(const GemmTypes& types, int64_t batch, int64_t rows, int64_t k, int64_t n, bool w_kmajor,
                            bool bias) {
-    return GemmProblem{dtype, rows, n, k, batch, k, n, rows * k, rows * n, w_kmajor, bias, 0};
+    return GemmProblem{types, rows, n, k, batch, k, n, w_kmajor ? k : n, rows * k, rows * n, w_kmajor, bias, 0};
   }
 
   auto key() const {
-    return std::make_tuple(static_cast<int>(dtype), rows, n, k, batch, ldx, ldy, x_batch_stride, y_batch_stride,
-                           w_kmajor, bias, alignment);
+    return std::make_tuple(types.key(), rows, n, k, batch, ldx, ldy, ldw, x_batch_stride, y_batch_stride, w_kmajor,
+                           bias, alignment);
   }
   bool operator<(const GemmProblem& o) const { return key() < o.key(); }
 };

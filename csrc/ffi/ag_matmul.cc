@@ -19,7 +19,8 @@ ffi::Error AgMatmulExecute(hipStream_t stream, int32_t ordinal, CallState* state
                            ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
                            ffi::Result<ffi::AnyBuffer> gathered, FusedConfig config,
                            ffi::Span<const int64_t> /*groups*/, int64_t world) {
-  const auto checked = check_gemm("ag_matmul", x, w, bias, {&*y, &*gathered}, config.w_kmajor != 0);
+  const auto checked =
+      check_gemm("ag_matmul", GemmArgs{x, w, bias, nullptr, nullptr}, *y, {&*gathered}, config.w_kmajor != 0);
   if (checked.has_error()) return checked.error();
   const GemmProblem& p = checked.value();
   const GemmOperands op = fused_operands(p, x, w, bias, config.tile, config.comm_workgroups);

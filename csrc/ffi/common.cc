@@ -75,6 +75,11 @@ ffi::DataType ffi_data_type(DType t) {
   switch (t) {
     case DType::kBF16: return ffi::DataType::BF16;
     case DType::kF16: return ffi::DataType::F16;
+    case DType::kF8E4M3FN: return ffi::DataType::F8E4M3FN;
+    case DType::kF8E5M2: return ffi::DataType::F8E5M2;
+    case DType::kF8E4M3FNUZ: return ffi::DataType::F8E4M3FNUZ;
+    case DType::kF8E5M2FNUZ: return ffi::DataType::F8E5M2FNUZ;
+    case DType::kF32: return ffi::DataType::F32;
   }
   return ffi::DataType::INVALID;
 }
@@ -98,14 +103,9 @@ std::string data_type_name(ffi::DataType t) {
     case ffi::DataType::U16: return "uint16";
     case ffi::DataType::U32: return "uint32";
     case ffi::DataType::U64: return "uint64";
-    case ffi::DataType::F32: return "float32";
     case ffi::DataType::F64: return "float64";
     case ffi::DataType::C64: return "complex64";
     case ffi::DataType::C128: return "complex128";
-    case ffi::DataType::F8E5M2: return "float8_e5m2";
-    case ffi::DataType::F8E4M3FN: return "float8_e4m3fn";
-    case ffi::DataType::F8E5M2FNUZ: return "float8_e5m2fnuz";
-    case ffi::DataType::F8E4M3FNUZ: return "float8_e4m3fnuz";
     default: return "XLA data type " + std::to_string(static_cast<int>(t));
   }
 }
@@ -133,18 +133,69 @@ ffi::Error check_elements(const char* op, const char* name, const ffi::AnyBuffer
                           dims_str(buffer.dimensions()) + " (" + std::to_string(buffer.element_count()) + ")");
 }
 
-ffi::ErrorOr<GemmProblem> check_gemm(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
-                                     const ffi::AnyBuffer& bias, std::initializer_list<const ffi::AnyBuffer*> results,
-                                     bool w_kmajor) {
+namespace {
+
+bool is_e5m2(DType t) { return t == DType::kF8E5M2 || t == DType::kF8E5M2FNUZ; }
+bool is_fnuz(DType t) { return t == DType::kF8E4M3FNUZ || t == DType::kF8E5M2FNUZ; }
+
+// The element types of a call whose x has dtype `x` (checked as an operand), or the error naming what is not.
+ffi::ErrorOr<GemmTypes> check_types(const char* op, DType x, const GemmArgs& a, const ffi::AnyBuffer& y,
+                                    std::initializer_list<const ffi::AnyBuffer*> like_x) {
+  const auto fail = [&](const char* name, const std::string& expected, ffi::DataType got) {
+    return ffi::Unexpected(invalid_argument(op, name, expected, data_type_name(got)));
+  };
+  const std::string x_name = dtype_name(x);
+  for (const ffi::AnyBuffer* r : like_x)
+    if (r->element_count() && dtype_of(r->element_type()) != x)
+      return fail("dtype of the gathered x", x_name, r->element_type());
+  const bool has_bias = a.bias.element_count() != 0;
+  if (!is_fp8(x)) {
+    if (dtype_of(a.w.element_type()) != x) return fail("dtype of w", x_name + " (x's)", a.w.element_type());
+    if (has_bias && dtype_of(a.bias.element_type()) != x) return fail("dtype of bias", x_name, a.bias.element_type());
+    if (dtype_of(y.element_type()) != x) return fail("dtype of y", x_name, y.element_type());
+    for (const ffi::AnyBuffer* scale : {a.x_scale, a.w_scale})
+      if (scale != nullptr && scale->element_count() != 0)
+        return ffi::Unexpected(invalid_argument(op, "scales", "none (f32[0]) with " + x_name + " operands",
+                                                dims_str(scale->dimensions())));
+    return GemmTypes::same(x);
+  }
+  if (a.x_scale == nullptr)
+    return ffi::Unexpected(invalid_argument(op, "dtype of x", "bfloat16 or float16 (the fused kernels take no float8)",
+                                            x_name));
+  const auto w = dtype_of(a.w.element_type());
+  if (!w || !is_fp8(*w) || is_fnuz(*w) != is_fnuz(x))
+    return fail("dtype of w", std::string("a float8 format of x's kind (") + (is_fnuz(x) ? "fnuz" : "OCP") + ")",
+                a.w.element_type());
+  if (is_e5m2(x) && is_e5m2(*w))
+    return ffi::Unexpected(
+        invalid_argument(op, "dtypes of x and w", "not both e5m2", x_name + " and " + dtype_name(*w)));
+  const auto out = dtype_of(y.element_type());
+  if (!out || !is_output(*out))
+    return fail("dtype of y", dtype_choices([](DType t) { return is_output(t); }), y.element_type());
+  const auto bias = has_bias ? dtype_of(a.bias.element_type()) : out;
+  if (!bias || (*bias != *out && *bias != DType::kF32))
+    return fail("dtype of bias", std::string(dtype_name(*out)) + " (y's) or float32", a.bias.element_type());
+  for (const ffi::AnyBuffer* scale : {a.x_scale, a.w_scale})
+    if (scale->element_type() != ffi::DataType::F32 || scale->element_count() != 1)
+      return ffi::Unexpected(invalid_argument(op, "scales", "float32 [1] each with float8 operands",
+                                              data_type_name(scale->element_type()) + " " +
+                                                  dims_str(scale->dimensions())));
+  return GemmTypes{x, *w, *out, *bias, true};
+}
+
+}  // namespace
+
+ffi::ErrorOr<GemmProblem> check_gemm(const char* op, const GemmArgs& a, const ffi::AnyBuffer& y,
+                                     std::initializer_list<const ffi::AnyBuffer*> like_x, bool w_kmajor) {
   // Strings only on the error path: this runs on every call.
-  const auto dtype = dtype_of(x.element_type());
-  if (!dtype)
-    return ffi::Unexpected(invalid_argument(op, "dtype of x", dtype_choices(), data_type_name(x.element_type())));
-  bool same = w.element_type() == x.element_type() && (!bias.element_count() || bias.element_type() == x.element_type());
-  for (const ffi::AnyBuffer* r : results) same = same && (!r->element_count() || r->element_type() == x.element_type());
-  if (!same) return ffi::Unexpected(invalid_argument(op, "dtypes", "w, bias and the results in x's dtype", "others"));
-  const auto xd = x.dimensions();
-  const auto wd = w.dimensions();
+  const auto dtype = dtype_of(a.x.element_type());
+  if (!dtype || !is_operand(*dtype))
+    return ffi::Unexpected(invalid_argument(op, "dtype of x", dtype_choices([](DType t) { return is_operand(t); }),
+                                            data_type_name(a.x.element_type())));
+  const auto types = check_types(op, *dtype, a, y, like_x);
+  if (types.has_error()) return ffi::Unexpected(types.error());
+  const auto xd = a.x.dimensions();
+  const auto wd = a.w.dimensions();
   if (xd.size() < 2) return ffi::Unexpected(invalid_argument(op, "shape of x", "[..., m, k]", dims_str(xd)));
   const int64_t m = xd[xd.size() - 2];
   const int64_t k = xd[xd.size() - 1];
@@ -153,18 +204,19 @@ ffi::ErrorOr<GemmProblem> check_gemm(const char* op, const ffi::AnyBuffer& x, co
                                                                          "[k, n] with k = x's last dim",
                                             dims_str(wd) + " for x " + dims_str(xd)));
   const int64_t n = w_kmajor ? wd[0] : wd[1];
-  if (bias.element_count() != 0 && static_cast<int64_t>(bias.element_count()) != n)
+  if (a.bias.element_count() != 0 && static_cast<int64_t>(a.bias.element_count()) != n)
     return ffi::Unexpected(invalid_argument(op, "shape of bias", "[" + std::to_string(n) + "] or none",
-                                            dims_str(bias.dimensions())));
-  if (k % 8 || n % 8)
-    return ffi::Unexpected(invalid_argument(op, "k and n", "multiples of 8",
+                                            dims_str(a.bias.dimensions())));
+  const int64_t vector = 16 / element_bytes(*dtype);
+  if (k % vector || n % vector)
+    return ffi::Unexpected(invalid_argument(op, "k and n", "multiples of " + std::to_string(vector),
                                             "k = " + std::to_string(k) + ", n = " + std::to_string(n)));
-  return GemmProblem::dense(*dtype, leading_batch(xd), m, k, n, w_kmajor, bias.element_count() != 0);
+  return GemmProblem::dense(types.value(), leading_batch(xd), m, k, n, w_kmajor, a.bias.element_count() != 0);
 }
 
 GemmOperands fused_operands(const GemmProblem& p, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
                             const ffi::AnyBuffer& bias, int64_t tile, int64_t comm_workgroups) {
-  return GemmOperands{p.dtype, static_cast<int>(tile), p.w_kmajor, x.untyped_data(), w.untyped_data(),
+  return GemmOperands{p.types.x, static_cast<int>(tile), p.w_kmajor, x.untyped_data(), w.untyped_data(),
                       p.bias ? bias.untyped_data() : nullptr, p.batch, p.k, p.n, static_cast<int>(comm_workgroups)};
 }
 
@@ -198,7 +250,7 @@ ffi::ErrorOr<LocalCall> local_call(const char* op, OpKind kind, const ffi::AnyBu
                                    const FusedConfig& config, int32_t ordinal) {
   if (auto e = check_generation(static_cast<uint64_t>(config.generation)); e.failure())
     return ffi::Unexpected(std::move(e));
-  const auto checked = check_gemm(op, x, w, bias, {&out}, config.w_kmajor != 0);
+  const auto checked = check_gemm(op, GemmArgs{x, w, bias, nullptr, nullptr}, out, {}, config.w_kmajor != 0);
   if (checked.has_error()) return ffi::Unexpected(checked.error());
   const GemmProblem& p = checked.value();
   if (auto e = check_elements(op, "result y", out, p.batch * p.rows * p.n); e.failure())

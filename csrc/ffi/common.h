@@ -112,14 +112,28 @@ std::string dims_str(ffi::Span<const int64_t> dims);
 // Product of all but the last two dimensions (1 for rank 2).
 int64_t leading_batch(ffi::Span<const int64_t> dims);
 
+// A GEMM call's operands as its handler receives them. The scales are
+// absent (nullptr) from targets that take no float8 operands (the fused
+// kernels'), and empty (f32[0]) in a 16-bit call of a target that does.
+struct GemmArgs {
+  const ffi::AnyBuffer& x;
+  const ffi::AnyBuffer& w;
+  const ffi::AnyBuffer& bias;
+  const ffi::AnyBuffer* x_scale;
+  const ffi::AnyBuffer* w_scale;
+};
+
 // The checks every GEMM handler shares, naming `op` in their errors: x is
-// [..., m, k] of a DType; w is 2-D and contracts with x ([k, n], or [n, k]
-// with w_kmajor); bias is empty or [n]; w, bias and every non-empty result
-// have x's dtype; k and n are multiples of 8 (16-byte vectors). The call's
-// problem: x's leading dims as its batch, m as its rows, dense, no alignment.
-ffi::ErrorOr<GemmProblem> check_gemm(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
-                                     const ffi::AnyBuffer& bias, std::initializer_list<const ffi::AnyBuffer*> results,
-                                     bool w_kmajor);
+// [..., m, k], w is 2-D and contracts with x ([k, n], or [n, k] with
+// w_kmajor); bias is empty or [n]; k and n are whole 16-byte vectors of x.
+// Types: 16-bit x with w, bias, y and the `like_x` results in its dtype, the
+// scales (if taken) empty; or float8 x and w (not both e5m2, OCP or fnuz
+// alike), each scale f32[1], y bfloat16, float16 or float32, the bias y's
+// dtype or float32, the `like_x` results (gathered x) in x's dtype. The
+// call's problem: x's leading dims as its batch, m as its rows, dense, no
+// alignment.
+ffi::ErrorOr<GemmProblem> check_gemm(const char* op, const GemmArgs& args, const ffi::AnyBuffer& y,
+                                     std::initializer_list<const ffi::AnyBuffer*> like_x, bool w_kmajor);
 
 // The fused kernels' operands of a checked call, with its tile and movers.
 GemmOperands fused_operands(const GemmProblem& problem, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,

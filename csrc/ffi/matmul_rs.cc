@@ -18,7 +18,7 @@ ffi::ErrorOr<std::unique_ptr<CallState>> MatmulRsInstantiate(FusedConfig config,
 ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
                            ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out,
                            FusedConfig config, ffi::Span<const int64_t> /*groups*/, int64_t world) {
-  const auto checked = check_gemm("matmul_rs", x, w, bias, {&*out}, config.w_kmajor != 0);
+  const auto checked = check_gemm("matmul_rs", GemmArgs{x, w, bias, nullptr, nullptr}, *out, {}, config.w_kmajor != 0);
   if (checked.has_error()) return checked.error();
   const GemmProblem& p = checked.value();
   const GemmOperands op = fused_operands(p, x, w, bias, config.tile, config.comm_workgroups);

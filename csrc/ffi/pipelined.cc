@@ -39,22 +39,27 @@ ffi::ErrorOr<std::unique_ptr<CallState>> MatmulRsPipelinedInstantiate(PipelinedC
   return instantiate(OpKind::kMatmulRs, config, groups, world, stages);
 }
 
-// The checked operands of a pipelined call with `results`, and its scratch size checked.
-ffi::ErrorOr<pipelined::Operands> operands(const char* name, OpKind kind, const ffi::AnyBuffer& x,
-                                           const ffi::AnyBuffer& w, const ffi::AnyBuffer& bias,
-                                           std::initializer_list<const ffi::AnyBuffer*> results,
+// The checked operands of a pipelined call with output `y` (and `like_x`, gathered x), and its scratch size
+// checked.
+ffi::ErrorOr<pipelined::Operands> operands(const char* name, OpKind kind, const GemmArgs& args,
+                                           const ffi::AnyBuffer& y, std::initializer_list<const ffi::AnyBuffer*> like_x,
                                            const ffi::AnyBuffer& scratch, bool w_kmajor, int world) {
-  const auto checked = check_gemm(name, x, w, bias, results, w_kmajor);
+  const auto checked = check_gemm(name, args, y, like_x, w_kmajor);
   if (checked.has_error()) return ffi::Unexpected(checked.error());
   pipelined::Operands op{};
   op.gemm = checked.value();
-  op.x = x.untyped_data();
-  op.w = w.untyped_data();
-  op.bias = op.gemm.bias ? bias.untyped_data() : nullptr;
+  op.x = args.x.untyped_data();
+  op.w = args.w.untyped_data();
+  op.bias = op.gemm.bias ? args.bias.untyped_data() : nullptr;
+  if (op.gemm.types.scaled) {
+    op.x_scale = static_cast<const float*>(args.x_scale->untyped_data());
+    op.w_scale = static_cast<const float*>(args.w_scale->untyped_data());
+  }
+  op.out = y.untyped_data();
   op.scratch = scratch.untyped_data();
   const GemmProblem& g = op.gemm;
-  const uint64_t want =
-      pipelined::scratch_bytes(kind, world, g.batch, g.rows, g.n, element_bytes(g.dtype), /*loopback=*/false);
+  const uint64_t want = pipelined::scratch_bytes(kind, world, g.batch, g.rows, g.n, element_bytes(g.types.out),
+                                                 /*loopback=*/false);
   if (scratch.size_bytes() != want)
     return ffi::Unexpected(
         invalid_argument(name, "scratch", std::to_string(want) + " bytes", std::to_string(scratch.size_bytes())));
@@ -92,30 +97,39 @@ ffi::Error run(const char* name, OpKind kind, hipStream_t stream, int32_t ordina
 }
 
 ffi::Error AgMatmulPipelinedExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
-                                    ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
-                                    ffi::Result<ffi::AnyBuffer> gathered, ffi::Result<ffi::AnyBuffer> scratch,
-                                    PipelinedConfig config, ffi::Span<const int64_t> /*groups*/, int64_t world,
+                                    ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::AnyBuffer x_scale,
+                                    ffi::AnyBuffer w_scale, ffi::Result<ffi::AnyBuffer> y,
+                                    ffi::Result<ffi::AnyBuffer> gathered, ffi::Result<ffi::AnyBuffer> gathered_scales,
+                                    ffi::Result<ffi::AnyBuffer> scratch, PipelinedConfig config,
+                                    ffi::Span<const int64_t> /*groups*/, int64_t world,
                                     ffi::Span<const int64_t> /*stages*/) {
-  auto op = operands("ag_matmul", OpKind::kAgMatmul, x, w, bias, {&*y, &*gathered}, *scratch, config.w_kmajor != 0,
-                     static_cast<int>(world));
+  auto op = operands("ag_matmul", OpKind::kAgMatmul, GemmArgs{x, w, bias, &x_scale, &w_scale}, *y, {&*gathered},
+                     *scratch, config.w_kmajor != 0, static_cast<int>(world));
   if (op.has_error()) return op.error();
   pipelined::Operands& o = op.value();
   const GemmProblem& g = o.gemm;
   if (auto e = check_elements("ag_matmul", "result y", *y, g.batch * world * g.rows * g.n); e.failure()) return e;
   if (auto e = check_elements("ag_matmul", "result gathered", *gathered, g.batch * world * g.rows * g.k); e.failure())
     return e;
-  o.out = y->untyped_data();
+  if (auto e = check_elements("ag_matmul", "result gathered_scales", *gathered_scales, g.types.scaled ? world : 0);
+      e.failure())
+    return e;
+  if (g.types.scaled && gathered_scales->element_type() != ffi::DataType::F32)
+    return invalid_argument("ag_matmul", "dtype of gathered_scales", "float32",
+                            data_type_name(gathered_scales->element_type()));
   o.gathered = gathered->untyped_data();
+  o.gathered_scales = g.types.scaled ? static_cast<float*>(gathered_scales->untyped_data()) : nullptr;
   return run("ag_matmul", OpKind::kAgMatmul, stream, ordinal, state, o);
 }
 
 ffi::Error MatmulRsPipelinedExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
-                                    ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out,
+                                    ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::AnyBuffer x_scale,
+                                    ffi::AnyBuffer w_scale, ffi::Result<ffi::AnyBuffer> out,
                                     ffi::Result<ffi::AnyBuffer> scratch, PipelinedConfig config,
                                     ffi::Span<const int64_t> /*groups*/, int64_t world,
                                     ffi::Span<const int64_t> /*stages*/) {
-  auto op = operands("matmul_rs", OpKind::kMatmulRs, x, w, bias, {&*out}, *scratch, config.w_kmajor != 0,
-                     static_cast<int>(world));
+  auto op = operands("matmul_rs", OpKind::kMatmulRs, GemmArgs{x, w, bias, &x_scale, &w_scale}, *out, {}, *scratch,
+                     config.w_kmajor != 0, static_cast<int>(world));
   if (op.has_error()) return op.error();
   pipelined::Operands& o = op.value();
   const GemmProblem& g = o.gemm;
@@ -123,25 +137,23 @@ ffi::Error MatmulRsPipelinedExecute(hipStream_t stream, int32_t ordinal, CallSta
     return invalid_argument("matmul_rs", "rows of x", "a multiple of the group size " + std::to_string(world),
                             std::to_string(g.rows));
   if (auto e = check_elements("matmul_rs", "result", *out, g.batch * (g.rows / world) * g.n); e.failure()) return e;
-  o.out = out->untyped_data();
   return run("matmul_rs", OpKind::kMatmulRs, stream, ordinal, state, o);
 }
 
-// A group of one: y = x @ w (+ bias) by the vendor GEMM, nothing to move. No
-// peer, no epoch, no host work a command-buffer replay would miss: it reads no
-// runtime state, so a replay after jax_overlap.shutdown() is still right. Two
-// targets run it: one command-buffer compatible, and one XLA dispatches from
-// the host each time, for GPUs whose vendor GEMM failed the capture check
+// A group of one: y = x @ w (+ bias) by the vendor GEMM (float8: scaled by x_scale * w_scale), nothing to
+// move. No peer, no epoch, no host work a command-buffer replay would miss: it reads no runtime state, so a
+// replay after jax_overlap.shutdown() is still right. Two targets run it: one command-buffer compatible, and
+// one XLA dispatches from the host each time, for GPUs whose vendor GEMM failed the capture check
 // (blas/capture_check.h).
 ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                             ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> scratch,
-                             int64_t w_kmajor) {
-  auto op = operands("vendor_gemm", OpKind::kAgMatmul, x, w, bias, {&*y}, *scratch, w_kmajor != 0, 1);
+                             ffi::AnyBuffer bias, ffi::AnyBuffer x_scale, ffi::AnyBuffer w_scale,
+                             ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> scratch, int64_t w_kmajor) {
+  auto op = operands("vendor_gemm", OpKind::kAgMatmul, GemmArgs{x, w, bias, &x_scale, &w_scale}, *y, {}, *scratch,
+                     w_kmajor != 0, 1);
   if (op.has_error()) return op.error();
   pipelined::Operands& o = op.value();
   if (auto e = check_elements("vendor_gemm", "result y", *y, o.gemm.batch * o.gemm.rows * o.gemm.n); e.failure())
     return e;
-  o.out = y->untyped_data();
   blas::DeviceBlas* blas = nullptr;
   JO_FFI_RETURN_IF_ERROR(blas::DeviceBlas::get(ordinal, &blas));
   JO_FFI_RETURN_IF_ERROR(pipelined::enqueue_local_gemm(o, *blas, stream));
@@ -154,7 +166,9 @@ auto vendor_gemm_binding() {
       .Ctx<ffi::DeviceOrdinal>()
       .Arg<ffi::AnyBuffer>()  // x [..., m, k]
       .Arg<ffi::AnyBuffer>()  // w [k, n] or [n, k]
-      .Arg<ffi::AnyBuffer>()  // bias [n], or [0] for none
+      .Arg<ffi::AnyBuffer>()  // bias [n] in y's dtype (float8 operands: or float32), or [0] for none
+      .Arg<ffi::AnyBuffer>()  // x_scale f32[1] with float8 operands, else f32[0]
+      .Arg<ffi::AnyBuffer>()  // w_scale f32[1] with float8 operands, else f32[0]
       .Ret<ffi::AnyBuffer>()  // y [..., m, n]
       .Ret<ffi::AnyBuffer>()  // the vendor GEMM's workspace, u8
       .Attr<int64_t>("w_kmajor");
@@ -184,9 +198,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulPipelinedExecute, jo::AgMatmulPipelinedE
                                   .Ctx<xla::ffi::State<jo::CallState>>()
                                   .Arg<xla::ffi::AnyBuffer>()  // x [..., m, k]
                                   .Arg<xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
-                                  .Arg<xla::ffi::AnyBuffer>()  // bias [n], or [0] for none
+                                  .Arg<xla::ffi::AnyBuffer>()  // bias [n] (y's dtype or f32), or [0] for none
+                                  .Arg<xla::ffi::AnyBuffer>()  // x_scale f32[1] (float8), else f32[0]
+                                  .Arg<xla::ffi::AnyBuffer>()  // w_scale f32[1] (float8), else f32[0]
                                   .Ret<xla::ffi::AnyBuffer>()  // y [..., world * m, n]
                                   .Ret<xla::ffi::AnyBuffer>()  // gathered [..., world * m, k]
+                                  .Ret<xla::ffi::AnyBuffer>()  // gathered_scales f32[world] (float8), else f32[0]
                                   .Ret<xla::ffi::AnyBuffer>()  // scratch, u8 [pipelined_scratch_bytes]
                                   .Attr<jo::PipelinedConfig>("config")
                                   .Attr<xla::ffi::Span<const int64_t>>("groups")
@@ -200,7 +217,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsPipelinedExecute, jo::MatmulRsPipelinedE
                                   .Ctx<xla::ffi::State<jo::CallState>>()
                                   .Arg<xla::ffi::AnyBuffer>()  // x [..., m_total, k]
                                   .Arg<xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
-                                  .Arg<xla::ffi::AnyBuffer>()  // bias [n], or [0] for none
+                                  .Arg<xla::ffi::AnyBuffer>()  // bias [n] (out's dtype or f32), or [0] for none
+                                  .Arg<xla::ffi::AnyBuffer>()  // x_scale f32[1] (float8), else f32[0]
+                                  .Arg<xla::ffi::AnyBuffer>()  // w_scale f32[1] (float8), else f32[0]
                                   .Ret<xla::ffi::AnyBuffer>()  // out [..., m_total / world, n]
                                   .Ret<xla::ffi::AnyBuffer>()  // scratch, u8 [pipelined_scratch_bytes]
                                   .Attr<jo::PipelinedConfig>("config")

@@ -111,12 +111,36 @@ __global__ void pipeline_abandon_kernel(FlagAbandon a) {
   record_timeout(a.wd, a.rank, a.rank, a.world, a.epoch, WaitOn::kEnqueueFailed, 0);
 }
 
-__global__ void pipeline_poison_kernel(const uint32_t* abort, gpu::Vec16* a, uint64_t a_vecs, gpu::Vec16* b,
-                                       uint64_t b_vecs) {
+struct PoisonAreas {
+  PoisonArea areas[kMaxPoisonAreas];
+  int count;
+};
+
+// 16-byte vectors where the area's start is aligned to them, bytes elsewhere.
+__global__ void pipeline_poison_kernel(const uint32_t* abort, PoisonAreas p) {
   if (*static_cast<const volatile uint32_t*>(abort) == 0) return;
-  const gpu::Vec16 nan{{~0u, ~0u, ~0u, ~0u}};
-  for (uint64_t i = threadIdx.x; i < a_vecs; i += blockDim.x) gpu::store16(a + i, nan);
-  for (uint64_t i = threadIdx.x; i < b_vecs; i += blockDim.x) gpu::store16(b + i, nan);
+#pragma unroll
+  for (int a = 0; a < kMaxPoisonAreas; ++a) {  // unrolled: no run-time index into the parameter array
+    if (a >= p.count) break;
+    const PoisonArea area = p.areas[a];
+    const uint32_t word = 0x01010101u * area.fill;
+    const gpu::Vec16 nan{{word, word, word, word}};
+    char* base = static_cast<char*>(area.p);
+    const uint64_t vecs = reinterpret_cast<uintptr_t>(base) % 16 == 0 ? area.bytes / 16 : 0;
+    for (uint64_t i = threadIdx.x; i < vecs; i += blockDim.x)
+      gpu::store16(reinterpret_cast<gpu::Vec16*>(base) + i, nan);
+    for (uint64_t i = vecs * 16 + threadIdx.x; i < area.bytes; i += blockDim.x) base[i] = static_cast<char>(area.fill);
+  }
+}
+
+// System-scope loads and stores: a source may be a peer's slot header (read after the wait for its pub flag,
+// in an earlier kernel), a destination this rank's own header (read by its peers after the release that follows
+// on the stream), as the flags are.
+__global__ void pipeline_copy_scales_kernel(ScaleCopy c) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i >= c.count) return;
+  const uint32_t bits = gpu::load_acquire_sys(reinterpret_cast<const uint32_t*>(pick(c.src, i)));
+  gpu::store_release_sys(reinterpret_cast<uint32_t*>(pick(c.dst, i)), bits);
 }
 
 __global__ void pipeline_pause_kernel(uint64_t ticks) {
@@ -124,17 +148,32 @@ __global__ void pipeline_pause_kernel(uint64_t ticks) {
   while (gpu::timer_ticks() - t0 < ticks) gpu::backoff();
 }
 
+__device__ __forceinline__ uint32_t hash_index(uint64_t i, uint32_t seed) {
+  uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ static_cast<uint32_t>(i >> 32) ^ seed;  // murmur3 finalizer
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  h ^= h >> 16;
+  return h;
+}
+
 template <typename T>
 __global__ void fill_random_kernel(T* p, uint64_t elems, uint32_t seed) {
   const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < elems; i += step)
+    p[i] = gpu::from_float<T>(static_cast<float>(hash_index(i, seed) >> 8) * (2.0f / 16777216.0f) - 1.0f);
+}
+
+// A float8 value as bits: sign, exponent field in [1, bias - 1] (so neither zero, NaN nor infinite, in the
+// OCP and the fnuz formats alike), mantissa.
+__global__ void fill_random_fp8_kernel(uint8_t* p, uint64_t elems, uint32_t seed, int mantissa_bits, int bias) {
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < elems; i += step) {
-    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ static_cast<uint32_t>(i >> 32) ^ seed;  // murmur3 finalizer
-    h ^= h >> 16;
-    h *= 0x85EBCA6Bu;
-    h ^= h >> 13;
-    h *= 0xC2B2AE35u;
-    h ^= h >> 16;
-    p[i] = gpu::from_float<T>(static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+    const uint32_t h = hash_index(i, seed);
+    const uint32_t exponent = 1 + (h >> 8) % static_cast<uint32_t>(bias - 1);
+    const uint32_t mantissa = h & ((1u << mantissa_bits) - 1);
+    p[i] = static_cast<uint8_t>((h >> 31) << 7 | exponent << mantissa_bits | mantissa);
   }
 }
 
@@ -145,21 +184,24 @@ __global__ void fill_random_kernel(T* p, uint64_t elems, uint32_t seed) {
 // registers, fewer threads resident) less than one.
 constexpr int kReduceThreads = 256;
 
-template <typename T>
+template <typename T, typename B>
 __global__ void pipeline_reduce_kernel(ReduceArgs a) {
   constexpr int kVec = 16 / sizeof(T);
   const bool aborted = a.abort != nullptr && *static_cast<const volatile uint32_t*>(a.abort) != 0;
-  // n is a multiple of kVec: a vector never straddles a row.
-  const int64_t block_vecs = a.rows * a.n / kVec;
+  // cols and col_first are multiples of kVec: a vector never straddles a row or the range's edge.
+  const int64_t row_vecs = a.cols / kVec;
+  const int64_t range_vecs = a.rows * row_vecs;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t b = blockIdx.y; b < a.batch; b += gridDim.y) {
     T* out = static_cast<T*>(a.out) + b * a.rows * a.n;
-    for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < block_vecs; v += step) {
+    for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < range_vecs; v += step) {
+      const int64_t col = a.col_first + v % row_vecs * kVec;
+      const int64_t at = v / row_vecs * a.n + col;
       gpu::Vec16 raw[kMaxWorld];
 #pragma unroll
       for (int q = 0; q < kMaxWorld; ++q)
         if (q < a.count)
-          raw[q] = gpu::load16(static_cast<const T*>(a.partials[q]) + b * a.partial_batch_stride[q] + v * kVec);
+          raw[q] = gpu::load16(static_cast<const T*>(a.partials[q]) + b * a.partial_batch_stride[q] + at);
       float acc[kVec] = {};
 #pragma unroll
       for (int q = 0; q < kMaxWorld; ++q) {  // rank order
@@ -169,19 +211,33 @@ __global__ void pipeline_reduce_kernel(ReduceArgs a) {
 #pragma unroll
         for (int i = 0; i < kVec; ++i) acc[i] += gpu::to_float(vals[i]);
       }
-      const int64_t col = a.bias != nullptr ? v * kVec % a.n : 0;
       T sum[kVec];
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
-        const float bias = a.bias != nullptr ? gpu::to_float(static_cast<const T*>(a.bias)[col + i]) : 0.f;
+        const float bias = a.bias != nullptr ? gpu::to_float(static_cast<const B*>(a.bias)[col + i]) : 0.f;
         sum[i] = gpu::from_float<T>(acc[i] + bias);  // the bias, once, after the sum
       }
       gpu::Vec16 packed;
       __builtin_memcpy(&packed, sum, sizeof(packed));
       if (aborted) packed = gpu::Vec16{{~0u, ~0u, ~0u, ~0u}};
-      gpu::store16(out + v * kVec, packed);
+      gpu::store16(out + at, packed);
     }
   }
+}
+
+// fn(mantissa bits, exponent bias) for a float8 format; false for another dtype.
+template <class Fn>
+bool with_fp8_bits(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF8E4M3FN: fn(3, 7); return true;
+    case DType::kF8E5M2: fn(2, 15); return true;
+    case DType::kF8E4M3FNUZ: fn(3, 8); return true;
+    case DType::kF8E5M2FNUZ: fn(2, 16); return true;
+    case DType::kBF16: return false;
+    case DType::kF16: return false;
+    case DType::kF32: return false;
+  }
+  return false;
 }
 
 }  // namespace
@@ -205,11 +261,25 @@ hipError_t launch_flag_abandon(const FlagAbandon& abandon, hipStream_t stream) {
   return hipGetLastError();
 }
 
+hipError_t launch_poison_if_aborted(const uint32_t* abort, const PoisonArea* areas, int count, hipStream_t stream) {
+  if (count < 0 || count > kMaxPoisonAreas) return hipErrorInvalidValue;
+  PoisonAreas p{};
+  for (int i = 0; i < count; ++i) p.areas[i] = areas[i];
+  p.count = count;
+  // One workgroup: it returns at once unless the call was aborted, when speed no longer matters.
+  pipeline_poison_kernel<<<1, 1024, 0, stream>>>(abort, p);
+  return hipGetLastError();
+}
+
 hipError_t launch_poison_if_aborted(const uint32_t* abort, void* a, uint64_t a_bytes, void* b, uint64_t b_bytes,
                                     hipStream_t stream) {
-  // One workgroup: it returns at once unless the call was aborted, when speed no longer matters.
-  pipeline_poison_kernel<<<1, 1024, 0, stream>>>(abort, static_cast<gpu::Vec16*>(a), a_bytes / 16,
-                                                 static_cast<gpu::Vec16*>(b), b_bytes / 16);
+  const PoisonArea areas[] = {{a, a_bytes, 0xFF}, {b, b_bytes, 0xFF}};
+  return launch_poison_if_aborted(abort, areas, 2, stream);
+}
+
+hipError_t launch_copy_scales(const ScaleCopy& copy, hipStream_t stream) {
+  if (copy.count < 1 || copy.count > kMaxWorld) return hipErrorInvalidValue;
+  pipeline_copy_scales_kernel<<<1, gpu::kWarpSize, 0, stream>>>(copy);
   return hipGetLastError();
 }
 
@@ -223,29 +293,37 @@ hipError_t launch_fill_random(void* p, uint64_t elems, DType dtype, uint32_t see
   const uint64_t blocks = (elems + kThreads - 1) / kThreads;
   const int grid = static_cast<int>(blocks < 1024 ? blocks : 1024);
   if (grid < 1) return hipSuccess;
-  const bool compiled = with_element_type(dtype, [&](auto type) {
+  const bool compiled = with_value_type(dtype, [&](auto type) {
     using T = typename decltype(type)::type;
     fill_random_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<T*>(p), elems, seed);
+  }) || with_fp8_bits(dtype, [&](int mantissa_bits, int bias) {
+    fill_random_fp8_kernel<<<grid, kThreads, 0, stream>>>(static_cast<uint8_t*>(p), elems, seed, mantissa_bits, bias);
   });
   return compiled ? hipGetLastError() : hipErrorInvalidValue;
 }
 
 hipError_t launch_reduce(const ReduceArgs& args, int sm_count, hipStream_t stream) {
   hipError_t e = hipErrorInvalidValue;
-  with_element_type(args.dtype, [&](auto type) {
+  with_value_type(args.dtype, [&](auto type) {
     using T = typename decltype(type)::type;
+    constexpr int64_t kVec = 16 / sizeof(T);
+    if (args.cols % kVec || args.col_first % kVec || args.col_first + args.cols > args.n) return;
+    if (args.bias_dtype != args.dtype && args.bias_dtype != DType::kF32) return;
     // Batch elements along y, each one's 16-byte vectors along x; about 4
     // workgroups per CU in all, each thread looping over its share.
-    const int64_t block_vecs = args.rows * args.n / static_cast<int64_t>(16 / sizeof(T));
-    if (block_vecs < 1 || args.batch < 1) {
+    const int64_t range_vecs = args.rows * args.cols / kVec;
+    if (range_vecs < 1 || args.batch < 1) {
       e = hipSuccess;
       return;
     }
     const int64_t grid_y = std::min<int64_t>(args.batch, 65535);
-    const int64_t grid_x = std::min((block_vecs + kReduceThreads - 1) / kReduceThreads,
+    const int64_t grid_x = std::min((range_vecs + kReduceThreads - 1) / kReduceThreads,
                                     std::max<int64_t>(4 * static_cast<int64_t>(sm_count) / grid_y, 1));
     const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
-    pipeline_reduce_kernel<T><<<grid, kReduceThreads, 0, stream>>>(args);
+    if (args.bias_dtype == DType::kF32)
+      pipeline_reduce_kernel<T, float><<<grid, kReduceThreads, 0, stream>>>(args);
+    else
+      pipeline_reduce_kernel<T, T><<<grid, kReduceThreads, 0, stream>>>(args);
     e = hipGetLastError();
   });
   return e;

@@ -112,34 +112,60 @@ struct FlagAbandon {
 };
 hipError_t launch_flag_abandon(const FlagAbandon& abandon, hipStream_t stream);
 
-// Fills `bytes` of each buffer with NaN (0xFFFF in bf16 and fp16) when this
-// GPU's watchdog has fired: then no output of the aborted call, or of a call
-// queued behind it, looks like a result.
+// Fills each area with NaN when this GPU's watchdog has fired: then no
+// output of the aborted call, or of a call queued behind it, looks like a
+// result. An area of any size (ag_matmul's gathered scales are a few floats),
+// filled with its dtype's nan_fill_byte.
+struct PoisonArea {
+  void* p;
+  uint64_t bytes;
+  unsigned char fill;
+};
+inline constexpr int kMaxPoisonAreas = 3;
+hipError_t launch_poison_if_aborted(const uint32_t* abort, const PoisonArea* areas, int count, hipStream_t stream);
+// Two areas of 16-bit NaN (0xFF bytes), as the 16-bit calls' outputs are.
 hipError_t launch_poison_if_aborted(const uint32_t* abort, void* a, uint64_t a_bytes, void* b, uint64_t b_bytes,
                                     hipStream_t stream);
+
+// ag_matmul's float8 scales (schedule.h): dst[i] = *src[i] for i < count, one
+// thread each, on the copy stream. A float is no 16-byte vector, which the
+// copy paths are verified for (pipelined/copy.h): a scale moves by kernel.
+struct ScaleCopy {
+  const float* src[kMaxWorld];
+  float* dst[kMaxWorld];
+  int count;
+};
+hipError_t launch_copy_scales(const ScaleCopy& copy, hipStream_t stream);
 
 // Fault injection (runtime/faults.h): one thread spins for `ticks` timer
 // ticks, holding back the work enqueued behind it on `stream`.
 hipError_t launch_pause(uint64_t ticks, hipStream_t stream);
 
-// Fills `elems` values of `dtype` with pseudo-random values in [-1, 1) (a hash
-// of the index and `seed`): the operands of the GEMMs the cost model times,
-// which run faster on constant data (less switching, higher clocks under the
-// power cap) than on real data.
+// Fills `elems` values of `dtype` with pseudo-random values (a hash of the
+// index and `seed`): the operands of the GEMMs the cost model times, which
+// run faster on constant data (less switching, higher clocks under the power
+// cap) than on real data. In [-1, 1) for the 16-bit types and float32; for
+// the float8 formats, random signs, mantissas and exponents of magnitudes in
+// [2^(1 - exponent bias), 1), never zero, NaN or infinite.
 hipError_t launch_fill_random(void* p, uint64_t elems, DType dtype, uint32_t seed, hipStream_t stream);
 
-// matmul_rs's reduction of one rank's row block:
+// matmul_rs's reduction of one rank's row block, columns [col_first,
+// col_first + cols) of rows of n:
 //   out[b][i][j] = round(sum_{q = 0 .. count-1} partial_q[b][i][j] + bias[j])
 // summed in fp32 in rank order (bitwise reproducible; the fused kernel's
-// numerics), NaN everywhere when the watchdog has fired.
+// numerics), the bias (the partials' dtype or float32) added once, NaN
+// everywhere when the watchdog has fired. A column range is the whole
+// reduction's on those columns, bit for bit: each element's sum is its own.
 struct ReduceArgs {
-  DType dtype;
+  DType dtype;       // the partials' and out's (bfloat16, float16 or float32)
+  DType bias_dtype;  // dtype or float32
   const void* partials[kMaxWorld];        // [batch][rows][n] each, rows contiguous
   int64_t partial_batch_stride[kMaxWorld];  // elements between batch elements
   int count;
   const void* bias;  // [n] or nullptr
   void* out;         // [batch][rows][n]
   int64_t batch, rows, n;
+  int64_t col_first, cols;  // multiples of 16 bytes' elements
   const uint32_t* abort;  // nullptr: never poisoned (loopback)
 };
 hipError_t launch_reduce(const ReduceArgs& args, int sm_count, hipStream_t stream);

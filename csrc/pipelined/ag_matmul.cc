@@ -12,19 +12,24 @@ struct AgCall {
   RowRange x, gathered, y;
   uint64_t shard_bytes;
   GatherRegion region;
+  bool scaled;
 
   AgCall(const Operands& op, const Context& ctx)
-      : x{static_cast<char*>(const_cast<void*>(op.x)), op.gemm.rows, op.gemm.k, element_bytes(op.gemm.dtype)},
+      : x{static_cast<char*>(const_cast<void*>(op.x)), op.gemm.rows, op.gemm.k, element_bytes(op.gemm.types.x)},
         gathered{static_cast<char*>(op.gathered), ctx.peers.world * op.gemm.rows, op.gemm.k, x.elem_bytes},
-        y{static_cast<char*>(op.out), ctx.peers.world * op.gemm.rows, op.gemm.n, x.elem_bytes},
+        y{static_cast<char*>(op.out), ctx.peers.world * op.gemm.rows, op.gemm.n, element_bytes(op.gemm.types.out)},
         shard_bytes(static_cast<uint64_t>(op.gemm.batch) * op.gemm.rows * op.gemm.k * x.elem_bytes),
-        region(GatherRegion::make(ctx.peers.world, shard_bytes)) {}
+        region(GatherRegion::make(ctx.peers.world, shard_bytes, op.gemm.types.scaled)),
+        scaled(op.gemm.types.scaled) {}
+
+  // The x scale of each gathered shard's GEMM (one GEMM per shard), or none (one GEMM per range of shards).
+  const float* shard_scales(const Operands& op) const { return scaled ? op.gathered_scales : nullptr; }
 };
 
 }  // namespace
 
-uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t k, int elem_bytes) {
-  return GatherRegion::make(world, static_cast<uint64_t>(batch) * m * k * elem_bytes).total;
+uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t k, int x_bytes, bool scaled) {
+  return GatherRegion::make(world, static_cast<uint64_t>(batch) * m * k * x_bytes, scaled).total;
 }
 
 Status check_stages(const int64_t* stages) {
@@ -36,10 +41,11 @@ Status make_plans(const Operands& op, const Context& ctx) {
   const AgCall c(op, ctx);
   const int rank = ctx.peers.rank;
   const int64_t m = op.gemm.rows;
-  JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, c.x, 0, c.y, rank * m, m, true, 0, /*enqueue=*/false));
+  JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, c.x, 0, c.y, rank * m, m, ChunkPart{true, op.x_scale}, 0, /*enqueue=*/false));
   for (int j = 1, position = 1; j < op.stage_count; position += static_cast<int>(op.stages[j]), ++j) {
     const UnitRanges units = stage_units(rank, position, static_cast<int>(op.stages[j]), ctx.peers.world);
-    JO_RETURN_IF_ERROR(stage_gemms(op, ctx, c.gathered, c.y, m, units, true, j % 2, /*enqueue=*/false));
+    JO_RETURN_IF_ERROR(
+        stage_gemms(op, ctx, c.gathered, c.y, m, units, true, c.shard_scales(op), j % 2, /*enqueue=*/false));
   }
   return {};
 }
@@ -63,12 +69,14 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
   const AgCall c(op, ctx);
   // My own shard straight from x, first: nothing of this call waits yet when it is launched (the launch
   // of a kernel not loaded yet waits for the device's running kernels).
-  JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, c.x, 0, c.y, rank * m, m, /*bias=*/true, /*stream_index=*/0));
+  JO_RETURN_IF_ERROR(
+      chunk_gemm(op, ctx, c.x, 0, c.y, rank * m, m, ChunkPart{/*bias=*/true, op.x_scale}, /*stream_index=*/0));
 
-  // Copy stream: publish my shard, then pull the peers' in ring order.
+  // Copy stream: publish my shard (and its scale), then the peers' scales, then pull their shards in ring order.
   const PipeFlag* pulled[kMaxWorld];
   PipeFlag* done[kMaxWorld];
   uint32_t owners[kMaxWorld];
+  ScaleCopy scales{};  // every shard's x scale into gathered_scales, before any shard's GEMM may start
   if (!ctx.loopback) {
     char* mine = ctx.peers.regions[rank];
     PipeFlag* pub = c.region.pub_flag(mine, parity);
@@ -81,6 +89,10 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     }
     JO_RETURN_IF_ERROR(mark_rewriting(pub, s.copy));
     JO_RETURN_IF_ERROR(copy_bytes(ctx.copy_path, c.region.slot(mine, parity), op.x, c.shard_bytes, s.copy));
+    if (c.scaled) {
+      const ScaleCopy header{{op.x_scale}, {c.region.scale(mine, parity)}, 1};
+      JO_RETURN_IF_HIP_ERROR(launch_copy_scales(header, s.copy));
+    }
     JO_RETURN_IF_ERROR(release(pub, ctx.epoch, ctx.site, s.copy));
     progress->released = 1;
     JO_RETURN_IF_ERROR(fail_after_release_if_asked(rank));
@@ -91,8 +103,18 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
       owners[i - 1] = static_cast<uint32_t>(q);
     }
     JO_RETURN_IF_ERROR(wait_flags(ctx, pulled, owners, world - 1, ctx.epoch, ctx.site, WaitOn::kPublished, s.copy));
-    JO_RETURN_IF_ERROR(pause_if_asked(s.copy));
   }
+  if (c.scaled) {
+    // Read from the peers' slot headers after the wait for their pub flags (in loopback my own scale stands
+    // in for theirs); the check after the pulls covers them as it does the shards.
+    for (int q = 0; q < world; ++q) {
+      scales.src[q] = q == rank || ctx.loopback ? op.x_scale : c.region.scale(ctx.peers.regions[q], parity);
+      scales.dst[q] = op.gathered_scales + q;
+    }
+    scales.count = world;
+    JO_RETURN_IF_HIP_ERROR(launch_copy_scales(scales, s.copy));
+  }
+  if (!ctx.loopback) JO_RETURN_IF_ERROR(pause_if_asked(s.copy));
   for (int i = 1; i < world; ++i) {
     const int shard = (rank + i) % world;
     const char* src = ctx.loopback ? c.x.base : c.region.slot(ctx.peers.regions[shard], parity);
@@ -114,14 +136,18 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     const int size = static_cast<int>(op.stages[j]);
     JO_RETURN_IF_HIP_ERROR(hipStreamWaitEvent(s.compute[j % 2], s.arrived[position + size - 1], 0));
     const UnitRanges units = stage_units(rank, position, size, world);
-    JO_RETURN_IF_ERROR(stage_gemms(op, ctx, c.gathered, c.y, m, units, /*bias=*/true, j % 2));
+    JO_RETURN_IF_ERROR(stage_gemms(op, ctx, c.gathered, c.y, m, units, /*bias=*/true, c.shard_scales(op), j % 2));
   }
   JO_RETURN_IF_ERROR(s.join_into(origin));
   progress->forked = false;
-  if (ctx.wd.abort != nullptr)
-    JO_RETURN_IF_HIP_ERROR(launch_poison_if_aborted(
-        ctx.wd.abort, op.out, static_cast<uint64_t>(op.gemm.batch) * world * m * op.gemm.n * c.y.elem_bytes,
-        op.gathered, static_cast<uint64_t>(world) * c.shard_bytes, origin));
+  if (ctx.wd.abort != nullptr) {
+    const GemmTypes& t = op.gemm.types;
+    const PoisonArea areas[] = {
+        {op.out, static_cast<uint64_t>(op.gemm.batch) * world * m * op.gemm.n * c.y.elem_bytes, nan_fill_byte(t.out)},
+        {op.gathered, static_cast<uint64_t>(world) * c.shard_bytes, nan_fill_byte(t.x)},
+        {op.gathered_scales, c.scaled ? world * sizeof(float) : 0, nan_fill_byte(DType::kF32)}};
+    JO_RETURN_IF_HIP_ERROR(launch_poison_if_aborted(ctx.wd.abort, areas, 3, origin));
+  }
   return {};
 }
 

@@ -1,6 +1,7 @@
 // matmul_rs's part of the pipelined schedule (schedule.h): its stages' GEMMs
 // staged block by block for their owners, its own block pulled from every
-// peer, then the fixed-order reduction.
+// peer, then the fixed-order reduction, its first columns under the GEMM of
+// the last ones.
 #include "pipelined/layout.h"
 #include "pipelined/schedule_core.h"
 
@@ -9,22 +10,24 @@ namespace {
 
 // The operands' tensors as row ranges, and the call's region in every rank's workspace.
 struct RsCall {
-  int elem_bytes;
+  int out_bytes;  // the partials' element: y's dtype
   int64_t block_rows;
   uint64_t block_bytes;
   ReduceRegion region;
   RowRange x, partial;
   char* received;  // the peers' partials of my block, q != rank, in rank order
+  int64_t split;   // columns of my block reduced under the GEMM of the rest (0: no split)
 
   RsCall(const Operands& op, const Context& ctx)
-      : elem_bytes(element_bytes(op.gemm.dtype)),
+      : out_bytes(element_bytes(op.gemm.types.out)),
         block_rows(op.gemm.rows / ctx.peers.world),
-        block_bytes(static_cast<uint64_t>(op.gemm.batch) * block_rows * op.gemm.n * elem_bytes),
+        block_bytes(static_cast<uint64_t>(op.gemm.batch) * block_rows * op.gemm.n * out_bytes),
         region(ReduceRegion::make(ctx.peers.world,
-                                  static_cast<uint64_t>(op.gemm.batch) * op.gemm.rows * op.gemm.n * elem_bytes)),
-        x{static_cast<char*>(const_cast<void*>(op.x)), op.gemm.rows, op.gemm.k, elem_bytes},
-        partial{nullptr, op.gemm.rows, op.gemm.n, elem_bytes},
-        received(static_cast<char*>(op.scratch) + 2 * blas::kWorkspaceBytes) {
+                                  static_cast<uint64_t>(op.gemm.batch) * op.gemm.rows * op.gemm.n * out_bytes)),
+        x{static_cast<char*>(const_cast<void*>(op.x)), op.gemm.rows, op.gemm.k, element_bytes(op.gemm.types.x)},
+        partial{nullptr, op.gemm.rows, op.gemm.n, out_bytes},
+        received(static_cast<char*>(op.scratch) + 2 * blas::kWorkspaceBytes),
+        split(op.overlap_reduction ? reduce_split_columns(op.gemm.n) : 0) {
     const int world = ctx.peers.world;
     // Loopback: a stand-in staging slot after the receive area, in the scratch.
     partial.base = ctx.loopback ? received + (world - 1) * block_bytes
@@ -33,26 +36,80 @@ struct RsCall {
   char* received_block(int q, int rank) const { return received + (q < rank ? q : q - 1) * block_bytes; }
 };
 
-}  // namespace
-
-uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t n, int elem_bytes) {
-  return ReduceRegion::make(world, static_cast<uint64_t>(batch) * m * n * elem_bytes).total;
+// The units of a stage but its last (my own block, the last ring position, in the last stage).
+UnitRanges all_but_last(UnitRanges units) {
+  if (--units.count[units.n - 1] == 0) --units.n;
+  return units;
 }
 
-uint64_t receive_bytes(int world, int64_t batch, int64_t m, int64_t n, int elem_bytes, bool loopback) {
-  const uint64_t block = static_cast<uint64_t>(batch) * (m / world) * n * elem_bytes;
+// Stage j's GEMMs on compute stream j % 2, and then (enqueue) its peers' blocks released by `release`.
+// The last stage, when the reduction is split: its peers' blocks whole, released, then my own block's
+// columns [0, split), recording staged[0], and [split, n), recording staged[1].
+template <class Release>
+Status stage(const Operands& op, const Context& ctx, const RsCall& c, int j, int position, bool enqueue,
+             Release&& release) {
+  const int rank = ctx.peers.rank;
+  const int s = j % 2;
+  const UnitRanges units = stage_units(rank + 1, position, static_cast<int>(op.stages[j]), ctx.peers.world);
+  if (j < op.stage_count - 1 || c.split == 0) {
+    JO_RETURN_IF_ERROR(stage_gemms(op, ctx, c.x, c.partial, c.block_rows, units, false, nullptr, s, enqueue));
+    return enqueue ? release() : Status{};
+  }
+  JO_RETURN_IF_ERROR(
+      stage_gemms(op, ctx, c.x, c.partial, c.block_rows, all_but_last(units), false, nullptr, s, enqueue));
+  if (enqueue) JO_RETURN_IF_ERROR(release());
+  const int64_t mine = rank * c.block_rows;
+  const hipStream_t stream = ctx.streams->compute[s];
+  JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, c.x, mine, c.partial, mine, c.block_rows,
+                                ChunkPart{false, op.x_scale, 0, c.split}, s, enqueue));
+  if (enqueue) JO_RETURN_IF_HIP_ERROR(hipEventRecord(ctx.streams->staged[0], stream));
+  JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, c.x, mine, c.partial, mine, c.block_rows,
+                                ChunkPart{false, op.x_scale, c.split, -1}, s, enqueue));
+  if (enqueue) JO_RETURN_IF_HIP_ERROR(hipEventRecord(ctx.streams->staged[1], stream));
+  return {};
+}
+
+// The reduction of my block's columns [col_first, col_first + cols) on `stream`.
+Status reduce(const Operands& op, const Context& ctx, const RsCall& c, int64_t col_first, int64_t cols,
+              hipStream_t stream) {
+  const int world = ctx.peers.world, rank = ctx.peers.rank;
+  ReduceArgs r{};
+  r.dtype = op.gemm.types.out;
+  r.bias_dtype = op.gemm.types.bias;
+  for (int q = 0; q < world; ++q) {
+    r.partials[q] = q == rank ? c.partial.at(rank * c.block_rows) : c.received_block(q, rank);
+    r.partial_batch_stride[q] = q == rank ? c.partial.batch_stride() : c.block_rows * op.gemm.n;
+  }
+  r.count = world;
+  r.bias = op.bias;
+  r.out = op.out;
+  r.batch = op.gemm.batch;
+  r.rows = c.block_rows;
+  r.n = op.gemm.n;
+  r.col_first = col_first;
+  r.cols = cols;
+  r.abort = ctx.wd.abort;
+  JO_RETURN_IF_HIP_ERROR(launch_reduce(r, ctx.sm_count, stream));
+  return {};
+}
+
+}  // namespace
+
+uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t n, int out_bytes) {
+  return ReduceRegion::make(world, static_cast<uint64_t>(batch) * m * n * out_bytes).total;
+}
+
+uint64_t receive_bytes(int world, int64_t batch, int64_t m, int64_t n, int out_bytes, bool loopback) {
+  const uint64_t block = static_cast<uint64_t>(batch) * (m / world) * n * out_bytes;
   uint64_t bytes = (world - 1) * block;  // the peers' partials of my block
-  if (loopback) bytes += static_cast<uint64_t>(batch) * m * n * elem_bytes;  // stand-in staging
+  if (loopback) bytes += static_cast<uint64_t>(batch) * m * n * out_bytes;  // stand-in staging
   return bytes;
 }
 
 Status make_plans(const Operands& op, const Context& ctx) {
   const RsCall c(op, ctx);
-  for (int j = 0, position = 0; j < op.stage_count; position += static_cast<int>(op.stages[j]), ++j) {
-    const UnitRanges units = stage_units(ctx.peers.rank + 1, position, static_cast<int>(op.stages[j]),
-                                         ctx.peers.world);
-    JO_RETURN_IF_ERROR(stage_gemms(op, ctx, c.x, c.partial, c.block_rows, units, false, j % 2, /*enqueue=*/false));
-  }
+  for (int j = 0, position = 0; j < op.stage_count; position += static_cast<int>(op.stages[j]), ++j)
+    JO_RETURN_IF_ERROR(stage(op, ctx, c, j, position, /*enqueue=*/false, [] { return Status{}; }));
   return {};
 }
 
@@ -98,13 +155,15 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
       for (int i = 0; i < count; ++i)
         JO_RETURN_IF_ERROR(mark_rewriting(c.region.ready_flag(mine, parity, blocks[i]), stream));
     }
-    JO_RETURN_IF_ERROR(stage_gemms(op, ctx, c.x, c.partial, c.block_rows, units, /*bias=*/false, j % 2));
-    for (int i = 0; i < count && !ctx.loopback; ++i) {
-      JO_RETURN_IF_ERROR(release(c.region.ready_flag(ctx.peers.regions[rank], parity, blocks[i]), ctx.epoch, ctx.site,
-                                 stream));
-      progress->released |= 1u << blocks[i];
-      JO_RETURN_IF_ERROR(fail_after_release_if_asked(rank));
-    }
+    JO_RETURN_IF_ERROR(stage(op, ctx, c, j, position, /*enqueue=*/true, [&]() -> Status {
+      for (int i = 0; i < count && !ctx.loopback; ++i) {
+        JO_RETURN_IF_ERROR(release(c.region.ready_flag(ctx.peers.regions[rank], parity, blocks[i]), ctx.epoch,
+                                   ctx.site, stream));
+        progress->released |= 1u << blocks[i];
+        JO_RETURN_IF_ERROR(fail_after_release_if_asked(rank));
+      }
+      return {};
+    }));
   }
 
   // Copy stream: my block from each peer, in the order they compute it.
@@ -122,32 +181,32 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
       JO_RETURN_IF_ERROR(
           wait_flags(ctx, &pulled[i - 1], &stagers[i - 1], 1, ctx.epoch, ctx.site, WaitOn::kPartialReady, s.copy));
       if (i == 1) JO_RETURN_IF_ERROR(pause_if_asked(s.copy));
-      src = c.region.partial(theirs, parity) + rank * c.block_rows * n * c.elem_bytes;
+      src = c.region.partial(theirs, parity) + rank * c.block_rows * n * c.out_bytes;
     }
     JO_RETURN_IF_ERROR(copy_rows(ctx.copy_path, c.received_block(q, rank), c.block_rows * n, src,
-                                 c.partial.batch_stride(), op.gemm.batch, c.block_rows, n, c.elem_bytes, s.copy));
+                                 c.partial.batch_stride(), op.gemm.batch, c.block_rows, n, c.out_bytes, s.copy));
   }
   if (!ctx.loopback) {
     JO_RETURN_IF_ERROR(verify_and_release(ctx, pulled, done, stagers, world - 1, s.copy));
     progress->verified = true;
   }
+
+  if (c.split == 0) {
+    JO_RETURN_IF_ERROR(s.join_into(origin));
+    progress->forked = false;
+    return reduce(op, ctx, c, 0, n, origin);
+  }
+  // The first columns on the compute stream the last stage leaves free, once they are staged and every
+  // peer's partial is pulled and checked (so a failed check poisons them), under the GEMM of the rest.
+  const hipStream_t free = s.compute[op.stage_count % 2];
+  JO_RETURN_IF_HIP_ERROR(hipEventRecord(s.pulled, s.copy));
+  JO_RETURN_IF_HIP_ERROR(hipStreamWaitEvent(free, s.pulled, 0));
+  JO_RETURN_IF_HIP_ERROR(hipStreamWaitEvent(free, s.staged[0], 0));
+  JO_RETURN_IF_ERROR(reduce(op, ctx, c, 0, c.split, free));
+  JO_RETURN_IF_HIP_ERROR(hipStreamWaitEvent(free, s.staged[1], 0));
+  JO_RETURN_IF_ERROR(reduce(op, ctx, c, c.split, n - c.split, free));
   JO_RETURN_IF_ERROR(s.join_into(origin));
   progress->forked = false;
-
-  ReduceArgs r{};
-  r.dtype = op.gemm.dtype;
-  for (int q = 0; q < world; ++q) {
-    r.partials[q] = q == rank ? c.partial.at(rank * c.block_rows) : c.received_block(q, rank);
-    r.partial_batch_stride[q] = q == rank ? c.partial.batch_stride() : c.block_rows * n;
-  }
-  r.count = world;
-  r.bias = op.bias;
-  r.out = op.out;
-  r.batch = op.gemm.batch;
-  r.rows = c.block_rows;
-  r.n = n;
-  r.abort = ctx.wd.abort;
-  JO_RETURN_IF_HIP_ERROR(launch_reduce(r, ctx.sm_count, origin));
   return {};
 }
 

@@ -72,30 +72,36 @@ struct TimingStream {
 
 }  // namespace
 
-Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, int64_t n, int64_t k, bool w_kmajor,
-                  int repeats, double warmup_ms, std::vector<double>* us) {
+Status time_gemms(int ordinal, const GemmTypes& types, const std::vector<int64_t>& rows, int64_t n, int64_t k,
+                  bool w_kmajor, int repeats, double warmup_ms, std::vector<double>* us) {
   DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   blas::DeviceBlas* blas = nullptr;
   JO_RETURN_IF_ERROR(blas::DeviceBlas::get(ordinal, &blas));
   const int64_t max_rows = rows.empty() ? 0 : *std::max_element(rows.begin(), rows.end());
-  const int elem = element_bytes(dtype);
-  DeviceBuffer x, w, y, workspace;
-  JO_RETURN_IF_HIP_ERROR(hipMalloc(&x.p, max_rows * k * elem));
-  JO_RETURN_IF_HIP_ERROR(hipMalloc(&w.p, k * n * elem));
-  JO_RETURN_IF_HIP_ERROR(hipMalloc(&y.p, max_rows * n * elem));
+  DeviceBuffer x, w, y, workspace, scales;
+  JO_RETURN_IF_HIP_ERROR(hipMalloc(&x.p, max_rows * k * element_bytes(types.x)));
+  JO_RETURN_IF_HIP_ERROR(hipMalloc(&w.p, k * n * element_bytes(types.w)));
+  JO_RETURN_IF_HIP_ERROR(hipMalloc(&y.p, max_rows * n * element_bytes(types.out)));
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&workspace.p, blas::kWorkspaceBytes));
+  if (types.scaled) {
+    const float ones[2] = {1.f, 1.f};
+    JO_RETURN_IF_HIP_ERROR(hipMalloc(&scales.p, sizeof(ones)));
+    JO_RETURN_IF_HIP_ERROR(hipMemcpy(scales.p, ones, sizeof(ones), hipMemcpyHostToDevice));
+  }
   TimingStream timing;
   JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
   const hipStream_t stream = timing.s;
   // Random operands: on constant data (as on zeros) the GEMM runs up to ~15% faster than on real data.
-  JO_RETURN_IF_HIP_ERROR(launch_fill_random(x.p, static_cast<uint64_t>(max_rows * k), dtype, 1, stream));
-  JO_RETURN_IF_HIP_ERROR(launch_fill_random(w.p, static_cast<uint64_t>(k * n), dtype, 2, stream));
+  JO_RETURN_IF_HIP_ERROR(launch_fill_random(x.p, static_cast<uint64_t>(max_rows * k), types.x, 1, stream));
+  JO_RETURN_IF_HIP_ERROR(launch_fill_random(w.p, static_cast<uint64_t>(k * n), types.w, 2, stream));
   const auto gemm = [&](int64_t r) {
     Operands op{};
-    op.gemm = GemmProblem::dense(dtype, /*batch=*/1, r, k, n, w_kmajor, /*bias=*/false);
+    op.gemm = GemmProblem::dense(types, /*batch=*/1, r, k, n, w_kmajor, /*bias=*/false);
     op.x = x.p;
     op.w = w.p;
+    op.x_scale = types.scaled ? static_cast<const float*>(scales.p) : nullptr;
+    op.w_scale = types.scaled ? static_cast<const float*>(scales.p) + 1 : nullptr;
     op.out = y.p;
     op.scratch = workspace.p;
     return [op, blas](hipStream_t s) { return enqueue_local_gemm(op, *blas, s); };
@@ -155,6 +161,7 @@ Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n,
   JO_RETURN_IF_HIP_ERROR(launch_fill_random(partials.p, count * elems, dtype, 3, timing.s));
   ReduceArgs r{};
   r.dtype = dtype;
+  r.bias_dtype = dtype;
   for (int q = 0; q < count; ++q) {
     r.partials[q] = static_cast<char*>(partials.p) + q * elems * elem;
     r.partial_batch_stride[q] = static_cast<int64_t>(elems);
@@ -164,6 +171,7 @@ Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n,
   r.batch = 1;
   r.rows = rows;
   r.n = n;
+  r.cols = n;
   return median_us(
       timing.s, repeats,
       [&](hipStream_t s) -> Status {

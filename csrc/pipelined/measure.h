@@ -13,11 +13,12 @@
 
 namespace jo::pipelined {
 
-// Median time (us) of one vendor GEMM [rows, k] @ w (+ nothing) for each entry
-// of `rows`, on data that is neither zeros nor ones, after about `warmup_ms`
-// of the largest of them back to back (measure.cc warm_up).
-Status time_gemms(int ordinal, DType dtype, const std::vector<int64_t>& rows, int64_t n, int64_t k, bool w_kmajor,
-                  int repeats, double warmup_ms, std::vector<double>* us);
+// Median time (us) of one vendor GEMM [rows, k] @ w (+ nothing) of `types`
+// (scaled: with scales) for each entry of `rows`, on data that is neither
+// zeros nor ones, after about `warmup_ms` of the largest of them back to back
+// (measure.cc warm_up).
+Status time_gemms(int ordinal, const GemmTypes& types, const std::vector<int64_t>& rows, int64_t n, int64_t k,
+                  bool w_kmajor, int repeats, double warmup_ms, std::vector<double>* us);
 
 // Median time (us) of a copy of `bytes` on `path` (copy.h), in pieces of at
 // most `max_piece_bytes`, from `src` (a peer's workspace, or this GPU's
@@ -32,7 +33,8 @@ Status copy_and_wait(int ordinal, CopyPath path, void* dst, uint64_t dst_pitch, 
                      uint64_t width, uint64_t height, uint64_t max_bytes);
 
 // Median time (us) of matmul_rs's reduction (kernels/pipeline_kernels.h) of
-// `count` partials of [rows, n] into one, on random data.
+// `count` partials of [rows, n] of `dtype` (the output's) into one, on random
+// data.
 Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n, int repeats, double* us);
 
 // Median time (us) of the op's schedule in loopback (schedule.h) as rank 0 of

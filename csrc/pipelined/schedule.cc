@@ -154,36 +154,59 @@ Status wait_flags(const Context& ctx, const PipeFlag* const* flags, const uint32
 }
 
 Status chunk_gemm(const Operands& op, const Context& ctx, const RowRange& x, int64_t x_first, const RowRange& out,
-                  int64_t out_first, int64_t rows, bool bias, int stream_index, bool enqueue) {
+                  int64_t out_first, int64_t rows, const ChunkPart& part, int stream_index, bool enqueue) {
+  const GemmProblem& g = op.gemm;
+  const GemmTypes& t = g.types;
+  const int64_t cols = part.cols < 0 ? g.n - part.col_first : part.cols;
+  // Column c of w is row c of [n, k] (w_kmajor), else column c of [k, n].
+  const char* w = static_cast<const char*>(op.w) + part.col_first * (g.w_kmajor ? g.ldw : 1) * element_bytes(t.w);
   const char* a = x.at(x_first);
-  char* d = out.at(out_first);
-  const void* b = bias ? op.bias : nullptr;
+  char* d = out.at(out_first) + part.col_first * out.elem_bytes;
+  const void* b = part.bias && op.bias != nullptr
+                      ? static_cast<const char*>(op.bias) + part.col_first * element_bytes(t.bias)
+                      : nullptr;
   void* workspace = static_cast<char*>(op.scratch) + stream_index * blas::kWorkspaceBytes;
   const hipStream_t stream = enqueue ? ctx.streams->compute[stream_index] : nullptr;
-  const GemmProblem& g = op.gemm;
-  GemmProblem problem{g.dtype,          rows,         g.n,        g.k,         g.batch, x.cols, out.cols,
-                      x.batch_stride(), out.batch_stride(), g.w_kmajor, b != nullptr,
-                      blas::alignment_of({a, d, op.w, b})};
+  GemmProblem problem = g;
+  problem.rows = rows;
+  problem.n = cols;
+  problem.ldx = x.cols;
+  problem.ldy = out.cols;
+  problem.x_batch_stride = x.batch_stride();
+  problem.y_batch_stride = out.batch_stride();
+  problem.bias = b != nullptr;
+  problem.alignment = blas::alignment_of({a, d, w, b});
+  const auto pointers = [&](const char* xe, char* ye) {
+    return blas::GemmPointers{xe, w, b, part.x_scale, op.w_scale, ye};
+  };
   const blas::GemmPlan* plan = nullptr;
   const Status batched = ctx.blas->plan(problem, &plan);
-  if (batched.ok()) return enqueue ? ctx.blas->run(*plan, a, op.w, b, d, workspace, stream) : Status{};
+  if (batched.ok()) return enqueue ? ctx.blas->run(*plan, pointers(a, d), workspace, stream) : Status{};
   if (g.batch == 1) return batched;
   problem.batch = 1;
   for (int64_t e = 0; e < g.batch; ++e) {
     const char* ae = a + e * x.batch_stride() * x.elem_bytes;
     char* de = d + e * out.batch_stride() * out.elem_bytes;
-    problem.alignment = blas::alignment_of({ae, de, op.w, b});
+    problem.alignment = blas::alignment_of({ae, de, w, b});
     JO_RETURN_IF_ERROR(ctx.blas->plan(problem, &plan));
-    if (enqueue) JO_RETURN_IF_ERROR(ctx.blas->run(*plan, ae, op.w, b, de, workspace, stream));
+    if (enqueue) JO_RETURN_IF_ERROR(ctx.blas->run(*plan, pointers(ae, de), workspace, stream));
   }
   return {};
 }
 
 Status stage_gemms(const Operands& op, const Context& ctx, const RowRange& x, const RowRange& out, int64_t unit_rows,
-                   const UnitRanges& units, bool bias, int stream_index, bool enqueue) {
-  for (int u = 0; u < units.n; ++u)
-    JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, x, units.first[u] * unit_rows, out, units.first[u] * unit_rows,
-                                  units.count[u] * unit_rows, bias, stream_index, enqueue));
+                   const UnitRanges& units, bool bias, const float* unit_scales, int stream_index, bool enqueue) {
+  for (int r = 0; r < units.n; ++r) {
+    const int first = units.first[r], count = units.count[r];
+    if (unit_scales == nullptr) {
+      JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, x, first * unit_rows, out, first * unit_rows, count * unit_rows,
+                                    ChunkPart{bias, op.x_scale}, stream_index, enqueue));
+      continue;
+    }
+    for (int u = first; u < first + count; ++u)
+      JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, x, u * unit_rows, out, u * unit_rows, unit_rows,
+                                    ChunkPart{bias, unit_scales + u}, stream_index, enqueue));
+  }
   return {};
 }
 
@@ -193,25 +216,31 @@ void wait_readers_before_marking(const Context& ctx, const PipeFlag* done, int r
   a->readers[a->reader_count++] = static_cast<uint32_t>(reader);
 }
 
-uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n, int elem_bytes, bool loopback) {
+uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n, int out_bytes, bool loopback) {
   if (world <= 1) return blas::kWorkspaceBytes;
   const uint64_t workspaces = 2 * blas::kWorkspaceBytes;  // one per compute stream
   switch (op) {
     case OpKind::kAgMatmul: return workspaces;
-    case OpKind::kMatmulRs: return workspaces + matmul_rs::receive_bytes(world, batch, m, n, elem_bytes, loopback);
+    case OpKind::kMatmulRs: return workspaces + matmul_rs::receive_bytes(world, batch, m, n, out_bytes, loopback);
     case OpKind::kAllGather: break;
   }
   return 0;
 }
 
-uint64_t region_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int elem_bytes) {
+uint64_t region_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int x_bytes,
+                      int out_bytes, bool scaled) {
   if (world <= 1) return 0;
   switch (op) {
-    case OpKind::kAgMatmul: return ag_matmul::region_bytes(world, batch, m, k, elem_bytes);
-    case OpKind::kMatmulRs: return matmul_rs::region_bytes(world, batch, m, n, elem_bytes);
+    case OpKind::kAgMatmul: return ag_matmul::region_bytes(world, batch, m, k, x_bytes, scaled);
+    case OpKind::kMatmulRs: return matmul_rs::region_bytes(world, batch, m, n, out_bytes);
     case OpKind::kAllGather: break;
   }
   return 0;
+}
+
+int64_t reduce_split_columns(int64_t n) {
+  constexpr int64_t kTile = 256;
+  return 3 * n / 4 / kTile * kTile;
 }
 
 Status check_stages(OpKind op, int world, const int64_t* stages, int stage_count) {
@@ -260,12 +289,14 @@ Status enqueue(OpKind kind, const Operands& op, const Context& ctx, hipStream_t 
 
 Status enqueue_local_gemm(const Operands& op, blas::DeviceBlas& blas, hipStream_t stream) {
   // Leading batch dims fold into the rows: x and y are dense.
-  const GemmProblem& g = op.gemm;
-  const GemmProblem problem{g.dtype, g.batch * g.rows, g.n, g.k, 1, g.k, g.n, 0, 0, g.w_kmajor, op.bias != nullptr,
-                            blas::alignment_of({op.x, op.w, op.bias, op.out})};
+  GemmProblem problem = op.gemm;
+  problem.rows = op.gemm.batch * op.gemm.rows;
+  problem.batch = 1;
+  problem.bias = op.bias != nullptr;
+  problem.alignment = blas::alignment_of({op.x, op.w, op.bias, op.out});
   const blas::GemmPlan* plan = nullptr;
   JO_RETURN_IF_ERROR(blas.plan(problem, &plan));
-  return blas.run(*plan, op.x, op.w, op.bias, op.out, op.scratch, stream);
+  return blas.run(*plan, blas::GemmPointers{op.x, op.w, op.bias, op.x_scale, op.w_scale, op.out}, op.scratch, stream);
 }
 
 }  // namespace jo::pipelined

@@ -5,25 +5,35 @@
 // (docs/protocol.md; a flag's values: kernels/pipeline_kernels.h PipeFlag).
 //
 // ag_matmul, rank r of T, y = all_gather(x) @ w + bias:
-//   copy stream:    [wait: readers done with slot(e-2)] mark pub rewriting; copy x -> my slot;
-//                   release pub(e); wait: every peer's pub(e); for s = r+1, r+2, ... (ring order,
-//                   so each rank is read by one peer at a time): pull peer s's slot into s's rows of
-//                   `gathered`, record arrived[i]; verify that every peer's pub still holds (e) and
-//                   release done(e) in their regions; finally copy x into my own rows of `gathered`.
+//   copy stream:    [wait: readers done with slot(e-2)] mark pub rewriting; copy x -> my slot
+//                   (float8: and x's scale into its header); release pub(e); wait: every peer's
+//                   pub(e); (float8: every peer's scale from its slot header into gathered_scales,
+//                   by one small kernel;) for s = r+1, r+2, ... (ring order, so each rank is read by
+//                   one peer at a time): pull peer s's slot into s's rows of `gathered`, record
+//                   arrived[i]; verify that every peer's pub still holds (e) and release done(e) in
+//                   their regions; finally copy x into my own rows of `gathered`.
 //   compute streams: stage 0 = my own shard from x, at once; then the stages of the plan
-//                   (consecutive ring positions, one GEMM per contiguous range of rows), each
-//                   after its last shard arrived, alternating between the two streams.
-//   then:           join; NaN over y and gathered if the watchdog fired (or a check failed).
+//                   (consecutive ring positions, one GEMM per contiguous range of rows; float8:
+//                   one per shard, each with its own x scale, back to back), each after its last
+//                   shard arrived, alternating between the two streams.
+//   then:           join; NaN over y, gathered (and its scales) if the watchdog fired (or a check
+//                   failed).
 // matmul_rs, rank r of T, out = psum_scatter(x @ w) + bias:
 //   compute streams: stages over the row blocks in the order r+1, r+2, ..., r (my own last):
 //                   [wait: the blocks' owners done with staging(e-2)] mark the blocks' ready flags
-//                   rewriting; GEMM the blocks' rows of x into my staging slot (bf16/fp16, the
-//                   output dtype), release ready(e) per block.
+//                   rewriting; GEMM the blocks' rows of x into my staging slot (in the output
+//                   dtype; float8: scaled by my own x and w scales), release ready(e) per block.
+//                   The last stage releases its peers' blocks first, then GEMMs my own block in
+//                   two parts by columns (overlap_reduction): the first ~3/4, then the rest.
 //   copy stream:    for q = r-1, r-2, ... (the order in which peers compute my block): wait for
 //                   q's ready(e) of block r, pull it into my receive area; then verify that every
 //                   ready(e) pulled still holds and release done(e) in the stagers' regions.
-//   then:           join; the fixed-order reduction (fp32, ranks 0..T-1, bias once) into out,
-//                   NaN if the watchdog fired (or a check failed).
+//   reduction:      the fixed-order reduction (fp32, ranks 0..T-1, bias once) into out, NaN if
+//                   the watchdog fired (or a check failed): of the first columns on the other
+//                   compute stream once they are staged and the pulls checked, under the GEMM of
+//                   the rest; then of the rest; then join. Each element's sum is the same either
+//                   way (kernels/pipeline_kernels.h ReduceArgs). Without the split (narrow
+//                   outputs, or overlap_reduction off): join, then one reduction.
 // Every wait is a bounded wait kernel (kernels/pipeline_kernels.h): a stream-
 // memory-op wait cannot time out, a kernel records the error and returns.
 // The rewriting mark and the check after the pulls are for writers that run
@@ -73,20 +83,31 @@ struct Operands {
   GemmProblem gemm;
   const void* x;
   const void* w;
-  const void* bias;  // [n] or nullptr
-  void* out;         // ag_matmul: y [batch, world * m, n]; matmul_rs: [batch, m / world, n]
-  void* gathered;    // ag_matmul: [batch, world * m, k]
-  void* scratch;     // scratch_bytes(): the compute streams' vendor workspaces, matmul_rs's receive area
+  const void* bias;       // [n] or nullptr
+  const float* x_scale;   // gemm.types.scaled: this rank's scales, a device float each; else nullptr
+  const float* w_scale;
+  void* out;              // ag_matmul: y [batch, world * m, n]; matmul_rs: [batch, m / world, n]
+  void* gathered;         // ag_matmul: [batch, world * m, k]
+  float* gathered_scales;  // ag_matmul, scaled: [world], shard s's x scale in gathered order
+  void* scratch;          // scratch_bytes(): the compute streams' vendor workspaces, matmul_rs's receive area
   const int64_t* stages;  // ring positions per stage, in order; they sum to the world size
   int stage_count;
+  // matmul_rs: the reduction of the first columns under the GEMM of the last ones (the calls' way; the
+  // benchmarks and tests also time and check the schedule without it).
+  bool overlap_reduction = true;
 };
 
-// Bytes of a call's XLA scratch result (and, in loopback, of matmul_rs's
-// stand-in staging after it). all_gather has no pipelined schedule: 0 here and
-// in region_bytes, an error from check_stages and the enqueues.
-uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n, int elem_bytes, bool loopback);
-// Bytes of a call's symmetric region (0 for a group of one).
-uint64_t region_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int elem_bytes);
+// Sizes of a call's buffers. x_bytes: x's element; out_bytes: y's (the
+// partials' of matmul_rs); scaled: float8 operands. all_gather has no
+// pipelined schedule: 0 here, an error from check_stages and the enqueues.
+// The XLA scratch result (and, in loopback, matmul_rs's stand-in staging after it):
+uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n, int out_bytes, bool loopback);
+// The symmetric region (0 for a group of one):
+uint64_t region_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int x_bytes,
+                      int out_bytes, bool scaled);
+// matmul_rs's columns of output reduced under the GEMM of the rest: 3/4 of n rounded down to whole 256-column
+// tiles of the vendor GEMM; 0 (no split) when that is none.
+int64_t reduce_split_columns(int64_t n);
 // Checks a stage plan: positive sizes summing to `world`, ag_matmul's first stage its own shard alone.
 Status check_stages(OpKind op, int world, const int64_t* stages, int stage_count);
 

@@ -82,20 +82,33 @@ Status verify_and_release(const Context& ctx, const PipeFlag* const* flags, Pipe
 Status wait_flags(const Context& ctx, const PipeFlag* const* flags, const uint32_t* peers, int count, uint64_t epoch,
                   uint32_t site, WaitOn what, hipStream_t stream);
 
+// What one chunk GEMM covers besides its rows: its columns of w and out
+// (and the bias), whether it adds the bias, and the x scale of its rows
+// (scaled calls).
+struct ChunkPart {
+  bool bias;
+  const float* x_scale;
+  int64_t col_first = 0;
+  int64_t cols = -1;  // -1: every column from col_first
+};
+
 // The GEMMs of one stage on compute stream `stream_index`: for each range of
 // `units`, its rows of `x` (unit u: rows [u * unit_rows, (u + 1) * unit_rows)
 // of every batch element) @ w into the same rows of `out`, with the bias when
-// `bias`. Each is one vendor GEMM over the range's rows: the batch elements go
-// into one strided-batched GEMM (w shared: stride 0) when the vendor has an
-// algorithm for it, else one GEMM each. With `enqueue` false it only makes the
-// plans it would run (a plan is made once per problem and alignment and kept:
-// enqueuing after that finds it, and cannot fail on it).
+// `bias`. Each is one vendor GEMM over the range's rows, scaled by op.x_scale;
+// with `unit_scales` (ag_matmul's gathered float8 shards, each with its own
+// rank's scale) one GEMM per unit u instead, scaled by unit_scales[u]. The
+// batch elements go into one strided-batched GEMM (w shared: stride 0) when
+// the vendor has an algorithm for it, else one GEMM each. With `enqueue`
+// false it only makes the plans it would run (a plan is made once per problem
+// and alignment and kept: enqueuing after that finds it, and cannot fail on it).
 Status stage_gemms(const Operands& op, const Context& ctx, const RowRange& x, const RowRange& out, int64_t unit_rows,
-                   const UnitRanges& units, bool bias, int stream_index, bool enqueue = true);
+                   const UnitRanges& units, bool bias, const float* unit_scales, int stream_index,
+                   bool enqueue = true);
 
-// One GEMM of `rows` rows per batch element, as stage_gemms runs them.
+// One GEMM of `rows` rows per batch element, as stage_gemms runs them, over `part`'s columns.
 Status chunk_gemm(const Operands& op, const Context& ctx, const RowRange& x, int64_t x_first, const RowRange& out,
-                  int64_t out_first, int64_t rows, bool bias, int stream_index, bool enqueue = true);
+                  int64_t out_first, int64_t rows, const ChunkPart& part, int stream_index, bool enqueue = true);
 
 // The wait an abandon makes for the readers of a slot it is about to mark
 // (FlagAbandon::readers_done): none when the slot was not used two calls ago.
@@ -109,7 +122,7 @@ void wait_readers_before_marking(const Context& ctx, const PipeFlag* done, int r
 // done and readers). check_stages: the op's own rule on a stage plan whose
 // sizes are positive and sum to the world size.
 namespace ag_matmul {
-uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t k, int elem_bytes);
+uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t k, int x_bytes, bool scaled);
 Status check_stages(const int64_t* stages);
 Status make_plans(const Operands& op, const Context& ctx);
 Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipStream_t origin);
@@ -117,9 +130,9 @@ void abandon_flags(const Operands& op, const Context& ctx, const Progress& progr
 }  // namespace ag_matmul
 
 namespace matmul_rs {
-uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t n, int elem_bytes);
+uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t n, int out_bytes);
 // The scratch beyond the compute streams' vendor workspaces.
-uint64_t receive_bytes(int world, int64_t batch, int64_t m, int64_t n, int elem_bytes, bool loopback);
+uint64_t receive_bytes(int world, int64_t batch, int64_t m, int64_t n, int out_bytes, bool loopback);
 Status make_plans(const Operands& op, const Context& ctx);
 Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipStream_t origin);
 void abandon_flags(const Operands& op, const Context& ctx, const Progress& progress, FlagAbandon* a);

@@ -386,6 +386,10 @@ template <>
 JO_DEVICE fp16 from_float<fp16>(float v) {
   return __float2half_rn(v);
 }
+template <>
+JO_DEVICE float from_float<float>(float v) {
+  return v;
+}
 #endif
 
 #endif  // device code

@@ -87,7 +87,7 @@ CallContext SimGroup::context(int rank, uint64_t offset, EpochCounter& epochs, u
 }
 
 GemmOperands SimMatmul::operands(int rank) const {
-  return GemmOperands{dtype, tile, w_kmajor, reinterpret_cast<const void*>(x[rank]),
+  return GemmOperands{types.x, tile, w_kmajor, reinterpret_cast<const void*>(x[rank]),
                       reinterpret_cast<const void*>(w[rank]), reinterpret_cast<const void*>(bias[rank]), batch, k, n,
                       comm_workgroups};
 }
@@ -154,7 +154,7 @@ Status SimGroup::ag_matmul(const SimMatmul& c) {
   uint64_t offset = 0;
   JO_RETURN_IF_ERROR(region(OpKind::kAgMatmul, /*pipelined=*/false,
                             ag_matmul_region_bytes(world_, c.batch * c.m, c.k, c.tile, c.chunk_k,
-                                                   element_bytes(c.dtype)),
+                                                   element_bytes(c.types.x)),
                             &offset));
   return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, EpochCounter& epochs) -> Status {
     const AgMatmulLaunch l{c.operands(r), reinterpret_cast<void*>(c.out[r]),
@@ -168,7 +168,7 @@ Status SimGroup::ag_matmul(const SimMatmul& c) {
 Status SimGroup::matmul_rs(const SimMatmul& c) {
   uint64_t offset = 0;
   JO_RETURN_IF_ERROR(region(OpKind::kMatmulRs, /*pipelined=*/false,
-                            matmul_rs_region_bytes(world_, c.batch, c.m, c.n, c.tile, element_bytes(c.dtype)),
+                            matmul_rs_region_bytes(world_, c.batch, c.m, c.n, c.tile, element_bytes(c.types.x)),
                             &offset));
   return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, EpochCounter& epochs) -> Status {
     const MatmulRsLaunch l{c.operands(r), reinterpret_cast<void*>(c.out[r]), c.m,
@@ -198,13 +198,21 @@ Status SimGroup::all_gather(const std::vector<uintptr_t>& x, const std::vector<u
 
 Status SimGroup::pipelined(OpKind op, const SimMatmul& c) {
   uint64_t offset = 0;
+  const GemmTypes& t = c.types;
   JO_RETURN_IF_ERROR(region(op, /*pipelined=*/true,
-                            pipelined::region_bytes(op, world_, c.batch, c.m, c.k, c.n, element_bytes(c.dtype)),
+                            pipelined::region_bytes(op, world_, c.batch, c.m, c.k, c.n, element_bytes(t.x),
+                                                    element_bytes(t.out), t.scaled),
                             &offset));
   JO_RETURN_IF_ERROR(pipelined::check_stages(op, world_, c.stages.data(), static_cast<int>(c.stages.size())));
   bool gathers = false;  // the op fills c.gathered
+  const size_t scales = t.scaled ? static_cast<size_t>(world_) : 0;
+  if (c.x_scale.size() != scales || c.w_scale.size() != scales)
+    return Status{"SimGroup: a scaled call takes an x_scale and a w_scale per rank, an unscaled one none"};
   switch (op) {
-    case OpKind::kAgMatmul: gathers = true; break;
+    case OpKind::kAgMatmul:
+      gathers = true;
+      if (c.gathered_scales.size() != scales) return Status{"SimGroup: a scaled ag_matmul takes gathered_scales"};
+      break;
     case OpKind::kMatmulRs:
       if (c.m % world_ != 0) return Status{"SimGroup: rows must be a multiple of the world size"};
       break;
@@ -212,15 +220,21 @@ Status SimGroup::pipelined(OpKind op, const SimMatmul& c) {
   }
   return run(offset, c.ranks, c.sync, [&](int r, hipStream_t s, EpochCounter& epochs) {
     pipelined::Operands o{};
-    o.gemm = GemmProblem::dense(c.dtype, c.batch, c.m, c.k, c.n, c.w_kmajor, c.bias[r] != 0);
+    o.gemm = GemmProblem::dense(t, c.batch, c.m, c.k, c.n, c.w_kmajor, c.bias[r] != 0);
     o.x = reinterpret_cast<const void*>(c.x[r]);
     o.w = reinterpret_cast<const void*>(c.w[r]);
     o.bias = reinterpret_cast<const void*>(c.bias[r]);
+    if (t.scaled) {
+      o.x_scale = reinterpret_cast<const float*>(c.x_scale[r]);
+      o.w_scale = reinterpret_cast<const float*>(c.w_scale[r]);
+      o.gathered_scales = gathers ? reinterpret_cast<float*>(c.gathered_scales[r]) : nullptr;
+    }
     o.out = reinterpret_cast<void*>(c.out[r]);
     o.gathered = gathers ? reinterpret_cast<void*>(c.gathered[r]) : nullptr;
     o.scratch = reinterpret_cast<void*>(c.scratch[r]);
     o.stages = c.stages.data();
     o.stage_count = static_cast<int>(c.stages.size());
+    o.overlap_reduction = c.overlap_reduction;
     // The epoch is run_call's to take (after the plans).
     const pipelined::Context ctx{side_streams_[r].get(), blas_, peers(r, offset), 0, c.site, false, watchdog(r, op),
                                  info_.sm_count, false};

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "blas/gemm.h"
+#include "core/gemm_problem.h"
 #include "core/op_kind.h"
 #include "kernels/params.h"
 #include "pipelined/streams.h"
@@ -29,14 +30,17 @@
 namespace jo {
 
 struct SimMatmul {
-  DType dtype;
+  GemmTypes types;  // the fused kernels take 16-bit ones (types.x)
   int tile;
   int comm_workgroups;  // fetchers (ag_matmul) or reducers (matmul_rs)
   int chunk_k;  // ag_matmul only
   bool w_kmajor;
   int64_t batch, m, k, n;  // ag: m local rows; rs: m total rows (per batch element)
   std::vector<uintptr_t> x, w, bias, out, gathered;  // one device pointer per rank (bias may be 0)
+  std::vector<uintptr_t> x_scale, w_scale;   // pipelined, scaled: each rank's (a device float each)
+  std::vector<uintptr_t> gathered_scales;    // pipelined ag_matmul, scaled: each rank's [world] floats
   std::vector<uintptr_t> scratch;  // pipelined: each rank's scratch (pipelined::scratch_bytes)
+  bool overlap_reduction = true;   // pipelined matmul_rs (pipelined::Operands)
   std::vector<int64_t> stages;     // pipelined: the stage plan
   uint32_t site = 1;               // the call site's number among those sharing the region
   std::vector<int> ranks;          // the ranks to launch; empty: all

@@ -54,21 +54,33 @@ class Declined(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-  """One call as the planner sees it. `m` is x's rows per batch element (ag_matmul: a shard's)."""
+  """One call as the planner sees it. `m` is x's rows per batch element (ag_matmul: a shard's). A float8 call
+  (scaled) names its w's dtype and its output's; a 16-bit call's are x's."""
 
   op: str
-  dtype_name: str
+  dtype_name: str  # x's
   batch: int
   m: int
   k: int
   n: int
   world: int
   groups: tuple  # every group's global device ids in rank order; () for a group of one
-  w_kmajor: bool
+  w_kmajor: bool  # as the GPU gets w (float8: always, csrc/blas/cublaslt_api.h)
+  out_dtype_name: str | None = None
+  w_dtype_name: str | None = None
+  scaled: bool = False
 
   @property
   def rows(self) -> int:
     return self.batch * self.m
+
+  @property
+  def out_dtype(self) -> str:
+    return self.out_dtype_name or self.dtype_name
+
+  @property
+  def w_dtype(self) -> str:
+    return self.w_dtype_name or self.dtype_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +116,25 @@ def eligible(problem: Problem, op, algorithm: str) -> str | None:
     return f"k={problem.k} and n={problem.n} must be multiples of {vector} (16-byte rows)"
   if problem.rows == 0 or problem.k == 0 or problem.n == 0:
     return "empty operand"
+  if problem.scaled and algorithm == "pipelined":
+    why = _fp8_refused(problem)
+    if why:
+      return why
   return op.eligible(problem.rows, problem.world)
+
+
+def _fp8_refused(problem: Problem) -> str | None:
+  """Why the vendor GEMM of this process's GPUs cannot run the call's float8 formats (OCP e4m3/e5m2 on sm_89+
+  and gfx950, the fnuz formats on gfx942), or None."""
+  runtime.local_ordinals()  # the GPUs' device states, with their architectures
+  machine = backend.current()
+  for device in machine.state.devices.values():
+    formats = list(machine.native.vendor_fp8_dtypes(device.arch))
+    for name in dict.fromkeys((problem.dtype_name, problem.w_dtype)):
+      if name not in formats:
+        return (f"dtype {name} on {device.name} ({device.arch}): its vendor GEMM takes "
+                f"{', '.join(formats) or 'no float8 format'}")
+  return None
 
 
 def _vendor_blas() -> None:
@@ -122,7 +152,7 @@ def _vendor_blas() -> None:
 
 def _measured(problem: Problem, op) -> figures.Figures:
   return figures.measure(op, problem.dtype_name, problem.rows, problem.k, problem.n, problem.world,
-                         problem.w_kmajor)
+                         problem.w_kmajor, types=(problem.w_dtype, problem.out_dtype) if problem.scaled else None)
 
 
 def _pinned_stages(op, world: int) -> tuple | None:
@@ -144,11 +174,12 @@ def _plan_pipelined(problem: Problem, op, auto: bool) -> Choice:
   f = _measured(problem, op)
   _vendor_blas()
   plan = pipelined.plan(op, problem.world, f, _pinned_stages(op, problem.world))
-  itemsize = dtypes.itemsize(problem.dtype_name)
+  sizes = (dtypes.itemsize(problem.dtype_name), dtypes.itemsize(problem.out_dtype), problem.scaled)
   nbytes = backend.current().native.pipelined_region_bytes(
-      op.NAME, problem.world, problem.batch, problem.m, problem.k, problem.n, itemsize)
-  # Calls of one key share a region: its bytes follow the element size as they do the shape.
-  key = (f"{op.NAME}/pipelined", problem.groups, (problem.batch, problem.m, problem.k, problem.n, itemsize))
+      op.NAME, problem.world, problem.batch, problem.m, problem.k, problem.n, *sizes)
+  # Calls of one key share a region: its bytes follow the element sizes (and a float8 shard's scale header) as
+  # they do the shape.
+  key = (f"{op.NAME}/pipelined", problem.groups, (problem.batch, problem.m, problem.k, problem.n, *sizes))
   return Choice("pipelined", plan, (key, nbytes))
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 
 from jax_overlap import backend, dtypes, processes, runtime
+from jax_overlap.planning import pipelined
 
 LINK_GUESS_FRACTION = 0.25
 # GEMMs run back to back for this long before the GEMM times are taken: a GPU idle before a timing
@@ -46,6 +47,12 @@ class Figures:
   link_bytes_per_us: float  # a copy-engine pull from a peer
   local_bytes_per_us: float  # a copy-engine copy within this GPU
   reduce_us: float | None = None  # the reduction of world blocks into one (None: from the local copy rate)
+  # stage_gemm_us[s - 1]: what a stage of s chunks spends in GEMMs where that is not one GEMM over their rows
+  # (a float8 call that gathers x: one GEMM per shard, each with its rank's scale); None: gemm_us.
+  stage_gemm_us: tuple | None = None
+  # The share of the output's columns whose reduction runs under the GEMM of the rest (matmul_rs's last stage,
+  # csrc/pipelined/schedule.h); 0: none.
+  split_share: float = 0.0
 
 
 def _native():
@@ -58,29 +65,44 @@ def _local_copy_bytes_per_us() -> float:
   return processes.agree("local_copy", lambda: probe / _native().time_copy(runtime.first_ordinal(), 0, probe))
 
 
-def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmajor: bool) -> tuple:
-  """The vendor GEMM's time (us) over s chunks of `chunk_rows` rows, s = 1 .. world."""
+def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmajor: bool,
+            types: tuple | None = None) -> tuple:
+  """The vendor GEMM's time (us) over s chunks of `chunk_rows` rows, s = 1 .. world. types: a float8 call's
+  (w dtype, out dtype), its x of dtype_name."""
   rows = [chunk_rows * s for s in range(1, world + 1)]
-  return tuple(processes.agree(f"gemm/{dtype_name}/{chunk_rows}x{world}/{n}/{k}/{int(w_kmajor)}", lambda: list(
-      _native().time_gemms(runtime.first_ordinal(), dtype_name, rows, n, k, w_kmajor, warmup_ms=GEMM_WARMUP_MS))))
+  name = dtype_name if types is None else f"{dtype_name}x{types[0]}->{types[1]}"
+  extra = {} if types is None else {"w_dtype": types[0], "out_dtype": types[1]}
+  return tuple(processes.agree(f"gemm/{name}/{chunk_rows}x{world}/{n}/{k}/{int(w_kmajor)}", lambda: list(
+      _native().time_gemms(runtime.first_ordinal(), dtype_name, rows, n, k, w_kmajor, warmup_ms=GEMM_WARMUP_MS,
+                           **extra))))
 
 
 def reduce_us(dtype_name: str, block_rows: int, world: int, n: int) -> float:
-  """The reduction (us) of `world` partials of [block_rows, n] into one."""
+  """The reduction (us) of `world` partials of [block_rows, n] of `dtype_name` into one."""
   return processes.agree(f"reduce/{dtype_name}/{block_rows}x{world}/{n}", lambda: _native().time_reduce(
       runtime.first_ordinal(), dtype_name, world, block_rows, n))
 
 
-def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor: bool) -> Figures:
-  """The figures for one call of `op` (an op module, ops/): measured link and copy rates once the workspace
-  exists, else the local copy rate and the link guessed from it (see the module docstring). SetupError when a
-  measurement failed."""
+def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor: bool,
+            types: tuple | None = None) -> Figures:
+  """The figures for one call of `op` (an op module, ops/) with x of `dtype_name` (types: a float8 call's
+  (w dtype, out dtype); None: x's dtype throughout): measured link and copy rates once the workspace exists,
+  else the local copy rate and the link guessed from it (see the module docstring). SetupError when a
+  measurement failed.
+
+  An op that reduces moves partial products (in the output's dtype) and reduces them; one that gathers moves
+  x, and with float8 x one GEMM per shard (each shard's own x scale)."""
   link, local = runtime.link_bytes_per_us(), runtime.local_bytes_per_us()
   if link is None:
     local = _local_copy_bytes_per_us()
     link = LINK_GUESS_FRACTION * local
+  out_dtype = dtype_name if types is None else types[1]
   chunk_rows = op.chunk_rows(rows, world)
-  return Figures(gemm_us=gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor),
-                 chunk_bytes=op.chunk_bytes(rows, k, n, world, dtypes.itemsize(dtype_name)),
+  gemm = gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor, types)
+  moved = out_dtype if op.REDUCES else dtype_name
+  per_shard = types is not None and not op.REDUCES
+  return Figures(gemm_us=gemm, chunk_bytes=op.chunk_bytes(rows, k, n, world, dtypes.itemsize(moved)),
                  link_bytes_per_us=link, local_bytes_per_us=local,
-                 reduce_us=reduce_us(dtype_name, chunk_rows, world, n) if op.REDUCES else None)
+                 reduce_us=reduce_us(out_dtype, chunk_rows, world, n) if op.REDUCES else None,
+                 stage_gemm_us=tuple(s * gemm[0] for s in range(1, world + 1)) if per_shard else None,
+                 split_share=pipelined.reduce_split_columns(n) / n if op.REDUCES else 0.0)

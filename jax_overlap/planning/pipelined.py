@@ -47,14 +47,26 @@ def compositions(total: int):
     yield tuple(sizes + [size])
 
 
+# matmul_rs's last stage GEMMs my own block in two parts by columns and reduces the first under the second:
+# the first part is 3/4 of the columns in whole tiles of this many (csrc/pipelined/schedule.h
+# reduce_split_columns; a CPU test compares the two).
+REDUCE_SPLIT_TILE = 256
+
+
+def reduce_split_columns(n: int) -> int:
+  """Columns of matmul_rs's output reduced under the GEMM of the rest (0: no split)."""
+  return 3 * n // 4 // REDUCE_SPLIT_TILE * REDUCE_SPLIT_TILE
+
+
 def gemm_us(f, chunks: int) -> float:
-  """The vendor GEMM's time over `chunks` chunks' rows (f: figures.Figures)."""
-  return f.gemm_us[chunks - 1]
+  """What a stage of `chunks` chunks spends in GEMMs (f: figures.Figures): one vendor GEMM over their rows, or
+  where the schedule runs several (f.stage_gemm_us), those."""
+  return (f.stage_gemm_us or f.gemm_us)[chunks - 1]
 
 
 def xla_us(world: int, f) -> float:
   """Model of the XLA path: the collective (world - 1 chunks over the link), then the whole GEMM."""
-  return (world - 1) * f.chunk_bytes / f.link_bytes_per_us + gemm_us(f, world)
+  return (world - 1) * f.chunk_bytes / f.link_bytes_per_us + f.gemm_us[world - 1]
 
 
 def parse_stages(text: str, op, world: int) -> tuple | None:

@@ -1,0 +1,255 @@
+"""Float8 ag_matmul / matmul_rs on one GPU: the op's vendor float8 GEMM against torch._scaled_mm and XLA's fp8
+forms, the T-chunk schedule in loopback, and matmul_rs's trailing reduction with and without its overlap.
+
+  python benchmarks/bench_fp8.py [--out DIR] [--quick]      (DIR: $OUT when set, else benchmarks/results;
+                                                             about 2-3 minutes on the H200)
+
+Three tables, every column measured in the same run (us per call, medians; e4m3 x and w, bfloat16 out):
+  world 1    per M x N x K: jax_overlap.ag_matmul with algorithm="pipelined" in shard_map over one GPU (the vendor
+             float8 GEMM as an FFI call), w K-major (`op_kmajor_us`) and w given [K, N] (`op_kn_us`: the lowering
+             transposes w in each call, as XLA's forms do); XLA's direct f8 dot (`xla_f8_us`) and its
+             f32-dequantized form (`xla_dq_us`), both with w [K, N], and XLA's bf16 dot; each 20 calls chained in
+             one executable (wall time per call). torch._scaled_mm (`torch_us`: cuBLASLt, K-major w, fast
+             accumulation off as by default) and torch's bf16 matmul, 20 calls back to back between events.
+             Against issue 27's targets: torch_vs_op (torch / op, K-major) >= 0.95; xla_best_vs_op_kn (XLA's best
+             [K, N] form / op_kn) >= 1.0; xla_f8_vs_op (XLA's direct f8 dot / op) >= 1.5 at 4096 rows.
+  schedule   the op's schedule as rank 0 of T in loopback (csrc/pipelined/schedule.h): its chunk GEMMs (ag_matmul:
+             one per shard, each with its shard's scale) on two compute streams beside the copy stream's traffic,
+             this GPU's data standing in for the peers', with the stages the cost model plans, against one float8
+             GEMM of the whole [M, K] @ [K, N] (`gemm_us`), timed in alternation (ROUNDS rounds); target
+             gemm_vs_loopback >= 0.90. `model_us`: the cost model's estimate.
+  reduction  matmul_rs in loopback, bf16 and fp8, with the reduction of its first columns under the GEMM of its
+             last (`overlap_us`, the calls' schedule) and with one reduction after the GEMMs (`trailing_us`), in
+             alternation; `reduce_us` is the reduction alone (T blocks into one), `hidden` the share of it the
+             overlap took off the call.
+Results: DIR/fp8_<date>.json (with date, device, commit, command); the tables print last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU with JAX here
+
+import jax  # noqa: E402  (after the environment above)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import _harness  # noqa: E402
+import jax_overlap as jo  # noqa: E402
+from jax_overlap import native, planning  # noqa: E402
+from jax_overlap.ops import OPS  # noqa: E402
+from jax_overlap.planning import pipelined  # noqa: E402
+
+SHAPES = [(16384, 3584, 8192), (16384, 8192, 3584), (4096, 3584, 8192)]  # M, N, K
+WORLDS = [2, 4, 8]
+ROUNDS = 5
+CALLS = 20  # calls per timing, chained (JAX) or back to back (torch)
+E4M3 = jnp.float8_e4m3fn
+FP8 = "float8_e4m3fn"
+
+
+def _chain(op):
+  """CALLS calls of op(x, w, sx, sw) in one executable, each call's x depending on the previous output."""
+  def run(x, w, sx, sw):
+    for _ in range(CALLS):
+      y = op(x, w, sx, sw)
+      x = x.at[(0,) * x.ndim].set(y[(0,) * y.ndim].astype(x.dtype))
+    return x
+  return jax.jit(run)
+
+
+def _jax_us(fn, *args) -> float:
+  return _harness.wall_us(fn, *args, unroll=CALLS)
+
+
+def _torch_us(fn) -> float | None:
+  import torch
+  for _ in range(3):
+    fn()
+  times = []
+  for _ in range(7):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(CALLS):
+      fn()
+    end.record()
+    end.synchronize()
+    times.append(start.elapsed_time(end) * 1e3 / CALLS)
+  return statistics.median(times)
+
+
+def _torch(m: int, n: int, k: int) -> dict:
+  try:
+    import torch
+  except ImportError:
+    return {}
+  x = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+  w = torch.randn(n, k, device="cuda").mul(k ** -0.5).to(torch.float8_e4m3fn).t()  # K-major: column-major [K, N]
+  scale = torch.tensor(1.0, device="cuda")
+  xb, wb = torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(k, n, device="cuda",
+                                                                                dtype=torch.bfloat16)
+  return {"torch_us": _torch_us(lambda: torch._scaled_mm(x, w, scale_a=scale, scale_b=scale,
+                                                         out_dtype=torch.bfloat16)),
+          "torch_bf16_us": _torch_us(lambda: xb @ wb)}
+
+
+def world_one(m: int, n: int, k: int) -> dict:
+  rng = np.random.default_rng(m + n + k)
+  x = jax.device_put(rng.standard_normal((m, k), np.float32).astype(E4M3))
+  w_kn = jax.device_put(rng.standard_normal((k, n), np.float32).astype(E4M3))
+  w_nk = jax.device_put(jnp.asarray(w_kn).T.copy())
+  sx, sw = jnp.float32(0.5), jnp.float32(0.5 / k ** 0.5)
+
+  def op(w_kmajor):
+    def call(x, w, sx, sw):
+      return jax.shard_map(
+          lambda x, w, sx, sw: jo.ag_matmul(x, w, x_scale=sx, w_scale=sw, out_dtype=jnp.bfloat16, w_kmajor=w_kmajor,
+                                            axis_name="tp", algorithm="pipelined"),
+          mesh=_harness.one_gpu_mesh(), in_specs=(P("tp"), P("tp", None) if w_kmajor else P(None, "tp"), P(), P()),
+          out_specs=P(None, "tp"))(x, w, sx, sw)
+    return call
+
+  def xla_f8(x, w, sx, sw):
+    del sx, sw  # the scales XLA's own scaled form takes are the dequantized form's
+    return jnp.dot(x, w, preferred_element_type=jnp.bfloat16)
+
+  def xla_dq(x, w, sx, sw):
+    return jnp.dot(x.astype(jnp.float32) * sx, w.astype(jnp.float32) * sw,
+                   preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+
+  def bf16(x, w, sx, sw):
+    del sx, sw
+    return jnp.dot(x, w)
+
+  xb, wb = x.astype(jnp.bfloat16), w_kn.astype(jnp.bfloat16)
+  row = dict(table="world 1", m=m, n=n, k=k,
+             op_kmajor_us=_jax_us(_chain(op(True)), x, w_nk, sx, sw),
+             op_kn_us=_jax_us(_chain(op(False)), x, w_kn, sx, sw),
+             xla_f8_us=_jax_us(_chain(xla_f8), x, w_kn, sx, sw),
+             xla_dq_us=_jax_us(_chain(xla_dq), x, w_kn, sx, sw),
+             xla_bf16_us=_jax_us(_chain(bf16), xb, wb, sx, sw), **_torch(m, n, k))
+  best_kn = min(row["xla_f8_us"], row["xla_dq_us"])
+  row.update(**{f"{name}_tflops": _harness.tflops(m, n, k, row.get(f"{name}_us"))
+                for name in ("op_kmajor", "xla_dq", "torch")},
+             torch_vs_op=row["torch_us"] / row["op_kmajor_us"] if row.get("torch_us") else None,
+             xla_best_vs_op_kn=best_kn / row["op_kn_us"], xla_f8_vs_op=row["xla_f8_us"] / row["op_kmajor_us"])
+  return row
+
+
+def _loopback(op: str, world: int, m_total: int, n: int, k: int, dtype: str) -> tuple:
+  """(the loopback call dict, its device buffers) of rank 0 of `world`; each rank's GEMM [m_total, k] @ [k, n]."""
+  nat, dev = native.module(), jax.devices()[0]
+  scaled = dtype == FP8
+  m = m_total // world if op == "ag_matmul" else m_total  # x's rows per rank
+  rng = np.random.default_rng(world)
+  put = lambda a: jax.device_put(a, dev)
+  x = put(rng.standard_normal((1, m, k), np.float32).astype(dtype))
+  w = put(rng.standard_normal((n, k) if scaled else (k, n), np.float32).astype(dtype))  # float8: K-major
+  out = put(jnp.zeros((1, world * m if op == "ag_matmul" else m // world, n), jnp.bfloat16))
+  gathered = put(jnp.zeros((1, world * m, k), dtype)) if op == "ag_matmul" else None
+  scales = put(jnp.ones((2 + world,), jnp.float32))  # x_scale, w_scale, then ag_matmul's gathered scales
+  scratch = put(jnp.zeros((nat.pipelined_scratch_bytes(op, world, 1, m, n, 2, True),), jnp.uint8))
+  buffers = [x, w, out, gathered, scales, scratch]
+  jax.block_until_ready([b for b in buffers if b is not None])
+  ptr = lambda a: a.unsafe_buffer_pointer() if a is not None else 0
+  call = dict(dtype=dtype, out_dtype="bfloat16", x=ptr(x), w=ptr(w), bias=0, out=ptr(out), gathered=ptr(gathered),
+              scratch=ptr(scratch), batch=1, m=m, k=k, n=n, w_kmajor=scaled)
+  if scaled:
+    base = ptr(scales)
+    call.update(x_scale=base, w_scale=base + 4, gathered_scales=base + 8 if op == "ag_matmul" else 0)
+  return call, buffers
+
+
+def _plan(op: str, world: int, m_total: int, n: int, k: int, dtype: str):
+  """The cost model's plan for the loopback: the figures with this GPU's copy engine as the "link"."""
+  spec = OPS[op]
+  m = m_total // world if op == "ag_matmul" else m_total
+  types = (dtype, "bfloat16") if dtype == FP8 else None
+  f = planning.figures.measure(spec, dtype, m, k, n, world, dtype == FP8, types=types)
+  f = dataclasses.replace(f, link_bytes_per_us=f.local_bytes_per_us)
+  return pipelined.plan(spec, world, f)
+
+
+def _gemm_us(m: int, n: int, k: int, dtype: str) -> float:
+  extra = dict(w_dtype=dtype, out_dtype="bfloat16") if dtype == FP8 else {}
+  return native.module().time_gemms(0, dtype, [m], n, k, w_kmajor=dtype == FP8, **extra)[0]
+
+
+def schedule(op: str, world: int, m_total: int, n: int, k: int) -> dict:
+  nat = native.module()
+  call, _buffers = _loopback(op, world, m_total, n, k, FP8)
+  plan = _plan(op, world, m_total, n, k, FP8)
+  gemms, loops = [], []
+  for _ in range(ROUNDS):  # the clocks drift between minutes: alternate, then compare medians
+    gemms.append(_gemm_us(m_total, n, k, FP8))
+    loops.append(nat.time_loopback(0, op, world, dict(call, stages=list(plan.stages)), 10))
+  gemm, loop = statistics.median(gemms), statistics.median(loops)
+  return dict(table="schedule", op=op, world=world, m=m_total, n=n, k=k, stages=str(tuple(plan.stages)),
+              model_us=plan.est_us, loopback_us=loop, gemm_us=gemm, gemm_vs_loopback=gemm / loop)
+
+
+def reduction(world: int, m_total: int, n: int, k: int, dtype: str) -> dict:
+  nat = native.module()
+  call, _buffers = _loopback("matmul_rs", world, m_total, n, k, dtype)
+  stages = list(_plan("matmul_rs", world, m_total, n, k, dtype).stages)
+  timed = {True: [], False: []}
+  for _ in range(ROUNDS):
+    for overlap in timed:
+      timed[overlap].append(nat.time_loopback(0, "matmul_rs", world, dict(call, stages=stages,
+                                                                           overlap_reduction=overlap), 10))
+  overlap, trailing = statistics.median(timed[True]), statistics.median(timed[False])
+  reduce = nat.time_reduce(0, "bfloat16", world, m_total // world, n)
+  return dict(table="reduction", dtype=dtype, world=world, m=m_total, n=n, k=k, stages=str(tuple(stages)),
+              split_cols=nat.reduce_split_columns(n), overlap_us=overlap, trailing_us=trailing, reduce_us=reduce,
+              reduce_share=reduce / trailing, hidden=(trailing - overlap) / reduce)
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+  ap.add_argument("--quick", action="store_true", help="the first shape and T = 4 only")
+  args = ap.parse_args(argv)
+  shapes, worlds = (SHAPES[:1], [4]) if args.quick else (SHAPES, WORLDS)
+  t0 = time.monotonic()
+  steps = len(shapes) + 2 * 2 * len(worlds) + 2 * len(worlds)
+  rows = []
+  for m, n, k in shapes:
+    _harness.progress(len(rows), steps, f"world 1 {m}x{n}x{k}")
+    rows.append(world_one(m, n, k))
+  for m, n, k in shapes[:2]:
+    for op in ("ag_matmul", "matmul_rs"):
+      for world in worlds:
+        _harness.progress(len(rows), steps, f"{op} T={world} {m}x{n}x{k}")
+        rows.append(schedule(op, world, m, n, k))
+  m, n, k = shapes[0]
+  for dtype in ("bfloat16", FP8):
+    for world in worlds:
+      _harness.progress(len(rows), steps, f"reduction {dtype} T={world}")
+      rows.append(reduction(world, m, n, k, dtype))
+  _harness.progress(steps, steps, f"done in {time.monotonic() - t0:.0f} s")
+  path = _harness.write_results("fp8", rows, args.out, "python " + " ".join(sys.argv),
+                                series=(("op_kmajor", "#ff7f0e"), ("xla_dq", "#1f77b4"), ("torch", "#7f7f7f")),
+                                plotted=lambda r: r["table"] == "world 1")
+  print(f"results: {path}.json, {path}.svg")
+  _harness.print_table([r for r in rows if r["table"] == "world 1"],
+                       ["m", "n", "k", "op_kmajor_us", "op_kn_us", "torch_us", "xla_f8_us", "xla_dq_us",
+                        "xla_bf16_us", "torch_bf16_us", "op_kmajor_tflops", "torch_vs_op", "xla_best_vs_op_kn",
+                        "xla_f8_vs_op"])
+  _harness.print_table([r for r in rows if r["table"] == "schedule"],
+                       ["op", "world", "m", "n", "k", "stages", "model_us", "loopback_us", "gemm_us",
+                        "gemm_vs_loopback"])
+  _harness.print_table([r for r in rows if r["table"] == "reduction"],
+                       ["dtype", "world", "m", "n", "k", "stages", "split_cols", "overlap_us", "trailing_us",
+                        "reduce_us", "reduce_share", "hidden"])
+
+
+if __name__ == "__main__":
+  np.set_printoptions(linewidth=120)
+  main()

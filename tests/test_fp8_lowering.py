@@ -1,0 +1,158 @@
+"""The GPU lowering of float8 calls on a CPU machine: lower for "cuda" on a stand-in runtime (tests/fake_gpu.py, an
+H200's sm_90) and read the custom calls: their operands (x, w K-major, bias, x_scale f32[1], w_scale f32[1]),
+their results, the bias XLA adds after a float32 GEMM, and the calls no GPU algorithm takes."""
+
+import inspect
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jax_overlap
+from jax_overlap import backend
+
+from fake_gpu import FakeNative, install
+
+pytestmark = pytest.mark.skipif("x_scale" not in inspect.signature(jax_overlap.ag_matmul).parameters,
+                                reason="needs the float8 API of issue 27 (x_scale, w_scale, out_dtype)")
+
+E4M3 = jnp.float8_e4m3fn
+
+
+@pytest.fixture
+def fake_gpu_runtime(monkeypatch):
+  """A runtime that believes it has every CPU device as a reachable GPU, with a 300 GB/s link."""
+  fake = FakeNative()
+  install(monkeypatch.setattr, fake)
+  jax_overlap.initialize(workspace_bytes=1 << 30)
+  return fake
+
+
+def _lowered(f, *args) -> str:
+  return f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _custom_calls(text):
+  return [line for line in text.splitlines() if "stablehlo.custom_call @jax_overlap" in line]
+
+
+def _spec(*shape, dtype=E4M3):
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _fn(op, mesh, *, algorithm="pipelined", bias=False, out_dtype=jnp.bfloat16, w_kmajor=False):
+  """jit(shard_map(op)) over "tp" of float8 x and w with each rank's scales (one per rank, P("tp"))."""
+  fn = getattr(jax_overlap, op)
+  if op == "ag_matmul":
+    specs = [P("tp"), P("tp", None) if w_kmajor else P(None, "tp")]
+    bias_spec, out_spec = P("tp"), P(None, "tp")
+  else:
+    specs = [P(None, "tp"), P(None, "tp") if w_kmajor else P("tp", None)]
+    bias_spec, out_spec = P(), P("tp")
+
+  def body(x, w, sx, sw, *b):
+    return fn(x, w, *b, x_scale=sx[0], w_scale=sw[0], out_dtype=out_dtype, w_kmajor=w_kmajor, axis_name="tp",
+              algorithm=algorithm)
+
+  in_specs = (*specs, P("tp"), P("tp"), *([bias_spec] if bias else []))
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec))
+
+
+def _operands(op, world, rows=4096, k=512, n=256, w_kmajor=False, bias_dtype=None):
+  """Global shapes whose per-rank GEMM is [rows, k] @ [k, n] (ag_matmul: rows of the gathered x)."""
+  if op == "ag_matmul":
+    x, w, bias_n = _spec(rows, k), _spec(world * n, k) if w_kmajor else _spec(k, world * n), world * n
+  else:
+    x, w, bias_n = _spec(rows, world * k), _spec(n, world * k) if w_kmajor else _spec(world * k, n), n
+  scales = (_spec(world, dtype=jnp.float32),) * 2
+  return (x, w, *scales, *([_spec(bias_n, dtype=bias_dtype)] if bias_dtype is not None else []))
+
+
+def _signature(call):
+  operands, results = call.split(" : ")[-1].split(" -> ")
+  return operands, results
+
+
+@pytest.mark.parametrize("w_kmajor", [False, True])
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_float8_call_with_peers(fake_gpu_runtime, make_mesh, op, w_kmajor):
+  """w reaches the call K-major ([n, k], w_kmajor = 1): transposed by the lowering when given [k, n]; the scales
+  as f32[1]; ag_matmul returns the gathered float8 x and each shard's scale."""
+  mesh = make_mesh((4,), ("tp",))
+  text = _lowered(_fn(op, mesh, w_kmajor=w_kmajor), *_operands(op, 4, w_kmajor=w_kmajor))
+  calls = _custom_calls(text)
+  assert len(calls) == 1 and f"@jax_overlap_{op}_pipelined(" in calls[0], calls
+  assert "w_kmajor = 1" in calls[0]
+  assert ("stablehlo.transpose" in text) != w_kmajor
+  operands, results = _signature(calls[0])
+  x = "tensor<1024x512xf8E4M3FN>" if op == "ag_matmul" else "tensor<4096x512xf8E4M3FN>"
+  assert operands == f"({x}, tensor<256x512xf8E4M3FN>, tensor<0xbf16>, tensor<1xf32>, tensor<1xf32>)"
+  if op == "ag_matmul":
+    assert re.match(r"\(tensor<4096x256xbf16>, tensor<4096x512xf8E4M3FN>, tensor<4xf32>, tensor<\d+xui8>\)",
+                    results), results
+  else:
+    assert re.match(r"\(tensor<1024x256xbf16>, tensor<\d+xui8>\)", results), results
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_float8_region_follows_the_element_sizes(fake_gpu_runtime, make_mesh, op):
+  """A float8 call's region is sized for its 1-byte x, its output's partials and (ag_matmul) its shards' scale
+  headers, and keyed by them."""
+  calls = []
+  sizes = fake_gpu_runtime.pipelined_region_bytes
+  fake_gpu_runtime.pipelined_region_bytes = lambda *args: calls.append(args) or sizes(*args)
+  _lowered(_fn(op, make_mesh((4,), ("tp",)), out_dtype=jnp.float32), *_operands(op, 4))
+  m = 1024 if op == "ag_matmul" else 4096  # x's rows per rank
+  assert calls == [(op, 4, 1, m, 512, 256, 1, 4, True)]
+  ((key, (_, nbytes)),) = backend.current().state.regions.items()
+  assert key[2][-3:] == (1, 4, True) and nbytes == sizes(*calls[0])
+
+
+@pytest.mark.parametrize("world", [1, 4])
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+@pytest.mark.parametrize("bias_dtype,out_dtype", [(jnp.bfloat16, jnp.bfloat16), (jnp.float32, jnp.bfloat16),
+                                                  (jnp.float32, jnp.float32)])
+def test_float8_bias(fake_gpu_runtime, make_mesh, op, world, bias_dtype, out_dtype):
+  """A bias in a 16-bit output's dtype goes to the call (the GEMM's epilogue, or matmul_rs's reduction); a
+  float32 one goes to matmul_rs's reduction, and where a GEMM would add it, the call writes y in float32 without
+  it and XLA adds it in float32, rounding once."""
+  mesh = make_mesh((world, 8 // world), ("tp", "dp"))
+  text = _lowered(_fn(op, mesh, bias=True, out_dtype=out_dtype), *_operands(op, world, bias_dtype=bias_dtype))
+  (call,) = _custom_calls(text)
+  operands, results = _signature(call)
+  by_reduction = op == "matmul_rs" and world > 1
+  by_xla = not by_reduction and (bias_dtype == jnp.float32)
+  bias_type = {jnp.bfloat16: "bf16", jnp.float32: "f32"}[bias_dtype]
+  out_type = {jnp.bfloat16: "bf16", jnp.float32: "f32"}[out_dtype]
+  if by_xla:
+    assert f"tensor<0x{out_type}>, tensor<1xf32>, tensor<1xf32>)" in operands
+    assert results.startswith("(tensor<") and "xf32>" in results.split(",")[0]
+    assert re.search(r"stablehlo.add .*tensor<\d+x\d+xf32>", text.split("@jax_overlap")[-1])
+  else:
+    assert re.search(rf"tensor<\d+x{bias_type}>, tensor<1xf32>, tensor<1xf32>\)$", operands), operands
+    assert f"x{out_type}>" in results.split(",")[0]
+
+
+def test_float8_format_the_device_cannot_run(fake_gpu_runtime, make_mesh):
+  """The H200 (sm_90) runs the OCP formats only: an explicit pipelined call of e4m3fnuz raises naming the format
+  and the device; auto takes the XLA path."""
+  mesh = make_mesh((4,), ("tp",))
+  fnuz = [_spec(*s.shape, dtype=jnp.float8_e4m3fnuz) if s.dtype == E4M3 else s for s in _operands("ag_matmul", 4)]
+  with pytest.raises(ValueError, match=r"float8_e4m3fnuz.*sm_90"):
+    _lowered(_fn("ag_matmul", mesh), *fnuz)
+  assert _custom_calls(_lowered(_fn("ag_matmul", mesh, algorithm="auto"), *fnuz)) == []
+
+
+def test_fused_refuses_float8_saying_why(fake_gpu_runtime, make_mesh):
+  mesh = make_mesh((4,), ("tp",))
+  with pytest.raises(ValueError, match=r"fused.*float8_e4m3fn"):
+    _lowered(_fn("ag_matmul", mesh, algorithm="fused"), *_operands("ag_matmul", 4))
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_auto_takes_the_float8_pipelined_call(fake_gpu_runtime, make_mesh, op):
+  mesh = make_mesh((8,), ("tp",))
+  calls = _custom_calls(_lowered(_fn(op, mesh, algorithm="auto"), *_operands(op, 8, 16384, 8192, 8192)))
+  assert len(calls) == 1 and f"@jax_overlap_{op}_pipelined(" in calls[0]

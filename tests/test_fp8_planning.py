@@ -1,0 +1,114 @@
+"""Planning float8 calls (planning/, the ops' pipelined models) on a stand-in GPU (tests/fake_gpu.py, an H200's
+sm_90): which algorithm may take them, the figures their models get, and matmul_rs's reduction under its last
+GEMM in the model."""
+
+import dataclasses
+
+import pytest
+
+from jax_overlap import native, planning, runtime
+from jax_overlap.ops import OPS, ag_matmul, matmul_rs
+from jax_overlap.planning import figures, pipelined
+
+from fake_gpu import FakeNative, install
+
+
+@pytest.fixture
+def fake(monkeypatch):
+  fake = FakeNative()
+  install(monkeypatch.setattr, fake)
+  return fake
+
+
+def _problem(op, x="float8_e4m3fn", w="float8_e4m3fn", out="bfloat16", world=4, rows=4096, k=1024, n=1024):
+  return planning.Problem(op, x, 1, rows, k, n, world, (tuple(range(world)),), True, out_dtype_name=out,
+                          w_dtype_name=w, scaled=True)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_fused_declines_float8_saying_why(fake, op):
+  why = planning.eligible(_problem(op), OPS[op], "fused")
+  assert why == "dtype float8_e4m3fn (the fused algorithm takes bfloat16, float16)"
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("x,w,refused", [("float8_e4m3fn", "float8_e5m2", None),
+                                         ("float8_e5m2", "float8_e4m3fn", None),
+                                         ("float8_e4m3fnuz", "float8_e4m3fnuz", "float8_e4m3fnuz"),
+                                         ("float8_e4m3fn", "float8_e5m2fnuz", "float8_e5m2fnuz")])
+def test_pipelined_takes_the_float8_formats_the_device_runs(fake, op, x, w, refused):
+  why = planning.eligible(_problem(op, x, w), OPS[op], "pipelined")
+  if refused is None:
+    assert why is None
+  else:
+    assert why == (f"dtype {refused} on FakeNative GPU (sm_90): its vendor GEMM takes float8_e4m3fn, "
+                   f"float8_e5m2")
+
+
+def test_a_device_without_float8_refuses_every_format(fake, monkeypatch):
+  info = fake.device_info
+  monkeypatch.setattr(fake, "device_info", lambda ordinal: dict(info(ordinal), arch="sm_80"))
+  why = planning.eligible(_problem("ag_matmul"), ag_matmul, "pipelined")
+  assert why == "dtype float8_e4m3fn on FakeNative GPU (sm_80): its vendor GEMM takes no float8 format"
+
+
+def test_ag_matmul_float8_figures(fake):
+  """A float8 ag_matmul moves 1-byte shards and runs one GEMM per gathered shard: a stage of s shards takes s
+  one-shard GEMMs, while the XLA path's figure stays the one GEMM over every row."""
+  f = figures.measure(ag_matmul, "float8_e4m3fn", 1024, 512, 256, 4, True, types=("float8_e5m2", "bfloat16"))
+  assert fake.timed_gemms == [("float8_e4m3fn", "float8_e5m2", "bfloat16", True)]
+  assert f.chunk_bytes == 1024 * 512 and f.reduce_us is None and f.split_share == 0.0
+  assert f.stage_gemm_us == tuple(s * f.gemm_us[0] for s in range(1, 5))
+  assert pipelined.gemm_us(f, 4) == 4 * f.gemm_us[0] != f.gemm_us[3]  # the fake's whole GEMM runs 5% faster
+  assert pipelined.xla_us(4, f) == 3 * f.chunk_bytes / f.link_bytes_per_us + f.gemm_us[3]
+
+
+@pytest.mark.parametrize("out,itemsize", [("bfloat16", 2), ("float32", 4)])
+def test_matmul_rs_float8_figures(fake, out, itemsize):
+  """A float8 matmul_rs moves and reduces partials in its output's dtype, one GEMM per stage (one scale pair);
+  its reduction of 768 of 1024 columns runs under the GEMM of the rest."""
+  calls = []
+  timed = fake.time_reduce
+  fake.time_reduce = lambda *args: calls.append(args) or timed(*args)
+  f = figures.measure(matmul_rs, "float8_e4m3fn", 4096, 512, 1024, 4, True, types=("float8_e4m3fn", out))
+  assert calls == [(runtime.first_ordinal(), out, 4, 1024, 1024)]
+  assert f.chunk_bytes == 1024 * 1024 * itemsize and f.stage_gemm_us is None
+  assert f.split_share == 768 / 1024
+
+
+def test_the_reduction_split_matches_the_schedules():
+  if native.platform() != "cuda":
+    pytest.skip("needs the CUDA build of the extension (csrc/pipelined/schedule.h reduce_split_columns)")
+  for n in (64, 336, 344, 512, 1000, 1024, 3584, 8192):
+    assert pipelined.reduce_split_columns(n) == native.module().reduce_split_columns(n), n
+
+
+def test_a_float8_shard_carries_its_scale_in_a_slot_header():
+  if native.platform() != "cuda":
+    pytest.skip("needs the CUDA build of the extension (csrc/pipelined/layout.h GatherRegion)")
+  region = lambda op, scaled: native.module().pipelined_region_bytes(op, 4, 1, 1024, 512, 256, 1, 2, scaled)
+  assert region("ag_matmul", True) - region("ag_matmul", False) == 2 * 256  # a header per parity's slot
+  assert region("matmul_rs", True) == region("matmul_rs", False)
+
+
+def _rs_figures(world=4, reduce_us=200.0, split_share=0.0):
+  gemm = tuple(1000.0 * s / world for s in range(1, world + 1))
+  return figures.Figures(gemm, 8 << 20, 3e5, 2e6, reduce_us=reduce_us, split_share=split_share)
+
+
+@pytest.mark.parametrize("stages", [(1, 1, 1, 1), (2, 2), (4,), (1, 3)])
+def test_matmul_rs_model_overlaps_the_reduction_with_the_last_gemm(stages):
+  """The split takes up to the first part's reduction off the call: never more, never a loss. Without it the
+  model is the stages' GEMMs (or the last pull), then the whole reduction."""
+  share = 0.75
+  whole = matmul_rs.pipelined_us(stages, _rs_figures())
+  split = matmul_rs.pipelined_us(stages, _rs_figures(split_share=share))
+  assert whole - share * 200.0 - pipelined.STAGE_OVERHEAD_US <= split < whole
+  no_reduce = matmul_rs.pipelined_us(stages, _rs_figures(reduce_us=0.0))
+  assert whole == pytest.approx(no_reduce + 200.0)
+
+
+def test_matmul_rs_model_releases_the_last_stages_peer_blocks_before_its_own():
+  """In a last stage of several blocks, the peers' blocks are staged before mine: their pulls start earlier."""
+  f = dataclasses.replace(_rs_figures(), link_bytes_per_us=1e3)  # a slow link: the pulls decide
+  assert matmul_rs.pipelined_us((4,), dataclasses.replace(f, split_share=0.75)) < matmul_rs.pipelined_us((4,), f)
