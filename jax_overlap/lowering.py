@@ -323,16 +323,20 @@ def _fallback(op_name: str, algorithm: str, error: Exception) -> None:
 _DECLINED = (Declined, WorkspaceFullError, SetupError)
 
 
-def gpu_rule(ctx, x, w, *bias, op, axis_name, axis_size, algorithm, w_kmajor):
+def gpu_rule(ctx, x, w, *operands, op, axis_name, axis_size, algorithm, w_kmajor, has_bias, scaled, out_dtype):
   """The lowering of a GEMM op's primitive on a GPU platform (see the module docstring): its custom call's
   results, or None where the call takes the XLA path."""
+  del out_dtype
   if algorithm == "xla" or disabled():
     if algorithm != "xla":
       log.debug("jax_overlap.%s: XLA path (%s is set)", op.NAME, KILL_SWITCH)
     return None
+  bias = operands[:1] if has_bias else ()
   x_aval, w_aval = ctx.avals_in[:2]
   *lead, m, k = x_aval.shape
   try:
+    if scaled:
+      raise Declined("float8 operands: the custom calls take no scales in this build")
     _native_ready(ctx)
     groups = () if axis_name is None else group_ids(ctx, axis_name)
     problem = Problem(op.NAME, dtypes.name(x_aval.dtype), math.prod(lead), m, k, w_aval.shape[0 if w_kmajor else 1],

@@ -28,7 +28,8 @@ def trace(op, *args, **kwargs):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", [jnp.int32, jnp.complex64, jnp.int8], ids=lambda d: np.dtype(d).name)
 def test_unsupported_dtype(op, dtype):
-  with pytest.raises(TypeError, match=rf"jax_overlap\.{op}: x must have dtype bfloat16, float16, float32 or float64 "
+  with pytest.raises(TypeError, match=rf"jax_overlap\.{op}: x must have dtype bfloat16, float16, float8_e4m3fn, "
+                                      rf"float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz, float32 or float64 "
                                       rf"\(the XLA path only\), got {np.dtype(dtype).name}"):
     trace(op, spec((8, 16), dtype), spec((16, 8), dtype))
 
