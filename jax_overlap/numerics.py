@@ -134,8 +134,11 @@ def fp8_scale(amax, dtype):
   exact from frexp; 1 for an amax of zero. Bounded to float32's normal range, where it stays a power of two."""
   ratio = amax.astype(jnp.float32) / fp8_max(dtype)
   mantissa, exponent = jnp.frexp(ratio)  # ratio = mantissa * 2^exponent, mantissa in [0.5, 1)
-  exponent = jnp.clip(exponent - (mantissa == 0.5), -126, 127)
-  return jnp.where(ratio > 0, jnp.ldexp(jnp.float32(1), exponent), jnp.float32(1))
+  # Float arithmetic only: integer arithmetic on the exponent fails jax 0.12's varying-axes check when
+  # jax.checkpoint recomputes it inside shard_map.
+  scale = jnp.ldexp(jnp.where(mantissa == 0.5, jnp.float32(0.5), jnp.float32(1)), exponent)
+  scale = jnp.clip(scale, jnp.float32(2.0 ** -126), jnp.float32(2.0 ** 127))
+  return jnp.where(ratio > 0, scale, jnp.float32(1))
 
 
 def quantize(x, dtype, scale):
