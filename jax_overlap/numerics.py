@@ -20,8 +20,8 @@ place above: partials are staged and rounded in it. The products are written
 in the form XLA rewrites into its own fp8 GEMM (cuBLASLt's on NVIDIA): each
 operand converted to float32 and multiplied by its scalar scale, into one dot
 with float32 results. Dequantizing to bfloat16 instead is not rewritten and
-runs at bfloat16 speed (1355-1539 us against 778 us at 16384x3584x8192 on the
-H200, ../shared/GPU.md); per-row scales are not rewritten either, so rows of
+runs at bfloat16 speed (1355-1539 us against 778 us at 16384x3584x8192 on an
+H200, jax 0.11.2); per-row scales are not rewritten either, so rows of
 different scales (ag_matmul's gathered shards) take one dot each.
 
 The quantization the fp8 layers apply (linear.py) is here too: current

@@ -143,6 +143,30 @@ def test_rs_layer_in_shard_map(dtype, normal, make_mesh, assert_close):
 
 
 @pytest.mark.parametrize("layer", ["ag", "rs"])
+def test_layers_on_the_batch_dim(layer, normal, make_mesh, assert_close):
+  """gather_axis=0 / scatter_axis=0: the shards (and their scales) are blocks of the batch. The reference runs on
+  x with its batch and sequence dims swapped, which moves the shards to dim 1 and changes nothing else."""
+  mesh = make_mesh((WORLD,), ("tp",))
+  swap = lambda a: np.swapaxes(np.asarray(a), 0, 1)
+  if layer == "ag":
+    x, w = normal((WORLD * 2, 8, 64), "float32"), normal((64, WORLD * 16), "float32") / 8
+    dot, specs, out_spec = jax_overlap.Fp8AgDotGeneral(axis_name="tp", gather_axis=0), (P("tp"), P(None, "tp")), \
+        P(None, None, "tp")
+    ct = normal((WORLD * 2, 8, w.shape[1]), "float32")
+  else:
+    x, w = normal((WORLD * 2, 8, WORLD * 16), "float32"), normal((WORLD * 16, 32), "float32") / 8
+    dot, specs, out_spec = jax_overlap.Fp8RsDotGeneral(axis_name="tp", scatter_axis=0), (P(None, None, "tp"),
+                                                                                        P("tp")), P("tp")
+    ct = normal((WORLD * 2, 8, 32), "float32")
+  reference = ag_layer_reference if layer == "ag" else rs_layer_reference
+  want = reference(swap(x), w, swap(ct), WORLD, WORLD)
+  f = jax.shard_map(lambda x, w: dot(x, w, DN), mesh=mesh, in_specs=specs, out_specs=out_spec)
+  got = jax.jit(lambda x, w, ct: _vjp(f, x, w, ct))(x, w, ct)
+  _check((got[0], got[1], got[2]), (swap(want[0]), swap(want[1]), want[2]), "float32",
+         (x.shape[2], w.shape[1], WORLD * 16), assert_close)
+
+
+@pytest.mark.parametrize("layer", ["ag", "rs"])
 @pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
 def test_layers_on_global_arrays(layer, axis_type, normal, make_mesh, assert_close):
   """One scale per array; the gradients in their primal's layout on an Explicit mesh."""
