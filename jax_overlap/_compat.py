@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import numpy as np
 from jax import lax
 
 
@@ -59,6 +60,13 @@ def kv_client():
   """The jax.distributed coordination service's key-value client, or None before jax.distributed.initialize()."""
   from jax._src import distributed  # not exported
   return distributed.global_state.client
+
+
+def hlo_reshape(value, shape: tuple, dtype):
+  """stablehlo.reshape of an MLIR value to `shape` (of `dtype`, its own), inside a lowering rule."""
+  from jax._src.lib.mlir.dialects import hlo  # not exported
+  from jax.interpreters import mlir
+  return hlo.reshape(mlir.ir.RankedTensorType.get(shape, mlir.dtype_to_ir_type(np.dtype(dtype))), value)
 
 
 def remat_rank(case) -> int:

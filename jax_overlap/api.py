@@ -277,11 +277,11 @@ def _differentiable(x, w, bias, scales, call: Call):
 
 def _differentiable_fwd(x, w, bias, scales, call: Call):
   if scales is not None:
-    layer = {"ag_matmul": "Fp8AgDotGeneral", "matmul_rs": "Fp8RsDotGeneral"}[call.op]
     raise TypeError(f"jax_overlap.{call.op}: differentiating a call with float8 operands (x {x.dtype}, w {w.dtype}) "
                     f"is not supported: their cotangents would be rounded to a float8 format without a scale. Train "
-                    f"through jax_overlap.{layer} (bf16/f32 inputs, quantized each call, gradients in fp8 with "
-                    f"scales of their own), or pass algorithm='xla' for JAX's own derivative of the plain ops")
+                    f"through the layers jax_overlap.Fp8AgDotGeneral and Fp8RsDotGeneral (bf16/f32 inputs, "
+                    f"quantized each call, gradients in fp8 with scales of their own), or pass algorithm='xla' for "
+                    f"JAX's own derivative of the plain ops")
   results = _forward(x, w, bias, scales, call)
   layouts = tuple(autodiff.layout(v, call.axes) for v in (x, w, bias))
   return _taken(results, call), (OPS[call.op].residual(x, results), w, bias, layouts)

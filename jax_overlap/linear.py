@@ -68,6 +68,17 @@ def _check(op: str, lhs, rhs, dimension_numbers, preferred_element_type, contrac
                      f"{np.dtype(lhs.dtype).name}, got {np.dtype(preferred_element_type).name}")
 
 
+def _check_row_parallel(layer: str, lhs, rhs, dimension_numbers, preferred_element_type) -> int:
+  """_check of a row-parallel layer (kernel [*k, N]): returns how many dims it contracts."""
+  if getattr(rhs, "ndim", 0) < 2:
+    raise ValueError(f"jax_overlap.{layer}: the kernel must have rank >= 2 ([*k, N]), got shape "
+                     f"{getattr(rhs, 'shape', rhs)}")
+  contract = rhs.ndim - 1
+  _check(layer, lhs, rhs, dimension_numbers, preferred_element_type, contract,
+         f"x's last {contract} dims with the kernel's first {contract}")
+  return contract
+
+
 @dataclasses.dataclass(frozen=True)
 class AgDotGeneral:
   """lax.dot_general's signature on ag_matmul: kernel [K, *n], x [..., K].
@@ -100,12 +111,7 @@ class RsDotGeneral:
 
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
     del precision
-    if getattr(rhs, "ndim", 0) < 2:
-      raise ValueError(f"jax_overlap.RsDotGeneral: the kernel must have rank >= 2 ([*k, N]), got shape "
-                       f"{getattr(rhs, 'shape', rhs)}")
-    contract = rhs.ndim - 1
-    _check("RsDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type, contract,
-           f"x's last {contract} dims with the kernel's first {contract}")
+    _check_row_parallel("RsDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
     return api.matmul_rs(lhs, rhs, axis_name=self.axis_name, algorithm=self.algorithm,
                          scatter_axis=self.scatter_axis, out_sharding=out_sharding)
 
@@ -174,8 +180,22 @@ def _dual_layout(x_layout) -> dict:
   return {"out_sharding": None if x_layout is None else x_layout.sharding}
 
 
-def _kernel_scale(w, call: _Fp8Call):
-  return numerics.fp8_scale(jnp.max(jnp.abs(w)), call.e4m3)
+def _custom_vjp(forward, backward):
+  """layer(x, w, call) whose value is forward's first result, with the VJP forward / backward."""
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+  def layer(x, w, call: _Fp8Call):
+    return forward(x, w, call)[0]
+
+  layer.defvjp(forward, backward)
+  return layer
+
+
+def _quantized(x, w, call: _Fp8Call, kmajor) -> tuple:
+  """(x8, x_scale, w8, w_scale): x and the kernel quantized to e4m3 (current scaling), the kernel in the K-major
+  layout kmajor(w) gives: the transpose and the cast are one pass over w."""
+  x8, x_scale = numerics.current_scaling(x, call.e4m3)
+  w_scale = numerics.fp8_scale(jnp.max(jnp.abs(w)), call.e4m3)
+  return x8, x_scale, numerics.quantize(kmajor(w), call.e4m3, w_scale), w_scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,19 +229,11 @@ class Fp8AgDotGeneral:
 
 
 def _ag_forward(x, w, call: _Fp8Call):
-  x8, x_scale = numerics.current_scaling(x, call.e4m3)
-  w_scale = _kernel_scale(w, call)
-  # [K, *n] -> [*n, K], K-major: the transpose and the cast are one pass over w
-  w8 = numerics.quantize(jnp.moveaxis(w, 0, -1), call.e4m3, w_scale)
+  x8, x_scale, w8, w_scale = _quantized(x, w, call, lambda w: jnp.moveaxis(w, 0, -1))  # [K, *n] -> [*n, K]
   y, gathered, scales = api.ag_matmul(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype,
                                       w_kmajor=True, axis_name=call.axis_name, algorithm=call.algorithm,
                                       return_gathered=True, gather_axis=call.axis, out_sharding=call.out_sharding)
   return y, (gathered, scales, w, remat.tag(w_scale, remat.AG_W_SCALE), _layouts(call, x, w))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _fp8_ag(x, w, call: _Fp8Call):
-  return _ag_forward(x, w, call)[0]
 
 
 def _fp8_ag_bwd(call: _Fp8Call, residuals, dy):
@@ -244,7 +256,7 @@ def _fp8_ag_bwd(call: _Fp8Call, residuals, dy):
   return autodiff.like(dx, x_layout), dw
 
 
-_fp8_ag.defvjp(_ag_forward, _fp8_ag_bwd)
+_fp8_ag = _custom_vjp(_ag_forward, _fp8_ag_bwd)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,12 +282,7 @@ class Fp8RsDotGeneral:
 
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
     del precision
-    if getattr(rhs, "ndim", 0) < 2:
-      raise ValueError(f"jax_overlap.Fp8RsDotGeneral: the kernel must have rank >= 2 ([*k, N]), got shape "
-                       f"{getattr(rhs, 'shape', rhs)}")
-    contract = rhs.ndim - 1
-    _check("Fp8RsDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type, contract,
-           f"x's last {contract} dims with the kernel's first {contract}")
+    contract = _check_row_parallel("Fp8RsDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
     scatter = _negative(self.scatter_axis, lhs.ndim - contract + 1)
     if self.axis_name is not None and scatter == -1:
       raise ValueError(f"jax_overlap.Fp8RsDotGeneral: scatter_axis={self.scatter_axis} (the output columns) is not "
@@ -287,21 +294,13 @@ class Fp8RsDotGeneral:
 
 
 def _rs_forward(x, w, call: _Fp8Call):
-  x8, x_scale = numerics.current_scaling(x, call.e4m3)
-  w_scale = _kernel_scale(w, call)
-  # [*k, N] -> [N, *k], K-major: the transpose and the cast are one pass over w
-  w8 = numerics.quantize(jnp.moveaxis(w, -1, 0), call.e4m3, w_scale)
+  x8, x_scale, w8, w_scale = _quantized(x, w, call, lambda w: jnp.moveaxis(w, -1, 0))  # [*k, N] -> [N, *k]
   z = api.matmul_rs(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype, w_kmajor=True,
                     axis_name=call.axis_name, algorithm=call.algorithm, scatter_axis=call.axis,
                     out_sharding=call.out_sharding)
   residuals = (remat.tag(x8, remat.RS_X_FP8), remat.tag(x_scale, remat.RS_X_SCALE), w,
                remat.tag(w_scale, remat.RS_W_SCALE), _layouts(call, x, w))
   return z, residuals
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _fp8_rs(x, w, call: _Fp8Call):
-  return _rs_forward(x, w, call)[0]
 
 
 def _fp8_rs_bwd(call: _Fp8Call, residuals, dz):
@@ -319,4 +318,4 @@ def _fp8_rs_bwd(call: _Fp8Call, residuals, dz):
   return autodiff.like(dx, x_layout), dw
 
 
-_fp8_rs.defvjp(_rs_forward, _fp8_rs_bwd)
+_fp8_rs = _custom_vjp(_rs_forward, _fp8_rs_bwd)

@@ -342,12 +342,11 @@ def test_empty_rows(op, make_mesh):
 def test_grad_of_a_float8_call_raises(op, argnum, fp8):
   """A float8 operand is a quantized value: differentiating the call raises, pointing to the fp8 layers."""
   x, w = fp8((8, 16), "float8_e4m3fn"), fp8((16, 8), "float8_e4m3fn")
-  layer = "Fp8AgDotGeneral" if op == "ag_matmul" else "Fp8RsDotGeneral"
 
   def loss(x, w, sx):
     return jnp.sum(getattr(jax_overlap, op)(x, w, x_scale=sx, w_scale=jnp.float32(1)).astype(jnp.float32))
   with pytest.raises(TypeError, match=rf"jax_overlap\.{op}: differentiating a call with float8 operands .*"
-                                      rf"jax_overlap\.{layer}.*algorithm='xla'"):
+                                      r"jax_overlap\.Fp8AgDotGeneral and Fp8RsDotGeneral.*algorithm='xla'"):
     jax.grad(loss, argnums=argnum)(x, w, jnp.float32(2))
 
 
@@ -451,3 +450,18 @@ def test_auto_takes_the_xla_path_for_a_format_the_device_lacks(gpus_of, make_mes
     text = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert "custom_call @jax_overlap" not in text and "all_gather" in text
   assert "XLA path (float8_e4m3fnuz on this device (FakeNative GPU, sm_90)" in caplog.text
+
+
+def test_results_of_one_gives_the_scale_as_gathered_scales():
+  """A group of one's custom call computes y alone: its lowering adds x (the gathered x) and x_scale as the
+  float32 [1] gathered_scales (ops/ag_matmul.py results_of_one, which lowering.py calls)."""
+  from jax.extend import core as jex_core
+  from jax.interpreters import mlir
+  from jax_overlap.ops import ag_matmul
+  prim = jex_core.Primitive("results_of_one_check")
+  prim.multiple_results = True
+  prim.def_abstract_eval(lambda x, s: (x, x, jax.core.ShapedArray((1,), jnp.float32)))
+  mlir.register_lowering(prim, lambda ctx, x, s: ag_matmul.results_of_one(x, x, s))
+  y, gathered, gathered_scales = jax.jit(prim.bind)(jnp.arange(4.0), jnp.float32(0.375))
+  np.testing.assert_array_equal(gathered, np.arange(4.0))
+  assert gathered_scales.shape == (1,) and float(gathered_scales[0]) == 0.375

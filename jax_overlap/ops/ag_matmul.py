@@ -21,10 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend import core as jex_core
-from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jax_overlap import autodiff, numerics, primitives, remat, sharding
+from jax_overlap import _compat, autodiff, numerics, primitives, remat, sharding
 from jax_overlap.planning import pipelined
 
 log = logging.getLogger("jax_overlap")
@@ -99,8 +98,7 @@ def results_of_one(y, x, x_scale=None) -> list:
   own gathered x, and a float8 call's x_scale (f32[]) its gathered_scales (f32[1])."""
   if x_scale is None:
     return [y, x]
-  scales_type = mlir.aval_to_ir_type(jax.core.ShapedArray((1,), np.float32))
-  return [y, x, mlir.hlo.reshape(scales_type, x_scale)]
+  return [y, x, _compat.hlo_reshape(x_scale, (1,), np.float32)]
 
 
 def global_results(results, scales):
