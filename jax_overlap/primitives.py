@@ -155,7 +155,7 @@ def _gpu_lowering(ctx, *args, op, out_specs, **params):
   if params["algorithm"] == "auto" and not dtypes.gpu_capable(dtype_name):
     # Such dtypes serve checks on the XLA path; the GPU algorithms' planning has no figures for them.
     log.debug("jax_overlap.%s: XLA path (%s; the GPU algorithms take %s)", op.NAME, dtype_name,
-              " and ".join(dtypes.dtypes_for("pipelined")))
+              ", ".join(dtypes.dtypes_for("pipelined")))
     return lower_reference(ctx, *args, op=op, **params)
   declined = fp8_declined(ctx.avals_in[0].dtype, ctx.avals_in[1].dtype)
   if declined and params["algorithm"] != "xla":
