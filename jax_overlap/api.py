@@ -106,8 +106,18 @@ def _check_scale(op_name: str, name: str, scale, operand: str, dtype):
   return scale
 
 
+def _out_dtype_name(op_name: str, out_dtype) -> str | None:
+  if out_dtype is None:
+    return None
+  try:
+    return np.dtype(out_dtype).name
+  except TypeError:
+    raise TypeError(f"jax_overlap.{op_name}: out_dtype must be a dtype or None, got {out_dtype!r}") from None
+
+
 def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype) -> tuple:
   """(the scales (x_scale, w_scale) as float32 scalars, or None for 16-bit operands; the result's dtype name)."""
+  out_dtype = _out_dtype_name(op_name, out_dtype)
   fp8 = dtypes.is_fp8(x.dtype), dtypes.is_fp8(w.dtype)
   if any(fp8) and not all(fp8):
     raise TypeError(f"jax_overlap.{op_name}: x and w must both be float8 or neither (a float8 call quantizes both "
@@ -120,9 +130,9 @@ def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype) -> tupl
       if scale is not None:
         raise TypeError(f"jax_overlap.{op_name}: {name} applies to float8 operands only, got {name} with x and w "
                         f"of dtype {x.dtype}")
-    if out_dtype is not None and np.dtype(out_dtype) != x.dtype:
+    if out_dtype is not None and out_dtype != dtypes.name(x.dtype):
       raise TypeError(f"jax_overlap.{op_name}: out_dtype must be None or x's dtype {x.dtype} for {x.dtype} "
-                      f"operands (other out_dtypes are for float8 operands), got {np.dtype(out_dtype).name}")
+                      f"operands (other out_dtypes are for float8 operands), got {out_dtype}")
     return None, dtypes.name(x.dtype)
   if dtypes.fp8_family(x.dtype) != dtypes.fp8_family(w.dtype):
     raise TypeError(f"jax_overlap.{op_name}: x and w must be float8 formats of one family, OCP (float8_e4m3fn, "
@@ -131,7 +141,7 @@ def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype) -> tupl
   if dtypes.is_e5m2(x.dtype) and dtypes.is_e5m2(w.dtype):
     raise TypeError(f"jax_overlap.{op_name}: x and w cannot both be e5m2 (the fp8 GEMMs take e5m2 on one side "
                     f"at most: gradients times e4m3 values), got x {x.dtype}, w {w.dtype}")
-  out_name = dtypes.FP8_DEFAULT_OUT if out_dtype is None else np.dtype(out_dtype).name
+  out_name = out_dtype or dtypes.FP8_DEFAULT_OUT
   if out_name not in dtypes.OUT_DTYPES:
     raise TypeError(f"jax_overlap.{op_name}: out_dtype must be one of {dtypes.OUT_DTYPES} (or None: "
                     f"{dtypes.FP8_DEFAULT_OUT}) for float8 operands, got {out_name}")

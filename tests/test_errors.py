@@ -466,6 +466,12 @@ def test_fp8_out_dtype(op, out_dtype):
 
 
 @pytest.mark.parametrize("op", OPS)
+def test_out_dtype_not_a_dtype(op):
+  with pytest.raises(TypeError, match=rf"{op}: out_dtype must be a dtype or None, got 'bf16'"):
+    fp8_trace(op, x_scale=1.0, w_scale=1.0, out_dtype="bf16")
+
+
+@pytest.mark.parametrize("op", OPS)
 def test_out_dtype_of_16_bit_operands(op):
   """Without float8 operands the result is in x's dtype: out_dtype may only say so."""
   fp8_trace(op, jnp.bfloat16, jnp.bfloat16, out_dtype=jnp.bfloat16)
