@@ -16,6 +16,12 @@ jax.linearize). Forward mode, second derivatives and (on global arrays over
 several devices) jax.export raise errors that say so; algorithm="xla" is the
 XLA decomposition as plain JAX ops (each op's `plain`), which takes every
 transformation.
+
+Float8 operands are quantized values: no cotangent of theirs means anything in
+a float8 format without a scale of its own, so differentiating a float8 call
+raises, pointing to the fp8 layers (linear.py), whose custom VJP quantizes
+the cotangents with scales and runs these ops on them. algorithm="xla" is JAX's
+own derivative of its plain ops, as for any dtype.
 """
 
 from __future__ import annotations
@@ -51,8 +57,9 @@ class Call:
   algorithm: str
   axis: int | None  # ag_matmul: x's gather dim; matmul_rs: the output's scatter dim (negative; None: the plan's)
   request: tuple | None = None  # global matmul_rs: the output spec asked for (sharding.spec_of form)
-  w_kmajor: bool = False  # w stored with the contraction last (the backward passes' calls)
-  outputs: int = 1  # how many of the op's results the caller takes (ag_matmul: 2 with its gathered x)
+  w_kmajor: bool = False  # w stored with the contraction last (w_kmajor=True, and the backward passes' calls)
+  outputs: int = 1  # how many of the op's results the caller takes (ag_matmul: 2 with its gathered x, 3 with scales)
+  out_dtype: str = ""  # the result's dtype name (x's for 16-bit operands)
 
   def dual(self, op: str, axis, request=None, outputs: int = 1) -> Call:
     """The call of `op` the backward pass makes: the same group and algorithm, w in the other layout."""
@@ -76,19 +83,95 @@ def _check_arrays(op_name: str, x, w, bias) -> None:
       raise TypeError(f"jax_overlap.{op_name}: {name} must be an array, got {type(v).__name__}")
     if not dtypes.accepted(v.dtype):
       raise TypeError(f"jax_overlap.{op_name}: {name} must have dtype {dtypes.described()}, got {v.dtype}")
-  if w.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
-    got = f"x {x.dtype}, w {w.dtype}" + (f", bias {bias.dtype}" if bias is not None else "")
-    raise TypeError(f"jax_overlap.{op_name}: x, w and bias must share one dtype, got {got}")
   if x.ndim < 2:
     raise ValueError(f"jax_overlap.{op_name}: x must have rank >= 2 ([..., rows, K]), got shape {x.shape}")
   if w.ndim < 2:
     raise ValueError(f"jax_overlap.{op_name}: w must have rank >= 2, got shape {w.shape}")
 
 
-def _check_operands(op_name: str, x, w, bias):
+def _check_scale(op_name: str, name: str, scale, operand: str, dtype):
+  """A float8 operand's scale as a float32 scalar array (Python floats are taken), or a TypeError / ValueError."""
+  if scale is None:
+    raise TypeError(f"jax_overlap.{op_name}: {name} is required with float8 operands ({operand} is {dtype}): a "
+                    f"float32 scalar, {operand}'s value being {operand}.astype(float32) * {name}; got None")
+  if isinstance(scale, float):
+    return jnp.float32(scale)
+  if not hasattr(scale, "shape") or not hasattr(scale, "dtype"):
+    raise TypeError(f"jax_overlap.{op_name}: {name} must be a float32 scalar, got {type(scale).__name__}")
+  if scale.dtype != jnp.float32:
+    raise TypeError(f"jax_overlap.{op_name}: {name} must be a float32 scalar, got dtype {scale.dtype}")
+  if scale.shape != ():
+    raise ValueError(f"jax_overlap.{op_name}: {name} must be a float32 scalar (shape ()): one scale for "
+                     f"{operand}, each rank's own inside shard_map; got shape {scale.shape}")
+  return scale
+
+
+def _out_dtype_name(op_name: str, out_dtype) -> str | None:
+  if out_dtype is None:
+    return None
+  try:
+    return np.dtype(out_dtype).name
+  except TypeError:
+    raise TypeError(f"jax_overlap.{op_name}: out_dtype must be a dtype or None, got {out_dtype!r}") from None
+
+
+def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype) -> tuple:
+  """(the scales (x_scale, w_scale) as float32 scalars, or None for 16-bit operands; the result's dtype name)."""
+  out_dtype = _out_dtype_name(op_name, out_dtype)
+  fp8 = dtypes.is_fp8(x.dtype), dtypes.is_fp8(w.dtype)
+  if any(fp8) and not all(fp8):
+    raise TypeError(f"jax_overlap.{op_name}: x and w must both be float8 or neither (a float8 call quantizes both "
+                    f"operands), got x {x.dtype}, w {w.dtype}")
+  if not any(fp8):
+    if w.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+      got = f"x {x.dtype}, w {w.dtype}" + (f", bias {bias.dtype}" if bias is not None else "")
+      raise TypeError(f"jax_overlap.{op_name}: x, w and bias must share one dtype, got {got}")
+    for name, scale in (("x_scale", x_scale), ("w_scale", w_scale)):
+      if scale is not None:
+        raise TypeError(f"jax_overlap.{op_name}: {name} applies to float8 operands only, got {name} with x and w "
+                        f"of dtype {x.dtype}")
+    if out_dtype is not None and out_dtype != dtypes.name(x.dtype):
+      raise TypeError(f"jax_overlap.{op_name}: out_dtype must be None or x's dtype {x.dtype} for {x.dtype} "
+                      f"operands (other out_dtypes are for float8 operands), got {out_dtype}")
+    return None, dtypes.name(x.dtype)
+  if dtypes.fp8_family(x.dtype) != dtypes.fp8_family(w.dtype):
+    raise TypeError(f"jax_overlap.{op_name}: x and w must be float8 formats of one family, OCP (float8_e4m3fn, "
+                    f"float8_e5m2) or fnuz (float8_e4m3fnuz, float8_e5m2fnuz): no GPU runs both; got x {x.dtype}, "
+                    f"w {w.dtype}")
+  if dtypes.is_e5m2(x.dtype) and dtypes.is_e5m2(w.dtype):
+    raise TypeError(f"jax_overlap.{op_name}: x and w cannot both be e5m2 (the fp8 GEMMs take e5m2 on one side "
+                    f"at most: gradients times e4m3 values), got x {x.dtype}, w {w.dtype}")
+  out_name = out_dtype or dtypes.FP8_DEFAULT_OUT
+  if out_name not in dtypes.OUT_DTYPES:
+    raise TypeError(f"jax_overlap.{op_name}: out_dtype must be one of {dtypes.OUT_DTYPES} (or None: "
+                    f"{dtypes.FP8_DEFAULT_OUT}) for float8 operands, got {out_name}")
+  if bias is not None and dtypes.name(bias.dtype) not in (out_name, "float32"):
+    raise TypeError(f"jax_overlap.{op_name}: bias must have out_dtype {out_name} or float32 with float8 operands, "
+                    f"got {bias.dtype}")
+  return (_check_scale(op_name, "x_scale", x_scale, "x", x.dtype),
+          _check_scale(op_name, "w_scale", w_scale, "w", w.dtype)), out_name
+
+
+def _check_gpu_dtype(op_name: str, algorithm: str, x, w) -> None:
+  """An explicit GPU algorithm takes the operands' dtype on this process's GPUs, or a ValueError says why not."""
+  if algorithm not in dtypes.GPU_ALGORITHMS or not dtypes.is_fp8(x.dtype):
+    return
+  if not dtypes.takes(algorithm, dtypes.name(x.dtype)):
+    raise ValueError(f"jax_overlap.{op_name}: algorithm={algorithm!r} does not take float8 operands (the fused "
+                     f"kernels are 16-bit only; {algorithm!r} takes {', '.join(dtypes.dtypes_for(algorithm))}), got "
+                     f"x {x.dtype}; use 'pipelined', 'auto' or 'xla'")
+  declined = primitives.fp8_declined(x.dtype, w.dtype)
+  if declined:
+    raise ValueError(f"jax_overlap.{op_name}: algorithm={algorithm!r} cannot run {declined}; use algorithm='auto' "
+                     f"or 'xla' (the XLA path serves every float8 format)")
+
+
+def _check_operands(op_name: str, x, w, bias, w_kmajor):
   """The op's output dims after its rows (ag_matmul: w's n; matmul_rs: N), or a TypeError / ValueError."""
   _check_arrays(op_name, x, w, bias)
-  return OPS[op_name].check_operands(x, w, bias)
+  if not isinstance(w_kmajor, (bool, np.bool_)):
+    raise TypeError(f"jax_overlap.{op_name}: w_kmajor must be a bool, got {w_kmajor!r}")
+  return OPS[op_name].check_operands(x, w, bias, bool(w_kmajor))
 
 
 def _check_axis(op: str, name: str, value, ndim: int, last: int) -> int:
@@ -180,15 +263,15 @@ def _constrain(out, out_sharding):
 
 # --- the custom VJP, any op ------------------------------------------------------------
 
-def _forward(x, w, bias, call: Call) -> tuple:
+def _forward(x, w, bias, scales, call: Call) -> tuple:
   """Every result of the op's call: on global arrays partitioned from their shardings, else on the shards."""
   op = OPS[call.op]
   if call.axes is None:
-    results = partitioning.call(op, x, w, bias, algorithm=call.algorithm, w_kmajor=call.w_kmajor, axis=call.axis,
-                                request=call.request)
+    results = partitioning.call(op, x, w, bias, scales, algorithm=call.algorithm, w_kmajor=call.w_kmajor,
+                                axis=call.axis, out_dtype=call.out_dtype, request=call.request)
   else:
-    results = op.on_shards(x, w, bias, axes=call.axes, size=call.size, algorithm=call.algorithm,
-                           w_kmajor=call.w_kmajor, axis=call.axis)
+    results = op.on_shards(x, w, bias, scales, axes=call.axes, size=call.size, algorithm=call.algorithm,
+                           w_kmajor=call.w_kmajor, out_dtype=call.out_dtype, axis=call.axis)
   return tuple(results) if op.primitive.multiple_results else (results,)
 
 
@@ -197,20 +280,26 @@ def _taken(results: tuple, call: Call):
   return results[0] if call.outputs == 1 else results[:call.outputs]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _differentiable(x, w, bias, call: Call):
-  return _taken(_forward(x, w, bias, call), call)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _differentiable(x, w, bias, scales, call: Call):
+  return _taken(_forward(x, w, bias, scales, call), call)
 
 
-def _differentiable_fwd(x, w, bias, call: Call):
-  results = _forward(x, w, bias, call)
-  layouts = tuple(autodiff.layout(v, call) for v in (x, w, bias))
+def _differentiable_fwd(x, w, bias, scales, call: Call):
+  if scales is not None:
+    raise TypeError(f"jax_overlap.{call.op}: differentiating a call with float8 operands (x {x.dtype}, w {w.dtype}) "
+                    f"is not supported: their cotangents would be rounded to a float8 format without a scale. Train "
+                    f"through the layers jax_overlap.Fp8AgDotGeneral and Fp8RsDotGeneral (bf16/f32 inputs, "
+                    f"quantized each call, gradients in fp8 with scales of their own), or pass algorithm='xla' for "
+                    f"JAX's own derivative of the plain ops")
+  results = _forward(x, w, bias, scales, call)
+  layouts = tuple(autodiff.layout(v, call.axes) for v in (x, w, bias))
   return _taken(results, call), (OPS[call.op].residual(x, results), w, bias, layouts)
 
 
 def _differentiable_bwd(call: Call, residuals, cotangents):
   cotangents = cotangents if call.outputs > 1 else (cotangents,)
-  return OPS[call.op].backward(call, residuals, cotangents, _differentiable)
+  return (*OPS[call.op].backward(call, residuals, cotangents, _differentiable), None)
 
 
 _differentiable.defvjp(_differentiable_fwd, _differentiable_bwd)
@@ -222,17 +311,17 @@ _differentiable.defvjp(_differentiable_fwd, _differentiable_bwd)
 _FORWARD_MODE = ("can't apply forward-mode autodiff (jvp) to a custom_vjp function", "unhashable type: 'Unhashable'")
 
 
-def _reverse_mode(x, w, bias, call: Call):
+def _reverse_mode(x, w, bias, scales, call: Call):
   """The differentiable call, with JAX's refusal of forward mode said in jax_overlap's words.
 
   Under jit JAX refuses only when it lowers the staged tangent, after the call
   returned: forward mode is recognised from the operands' tracers first.
   """
   message = primitives.unsupported(call.op, "forward-mode differentiation (jax.jvp, jax.jacfwd)", call.algorithm)
-  if _compat.forward_mode(x, w, bias):
+  if _compat.forward_mode(x, w, bias, *(scales or ())):
     raise TypeError(message)
   try:
-    return _differentiable(x, w, bias, call)
+    return _differentiable(x, w, bias, scales, call)
   except TypeError as e:
     if not str(e).startswith(_FORWARD_MODE):
       raise
@@ -249,20 +338,44 @@ def _empty_result(shape, dtype, bias, axes):
 
 # --- the public functions ------------------------------------------------------------
 
-def ag_matmul(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", return_gathered: bool = False,
-              gather_axis: int = -2, out_sharding=None):
+_FP8_ARGS = """
+  Float8 operands (x and w both float8: float8_e4m3fn or float8_e5m2 where the GPU has OCP fp8, sm_89+ and
+  gfx950; float8_e4m3fnuz or float8_e5m2fnuz on gfx942; one family, not both e5m2):
+    x_scale, w_scale: float32 scalars (shape ()), required: an operand's value is x.astype(float32) * x_scale.
+              Inside shard_map each rank's own (ranks may differ: no amax all-reduce is needed before
+              quantizing); on global arrays one scale per array. Refused for other dtypes.
+    out_dtype: the result's dtype, bfloat16 (default), float16 or float32; for other operands None or x's
+              dtype. bias is in out_dtype or float32 and added once in float32.
+  The GEMM accumulates in float32 with both scales applied. On the XLA path (every format, every backend)
+  the operands are converted to float32 and scaled into one dot per shard, the form XLA rewrites into its
+  own fp8 GEMM. A format the GPU cannot run is an error for algorithm="pipelined" naming the dtype and the
+  device, and takes the XLA path under "auto"; "fused" is 16-bit only. Differentiating a float8 call raises
+  (its operands are quantized values): train through Fp8AgDotGeneral / Fp8RsDotGeneral, or pass
+  algorithm="xla" for JAX's own derivative of the plain ops.
+  w_kmajor=True: w is stored with the contraction last (every dtype); Hopper's fp8 GEMM takes K-major
+  operands only, so on the GPU path a float8 w in the other layout is transposed, one pass of w per call.
+"""
+
+
+def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, w_kmajor: bool = False,
+              axis_name=None, algorithm: str = "auto", return_gathered: bool = False, gather_axis: int = -2,
+              out_sharding=None):
   """All-gather x's rows over a mesh axis and multiply by w: the column-parallel linear layer.
 
   Inside jax.shard_map (axis_name names a bound mesh axis, or a tuple of axes, of size T):
     x:    [..., m, K] local row shard (any leading batch dims; gathered along gather_axis, default -2)
-    w:    [K, *n] local shard of the weight (one or more output dims, e.g. [E, heads, head_dim])
+    w:    [K, *n] local shard of the weight (one or more output dims, e.g. [E, heads, head_dim]);
+          [*n, K] with w_kmajor=True
     bias: [*n] or None
-    returns all_gather(x, gather_axis, tiled) @ w + bias, shape [..., T*m, *n], in x's dtype;
-    with return_gathered=True, (y, gathered_x).
+    returns all_gather(x, gather_axis, tiled) @ w + bias, shape [..., T*m, *n], in x's dtype (float8
+    operands: out_dtype); with return_gathered=True, (y, gathered_x), and for float8 operands
+    (y, gathered_x, gathered_scales): the gathered float8 x and float32 [T], each shard's x_scale in
+    gathered order (shard s of gathered_x has the value gathered_x[s] * gathered_scales[s]).
   With axis_name=None: global arrays under jit; computes x @ w + bias, partitioned
   from the input shardings (x's gather dim and one of w's output dims sharded on
   the same axes -> the fused all-gather GEMM over them; see jax_overlap.partitioning),
-  and out_sharding (a NamedSharding or PartitionSpec) lays out the result.
+  and out_sharding (a NamedSharding or PartitionSpec) lays out the result; gathered_scales
+  is then [1], x_scale.
 
   gather_axis: any dim of x but the last; the GPU algorithms serve every one.
   algorithm: "auto" (default): "pipelined" or "fused" where the cost model predicts a gain over
@@ -274,54 +387,70 @@ def ag_matmul(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", retur
              "xla": the XLA decomposition (all_gather + dot; on global arrays the dot,
              partitioned by XLA) as plain JAX ops: no overlap, and every JAX transformation
              (forward mode, higher derivatives, jax.export).
-  Differentiable in reverse mode (any algorithm) and vmappable. Results carry the checkpoint
-  names "jax_overlap.ag_matmul" and "jax_overlap.ag_matmul.gathered" (jax_overlap.remat).
+  Differentiable in reverse mode (any algorithm; float8 operands: see below) and vmappable. Results
+  carry the checkpoint names "jax_overlap.ag_matmul", "jax_overlap.ag_matmul.gathered" and
+  "jax_overlap.ag_matmul.gathered_scales" (jax_overlap.remat).
   """
   _check_algorithm("ag_matmul", algorithm)
-  n = _check_operands("ag_matmul", x, w, bias)
+  n = _check_operands("ag_matmul", x, w, bias, w_kmajor)
+  scales, out_name = _check_dtypes("ag_matmul", x, w, bias, x_scale, w_scale, out_dtype)
+  _check_gpu_dtype("ag_matmul", algorithm, x, w)
   gather = _check_axis("ag_matmul", "gather_axis", gather_axis, x.ndim, -2)
   _check_out_sharding("ag_matmul", out_sharding, (*x.shape[:-1], *n), axis_name)
-  outputs = 2 if return_gathered else 1
+  outputs = (2 if scales is None else 3) if return_gathered else 1
   if axis_name is None:
-    call = Call("ag_matmul", None, 1, algorithm, gather, outputs=outputs)
+    call = Call("ag_matmul", None, 1, algorithm, gather, w_kmajor=bool(w_kmajor), outputs=outputs,
+                out_dtype=out_name)
   else:
     axes, size = _group("ag_matmul", axis_name)
-    x, w, bias = _varying(axes, x, w, bias)
-    call = Call("ag_matmul", axes, size, algorithm, gather, outputs=outputs)
+    x, w, bias, scales = _varying_operands(axes, x, w, bias, scales)
+    call = Call("ag_matmul", axes, size, algorithm, gather, w_kmajor=bool(w_kmajor), outputs=outputs,
+                out_dtype=out_name)
   if 0 in x.shape or 0 in w.shape:
-    y, gathered = _ag_empty(x, w, bias, call, n)
+    results = _ag_empty(x, w, bias, scales, call, n)
   elif algorithm == "xla":
-    y, gathered = OPS["ag_matmul"].plain(x, w, bias, call)
-  elif return_gathered:
-    y, gathered = _reverse_mode(x, w, bias, call)
+    results = OPS["ag_matmul"].plain(x, w, bias, scales, call)
   else:
-    y, gathered = _reverse_mode(x, w, bias, call), None
-  y = remat.tag(_constrain(y, out_sharding), remat.AG_OUTPUT)
-  return (y, remat.tag(gathered, remat.AG_GATHERED)) if return_gathered else y
+    taken = _reverse_mode(x, w, bias, scales, call)
+    results = taken if return_gathered else (taken,)
+  y = remat.tag(_constrain(results[0], out_sharding), remat.AG_OUTPUT)
+  if not return_gathered:
+    return y
+  names = (remat.AG_GATHERED, remat.AG_GATHERED_SCALES)
+  return (y, *(remat.tag(v, name) for v, name in zip(results[1:outputs], names)))
 
 
-def _ag_empty(x, w, bias, call: Call, n: tuple):
-  """Nothing to multiply (collectives of empty arrays do not lower): the bias, and x gathered."""
+ag_matmul.__doc__ += _FP8_ARGS
+
+
+def _ag_empty(x, w, bias, scales, call: Call, n: tuple) -> tuple:
+  """Nothing to multiply (collectives of empty arrays do not lower): the bias, x gathered (and its scales)."""
   gathered_shape = list(x.shape)
   gathered_shape[call.axis] *= call.size
-  y = _empty_result((*gathered_shape[:-1], *n), x.dtype, bias, call.axes)
+  y = _empty_result((*gathered_shape[:-1], *n), call.out_dtype, bias, call.axes)
+  x_scales = () if scales is None else (scales[0].reshape(1),)
+  if call.axes is not None:
+    x_scales = tuple(lax.all_gather(s, call.axes, tiled=True) for s in x_scales)
   if 0 in x.shape:
-    return y, jnp.zeros(gathered_shape, x.dtype)
-  if call.axes is None:
-    return y, x
-  return y, lax.all_gather(x, call.axes, axis=x.ndim + call.axis, tiled=True)
+    gathered = jnp.zeros(gathered_shape, x.dtype)
+  elif call.axes is None:
+    gathered = x
+  else:
+    gathered = lax.all_gather(x, call.axes, axis=x.ndim + call.axis, tiled=True)
+  return (y, gathered, *x_scales)
 
 
-def matmul_rs(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", scatter_axis: int | None = None,
-              out_sharding=None):
+def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, w_kmajor: bool = False,
+              axis_name=None, algorithm: str = "auto", scatter_axis: int | None = None, out_sharding=None):
   """Multiply by w and reduce-scatter the partial products: the row-parallel linear layer.
 
   Inside jax.shard_map (axis_name bound, group size T):
     x:    [..., M, *k] with the contraction sharded (k local; one or more dims, e.g. [heads, head_dim])
-    w:    [*k, N] local shard of the weight
+    w:    [*k, N] local shard of the weight; [N, *k] with w_kmajor=True
     bias: [N] or None, added once after the reduction
     returns psum_scatter(x @ w, scatter_axis, tiled) + bias, shape [..., M/T, N] for the
-    default scatter_axis -2 (the rows); that dim must be divisible by T.
+    default scatter_axis -2 (the rows); that dim must be divisible by T. In x's dtype (float8
+    operands: out_dtype, and each rank's product is scaled by its own x_scale and w_scale).
   With axis_name=None: global arrays under jit; computes x @ w + bias, partitioned
   from the input shardings (x's and w's contraction dims sharded alike -> a reduction
   over those axes, scattered onto scatter_axis, else onto the dim out_sharding shards
@@ -340,19 +469,22 @@ def matmul_rs(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", scatt
              partitioned by XLA) as plain JAX ops: no overlap, and every JAX transformation
              (forward mode, higher derivatives, jax.export).
   The XLA path reduces as the GPU algorithms do: each rank's partial product rounded to x's
-  dtype, the partials summed in float32 in rank order, the bias added once, one rounding.
-  Differentiable in reverse mode (any algorithm) and vmappable. The result carries the
-  checkpoint name "jax_overlap.matmul_rs" (jax_overlap.remat).
+  dtype (float8 operands: out_dtype), the partials summed in float32 in rank order, the bias added
+  once, one rounding.
+  Differentiable in reverse mode (any algorithm; float8 operands: see below) and vmappable. The
+  result carries the checkpoint name "jax_overlap.matmul_rs" (jax_overlap.remat).
   """
   _check_algorithm("matmul_rs", algorithm)
-  n = _check_operands("matmul_rs", x, w, bias)
+  n = _check_operands("matmul_rs", x, w, bias, w_kmajor)
+  scales, out_name = _check_dtypes("matmul_rs", x, w, bias, x_scale, w_scale, out_dtype)
+  _check_gpu_dtype("matmul_rs", algorithm, x, w)
   out_shape = [*x.shape[:x.ndim - (w.ndim - 1)], n]
   scatter = None if scatter_axis is None else _check_axis("matmul_rs", "scatter_axis", scatter_axis,
                                                           len(out_shape), -1)
   _check_out_sharding("matmul_rs", out_sharding, tuple(out_shape), axis_name)
   if axis_name is None:
     request = None if out_sharding is None else tuple(spec_of(out_sharding, len(out_shape)))
-    call = Call("matmul_rs", None, 1, algorithm, scatter, request)
+    call = Call("matmul_rs", None, 1, algorithm, scatter, request, w_kmajor=bool(w_kmajor), out_dtype=out_name)
   else:
     axes, size = _group("matmul_rs", axis_name)
     scatter = -2 if scatter is None else scatter
@@ -361,17 +493,26 @@ def matmul_rs(x, w, bias=None, *, axis_name=None, algorithm: str = "auto", scatt
       raise ValueError(f"jax_overlap.matmul_rs: {what} ({out_shape[scatter]}) must be divisible by the size of "
                        f"axis {axis_name!r} ({size})")
     out_shape[scatter] //= size
-    x, w, bias = _varying(axes, x, w, bias)
-    call = Call("matmul_rs", axes, size, algorithm, scatter)
+    x, w, bias, scales = _varying_operands(axes, x, w, bias, scales)
+    call = Call("matmul_rs", axes, size, algorithm, scatter, w_kmajor=bool(w_kmajor), out_dtype=out_name)
   if 0 in x.shape or 0 in w.shape:
     if call.axes is not None and scatter == -1 and bias is not None:
       bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(call.axes) * out_shape[-1], out_shape[-1])
-    z = _empty_result(out_shape, x.dtype, bias, call.axes)
+    z = _empty_result(out_shape, out_name, bias, call.axes)
   elif algorithm == "xla" or (call.axes is not None and scatter == -1):  # the columns: the XLA path, as JAX ops
-    z = OPS["matmul_rs"].plain(x, w, bias, call)
+    z = OPS["matmul_rs"].plain(x, w, bias, scales, call)
   else:
-    z = _reverse_mode(x, w, bias, call)
+    z = _reverse_mode(x, w, bias, scales, call)
   return remat.tag(_constrain(z, out_sharding), remat.RS_OUTPUT)
+
+
+matmul_rs.__doc__ += _FP8_ARGS
+
+
+def _varying_operands(axes, x, w, bias, scales) -> tuple:
+  """_varying of (x, w, bias, scales): the scales too, each rank's own."""
+  x, w, bias, *rest = _varying(axes, x, w, bias, *(scales or ()))
+  return x, w, bias, (tuple(rest) if scales is not None else None)
 
 
 def all_gather(x, *, axis_name):

@@ -37,10 +37,10 @@ def explicit_sharding(v):
   return aval.sharding if sharding.explicit_mesh(aval) is not None else None
 
 
-def layout(v, call):
+def layout(v, axes):
   """What v's cotangent must be laid out like: its type on an Explicit mesh, v itself on an Auto mesh; None
-  inside shard_map (`call.axes` set), where cotangents have their primal's type already."""
-  if call.axes is not None or v is None:
+  inside shard_map (the group's `axes` set), where cotangents have their primal's type already."""
+  if axes is not None or v is None:
     return None
   found = explicit_sharding(v)
   return v if found is None else Layout(found)
@@ -62,17 +62,20 @@ def request(primal_layout, ndim: int):
   return tuple(sharding.spec_of(primal_layout.sharding, ndim)) if isinstance(primal_layout, Layout) else None
 
 
-def weight_grad(a, b, a_free: int, w_layout, w_kmajor: bool):
-  """dW for out = a @ W: a^T @ b over every dim but a's last a_free and b's own, laid out like w.
+def weight_grad(a, b, a_free: int, w_layout, w_kmajor: bool, dtype, scales=None):
+  """dW for out = a @ W: a^T @ b over every dim but a's last a_free and b's own, in `dtype`, laid out like w.
 
   w_kmajor stores W with the contraction last, so the product runs b^T @ a.
+  scales: (a's, b's) float32 scalars of float8 a and b (numerics.local_matmul's form: XLA's fp8 GEMM), or None.
   """
+  if scales is not None:
+    a, b = numerics.dequantized(a, scales[0]), numerics.dequantized(b, scales[1])
   lead = tuple(range(a.ndim - a_free))
   first, second = (b, a) if w_kmajor else (a, b)
   out_sharding = w_layout.sharding if isinstance(w_layout, Layout) else None
   dw = lax.dot_general(first, second, ((lead, lead), ((), ())),
                        preferred_element_type=numerics.accumulator(a.dtype), out_sharding=out_sharding)
-  return like(dw.astype(a.dtype), w_layout)
+  return like(dw.astype(dtype), w_layout)
 
 
 def bias_grad(dy, bias, bias_layout):

@@ -18,15 +18,33 @@ shardings decide the collectives; inside shard_map (axis_name given) the result
 is the op's: rows gathered (AgDotGeneral) or reduce-scattered (RsDotGeneral).
 `precision` is accepted and not used (the products accumulate in float32);
 preferred_element_type may be None or the inputs' dtype; out_sharding is passed on.
+
+Fp8AgDotGeneral and Fp8RsDotGeneral are the same layers in float8, for
+training: they take bfloat16/float16/float32 inputs and kernels and quantize
+both on every call (current scaling: the amax of the local shard, a
+power-of-two scale, a cast to e4m3), the kernel straight into the K-major
+layout Hopper's fp8 GEMM takes, in the same pass. Their custom VJP quantizes
+the cotangent to e5m2 the same way, so that the data gradient (the dual op)
+and the weight gradient run in float8 too, and keeps float8 residuals in
+place of the activation: Fp8AgDotGeneral the gathered x (half the bytes of the
+bf16 gathered x the 16-bit layer keeps) with its per-shard scales,
+Fp8RsDotGeneral its quantized x. Where the weight gradient contracts rows that
+carry per-shard scales (the gathered x; the gathered cotangent of matmul_rs),
+the scales fold into the e5m2 operand's quantization, so it stays one GEMM of
+one scale per operand: exact up to that quantization's rounding (power-of-two
+scales shift values exactly, numerics.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from jax_overlap import api
+from jax_overlap import api, autodiff, dtypes, numerics, primitives, remat
 
 
 def _dims(dimension_numbers):
@@ -48,6 +66,17 @@ def _check(op: str, lhs, rhs, dimension_numbers, preferred_element_type, contrac
   if preferred_element_type is not None and np.dtype(preferred_element_type) != np.dtype(lhs.dtype):
     raise ValueError(f"jax_overlap.{op}: preferred_element_type must be None or the inputs' dtype "
                      f"{np.dtype(lhs.dtype).name}, got {np.dtype(preferred_element_type).name}")
+
+
+def _check_row_parallel(layer: str, lhs, rhs, dimension_numbers, preferred_element_type) -> int:
+  """_check of a row-parallel layer (kernel [*k, N]): returns how many dims it contracts."""
+  if getattr(rhs, "ndim", 0) < 2:
+    raise ValueError(f"jax_overlap.{layer}: the kernel must have rank >= 2 ([*k, N]), got shape "
+                     f"{getattr(rhs, 'shape', rhs)}")
+  contract = rhs.ndim - 1
+  _check(layer, lhs, rhs, dimension_numbers, preferred_element_type, contract,
+         f"x's last {contract} dims with the kernel's first {contract}")
+  return contract
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,11 +111,211 @@ class RsDotGeneral:
 
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
     del precision
-    if getattr(rhs, "ndim", 0) < 2:
-      raise ValueError(f"jax_overlap.RsDotGeneral: the kernel must have rank >= 2 ([*k, N]), got shape "
-                       f"{getattr(rhs, 'shape', rhs)}")
-    contract = rhs.ndim - 1
-    _check("RsDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type, contract,
-           f"x's last {contract} dims with the kernel's first {contract}")
+    _check_row_parallel("RsDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
     return api.matmul_rs(lhs, rhs, axis_name=self.axis_name, algorithm=self.algorithm,
                          scatter_axis=self.scatter_axis, out_sharding=out_sharding)
+
+
+# --- float8 layers ----------------------------------------------------------------------
+
+_INPUT_DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fp8Call:
+  """One fp8 layer call, besides its operands (static: the custom VJP's nondiff argument)."""
+
+  axis_name: str | tuple | None
+  algorithm: str
+  axis: int | None  # ag: x's gather dim; rs: the output's scatter dim (None: the plan's)
+  out_sharding: object
+  e4m3: str  # x's and the kernel's format
+  e5m2: str  # the cotangent's format
+  x_dtype: str
+  w_dtype: str
+
+  @property
+  def out_dtype(self) -> str:
+    return np.dtype(jnp.promote_types(self.x_dtype, self.w_dtype)).name
+
+
+def _fp8_call(layer: str, lhs, rhs, family, **fields) -> _Fp8Call:
+  for name, v in (("x", lhs), ("kernel", rhs)):
+    if dtypes.name(v.dtype) not in _INPUT_DTYPES:
+      raise TypeError(f"jax_overlap.{layer}: {name} must have dtype {', '.join(_INPUT_DTYPES)} (the layer "
+                      f"quantizes it), got {v.dtype}")
+  if family is None:
+    family = "fnuz" if any(dtypes.fp8_family_of(arch) == "fnuz" for _, arch in primitives.local_gpus()) else "ocp"
+  elif family not in ("ocp", "fnuz"):
+    raise ValueError(f"jax_overlap.{layer}: family must be None, 'ocp' or 'fnuz', got {family!r}")
+  e4m3, e5m2 = dtypes.fp8_formats(family)
+  return _Fp8Call(e4m3=e4m3, e5m2=e5m2, x_dtype=dtypes.name(lhs.dtype), w_dtype=dtypes.name(rhs.dtype), **fields)
+
+
+def _varying_in(call: _Fp8Call, x, w) -> tuple:
+  """x and w made varying over the group (api._varying: JAX's transpose of that cast sums dW over replicas)."""
+  if call.axis_name is None:
+    return x, w
+  axes = tuple(call.axis_name) if isinstance(call.axis_name, (tuple, list)) else (call.axis_name,)
+  return api._varying(axes, x, w)
+
+
+def _negative(axis, ndim: int):
+  """An int dim index as a negative one (anything else as it is: the op names what is wrong with it)."""
+  if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) and axis >= 0:
+    return int(axis) - ndim
+  return axis
+
+
+def _layouts(call: _Fp8Call, x, w) -> tuple:
+  """What dx and dW are laid out like on global arrays (autodiff.layout). x itself is not kept: on an Explicit
+  mesh its type says it, and on an Auto mesh the dual op's plan scatters dx onto x's sharded dim (keeping x
+  alive for shard_alike would undo the float8 residual)."""
+  x_layout = autodiff.layout(x, call.axis_name)
+  return (x_layout if isinstance(x_layout, autodiff.Layout) else None), autodiff.layout(w, call.axis_name)
+
+
+def _dual_layout(x_layout) -> dict:
+  """The dual op's out_sharding: x's type on an Explicit mesh, else the plan's."""
+  return {"out_sharding": None if x_layout is None else x_layout.sharding}
+
+
+def _custom_vjp(forward, backward):
+  """layer(x, w, call) whose value is forward's first result, with the VJP forward / backward."""
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+  def layer(x, w, call: _Fp8Call):
+    return forward(x, w, call)[0]
+
+  layer.defvjp(forward, backward)
+  return layer
+
+
+def _quantized(x, w, call: _Fp8Call, kmajor) -> tuple:
+  """(x8, x_scale, w8, w_scale): x and the kernel quantized to e4m3 (current scaling), the kernel in the K-major
+  layout kmajor(w) gives: the transpose and the cast are one pass over w."""
+  x8, x_scale = numerics.current_scaling(x, call.e4m3)
+  w_scale = numerics.fp8_scale(jnp.max(jnp.abs(w)), call.e4m3)
+  return x8, x_scale, numerics.quantize(kmajor(w), call.e4m3, w_scale), w_scale
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8AgDotGeneral:
+  """AgDotGeneral in float8, for training: kernel [K, *n], x [..., K], both bf16/f16/f32.
+
+  Each call quantizes x (the amax of the local shard inside shard_map, of the whole array on
+  global arrays) and the kernel to e4m3, the kernel into [*n, K] (K-major), and runs
+  jax_overlap.ag_matmul on them; the result is in the inputs' dtype. The backward pass
+  quantizes dy to e5m2: dx = matmul_rs(dy, kernel) in float8 (the dual op), dW = gathered_x^T @ dy
+  as one float8 GEMM (XLA's), with the gathered shards' scales folded into dy's quantization.
+  Residuals: the gathered float8 x and its per-shard scales (jax_overlap.remat names them).
+
+  algorithm: "auto", "pipelined" or "xla", as jax_overlap.ag_matmul takes it for float8
+  operands ("fused" is 16-bit only). family: the float8 formats, "ocp" (float8_e4m3fn and
+  float8_e5m2) or "fnuz" (float8_e4m3fnuz and float8_e5m2fnuz); None: fnuz on gfx942, OCP elsewhere.
+  """
+
+  axis_name: str | tuple | None = None
+  algorithm: str = "auto"
+  gather_axis: int = -2
+  family: str | None = None
+
+  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
+    del precision
+    _check("Fp8AgDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type, 1,
+           "x's last dim with the kernel's first")
+    call = _fp8_call("Fp8AgDotGeneral", lhs, rhs, self.family, axis_name=self.axis_name, algorithm=self.algorithm,
+                     axis=_negative(self.gather_axis, lhs.ndim), out_sharding=out_sharding)
+    return _fp8_ag(*_varying_in(call, lhs, rhs), call)
+
+
+def _ag_forward(x, w, call: _Fp8Call):
+  x8, x_scale, w8, w_scale = _quantized(x, w, call, lambda w: jnp.moveaxis(w, 0, -1))  # [K, *n] -> [*n, K]
+  y, gathered, scales = api.ag_matmul(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype,
+                                      w_kmajor=True, axis_name=call.axis_name, algorithm=call.algorithm,
+                                      return_gathered=True, gather_axis=call.axis, out_sharding=call.out_sharding)
+  return y, (gathered, scales, w, remat.tag(w_scale, remat.AG_W_SCALE), _layouts(call, x, w))
+
+
+def _fp8_ag_bwd(call: _Fp8Call, residuals, dy):
+  gathered, scales, w, w_scale, (x_layout, w_layout) = residuals
+  dy8, dy_scale = numerics.current_scaling(dy, call.e5m2)
+  # dx = RS(dy @ W^T): the kernel quantized again in its own layout [K, *n], whose contraction (n) is last; on an
+  # Explicit mesh laid out as x's type says, else scattered onto x's gathered dim
+  scatter = None if x_layout is not None else call.axis
+  dx = api.matmul_rs(dy8, numerics.quantize(w, call.e4m3, w_scale), x_scale=dy_scale, w_scale=w_scale,
+                     out_dtype=call.x_dtype, w_kmajor=True, axis_name=call.axis_name, algorithm=call.algorithm,
+                     scatter_axis=scatter, **_dual_layout(x_layout))
+  # dW = gathered^T @ dy over rows whose shards carry scales of their own: dy's rows times their shard's scale,
+  # quantized with one scale. With one shard that is dy8 itself (power-of-two scales: exactly).
+  if scales.shape[0] == 1:
+    dyw8, dyw_scale = dy8, dy_scale * scales[0]
+  else:
+    rows = numerics.rows_times(dy, scales, gathered.ndim + call.axis)
+    dyw8, dyw_scale = numerics.current_scaling(rows, call.e5m2)
+  dw = autodiff.weight_grad(gathered, dyw8, 1, w_layout, False, call.w_dtype, (jnp.float32(1), dyw_scale))
+  return autodiff.like(dx, x_layout), dw
+
+
+_fp8_ag = _custom_vjp(_ag_forward, _fp8_ag_bwd)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8RsDotGeneral:
+  """RsDotGeneral in float8, for training: kernel [*k, N], x [..., *k], both bf16/f16/f32.
+
+  Each call quantizes x (the amax of the local shard inside shard_map, of the whole array on
+  global arrays) and the kernel to e4m3, the kernel into [N, *k] (K-major), and runs
+  jax_overlap.matmul_rs on them (each rank's partial scaled by its own scales); the result is in
+  the inputs' dtype. The backward pass quantizes dz to e5m2: (dx, AG(dz)) = ag_matmul(dz, kernel)
+  in float8 (the dual op), dW = x^T @ AG(dz) as one float8 GEMM (XLA's), the gathered shards'
+  scales folded into AG(dz) by exact power-of-two shifts. Residuals: the quantized x and its
+  scale (jax_overlap.remat names them).
+
+  algorithm, family: as Fp8AgDotGeneral's. scatter_axis: as RsDotGeneral's, but not the
+  columns (-1) inside shard_map, where the dual op would gather the contraction.
+  """
+
+  axis_name: str | tuple | None = None
+  algorithm: str = "auto"
+  scatter_axis: int | None = None
+  family: str | None = None
+
+  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
+    del precision
+    contract = _check_row_parallel("Fp8RsDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
+    scatter = _negative(self.scatter_axis, lhs.ndim - contract + 1)
+    if self.axis_name is not None and scatter == -1:
+      raise ValueError(f"jax_overlap.Fp8RsDotGeneral: scatter_axis={self.scatter_axis} (the output columns) is not "
+                       f"supported inside shard_map (its data gradient would gather the contraction); use "
+                       f"RsDotGeneral, or scatter another dim")
+    call = _fp8_call("Fp8RsDotGeneral", lhs, rhs, self.family, axis_name=self.axis_name, algorithm=self.algorithm,
+                     axis=scatter, out_sharding=out_sharding)
+    return _fp8_rs(*_varying_in(call, lhs, rhs), call)
+
+
+def _rs_forward(x, w, call: _Fp8Call):
+  x8, x_scale, w8, w_scale = _quantized(x, w, call, lambda w: jnp.moveaxis(w, -1, 0))  # [*k, N] -> [N, *k]
+  z = api.matmul_rs(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype, w_kmajor=True,
+                    axis_name=call.axis_name, algorithm=call.algorithm, scatter_axis=call.axis,
+                    out_sharding=call.out_sharding)
+  residuals = (remat.tag(x8, remat.RS_X_FP8), remat.tag(x_scale, remat.RS_X_SCALE), w,
+               remat.tag(w_scale, remat.RS_W_SCALE), _layouts(call, x, w))
+  return z, residuals
+
+
+def _fp8_rs_bwd(call: _Fp8Call, residuals, dz):
+  x8, x_scale, w, w_scale, (x_layout, w_layout) = residuals
+  dz8, dz_scale = numerics.current_scaling(dz, call.e5m2)
+  # (dx, AG(dz)) = ag_matmul(dz, W^T): the kernel quantized again in its own layout [*k, N], contraction (N) last
+  gather = -2 if call.axis in (None, -1) else call.axis
+  dx, dz_gathered, dz_scales = api.ag_matmul(
+      dz8, numerics.quantize(w, call.e4m3, w_scale), x_scale=dz_scale, w_scale=w_scale, out_dtype=call.x_dtype,
+      w_kmajor=True, axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True, gather_axis=gather,
+      **_dual_layout(x_layout))
+  # dW = x^T @ AG(dz): the gathered shards' scales folded into AG(dz), one scale for all of it
+  dzw8, dzw_scale = numerics.rescaled_rows(dz_gathered, dz_scales, dz_gathered.ndim + gather)
+  dw = autodiff.weight_grad(x8, dzw8, w.ndim - 1, w_layout, False, call.w_dtype, (x_scale, dzw_scale))
+  return autodiff.like(dx, x_layout), dw
+
+
+_fp8_rs = _custom_vjp(_rs_forward, _fp8_rs_bwd)

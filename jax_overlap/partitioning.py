@@ -6,6 +6,9 @@ or reduces, and a local product otherwise, so the answer is right either way.
 The op's sharding_rule gives Shardy the factors; an op whose plan reads the
 requested output layout (matmul_rs's scatter dim) gets the `request` argument,
 or what propagation settled on (a constraint or jit's out_shardings downstream).
+Float8 scales are scalars, one per array, replicated; the partitioned results
+are the plan's (op.global_results(..., None)), and ag_matmul's gathered_scales
+is x_scale itself, added after the partitioning.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_overlap import primitives, sharding
 
@@ -50,9 +53,11 @@ def _body(fn):
 
 
 @functools.cache
-def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, w_kmajor: bool, algorithm: str, axis, request):
-  """The custom_partitioning of `op` for operands of these ranks. `axis`: the op's gather / scatter dim argument;
-  `request`: the output spec asked for (aligned to the end: vmap adds leading dims), or None."""
+def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaled: bool, w_kmajor: bool, algorithm: str,
+                       axis, request, out_dtype: str):
+  """The custom_partitioning of `op` for operands of these ranks (and with scales, two scalars after them).
+  `axis`: the op's gather / scatter dim argument; `request`: the output spec asked for (aligned to the end: vmap
+  adds leading dims), or None."""
   out_ndim = op.result_ndim(ndim, w_ndim)
   multiple = op.primitive.multiple_results
   if request is not None:
@@ -62,14 +67,15 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, w_kmajor: boo
     return op.sharding_plan(mesh, sharding.spec_of(x.sharding, ndim), sharding.spec_of(w.sharding, w_ndim), x.shape,
                             w.shape, w_kmajor, axis, asked)
 
-  def product(x, w, *bias, out_specs=None):
-    return op.bind(x, w, bias[0] if bias else None, axis_name=None, axis_size=1, algorithm=algorithm,
-                   w_kmajor=w_kmajor, out_specs=out_specs)
+  def product(*args, out_specs=None):
+    x, w, bias, scales = primitives.split_operands(args, has_bias, scaled)
+    return op.global_results(op.bind(x, w, bias, scales, axis_name=None, axis_size=1, algorithm=algorithm,
+                                     w_kmajor=w_kmajor, out_dtype=out_dtype, out_specs=out_specs), None)
 
-  def traced(x, w, *bias):
+  def traced(x, w, *operands):
     mesh = sharding.explicit_mesh(jax.typeof(x))
     specs = None if mesh is None else plan(mesh, jax.typeof(x), jax.typeof(w), request).results
-    return product(x, w, *bias, out_specs=specs)
+    return product(x, w, *operands, out_specs=specs)
 
   fn = custom_partitioning(traced)
 
@@ -91,14 +97,15 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, w_kmajor: boo
   def partition(mesh, arg_shapes, result_shape):
     p = plan(mesh, *arg_shapes[:2], asked(result_shape))
     log.debug("jax_overlap.%s: global arrays, %s", op.NAME, p.why if p.axes else f"plain partitioning ({p.why})")
-    arg_sh = _named(mesh, p.x, p.w, p.bias)[: 3 if has_bias else 2]
+    arg_sh = _named(mesh, p.x, p.w, *((p.bias,) if has_bias else ()), *((P(), P()) if scaled else ()))
     if p.axes is None:
       return mesh, _body(product), result_shardings(mesh, p), arg_sh
     size = math.prod(mesh.shape[a] for a in p.axes)
-    body = op.partitioned(p, size=size, algorithm=algorithm, w_kmajor=w_kmajor, axis=axis)
+    body = op.partitioned(p, size=size, algorithm=algorithm, w_kmajor=w_kmajor, axis=axis, has_bias=has_bias,
+                          scaled=scaled, out_dtype=out_dtype)
     return mesh, _body(body), result_shardings(mesh, p), arg_sh
 
-  rule, reductions = op.sharding_rule(ndim, w_ndim, has_bias, w_kmajor, axis)
+  rule, reductions = op.sharding_rule(ndim, w_ndim, has_bias, scaled, w_kmajor, axis)
   fn.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                    reduction_factors=reductions)
   return fn
@@ -110,26 +117,31 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, w_kmajor: boo
 # so that an enclosing vmap reaches this rule too; batched weights or bias go to
 # the reference product.
 
-def _vmap_rule(op, fn, w_kmajor: bool):
-  def rule(axis_size, in_batched, x, w, *bias):
-    x_batched, w_batched, *bias_batched = in_batched
-    if x_batched and not w_batched and not any(bias_batched):
-      out = fn(x, w, *bias)
+def _vmap_rule(op, fn, has_bias: bool, scaled: bool, w_kmajor: bool, out_dtype: str):
+  def rule(axis_size, in_batched, x, w, *operands):
+    x_batched, *others_batched = in_batched
+    if x_batched and not any(others_batched):
+      out = fn(x, w, *operands)
       return out, jax.tree.map(lambda _: True, out)
-    args = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip((x, w, *bias), in_batched)]
-    product = lambda x, w, *b: op.reference(x, w, b[0] if b else None, axis_name=None, w_kmajor=w_kmajor)
+    args = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip((x, w, *operands), in_batched)]
+
+    def product(*args):
+      x, w, bias, scales = primitives.split_operands(args, has_bias, scaled)
+      return op.global_results(op.reference(x, w, bias, scales, axis_name=None, w_kmajor=w_kmajor,
+                                            out_dtype=out_dtype), None)
     out = jax.vmap(product)(*args)
     return out, jax.tree.map(lambda _: True, out)
   return rule
 
 
 @functools.cache
-def _vmappable(op, has_bias: bool, w_kmajor: bool, algorithm: str, axis, request):
+def _vmappable(op, has_bias: bool, scaled: bool, w_kmajor: bool, algorithm: str, axis, request, out_dtype: str):
   @jax.custom_batching.custom_vmap
-  def fn(x, w, *bias):
-    return custom_partitioned(op, x.ndim, w.ndim, has_bias, w_kmajor, algorithm, axis, request)(x, w, *bias)
+  def fn(x, w, *operands):
+    return custom_partitioned(op, x.ndim, w.ndim, has_bias, scaled, w_kmajor, algorithm, axis, request,
+                              out_dtype)(x, w, *operands)
 
-  fn.def_vmap(_vmap_rule(op, fn, w_kmajor))
+  fn.def_vmap(_vmap_rule(op, fn, has_bias, scaled, w_kmajor, out_dtype))
   return fn
 
 
@@ -138,18 +150,19 @@ def _vmappable(op, has_bias: bool, w_kmajor: bool, algorithm: str, axis, request
 _NO_DERIVATIVE = "Differentiation rule for 'custom_partitioning' not implemented"
 
 
-def call(op, x, w, bias, *, algorithm: str, w_kmajor: bool, axis, request=None):
+def call(op, x, w, bias, scales, *, algorithm: str, w_kmajor: bool, axis, out_dtype: str, request=None):
   """The op's results on global arrays, partitioned from their shardings (`axis`: the op's gather / scatter dim
   argument, None for the plan's; `request`: the asked output spec, a tuple per dim, or None)."""
-  fn = _vmappable(op, bias is not None, w_kmajor, algorithm, axis, request)
+  fn = _vmappable(op, bias is not None, scales is not None, w_kmajor, algorithm, axis, request, out_dtype)
   try:
-    outs = fn(x, w, *(() if bias is None else (bias,)))
+    outs = fn(*primitives.operands(x, w, bias, scales))
   except NotImplementedError as e:
     if not str(e).startswith(_NO_DERIVATIVE):
       raise
     raise NotImplementedError(primitives.unsupported(op.NAME, "a second derivative (jax.hessian, jax.grad of "
                                                               "jax.grad) on global arrays", algorithm)) from e
-  return jax.tree.map(functools.partial(export_guard_p.bind, op=op.NAME, algorithm=algorithm), outs)
+  outs = jax.tree.map(functools.partial(export_guard_p.bind, op=op.NAME, algorithm=algorithm), outs)
+  return op.global_results(outs, scales)
 
 
 # --- jax.export -----------------------------------------------------------------

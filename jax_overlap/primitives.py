@@ -12,11 +12,17 @@ adds the rules every GEMM op shares:
              fused, or the reference decomposition) and emits its custom call,
              weights of other ranks than 2 reshaped to a matrix first; on every
              other platform, the reference decomposition
-Params of every GEMM op: axis_name (tuple of mesh axes, or None for the local
-product), axis_size (the group size), algorithm, w_kmajor (w stored with the
-contraction last) and out_specs (the Explicit-mesh output types of a
-global-array call, else None). Every rule runs on operand types without
-Explicit shardings (sharding.py says why).
+Operands of every GEMM op: x, w, [bias], [x_scale, w_scale] (float32
+scalars, with float8 x and w). Params: axis_name (tuple of mesh axes, or None
+for the local product), axis_size (the group size), algorithm, w_kmajor (w
+stored with the contraction last), has_bias, scaled (the scales are there),
+out_dtype (the result's dtype name: x's for 16-bit operands) and out_specs (the
+Explicit-mesh output types of a global-array call, else None). Every rule runs
+on operand types without Explicit shardings (sharding.py says why).
+
+A float8 format the GPU cannot run (dtypes.py) takes the XLA path under "auto"
+and is an error for an explicit GPU algorithm (api.py says so at trace time,
+naming the device; the lowering again, for a device it had not seen).
 """
 
 from __future__ import annotations
@@ -26,12 +32,28 @@ import logging
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import PartitionSpec as P
 
-from jax_overlap import _compat, dtypes, lowering, sharding
+from jax_overlap import _compat, backend, dtypes, lowering, runtime, sharding
+from jax_overlap.errors import SetupError
 
 log = logging.getLogger("jax_overlap")
+
+
+# --- operands ------------------------------------------------------------------
+
+def operands(x, w, bias, scales) -> tuple:
+  """The primitive's operands: x, w, [bias], [x_scale, w_scale]."""
+  return (x, w, *(() if bias is None else (bias,)), *(() if scales is None else scales))
+
+
+def split_operands(args, has_bias: bool, scaled: bool) -> tuple:
+  """(x, w, bias or None, (x_scale, w_scale) or None) from the primitive's operands."""
+  x, w, *rest = args
+  bias = rest[0] if has_bias else None
+  return x, w, bias, (tuple(rest[has_bias:has_bias + 2]) if scaled else None)
 
 
 # --- abstract evaluation ----------------------------------------------------
@@ -41,18 +63,22 @@ log = logging.getLogger("jax_overlap")
 # via partitioning.py) types the outputs the way the custom partitioning lays
 # them out, so XLA adds no reshard after it. Elsewhere every output dim is unsharded.
 
-def result_aval(x, shape, spec):
-  """An aval of x's type with `shape`, sharded by `spec` on an Explicit mesh, else unsharded."""
+def result_aval(x, shape, spec, dtype=None):
+  """An aval of x's type with `shape` (and `dtype`, else x's), sharded by `spec` on an Explicit mesh, else
+  unsharded."""
+  dtype = x.dtype if dtype is None else np.dtype(dtype)
   x_sharding = getattr(x, "sharding", None)
   if x_sharding is None:
-    return x.update(shape=shape)
+    return x.update(shape=shape, dtype=dtype)
   if spec is None or sharding.explicit_mesh(x) is None:
     spec = P(*([None] * len(shape)))
-  return x.update(shape=shape, sharding=x_sharding.update(spec=spec))
+  return x.update(shape=shape, dtype=dtype, sharding=x_sharding.update(spec=spec))
 
 
 def result_specs(out_specs, count: int) -> tuple:
-  return tuple(out_specs) if out_specs is not None else (None,) * count
+  """One spec per result: out_specs' (a global call's partitioned results), None (unsharded) for the rest."""
+  out_specs = tuple(out_specs or ())
+  return out_specs + (None,) * (count - len(out_specs))
 
 
 # --- batching ---------------------------------------------------------------
@@ -60,15 +86,21 @@ def result_specs(out_specs, count: int) -> tuple:
 def _batch_rule(op, args, dims, **params):
   x, *rest = args
   dx, *drest = dims
-  out_dims = (0, 0) if op.primitive.multiple_results else 0
   if all(d is None for d in drest):
-    return op.primitive.bind(jnp.moveaxis(x, dx, 0), *rest, **params), out_dims
-  return jax.vmap(functools.partial(_reference_call, op, **params), in_axes=tuple(dims))(*args), out_dims
+    out = op.primitive.bind(jnp.moveaxis(x, dx, 0), *rest, **params)
+    if not op.primitive.multiple_results:
+      return out, 0
+    # ag_matmul's gathered_scales belong to the shards, not to an element of the batch
+    return out, (0, 0, None)[:len(out)]
+  out = jax.vmap(functools.partial(_reference_call, op, **params), in_axes=tuple(dims))(*args)
+  return out, jax.tree.map(lambda _: 0, out)
 
 
-def _reference_call(op, x, w, *bias, axis_name, axis_size, algorithm, w_kmajor, out_specs=None):
+def _reference_call(op, *args, axis_name, axis_size, algorithm, w_kmajor, has_bias, scaled, out_dtype,
+                    out_specs=None):
   del axis_size, algorithm, out_specs
-  return op.reference(x, w, bias[0] if bias else None, axis_name=axis_name, w_kmajor=w_kmajor)
+  x, w, bias, scales = split_operands(args, has_bias, scaled)
+  return op.reference(x, w, bias, scales, axis_name=axis_name, w_kmajor=w_kmajor, out_dtype=out_dtype)
 
 
 # --- differentiation ---------------------------------------------------------
@@ -123,13 +155,50 @@ def _gpu_lowering(ctx, *args, op, out_specs, **params):
   if params["algorithm"] == "auto" and not dtypes.gpu_capable(dtype_name):
     # Such dtypes serve checks on the XLA path; the GPU algorithms' planning has no figures for them.
     log.debug("jax_overlap.%s: XLA path (%s; the GPU algorithms take %s)", op.NAME, dtype_name,
-              " and ".join(dtypes.dtypes_for("pipelined")))
+              ", ".join(dtypes.dtypes_for("pipelined")))
+    return lower_reference(ctx, *args, op=op, **params)
+  declined = fp8_declined(ctx.avals_in[0].dtype, ctx.avals_in[1].dtype)
+  if declined and params["algorithm"] != "xla":
+    if params["algorithm"] != "auto":
+      raise ValueError(f"jax_overlap.{op.NAME}: algorithm={params['algorithm']!r} cannot run {declined}; use "
+                       f"algorithm='auto' or 'xla' (the XLA path serves every float8 format)")
+    log.debug("jax_overlap.%s: XLA path (%s)", op.NAME, declined)
     return lower_reference(ctx, *args, op=op, **params)
   if ctx.avals_in[1].ndim == 2:
     out = lowering.gpu_rule(ctx, *args, op=op, **params)
     return lower_reference(ctx, *args, op=op, **params) if out is None else out
   return mlir.lower_fun(functools.partial(op.as_matrix, **params),
                         multiple_results=op.primitive.multiple_results)(ctx, *args)
+
+
+# --- float8 formats and the device ---------------------------------------------
+
+def local_gpus() -> tuple:
+  """(name, arch) of each kind of GPU this process has, e.g. ("NVIDIA H200", "sm_90"); () where none is known
+  (no GPU, no native build, or its device state could not be made)."""
+  machine = backend.current()
+  if machine.platform is None:
+    return ()
+  try:
+    if not runtime.prepare_devices():
+      return ()
+  except SetupError:
+    return ()
+  return tuple(sorted({(d.name, d.arch) for d in machine.state.devices.values()}))
+
+
+def fp8_declined(*operand_dtypes) -> str | None:
+  """Why this process's GPUs cannot run these float8 operands (the dtype and the device, in words), or None:
+  they can, or no operand is float8, or no GPU is known here."""
+  families = {dtypes.fp8_family(d): dtypes.name(d) for d in operand_dtypes if dtypes.is_fp8(d)}
+  if not families:
+    return None
+  for name, arch in local_gpus():
+    for family, dtype_name in families.items():
+      if dtypes.fp8_family_of(arch) != family:
+        return (f"{dtype_name} on this device ({name}, {arch}): {family.upper()} float8 formats run on "
+                f"{dtypes.fp8_devices(family)}")
+  return None
 
 
 def register(op) -> None:

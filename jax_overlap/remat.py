@@ -10,10 +10,17 @@ offload_dot_with_no_batch_dims save (or offload) these results as they do a
 dot's, instead of recomputing the op, collective included, in the backward pass.
 
 Names (the results the backward pass reads):
-  jax_overlap.ag_matmul           ag_matmul's y
-  jax_overlap.ag_matmul.gathered  ag_matmul's gathered x (its weight gradient reads it)
-  jax_overlap.matmul_rs           matmul_rs's output
-Save both ag_matmul names to keep its backward from recomputing the op.
+  jax_overlap.ag_matmul                  ag_matmul's y
+  jax_overlap.ag_matmul.gathered         ag_matmul's gathered x (its weight gradient reads it; float8 with the
+                                         fp8 layer, which keeps it in place of the bf16 activation)
+  jax_overlap.ag_matmul.gathered_scales  the gathered x's per-shard scales (float8 calls)
+  jax_overlap.ag_matmul.w_scale          Fp8AgDotGeneral's weight scale
+  jax_overlap.matmul_rs                  matmul_rs's output
+  jax_overlap.matmul_rs.x_fp8            Fp8RsDotGeneral's quantized x (its weight gradient reads it)
+  jax_overlap.matmul_rs.x_scale          and its scale
+  jax_overlap.matmul_rs.w_scale          Fp8RsDotGeneral's weight scale
+Save both ag_matmul names to keep its backward from recomputing the op; the fp8
+layers' residuals are the float8 and scale names (NAMES saves them all).
 """
 
 from __future__ import annotations
@@ -28,8 +35,13 @@ from jax_overlap import _compat
 
 AG_OUTPUT = "jax_overlap.ag_matmul"
 AG_GATHERED = "jax_overlap.ag_matmul.gathered"
+AG_GATHERED_SCALES = "jax_overlap.ag_matmul.gathered_scales"
+AG_W_SCALE = "jax_overlap.ag_matmul.w_scale"
 RS_OUTPUT = "jax_overlap.matmul_rs"
-NAMES = (AG_OUTPUT, AG_GATHERED, RS_OUTPUT)
+RS_X_FP8 = "jax_overlap.matmul_rs.x_fp8"
+RS_X_SCALE = "jax_overlap.matmul_rs.x_scale"
+RS_W_SCALE = "jax_overlap.matmul_rs.w_scale"
+NAMES = (AG_OUTPUT, AG_GATHERED, AG_GATHERED_SCALES, AG_W_SCALE, RS_OUTPUT, RS_X_FP8, RS_X_SCALE, RS_W_SCALE)
 
 tag_p = jex_core.Primitive("jax_overlap_tag")
 

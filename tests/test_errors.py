@@ -380,3 +380,125 @@ def test_out_sharding_names_an_axis_the_mesh_lacks(make_mesh):
                                          r"which the mesh \('model',\) does not have"):
       trace("matmul_rs", spec((8, 16)), spec((16, 8)), out_sharding=P(None, "tp"))
   trace("matmul_rs", spec((8, 16)), spec((16, 8)), out_sharding=sharding)
+
+
+# --- float8 operands ---------------------------------------------------------------
+
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+SCALE = spec((), jnp.float32)
+
+
+def fp8_trace(op, x_dtype=E4M3, w_dtype=E4M3, bias=None, **kwargs):
+  args = [spec((8, 16), x_dtype), spec((16, 8), w_dtype)] + ([bias] if bias is not None else [])
+  return jax.eval_shape(lambda *a: getattr(jax_overlap, op)(*a, **kwargs), *args)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("missing", ["x_scale", "w_scale"])
+def test_fp8_missing_scale(op, missing):
+  kwargs = {"x_scale": 1.0, "w_scale": 1.0}
+  del kwargs[missing]
+  operand = missing[0]
+  with pytest.raises(TypeError, match=rf"{op}: {missing} is required with float8 operands \({operand} is "
+                                      rf"float8_e4m3fn\): a float32 scalar, .*got None"):
+    fp8_trace(op, **kwargs)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("shape", [(1,), (4,), (1, 1)], ids=str)
+def test_fp8_scale_shape(op, shape):
+  """A scale is one float32 scalar per operand (each rank's own inside shard_map)."""
+  with pytest.raises(ValueError, match=rf"{op}: w_scale must be a float32 scalar \(shape \(\)\).*got shape "
+                                       rf"{re.escape(str(shape))}"):
+    jax.eval_shape(lambda s: fp8_trace(op, x_scale=1.0, w_scale=s), spec(shape, jnp.float32))
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float64, jnp.int32], ids=lambda d: np.dtype(d).name)
+def test_fp8_scale_dtype(op, dtype):
+  with pytest.raises(TypeError, match=rf"{op}: x_scale must be a float32 scalar, got dtype {np.dtype(dtype).name}"):
+    fp8_trace(op, x_scale=np.zeros((), dtype), w_scale=1.0)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_fp8_scale_not_an_array(op):
+  with pytest.raises(TypeError, match=rf"{op}: x_scale must be a float32 scalar, got str"):
+    fp8_trace(op, x_scale="1", w_scale=1.0)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("name", ["x_scale", "w_scale"])
+def test_scale_of_16_bit_operands(op, name):
+  with pytest.raises(TypeError, match=rf"{op}: {name} applies to float8 operands only, got {name} with x and w of "
+                                      rf"dtype bfloat16"):
+    fp8_trace(op, jnp.bfloat16, jnp.bfloat16, **{name: 1.0})
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("x_dtype,w_dtype", [(E4M3, jnp.bfloat16), (jnp.float16, E5M2)], ids=["x", "w"])
+def test_fp8_mixed_with_16_bit(op, x_dtype, w_dtype):
+  with pytest.raises(TypeError, match=rf"{op}: x and w must both be float8 or neither .*got x "
+                                      rf"{np.dtype(x_dtype).name}, w {np.dtype(w_dtype).name}"):
+    fp8_trace(op, x_dtype, w_dtype, x_scale=1.0, w_scale=1.0)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("x_dtype,w_dtype", [(E5M2, E5M2), (jnp.float8_e5m2fnuz, jnp.float8_e5m2fnuz)],
+                         ids=["ocp", "fnuz"])
+def test_fp8_both_e5m2(op, x_dtype, w_dtype):
+  with pytest.raises(TypeError, match=rf"{op}: x and w cannot both be e5m2 .*got x {np.dtype(x_dtype).name}"):
+    fp8_trace(op, x_dtype, w_dtype, x_scale=1.0, w_scale=1.0)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_fp8_families_mixed(op):
+  with pytest.raises(TypeError, match=rf"{op}: x and w must be float8 formats of one family, OCP .* or fnuz .*got "
+                                      rf"x float8_e4m3fn, w float8_e5m2fnuz"):
+    fp8_trace(op, E4M3, jnp.float8_e5m2fnuz, x_scale=1.0, w_scale=1.0)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("out_dtype", [jnp.float64, jnp.int8, E4M3], ids=lambda d: np.dtype(d).name)
+def test_fp8_out_dtype(op, out_dtype):
+  with pytest.raises(TypeError, match=rf"{op}: out_dtype must be one of \('bfloat16', 'float16', 'float32'\) .*"
+                                      rf"got {np.dtype(out_dtype).name}"):
+    fp8_trace(op, x_scale=1.0, w_scale=1.0, out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_out_dtype_not_a_dtype(op):
+  with pytest.raises(TypeError, match=rf"{op}: out_dtype must be a dtype or None, got 'bf16'"):
+    fp8_trace(op, x_scale=1.0, w_scale=1.0, out_dtype="bf16")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_out_dtype_of_16_bit_operands(op):
+  """Without float8 operands the result is in x's dtype: out_dtype may only say so."""
+  fp8_trace(op, jnp.bfloat16, jnp.bfloat16, out_dtype=jnp.bfloat16)
+  with pytest.raises(TypeError, match=rf"{op}: out_dtype must be None or x's dtype bfloat16 for bfloat16 operands "
+                                      rf".*got float32"):
+    fp8_trace(op, jnp.bfloat16, jnp.bfloat16, out_dtype=jnp.float32)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("bias_dtype", [jnp.bfloat16, E4M3], ids=lambda d: np.dtype(d).name)
+def test_fp8_bias_dtype(op, bias_dtype):
+  """The bias is in out_dtype or float32 (here out_dtype float16)."""
+  fp8_trace(op, bias=spec((8,), jnp.float32), x_scale=1.0, w_scale=1.0, out_dtype=jnp.float16)
+  with pytest.raises(TypeError, match=rf"{op}: bias must have out_dtype float16 or float32 with float8 operands, "
+                                      rf"got {np.dtype(bias_dtype).name}"):
+    fp8_trace(op, bias=spec((8,), bias_dtype), x_scale=1.0, w_scale=1.0, out_dtype=jnp.float16)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_w_kmajor_not_a_bool(op):
+  with pytest.raises(TypeError, match=rf"{op}: w_kmajor must be a bool, got 'yes'"):
+    trace(op, spec((8, 16)), spec((16, 8)), w_kmajor="yes")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_w_kmajor_shapes(op):
+  """w_kmajor=True: w's contraction is its last dim."""
+  with pytest.raises(ValueError, match=rf"{op}: w's last dim must equal x's last dim \([kK] = 16, w_kmajor=True\), "
+                                       rf"got w of shape \(16, 8\)"):
+    trace(op, spec((8, 16)), spec((16, 8)), w_kmajor=True)

@@ -31,6 +31,15 @@ def test_transformer_block_example():
   assert f"jax_overlap runs {jax_overlap.build_info()['runs']}\n" in out, "the example imported another jax_overlap"
 
 
+@pytest.mark.skipif(importlib.util.find_spec("flax") is None,
+                    reason="the transformer block example needs flax (pip install '.[examples]')")
+def test_transformer_block_example_in_fp8():
+  """--fp8: the projections on the float8 layers, checked at the float8 tolerance."""
+  out = run_example("transformer_block.py", "--steps", "2", "--fp8")
+  assert "float8 layers, algorithm auto:" in out and "step 2/2" in out
+  assert "within the float8 tolerance" in out.splitlines()[-1]
+
+
 @pytest.mark.parametrize("name", ["mlp_shard_map.py", "mlp_jit.py"])
 def test_mlp_example(name):
   out = run_example(name, "--steps", "2")

@@ -156,3 +156,16 @@ def test_auto_takes_the_float8_pipelined_call(fake_gpu_runtime, make_mesh, op):
   mesh = make_mesh((8,), ("tp",))
   calls = _custom_calls(_lowered(_fn(op, mesh, algorithm="auto"), *_operands(op, 8, 16384, 8192, 8192)))
   assert len(calls) == 1 and f"@jax_overlap_{op}_pipelined(" in calls[0]
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_auto_takes_the_vendor_float8_gemm_for_a_group_of_one(fake_gpu_runtime, make_mesh, op):
+  """XLA's own float8 GEMM runs 1.1x to 2.1x slower than the vendor's on the H200 (benchmarks/bench_fp8.py): a
+  float8 group of one under auto is the vendor GEMM, where a 16-bit one stays XLA's dot."""
+  mesh = make_mesh((1,), ("tp",))
+  calls = _custom_calls(_lowered(_fn(op, mesh, algorithm="auto"), *_operands(op, 1)))
+  assert len(calls) == 1 and "@jax_overlap_vendor_gemm" in calls[0]
+  bf16 = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
+  f = jax.jit(jax.shard_map(lambda x, w: getattr(jax_overlap, op)(x, w, axis_name="tp"), mesh=mesh,
+                            in_specs=(P("tp"), P()), out_specs=P("tp")))
+  assert _custom_calls(_lowered(f, bf16, bf16)) == []

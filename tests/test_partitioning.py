@@ -145,31 +145,37 @@ def test_spec_without_sharding_is_replicated():
   assert sharding.spec_of(None, 3) == [None, None, None]
 
 
-@pytest.mark.parametrize("has_bias,w_kmajor,w_ndim,expected", [
-    (False, False, 2, (("b0", "g", "k"), ("k", "n0"))),
-    (True, True, 2, (("b0", "g", "k"), ("n0", "k"), ("n0",))),
-    (True, False, 3, (("b0", "g", "k"), ("k", "n0", "n1"), ("n0", "n1"))),
+@pytest.mark.parametrize("has_bias,scaled,w_kmajor,w_ndim,expected", [
+    (False, False, False, 2, (("b0", "g", "k"), ("k", "n0"))),
+    (True, False, True, 2, (("b0", "g", "k"), ("n0", "k"), ("n0",))),
+    (True, False, False, 3, (("b0", "g", "k"), ("k", "n0", "n1"), ("n0", "n1"))),
+    (True, True, True, 2, (("b0", "g", "k"), ("n0", "k"), ("n0",), (), ())),  # float8: the scales are scalars
 ])
-def test_ag_sharding_rule(has_bias, w_kmajor, w_ndim, expected):
-  """The gathered dim is its own factor p in the results: propagation must not copy x's sharding of it onto y."""
-  rule = partitioning.custom_partitioned(ag_matmul, 3, w_ndim, has_bias, w_kmajor, "auto", -2, None).sharding_rule
+def test_ag_sharding_rule(has_bias, scaled, w_kmajor, w_ndim, expected):
+  """The gathered dim is its own factor p in the results: propagation must not copy x's sharding of it onto y.
+  A float8 call's gathered_scales are not among the partitioned results (x_scale is added after)."""
+  rule = partitioning.custom_partitioned(ag_matmul, 3, w_ndim, has_bias, scaled, w_kmajor, "auto", -2, None,
+                                         "bfloat16").sharding_rule
   assert rule.operand_mappings == expected
   n = tuple(f"n{i}" for i in range(w_ndim - 1))
   assert rule.result_mappings == (("b0", "p", *n), ("b0", "p", "k"))
 
 
 def test_ag_sharding_rule_gather_axis():
-  rule = partitioning.custom_partitioned(ag_matmul, 3, 2, False, False, "auto", -3, None).sharding_rule
+  rule = partitioning.custom_partitioned(ag_matmul, 3, 2, False, False, False, "auto", -3, None,
+                                         "float32").sharding_rule
   assert rule.operand_mappings == (("g", "b1", "k"), ("k", "n0"))
   assert rule.result_mappings == (("p", "b1", "n0"), ("p", "b1", "k"))
 
 
-@pytest.mark.parametrize("w_ndim,expected", [
-    (2, (("b0", "b1", "k0"), ("k0", "n"), ("n",))),
-    (3, (("b0", "k0", "k1"), ("k0", "k1", "n"), ("n",))),
+@pytest.mark.parametrize("w_ndim,scaled,expected", [
+    (2, False, (("b0", "b1", "k0"), ("k0", "n"), ("n",))),
+    (3, False, (("b0", "k0", "k1"), ("k0", "k1", "n"), ("n",))),
+    (2, True, (("b0", "b1", "k0"), ("k0", "n"), ("n",), (), ())),
 ])
-def test_rs_sharding_rule(w_ndim, expected):
-  rule = partitioning.custom_partitioned(matmul_rs, 3, w_ndim, True, False, "auto", None, None).sharding_rule
+def test_rs_sharding_rule(w_ndim, scaled, expected):
+  rule = partitioning.custom_partitioned(matmul_rs, 3, w_ndim, True, scaled, False, "auto", None, None,
+                                         "float32").sharding_rule
   assert rule.operand_mappings == expected
   out_lead = expected[0][:3 - (w_ndim - 1)]
   assert rule.result_mappings == ((*out_lead, "n"),)

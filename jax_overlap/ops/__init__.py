@@ -4,18 +4,23 @@ A GEMM op module (ag_matmul.py, matmul_rs.py) defines, and api.py,
 primitives.py, partitioning.py, planning/ and lowering.py look up:
 
   the op           NAME (its FFI targets' stem and its messages' prefix); DUAL (the op of its gradient)
-                   primitive; bind(x, w, bias, *, axis_name, axis_size, algorithm, w_kmajor, out_specs)
-                   abstract_eval(x, w, *bias, **params); as_matrix(x, w, *bias, w_kmajor, **params) (w as a
-                   matrix); results_of_one(y, x) (the results of a group of one's custom call, which computes y)
-  the XLA path     reference(x, w, bias, *, axis_name, w_kmajor, <its axis>): the decomposition, the fallback
-                   and the test oracle; plain(x, w, bias, call): algorithm="xla" as JAX ops
-  shards           on_shards(x, w, bias, *, axes, size, algorithm, w_kmajor, axis): the call on one rank's shards
-                   for any gather / scatter axis (folded into the rows)
+                   primitive; bind(x, w, bias, scales, *, axis_name, axis_size, algorithm, w_kmajor, out_dtype,
+                   out_specs) (scales: (x_scale, w_scale) of float8 operands, or None);
+                   abstract_eval(x, w, *operands, **params); as_matrix(x, w, *operands, w_kmajor, has_bias,
+                   scaled, **params) (w as a matrix); results_of_one(y, x) (the results of a group
+                   of one's custom call, which computes y)
+  the XLA path     reference(x, w, bias, scales, *, axis_name, w_kmajor, <its axis>, out_dtype): the
+                   decomposition, the fallback and the test oracle; plain(x, w, bias, scales, call):
+                   algorithm="xla" as JAX ops
+  shards           on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype, axis): the call
+                   on one rank's shards for any gather / scatter axis (folded into the rows)
   global arrays    Plan (a NamedTuple with axes, x, w, bias, results, why); sharding_plan(mesh, x_spec, w_spec,
-                   x_shape, w_shape, w_kmajor, axis, request); sharding_rule(ndim, w_ndim, has_bias, w_kmajor,
-                   axis) -> (rule, reduction factors); result_ndim(ndim, w_ndim); partitioned(plan, *, size,
-                   algorithm, w_kmajor, axis) (the body of a plan that gathers or reduces)
-  api.py           check_operands(x, w, bias): the shape checks, returning the output's trailing dims
+                   x_shape, w_shape, w_kmajor, axis, request); sharding_rule(ndim, w_ndim, has_bias, scaled,
+                   w_kmajor, axis) -> (rule, reduction factors); result_ndim(ndim, w_ndim); partitioned(plan, *,
+                   size, algorithm, w_kmajor, axis, has_bias, scaled, out_dtype) (the body of a plan that gathers
+                   or reduces); global_results(results, scales) (the results a global call partitions, scales
+                   None, or returns)
+  api.py           check_operands(x, w, bias, w_kmajor): the shape checks, returning the output's trailing dims
   the custom VJP   residual(x, results); backward(call, residuals, cotangents, dual) -> (dx, dw, dbias), with
                    dual the differentiable call of DUAL
   planning         ALGORITHMS (auto's candidates); eligible(rows, world) (the op's own conditions);
@@ -37,8 +42,8 @@ OPS = {op.NAME: op for op in (ag_matmul, matmul_rs)}
 
 PROTOCOL = ("NAME", "DUAL", "primitive", "bind", "abstract_eval", "as_matrix", "results_of_one", "reference",
             "plain", "on_shards", "Plan", "sharding_plan", "sharding_rule", "result_ndim", "partitioned",
-            "check_operands", "residual", "backward", "ALGORITHMS", "eligible", "chunk_rows", "chunk_bytes",
-            "REDUCES", "stage_candidates", "check_stages", "pipelined_us", "MOVERS", "fused_traffic",
+            "global_results", "check_operands", "residual", "backward", "ALGORITHMS", "eligible", "chunk_rows",
+            "chunk_bytes", "REDUCES", "stage_candidates", "check_stages", "pipelined_us", "MOVERS", "fused_traffic",
             "fused_chunk_k", "fused_units")
 
 

@@ -4,6 +4,10 @@ Shapes: x [..., m, K] (a rank's shard of the gathered dim), w [K, *n] (or
 [*n, K] when w_kmajor), bias [*n]; results y [..., T*m, *n] and the gathered x
 [..., T*m, K] for a group of T. The primitive gathers x's rows (dim -2);
 another dim folds into the rows around it (on_shards).
+
+Float8 operands (scaled) add the float32 scalars x_scale and w_scale after the
+bias, and a third result: gathered_scales [T], each shard's x_scale in
+gathered order (the scale travels with its shard). y is then in out_dtype.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import math
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 from jax.extend import core as jex_core
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -32,58 +37,92 @@ primitive = jex_core.Primitive("jax_overlap_ag_matmul")
 primitive.multiple_results = True
 
 
-def bind(x, w, bias, *, axis_name, axis_size, algorithm, w_kmajor=False, out_specs=None):
-  """(y, gathered) of the primitive: x's rows gathered over axis_name (None: the local product and x itself)."""
-  y, gathered = primitive.bind(x, w, *(() if bias is None else (bias,)), axis_name=axis_name, axis_size=axis_size,
-                               algorithm=algorithm, w_kmajor=w_kmajor, out_specs=out_specs)
-  return y, gathered
+def bind(x, w, bias, scales, *, axis_name, axis_size, algorithm, w_kmajor, out_dtype, out_specs=None):
+  """(y, gathered) of the primitive, and gathered_scales with scales (x_scale, w_scale): x's rows gathered over
+  axis_name (None: the local product, x itself and x_scale)."""
+  return tuple(primitive.bind(*primitives.operands(x, w, bias, scales), axis_name=axis_name, axis_size=axis_size,
+                              algorithm=algorithm, w_kmajor=w_kmajor, has_bias=bias is not None,
+                              scaled=scales is not None, out_dtype=out_dtype, out_specs=out_specs))
 
 
-def abstract_eval(x, w, *bias, axis_name, axis_size, algorithm, w_kmajor, out_specs):
-  del algorithm, bias, axis_name
+def abstract_eval(x, w, *operands, axis_name, axis_size, algorithm, w_kmajor, has_bias, scaled, out_dtype,
+                  out_specs):
+  del algorithm, operands, axis_name, has_bias
   *lead, m, k = x.shape
   n = w.shape[:-1] if w_kmajor else w.shape[1:]
-  y_spec, g_spec = primitives.result_specs(out_specs, 2)
-  return (primitives.result_aval(x, (*lead, axis_size * m, *n), y_spec),
-          primitives.result_aval(x, (*lead, axis_size * m, k), g_spec))
+  y_spec, g_spec, s_spec = primitives.result_specs(out_specs, 3)
+  results = (primitives.result_aval(x, (*lead, axis_size * m, *n), y_spec, out_dtype),
+             primitives.result_aval(x, (*lead, axis_size * m, k), g_spec))
+  return results + ((primitives.result_aval(x, (axis_size,), s_spec, jnp.float32),) if scaled else ())
 
 
-def as_matrix(x, w, *bias, w_kmajor, **params):
+def as_matrix(x, w, *operands, w_kmajor, has_bias, scaled, **params):
   """The call with w viewed as a matrix [K, prod(n)] (row-major: free), y viewed back with w's dims."""
+  _, _, bias, scales = primitives.split_operands((x, w, *operands), has_bias, scaled)
   n = w.shape[:-1] if w_kmajor else w.shape[1:]
   w2 = w.reshape(-1, w.shape[-1]) if w_kmajor else w.reshape(w.shape[0], -1)
-  y, gathered = bind(x, w2, bias[0].reshape(-1) if bias else None, w_kmajor=w_kmajor, **params)
-  return y.reshape(*y.shape[:-1], *n), gathered
+  y, *rest = bind(x, w2, None if bias is None else bias.reshape(-1), scales, w_kmajor=w_kmajor, **params)
+  return (y.reshape(*y.shape[:-1], *n), *rest)
 
 
-def reference(x, w, bias=None, *, axis_name=None, w_kmajor: bool = False, gather: int = -2):
-  """The XLA decomposition: (all_gather(x, gather, tiled) @ w + bias, the gathered x); axis_name None: the local
-  product (and x)."""
+def reference(x, w, bias=None, scales=None, *, axis_name=None, w_kmajor: bool = False, gather: int = -2,
+              out_dtype=None):
+  """The XLA decomposition: (all_gather(x, gather, tiled) @ w + bias, the gathered x), and with scales the
+  gathered x_scales (one per shard); axis_name None: the local product (and x, x_scale). out_dtype: the result's
+  dtype name (None: x's)."""
+  gathered, x_scales = _gathered(x, scales, axis_name, gather)
+  return _product(gathered, w, bias, x_scales, scales, w_kmajor=w_kmajor, gather=gather, out_dtype=out_dtype)
+
+
+def _gathered(x, scales, axis_name, gather: int) -> tuple:
+  """(x gathered along dim `gather` over axis_name, and with scales its shards' x_scales (T,), else None)."""
   gathered = x if axis_name is None else lax.all_gather(x, axis_name, axis=x.ndim + gather, tiled=True)
-  return numerics.finish(numerics.local_matmul(gathered, w, w_kmajor=w_kmajor), bias, x.dtype), gathered
+  if scales is None:
+    return gathered, None
+  x_scales = scales[0].reshape(1)
+  return gathered, (x_scales if axis_name is None else lax.all_gather(x_scales, axis_name, tiled=True))
+
+
+def _product(gathered, w, bias, x_scales, scales, *, w_kmajor: bool, gather: int, out_dtype) -> tuple:
+  """The reference's results from the gathered x (and its shards' x_scales)."""
+  out_dtype = out_dtype or gathered.dtype
+  if scales is None:
+    return numerics.finish(numerics.local_matmul(gathered, w, w_kmajor=w_kmajor), bias, out_dtype), gathered
+  acc = numerics.gathered_matmul(gathered, w, w_kmajor=w_kmajor, gather=gather, scales=(x_scales, scales[1]))
+  return numerics.finish(acc, bias, out_dtype), gathered, x_scales
 
 
 def results_of_one(y, x) -> list:
-  """The results of a group of one, whose custom call computes y alone: x is its own gathered x."""
+  """The results of a group of one (MLIR values of its lowering), whose custom call computes y alone: x is its
+  own gathered x (a float8 call's gathered_scales, its own x_scale, the lowering adds)."""
   return [y, x]
+
+
+def global_results(results, scales):
+  """The results of a call on global arrays from the primitive's, a partitioned body's or the reference's: y and
+  the gathered x, which the custom partitioning carries (scales None); with scales, gathered_scales is x_scale,
+  the one scale of the whole of x, shape (1,)."""
+  y, gathered = results[:2]
+  return (y, gathered) if scales is None else (y, gathered, scales[0].reshape(1))
 
 
 # --- one rank's shards ----------------------------------------------------------------
 
 
-def on_shards(x, w, bias, *, axes, size, algorithm, w_kmajor, axis=-2):
-  """(all_gather(x, axis) @ w + bias, all_gather(x, axis)) inside shard_map or a partitioned body; axes None:
-  the local product. Another dim than the rows is a layout change, free on row-major arrays: the dims from it
-  up to the rows fold into one row dim, since a tiled gather moves whole blocks of everything after it."""
+def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype, axis=-2):
+  """(all_gather(x, axis) @ w + bias, all_gather(x, axis)[, gathered_scales]) inside shard_map or a partitioned
+  body; axes None: the local product. Another dim than the rows is a layout change, free on row-major arrays: the
+  dims from it up to the rows fold into one row dim, since a tiled gather moves whole blocks of everything after
+  it (and each shard stays one block, with its scale)."""
+  params = dict(axis_name=axes, axis_size=size, algorithm=algorithm, w_kmajor=w_kmajor, out_dtype=out_dtype)
   if axis == -2:
-    return bind(x, w, bias, axis_name=axes, axis_size=size, algorithm=algorithm, w_kmajor=w_kmajor)
-  y, gathered = bind(sharding.fold(x, axis, -1), w, bias, axis_name=axes, axis_size=size, algorithm=algorithm,
-                     w_kmajor=w_kmajor)
+    return bind(x, w, bias, scales, **params)
+  y, gathered, *rest = bind(sharding.fold(x, axis, -1), w, bias, scales, **params)
   mid = x.shape[x.ndim + axis + 1:-1]
   gathered_shape = (*x.shape[:x.ndim + axis], size * x.shape[axis], *mid)
   n_ndim = w.ndim - 1
   return (y.reshape(*gathered_shape, *y.shape[y.ndim - n_ndim:]),
-          gathered.reshape(*gathered_shape, x.shape[-1]))
+          gathered.reshape(*gathered_shape, x.shape[-1]), *rest)
 
 
 # --- global arrays ----------------------------------------------------------------------
@@ -138,14 +177,15 @@ def sharding_plan(mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor: bool, gather
               P(*free, None), why)
 
 
-def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, w_kmajor: bool, gather: int) -> tuple[str, tuple]:
-  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim."""
+def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaled: bool, w_kmajor: bool,
+                  gather: int) -> tuple[str, tuple]:
+  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim (scales: scalars)."""
   batch = sharding.factors("b", ndim - 1)
   x_f, out_f = list(batch), list(batch)
   x_f[ndim + gather], out_f[ndim + gather] = "g", "p"
   n = sharding.factors("n", w_ndim - 1)
   w_f = [*n, "k"] if w_kmajor else ["k", *n]
-  operands = [" ".join([*x_f, "k"]), " ".join(w_f)] + ([" ".join(n)] if has_bias else [])
+  operands = [" ".join([*x_f, "k"]), " ".join(w_f)] + ([" ".join(n)] if has_bias else []) + ["", ""] * scaled
   return f"{', '.join(operands)} -> {' '.join([*out_f, *n])}, {' '.join([*out_f, 'k'])}", ()
 
 
@@ -153,47 +193,52 @@ def result_ndim(ndim: int, w_ndim: int) -> int:
   return ndim - 1 + w_ndim - 1
 
 
-def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis: int):
+def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis: int, has_bias: bool, scaled: bool,
+                out_dtype: str):
   """The partitioned body of a plan that gathers (plan.axes set)."""
-  def gather_and_multiply(x, w, *bias):
-    return on_shards(x, w, bias[0] if bias else None, axes=plan.axes, size=size, algorithm=algorithm,
-                     w_kmajor=w_kmajor, axis=axis)
+  def gather_and_multiply(*args):
+    x, w, bias, scales = primitives.split_operands(args, has_bias, scaled)
+    return global_results(on_shards(x, w, bias, scales, axes=plan.axes, size=size, algorithm=algorithm,
+                                    w_kmajor=w_kmajor, out_dtype=out_dtype, axis=axis), None)
   return gather_and_multiply
 
 
 # --- the public function's parts (api.py) ---------------------------------------------------
 
-def check_operands(x, w, bias) -> tuple:
-  """w [K, *n] against x [..., K] (arrays of one accepted dtype, api.py): returns n."""
-  if w.shape[0] != x.shape[-1]:
-    raise ValueError(f"jax_overlap.ag_matmul: w's first dim must equal x's last dim (K = {x.shape[-1]}), "
-                     f"got w of shape {w.shape}")
-  n = tuple(w.shape[1:])
+def check_operands(x, w, bias, w_kmajor: bool) -> tuple:
+  """w [K, *n] (w_kmajor: [*n, K]) against x [..., K] (arrays of accepted dtypes, api.py): returns n."""
+  k_dim, which = (-1, "last") if w_kmajor else (0, "first")
+  if w.shape[k_dim] != x.shape[-1]:
+    raise ValueError(f"jax_overlap.ag_matmul: w's {which} dim must equal x's last dim (K = {x.shape[-1]}"
+                     f"{', w_kmajor=True' if w_kmajor else ''}), got w of shape {w.shape}")
+  n = tuple(w.shape[:-1] if w_kmajor else w.shape[1:])
   if bias is not None and tuple(bias.shape) != n:
     raise ValueError(f"jax_overlap.ag_matmul: bias must have shape {n} to match w's columns, got {bias.shape}")
   return n
 
 
-def plain(x, w, bias, call) -> tuple:
-  """algorithm="xla" as JAX ops: (y, gathered). Inside shard_map the reference; on global arrays the dot,
-  partitioned by XLA, typed on an Explicit mesh with the layouts the plan gives."""
+def plain(x, w, bias, scales, call) -> tuple:
+  """algorithm="xla" as JAX ops: (y, gathered[, gathered_scales]). Inside shard_map the reference; on global
+  arrays the dot, partitioned by XLA, typed on an Explicit mesh with the layouts the plan gives."""
   log.debug("jax_overlap.ag_matmul: XLA path (algorithm='xla', as JAX ops)")
   if call.axes is not None:
-    gathered = remat.tag(lax.all_gather(x, call.axes, axis=x.ndim + call.axis, tiled=True), remat.AG_GATHERED)
-    return reference(gathered, w, bias)[0], gathered
+    gathered, x_scales = _gathered(x, scales, call.axes, call.axis)
+    return _product(remat.tag(gathered, remat.AG_GATHERED), w, bias, x_scales, scales, w_kmajor=call.w_kmajor,
+                    gather=call.axis, out_dtype=call.out_dtype)
   mesh = sharding.explicit_mesh(jax.typeof(x))
   if mesh is None:
-    return reference(x, w, bias)[0], x
+    return global_results(reference(x, w, bias, scales, w_kmajor=call.w_kmajor, out_dtype=call.out_dtype), scales)
   p = sharding_plan(mesh, sharding.spec_of(jax.typeof(x).sharding, x.ndim),
-                    sharding.spec_of(jax.typeof(w).sharding, w.ndim), x.shape, w.shape, False, call.axis)
-  y = numerics.local_matmul(x, w, out_sharding=NamedSharding(mesh, p.y))
-  return numerics.finish(y, sharding.resharded(bias, mesh, p.bias), x.dtype), x
+                    sharding.spec_of(jax.typeof(w).sharding, w.ndim), x.shape, w.shape, call.w_kmajor, call.axis)
+  y = numerics.local_matmul(x, w, w_kmajor=call.w_kmajor, scales=scales, out_sharding=NamedSharding(mesh, p.y))
+  return global_results((numerics.finish(y, sharding.resharded(bias, mesh, p.bias), call.out_dtype), x), scales)
 
 
 # --- differentiation (the custom VJP: api.py) --------------------------------------------------
 
 def residual(x, results):
-  """What the backward pass keeps of the forward besides w and bias: the gathered x (dW reads it)."""
+  """What the backward pass keeps of the forward besides w and bias: the gathered x (dW reads it). (Float8 calls
+  have no backward pass of their own: api.py; the fp8 layers keep the gathered fp8 x and its scales, linear.py.)"""
   return remat.tag(results[1], remat.AG_GATHERED)
 
 
@@ -201,12 +246,12 @@ def backward(call, residuals, cotangents, dual):
   """(dx, dw, dbias): dx = RS(dy @ W^T) by `dual` (the differentiable call of matmul_rs), dW = gathered^T @ dy."""
   gathered, w, bias, (x_layout, w_layout, bias_layout) = residuals
   dy, *rest = cotangents
-  dx = dual(dy, w, None, call.dual(DUAL, call.axis if call.axes else None,
-                                   autodiff.request(x_layout, gathered.ndim)))
+  dx = dual(dy, w, None, None, call.dual(DUAL, call.axis if call.axes else None,
+                                         autodiff.request(x_layout, gathered.ndim)))
   if rest:  # the gathered output's own cotangent: the transpose of the all-gather
     (dgathered,) = rest
     dx = dx + (dgathered if call.axes is None else numerics.reduce_scatter(dgathered, call.axes, call.axis))
-  return (autodiff.like(dx, x_layout), autodiff.weight_grad(gathered, dy, 1, w_layout, call.w_kmajor),
+  return (autodiff.like(dx, x_layout), autodiff.weight_grad(gathered, dy, 1, w_layout, call.w_kmajor, w.dtype),
           autodiff.bias_grad(dy, bias, bias_layout))
 
 

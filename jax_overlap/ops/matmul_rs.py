@@ -5,6 +5,10 @@ Shapes: x [..., M, *k] (the contraction sharded: k local), w [*k, N] (or
 z [..., M/T, N] for a group of T. The primitive scatters the rows (dim -2);
 another output dim folds into the rows around it, and the columns (-1) take
 the XLA path (on_shards).
+
+Float8 operands (scaled) add the float32 scalars x_scale and w_scale after the
+bias: each rank's partial is its product scaled by its own scales, staged in
+out_dtype, and z is in out_dtype.
 """
 
 from __future__ import annotations
@@ -32,48 +36,54 @@ REDUCES = True  # the pipelined call ends in a reduction kernel, measured for it
 primitive = jex_core.Primitive("jax_overlap_matmul_rs")
 
 
-def bind(x, w, bias, *, axis_name, axis_size, algorithm, w_kmajor=False, out_specs=None):
+def bind(x, w, bias, scales, *, axis_name, axis_size, algorithm, w_kmajor, out_dtype, out_specs=None):
   """z of the primitive: the rows scattered over axis_name (None: the local product)."""
-  return primitive.bind(x, w, *(() if bias is None else (bias,)), axis_name=axis_name, axis_size=axis_size,
-                        algorithm=algorithm, w_kmajor=w_kmajor, out_specs=out_specs)
+  return primitive.bind(*primitives.operands(x, w, bias, scales), axis_name=axis_name, axis_size=axis_size,
+                        algorithm=algorithm, w_kmajor=w_kmajor, has_bias=bias is not None, scaled=scales is not None,
+                        out_dtype=out_dtype, out_specs=out_specs)
 
 
-def abstract_eval(x, w, *bias, axis_name, axis_size, algorithm, w_kmajor, out_specs):
-  del algorithm, bias, axis_name
+def abstract_eval(x, w, *operands, axis_name, axis_size, algorithm, w_kmajor, has_bias, scaled, out_dtype,
+                  out_specs):
+  del algorithm, operands, axis_name, has_bias, scaled
   contract = w.ndim - 1
   *lead, m = x.shape[:x.ndim - contract]
   n = w.shape[0] if w_kmajor else w.shape[-1]
   (z_spec,) = primitives.result_specs(out_specs, 1)
-  return primitives.result_aval(x, (*lead, m // axis_size, n), z_spec)
+  return primitives.result_aval(x, (*lead, m // axis_size, n), z_spec, out_dtype)
 
 
-def as_matrix(x, w, *bias, w_kmajor, **params):
+def as_matrix(x, w, *operands, w_kmajor, has_bias, scaled, **params):
   """The call with w viewed as a matrix [prod(k), N] and x's trailing k dims as one (row-major: free)."""
+  _, _, bias, scales = primitives.split_operands((x, w, *operands), has_bias, scaled)
   contract = w.ndim - 1
   k = math.prod(w.shape[1:] if w_kmajor else w.shape[:-1])
   w2 = w.reshape(w.shape[0], k) if w_kmajor else w.reshape(k, w.shape[-1])
   x2 = x.reshape(*x.shape[:x.ndim - contract], k)
-  return bind(x2, w2, bias[0] if bias else None, w_kmajor=w_kmajor, **params)
+  return bind(x2, w2, bias, scales, w_kmajor=w_kmajor, **params)
 
 
-def reference(x, w, bias=None, *, axis_name=None, w_kmajor: bool = False, scatter: int = -2):
+def reference(x, w, bias=None, scales=None, *, axis_name=None, w_kmajor: bool = False, scatter: int = -2,
+              out_dtype=None):
   """The XLA decomposition: psum_scatter(x @ w, scatter, tiled) + bias, summed as the GPU algorithms do
   (numerics.py); scatter == -1 (the output columns) adds this rank's block of the bias. axis_name None: the
-  local product."""
+  local product. scales: (x_scale, w_scale) of float8 operands, this rank's; out_dtype: the result's dtype name
+  (None: x's), which the partials are staged in."""
+  out_dtype = out_dtype or x.dtype
   contract = w.ndim - 1
-  acc = numerics.local_matmul(x, w, w_kmajor=w_kmajor, contract=contract)
+  acc = numerics.local_matmul(x, w, w_kmajor=w_kmajor, contract=contract, scales=scales)
   if axis_name is None:
-    return numerics.finish(acc, bias, x.dtype)
+    return numerics.finish(acc, bias, out_dtype)
   if scatter == -1 and bias is not None:
     n = acc.shape[-1] // numerics.group_size(axis_name)
     bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(axis_name) * n, n)
-  return numerics.reduce_scatter(acc.astype(x.dtype), axis_name, scatter, bias)
+  return numerics.reduce_scatter(acc.astype(out_dtype), axis_name, scatter, bias)
 
 
-def reference_all_reduce(x, w, bias=None, *, axis_name, w_kmajor: bool = False):
+def reference_all_reduce(x, w, bias=None, scales=None, *, axis_name, w_kmajor: bool = False, out_dtype=None):
   """psum(x @ w) + bias: the reduction without the scatter, summed as reference's is."""
-  acc = numerics.local_matmul(x, w, w_kmajor=w_kmajor, contract=w.ndim - 1)
-  return numerics.all_reduce(acc.astype(x.dtype), axis_name, bias)
+  acc = numerics.local_matmul(x, w, w_kmajor=w_kmajor, contract=w.ndim - 1, scales=scales)
+  return numerics.all_reduce(acc.astype(out_dtype or x.dtype), axis_name, bias)
 
 
 def results_of_one(y, x) -> list:
@@ -82,21 +92,27 @@ def results_of_one(y, x) -> list:
   return [y]
 
 
+def global_results(results, scales):
+  """The results of a call on global arrays: the primitive's one."""
+  del scales
+  return results
+
+
 # --- one rank's shards ----------------------------------------------------------------
 
-def on_shards(x, w, bias, *, axes, size, algorithm, w_kmajor, axis=-2):
+def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype, axis=-2):
   """psum_scatter(x @ w, axis) + bias inside shard_map or a partitioned body, `axis` a dim of the output; axes
   None: the local product. Another dim than the rows folds into the rows (a tiled scatter moves whole blocks of
   everything after it); the columns (-1) are not a row layout and take the XLA path."""
   contract = w.ndim - 1
   if axis == -1:
     log.debug("jax_overlap.matmul_rs: XLA path (scatter over the output columns; the fused kernels scatter rows)")
-    return reference(x, w, bias, axis_name=axes, w_kmajor=w_kmajor, scatter=-1)
+    return reference(x, w, bias, scales, axis_name=axes, w_kmajor=w_kmajor, scatter=-1, out_dtype=out_dtype)
+  params = dict(axis_name=axes, axis_size=size, algorithm=algorithm, w_kmajor=w_kmajor, out_dtype=out_dtype)
   if axis == -2:
-    return bind(x, w, bias, axis_name=axes, axis_size=size, algorithm=algorithm, w_kmajor=w_kmajor)
+    return bind(x, w, bias, scales, **params)
   out_lead = x.shape[:x.ndim - contract]
-  z = bind(sharding.fold(x, axis + 1 - contract, -contract), w, bias, axis_name=axes, axis_size=size,
-           algorithm=algorithm, w_kmajor=w_kmajor)
+  z = bind(sharding.fold(x, axis + 1 - contract, -contract), w, bias, scales, **params)
   start = len(out_lead) + axis + 1
   return z.reshape(*out_lead[:start], out_lead[start] // size, *out_lead[start + 1:], z.shape[-1])
 
@@ -172,13 +188,14 @@ def _scatter_dim(out, axes, scatter, request) -> int | None:
   return None
 
 
-def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, w_kmajor: bool, scatter) -> tuple[str, tuple]:
-  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim."""
+def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaled: bool, w_kmajor: bool,
+                  scatter) -> tuple[str, tuple]:
+  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim (scales: scalars)."""
   del scatter
   contract = w_ndim - 1
   batch, k = sharding.factors("b", result_ndim(ndim, w_ndim) - 1), sharding.factors("k", contract)
   w_f = ["n", *k] if w_kmajor else [*k, "n"]
-  operands = [" ".join([*batch, *k]), " ".join(w_f)] + (["n"] if has_bias else [])
+  operands = [" ".join([*batch, *k]), " ".join(w_f)] + (["n"] if has_bias else []) + ["", ""] * scaled
   return f"{', '.join(operands)} -> {' '.join([*batch, 'n'])}", tuple(k)
 
 
@@ -186,56 +203,64 @@ def result_ndim(ndim: int, w_ndim: int) -> int:
   return ndim - (w_ndim - 1) + 1
 
 
-def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis):
+def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis, has_bias: bool, scaled: bool,
+                out_dtype: str):
   """The partitioned body of a plan that reduces (plan.axes set): scattered onto plan.scatter, or all-reduced."""
   del axis  # the plan's scatter dim, which the argument decided
   if plan.scatter is None:
-    def multiply_and_reduce(x, w, *bias):
-      return reference_all_reduce(x, w, bias[0] if bias else None, axis_name=plan.axes, w_kmajor=w_kmajor)
+    def multiply_and_reduce(*args):
+      x, w, bias, scales = primitives.split_operands(args, has_bias, scaled)
+      return reference_all_reduce(x, w, bias, scales, axis_name=plan.axes, w_kmajor=w_kmajor, out_dtype=out_dtype)
     return multiply_and_reduce
 
-  def multiply_and_scatter(x, w, *bias):
-    return on_shards(x, w, bias[0] if bias else None, axes=plan.axes, size=size, algorithm=algorithm,
-                     w_kmajor=w_kmajor, axis=plan.scatter)
+  def multiply_and_scatter(*args):
+    x, w, bias, scales = primitives.split_operands(args, has_bias, scaled)
+    return on_shards(x, w, bias, scales, axes=plan.axes, size=size, algorithm=algorithm, w_kmajor=w_kmajor,
+                     out_dtype=out_dtype, axis=plan.scatter)
   return multiply_and_scatter
 
 
 # --- the public function's parts (api.py) ---------------------------------------------------
 
-def check_operands(x, w, bias) -> int:
-  """w [*k, N], contracted with x's trailing dims (arrays of one accepted dtype, api.py): returns N."""
-  k = tuple(w.shape[:-1])
+def check_operands(x, w, bias, w_kmajor: bool) -> int:
+  """w [*k, N] (w_kmajor: [N, *k]), contracted with x's trailing dims (arrays of accepted dtypes, api.py):
+  returns N."""
+  k = tuple(w.shape[1:] if w_kmajor else w.shape[:-1])
   if x.ndim < len(k) + 1:
     raise ValueError(f"jax_overlap.matmul_rs: x must have rank >= {len(k) + 1} (rows and w's {len(k)} contracted "
                      f"dims {k}), got shape {x.shape}")
   if tuple(x.shape[x.ndim - len(k):]) != k:
     if len(k) == 1:
-      raise ValueError(f"jax_overlap.matmul_rs: w's first dim must equal x's last dim (k = {x.shape[-1]}), "
-                       f"got w of shape {w.shape}")
-    raise ValueError(f"jax_overlap.matmul_rs: w's leading dims {k} must equal x's trailing dims, got x of shape "
+      which = "last" if w_kmajor else "first"
+      raise ValueError(f"jax_overlap.matmul_rs: w's {which} dim must equal x's last dim (k = {x.shape[-1]}"
+                       f"{', w_kmajor=True' if w_kmajor else ''}), got w of shape {w.shape}")
+    which = "trailing" if w_kmajor else "leading"
+    raise ValueError(f"jax_overlap.matmul_rs: w's {which} dims {k} must equal x's trailing dims, got x of shape "
                      f"{x.shape}")
-  n = w.shape[-1]
+  n = w.shape[0] if w_kmajor else w.shape[-1]
   if bias is not None and tuple(bias.shape) != (n,):
     raise ValueError(f"jax_overlap.matmul_rs: bias must have shape ({n},) to match w's columns, got {bias.shape}")
   return n
 
 
-def plain(x, w, bias, call):
+def plain(x, w, bias, scales, call):
   """The XLA path as JAX ops (algorithm="xla", or a scatter over the columns inside shard_map). Inside shard_map
   the reference; on global arrays the dot, partitioned by XLA, typed on an Explicit mesh with the plan's
   layouts."""
   log.debug("jax_overlap.matmul_rs: XLA path (%s, as JAX ops)", "algorithm='xla'" if call.algorithm == "xla" else
             "a scatter over the output columns; the GPU algorithms scatter rows")
+  params = dict(w_kmajor=call.w_kmajor, out_dtype=call.out_dtype)
   if call.axes is not None:
-    return reference(x, w, bias, axis_name=call.axes, scatter=call.axis)
+    return reference(x, w, bias, scales, axis_name=call.axes, scatter=call.axis, **params)
   mesh = sharding.explicit_mesh(jax.typeof(x))
   if mesh is None:
-    return reference(x, w, bias)
+    return reference(x, w, bias, scales, **params)
   p = sharding_plan(mesh, sharding.spec_of(jax.typeof(x).sharding, x.ndim),
-                    sharding.spec_of(jax.typeof(w).sharding, w.ndim), x.shape, w.shape, False, call.axis,
+                    sharding.spec_of(jax.typeof(w).sharding, w.ndim), x.shape, w.shape, call.w_kmajor, call.axis,
                     call.request)
-  z = numerics.local_matmul(x, w, contract=w.ndim - 1, out_sharding=NamedSharding(mesh, p.out))
-  return numerics.finish(z, sharding.resharded(bias, mesh, p.bias), x.dtype)
+  z = numerics.local_matmul(x, w, w_kmajor=call.w_kmajor, contract=w.ndim - 1, scales=scales,
+                            out_sharding=NamedSharding(mesh, p.out))
+  return numerics.finish(z, sharding.resharded(bias, mesh, p.bias), call.out_dtype)
 
 
 # --- differentiation (the custom VJP: api.py) --------------------------------------------------
@@ -254,8 +279,9 @@ def backward(call, residuals, cotangents, dual):
   # On global arrays the gather dim points the plan at the dim dz is sharded on; after a scatter of the columns
   # (-1) no dim of dz matches w's output axes, and the plan's plain partitioning gathers dz through XLA.
   gather = -2 if call.axis in (None, -1) else call.axis
-  dx, dz_gathered = dual(dz, w, None, call.dual(DUAL, gather, outputs=2))
-  return (autodiff.like(dx, x_layout), autodiff.weight_grad(x, dz_gathered, w.ndim - 1, w_layout, call.w_kmajor),
+  dx, dz_gathered = dual(dz, w, None, None, call.dual(DUAL, gather, outputs=2))
+  return (autodiff.like(dx, x_layout),
+          autodiff.weight_grad(x, dz_gathered, w.ndim - 1, w_layout, call.w_kmajor, w.dtype),
           autodiff.bias_grad(dz, bias, bias_layout))
 
 

@@ -1,0 +1,219 @@
+"""The fp8 layers on one GPU from bf16 inputs, quantization included, and the transformer block in fp8.
+
+  python benchmarks/bench_fp8_layers.py [--out DIR] [--small]
+
+About 2 minutes on an H200. Writes fp8_layers_<date>.json to --out (default: $OUT, else benchmarks/results) and
+prints the tables last. All columns are measured in the same run; us per call, each variant's calls chained in
+one executable (UNROLL calls, x and w touched by each call's results so nothing is hoisted, both donated so
+nothing is copied), medians of REPEATS runs.
+
+Table `layer`, at 16384x3584x8192 (x [M, K] and w [K, N] in bfloat16), `forward` (y = x @ w) and `train`
+(y, and dx, dW from a bfloat16 cotangent):
+  bf16              the bf16 dot (XLA: cuBLAS), jax.vjp of it in `train`
+  xla_fp8           XLA's best fp8 form of the same computation: current scaling of x and w (the amax, a
+                    power-of-two scale, a cast to e4m3), each converted to float32 times its scale into one dot
+                    (XLA rewrites that into cuBLASLt's fp8 GEMM, with a transpose of w); in `train` a custom
+                    VJP quantizes dy to e5m2 and runs dgrad and wgrad in the same form
+  auto, pipelined,  Fp8AgDotGeneral (op ag) and Fp8RsDotGeneral (op rs) with that algorithm: the same
+  xla               quantization, w cast straight into its K-major layout, then the op
+  *_vs_xla_fp8, *_vs_bf16: the time of xla_fp8 (bf16) over the layer's. Targets: the layers >= 1.1x xla_fp8 and
+  >= 1.5x bf16 (issue 27). A variant that cannot run records its error instead of a time.
+Table `block`: examples/transformer_block.py's DecoderBlock on one GPU (batch 2, seq 4096, embed 4096, 32 heads,
+ffn 14336, bfloat16), one training step (loss, gradients, update): the fp8 layers (auto) against the bf16 block
+on algorithm="xla", ms per step, medians of STEPS steps after the first. Target: fp8 faster.
+--small: tiny sizes, to check the script itself (on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import _harness
+import jax_overlap as jo
+from jax_overlap import dtypes, numerics, primitives
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+import transformer_block as example  # noqa: E402
+
+UNROLL = 10
+REPEATS = 5
+STEPS = 10
+SHAPE = (16384, 3584, 8192)  # M, N, K
+SMALL_SHAPE = (256, 128, 256)
+BLOCK = dict(batch=2, seq=4096, embed=4096, heads=32, ffn=14336)
+SMALL_BLOCK = dict(batch=2, seq=64, embed=64, heads=4, ffn=128)
+LAYER_ALGORITHMS = ("auto", "pipelined", "xla")
+DN = (((1,), (0,)), ((), ()))
+
+
+def formats() -> tuple:
+  """(e4m3, e5m2) of this GPU's float8 family: fnuz on gfx942, OCP elsewhere (the layers' default)."""
+  fnuz = any(dtypes.fp8_family_of(arch) == "fnuz" for _, arch in primitives.local_gpus())
+  return dtypes.fp8_formats("fnuz" if fnuz else "ocp")
+
+
+# --- the baselines ------------------------------------------------------------------------
+
+def _scaled_dot(a, sa, b, sb, dims):
+  """XLA's fp8 GEMM form: both float8 operands converted to float32 times their scales, one dot, bf16 out."""
+  return lax.dot_general(numerics.dequantized(a, sa), numerics.dequantized(b, sb), (dims, ((), ())),
+                         preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+
+
+def xla_fp8_layer(e4m3: str, e5m2: str):
+  """x @ w in XLA's best fp8 form from bf16 x [M, K] and w [K, N], with a custom VJP in the same form."""
+  @jax.custom_vjp
+  def layer(x, w):
+    return forward(x, w)[0]
+
+  def forward(x, w):
+    (x8, sx), (w8, sw) = numerics.current_scaling(x, e4m3), numerics.current_scaling(w, e4m3)
+    return _scaled_dot(x8, sx, w8, sw, ((1,), (0,))), (x8, sx, w8, sw)
+
+  def backward(residuals, dy):
+    x8, sx, w8, sw = residuals
+    dy8, sd = numerics.current_scaling(dy, e5m2)
+    return _scaled_dot(dy8, sd, w8, sw, ((1,), (1,))), _scaled_dot(x8, sx, dy8, sd, ((0,), (0,)))
+
+  layer.defvjp(forward, backward)
+  return layer
+
+
+def variants(op: str) -> dict:
+  e4m3, e5m2 = formats()
+  out = {"bf16": lambda x, w: lax.dot_general(x, w, (DN[0], ((), ()))), "xla_fp8": xla_fp8_layer(e4m3, e5m2)}
+  cls = jo.Fp8AgDotGeneral if op == "ag" else jo.Fp8RsDotGeneral
+  for algorithm in LAYER_ALGORITHMS:
+    out[algorithm] = functools.partial(lambda dot, x, w: dot(x, w, DN), cls(algorithm=algorithm))
+  return out
+
+
+# --- timing ---------------------------------------------------------------------------------
+
+def _status(label: str) -> None:
+  sys.stderr.write(f"\r{label:<60}")
+  sys.stderr.flush()
+
+
+def chained(f, mode: str, ct):
+  """UNROLL calls of f (forward) or of its VJP with cotangent ct (train) in one executable, x and w donated."""
+  def one(x, w):
+    if mode == "forward":
+      return (f(x, w),)
+    y, vjp = jax.vjp(f, x, w)
+    return (y, *vjp(ct))
+
+  def run(x, w):
+    for _ in range(UNROLL):
+      touch = sum(r[0, 0].astype(jnp.float32) for r in one(x, w)) * 0
+      x, w = x.at[0, 0].add(touch.astype(x.dtype)), w.at[0, 0].add(touch.astype(w.dtype))
+    return x, w
+  return jax.jit(run, donate_argnums=(0, 1))
+
+
+def per_call_us(fn, x, w) -> float:
+  x, w = jax.block_until_ready(fn(jnp.array(x), jnp.array(w)))
+  times = []
+  for _ in range(REPEATS):
+    t0 = time.perf_counter()
+    x, w = jax.block_until_ready(fn(x, w))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times) / UNROLL * 1e6
+
+
+def layer_rows(m: int, n: int, k: int) -> list:
+  x, w = _harness.random_bf16((m, k), 0), _harness.random_bf16((k, n), 1) * (k ** -0.5)
+  ct = _harness.random_bf16((m, n), 2)
+  rows = []
+  for op in ("ag", "rs"):
+    for mode in ("forward", "train"):
+      row = dict(table="layer", op=op, mode=mode, m=m, n=n, k=k)
+      for name, f in variants(op).items():
+        _status(f"layer {op} {mode} {name}")
+        try:
+          row[f"{name}_us"] = per_call_us(chained(f, mode, ct), x, w)
+        except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
+          row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+      for algorithm in LAYER_ALGORITHMS:
+        for base in ("xla_fp8", "bf16"):
+          if row.get(f"{algorithm}_us") and row.get(f"{base}_us"):
+            row[f"{algorithm}_vs_{base}"] = row[f"{base}_us"] / row[f"{algorithm}_us"]
+      rows.append(row)
+  sys.stderr.write("\n")
+  return rows
+
+
+def block_rows(sizes: dict) -> list:
+  """One train step of the DecoderBlock with the fp8 layers (auto) and the bf16 block on XLA, on one device."""
+  x = jax.random.normal(jax.random.key(0), (sizes["batch"], sizes["seq"], sizes["embed"]), jnp.bfloat16)
+  target = jax.random.normal(jax.random.key(1), x.shape, jnp.bfloat16)
+  row = dict(table="block", **sizes)
+  for name, algorithm, fp8 in (("fp8_auto", "auto", True), ("bf16_xla", "xla", False)):
+    _status(f"block {name}")
+    model = example.DecoderBlock(sizes["embed"], sizes["heads"], sizes["ffn"], algorithm=algorithm,
+                                 dtype=jnp.bfloat16, rngs=example.nnx.Rngs(1), fp8=fp8)
+    graphdef, params = example.nnx.split(model, example.nnx.Param)
+    params = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+    step = jax.jit(example.make_train_step(graphdef), donate_argnums=(0,))
+    try:
+      times = []
+      for _ in range(STEPS + 1):
+        t0 = time.perf_counter()
+        loss, _, params = step(params, x, target)
+        loss = float(loss)
+        times.append(time.perf_counter() - t0)
+      row[f"{name}_ms"] = statistics.median(times[1:]) * 1e3
+      row[f"{name}_loss"] = loss
+    except Exception as e:  # noqa: BLE001
+      row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+  if row.get("fp8_auto_ms") and row.get("bf16_xla_ms"):
+    row["fp8_vs_bf16"] = row["bf16_xla_ms"] / row["fp8_auto_ms"]
+  sys.stderr.write("\n")
+  return [row]
+
+
+def write(rows: list, out_dir: str, command: str) -> str:
+  os.makedirs(out_dir, exist_ok=True)
+  stamp = datetime.date.today().isoformat()
+  meta = {"date": stamp, "device": jax.devices()[0].device_kind, "devices": len(jax.devices()),
+          "commit": _harness.git_commit(), "command": command, "jax": jax.__version__, "build": jo.build_info(),
+          "formats": formats(), "unroll": UNROLL, "repeats": REPEATS, "steps": STEPS}
+  path = os.path.join(out_dir, f"fp8_layers_{stamp}.json")
+  with open(path, "w") as f:
+    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+  return path
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
+  ap.add_argument("--small", action="store_true", help="tiny sizes: check the script (CPU)")
+  args = ap.parse_args(argv)
+  rows = layer_rows(*(SMALL_SHAPE if args.small else SHAPE)) + block_rows(SMALL_BLOCK if args.small else BLOCK)
+  path = write(rows, args.out, "python " + " ".join(sys.argv))
+  errors = [(r.get("op", "block"), r.get("mode", ""), key, v) for r in rows for key, v in r.items()
+            if key.endswith("_error")]
+  for where in errors:
+    print("error: " + " ".join(where))
+  print(f"results: {path}")
+  _harness.print_table([r for r in rows if r["table"] == "block"],
+                       ["batch", "seq", "embed", "heads", "ffn", "fp8_auto_ms", "bf16_xla_ms", "fp8_vs_bf16"])
+  _harness.print_table([r for r in rows if r["table"] == "layer"],
+                       ["op", "mode", "bf16_us", "xla_fp8_us", *(f"{a}_us" for a in LAYER_ALGORITHMS),
+                        *(f"{a}_vs_{b}" for a in ("auto", "pipelined") for b in ("xla_fp8", "bf16"))])
+
+
+if __name__ == "__main__":
+  main()
