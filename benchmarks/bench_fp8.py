@@ -154,7 +154,8 @@ def _loopback(op: str, world: int, m_total: int, n: int, k: int, dtype: str) -> 
   w = put(rng.standard_normal((n, k) if scaled else (k, n), np.float32).astype(dtype))  # float8: K-major
   out = put(jnp.zeros((1, world * m if op == "ag_matmul" else m // world, n), jnp.bfloat16))
   gathered = put(jnp.zeros((1, world * m, k), dtype)) if op == "ag_matmul" else None
-  scales = put(jnp.ones((2 + world,), jnp.float32))  # x_scale, w_scale, then ag_matmul's gathered scales
+  # x_scale, w_scale and ag_matmul's gathered scales, 16 bytes apart: the vendor GEMM takes 16-byte aligned scales
+  scales = put(jnp.ones((8 + world,), jnp.float32))
   scratch = put(jnp.zeros((nat.pipelined_scratch_bytes(op, world, 1, m, n, 2, True),), jnp.uint8))
   buffers = [x, w, out, gathered, scales, scratch]
   jax.block_until_ready([b for b in buffers if b is not None])
@@ -163,7 +164,7 @@ def _loopback(op: str, world: int, m_total: int, n: int, k: int, dtype: str) -> 
               scratch=ptr(scratch), batch=1, m=m, k=k, n=n, w_kmajor=scaled)
   if scaled:
     base = ptr(scales)
-    call.update(x_scale=base, w_scale=base + 4, gathered_scales=base + 8 if op == "ag_matmul" else 0)
+    call.update(x_scale=base, w_scale=base + 16, gathered_scales=base + 32 if op == "ag_matmul" else 0)
   return call, buffers
 
 

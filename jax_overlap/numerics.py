@@ -141,10 +141,19 @@ def fp8_scale(amax, dtype):
   return jnp.where(ratio > 0, scale, jnp.float32(1))
 
 
+def to_fp8(x, dtype):
+  """x rounded to the float8 format `dtype`, as a value XLA keeps. XLA on GPU may skip a narrowing convert
+  (xla_allow_excess_precision, on by default): it folds a float8 round trip such as a dequantized quantize
+  into no rounding at all, so that its dots would run on the unquantized values (seen on the H200: the fp8
+  layers' XLA GEMMs in float32, their dW off the quantized reference by a quarter of its RMS). The barrier keeps
+  the float8 value the one everything downstream reads."""
+  return lax.optimization_barrier(x.astype(dtype))
+
+
 def quantize(x, dtype, scale):
   """x / scale rounded to the fp8 format `dtype` (round to nearest even): x's quantized value for `scale`. With
   scale a power of two the division is exact, and |x| <= amax keeps every element within the format's range."""
-  return (x.astype(jnp.float32) * (1 / scale)).astype(dtype)
+  return to_fp8(x.astype(jnp.float32) * (1 / scale), dtype)
 
 
 def current_scaling(x, dtype):
@@ -168,4 +177,4 @@ def rescaled_rows(a8, scales, axis: int) -> tuple:
   if scales.shape[0] == 1:
     return a8, scales[0]
   top = jnp.max(scales)
-  return rows_times(a8, scales / top, axis).astype(a8.dtype), top
+  return to_fp8(rows_times(a8, scales / top, axis), a8.dtype), top

@@ -12,6 +12,7 @@
 #include "bindings/bindings.h"
 #include "blas/capture_check.h"
 #include "blas/gemm.h"
+#include "ffi/handlers.h"
 #include "pipelined/copy.h"
 #include "pipelined/measure.h"
 #include "pipelined/schedule.h"
@@ -110,6 +111,10 @@ void bind_pipelined(py::module_& m) {
                     "checked_now"_a = check.checked_now);
   });
   m.def("vendor_gemm_graph_safe", &blas::graph_capture_safe);
+  m.def("vendor_gemm_runs", [] {
+    const VendorGemmRuns r = vendor_gemm_runs();
+    return py::dict("runs"_a = r.runs, "captured"_a = r.captured);
+  });
   // dtype: x's; w_dtype: x's when None; out_dtype: x's when None, required with float8 x.
   m.def(
       "time_gemms",

@@ -218,6 +218,10 @@ Status DeviceBlas::run(const GemmPlan& p, const GemmPointers& g, void* workspace
   std::lock_guard<std::mutex> lock(p.pointers_mu_);
   if (p.bias_) JO_RETURN_IF_ERROR(set_desc(api, p.desc_, kDescBiasPointer, g.bias));
   if (p.scaled_) {
+    for (const float* scale : {g.w_scale, g.x_scale})
+      if (reinterpret_cast<uintptr_t>(scale) % kScaleAlign != 0)
+        return Status{"jax_overlap: a float8 GEMM's scales must be " + std::to_string(kScaleAlign) +
+                      "-byte aligned (" + kLibraryName + " refuses others)"};
     JO_RETURN_IF_ERROR(set_desc(api, p.desc_, kDescAScalePointer, static_cast<const void*>(g.w_scale)));
     JO_RETURN_IF_ERROR(set_desc(api, p.desc_, kDescBScalePointer, static_cast<const void*>(g.x_scale)));
   }

@@ -26,6 +26,11 @@ namespace jo::blas {
 // scratch result, so nothing is allocated per call.
 inline constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
+// The alignment run() requires of a float8 GEMM's scale pointers: cuBLASLt's
+// fails the call (NOT_SUPPORTED) for a scale 4 bytes off one (seen on the
+// H200), so scales a GEMM reads each sit on a slot of their own.
+inline constexpr size_t kScaleAlign = 16;
+
 // The largest power of two (16 to 256) that divides every non-null pointer.
 int alignment_of(std::initializer_list<const void*> pointers);
 

@@ -1,6 +1,7 @@
 // The FFI handler symbols and the one table that names their targets.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "xla/ffi/api/api.h"
@@ -22,6 +23,14 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoVendorGemmExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoVendorGemmNoGraphExecute);
 
 namespace jo {
+
+// Executions of the vendor_gemm targets, and how many of them XLA recorded
+// under stream capture into a command buffer (what its compiled HLO text no
+// longer shows: it forms command buffers from thunks, after the HLO).
+struct VendorGemmRuns {
+  int64_t runs, captured;
+};
+VendorGemmRuns vendor_gemm_runs();
 
 struct FfiTarget {
   const char* op;      // what jax_overlap calls it

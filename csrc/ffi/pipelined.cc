@@ -2,6 +2,7 @@
 // buffer once, bind the call to its group, enqueue the schedule on XLA's stream
 // and the side streams. A group of one is the vendor GEMM alone, on XLA's
 // stream (command-buffer compatible where its capture check passed).
+#include <atomic>
 #include <string>
 
 #include "blas/gemm.h"
@@ -12,6 +13,8 @@
 
 namespace jo {
 namespace {
+
+std::atomic<int64_t> g_vendor_gemm_runs{0}, g_vendor_gemm_captured{0};
 
 // The call's state; its stage plan is checked here, once, not on every execute.
 ffi::ErrorOr<std::unique_ptr<CallState>> instantiate(OpKind kind, PipelinedConfig config,
@@ -157,6 +160,10 @@ ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer
   blas::DeviceBlas* blas = nullptr;
   JO_FFI_RETURN_IF_ERROR(blas::DeviceBlas::get(ordinal, &blas));
   JO_FFI_RETURN_IF_ERROR(pipelined::enqueue_local_gemm(o, *blas, stream));
+  hipStreamCaptureStatus capture{};
+  if (hipStreamIsCapturing(stream, &capture) == hipSuccess && capture == hipStreamCaptureStatusActive)
+    g_vendor_gemm_captured.fetch_add(1, std::memory_order_relaxed);
+  g_vendor_gemm_runs.fetch_add(1, std::memory_order_relaxed);
   return ffi::Error::Success();
 }
 
@@ -175,6 +182,11 @@ auto vendor_gemm_binding() {
 }
 
 }  // namespace
+
+VendorGemmRuns vendor_gemm_runs() {
+  return {g_vendor_gemm_runs.load(std::memory_order_relaxed), g_vendor_gemm_captured.load(std::memory_order_relaxed)};
+}
+
 }  // namespace jo
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulPipelinedInstantiate, jo::AgMatmulPipelinedInstantiate,

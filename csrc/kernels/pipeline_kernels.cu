@@ -104,6 +104,8 @@ __global__ void pipeline_abandon_kernel(FlagAbandon a) {
     gpu::store_release_sys(&flag->site, kSiteAbandoned);
   }
   for (int i = 0; i < a.done_count; ++i) {
+    (void)wait_flag(pick(a.done_after, i), a.epoch, a.site, a.wd, a.rank, pick(a.done_peers, i), a.world,
+                    WaitOn::kPublished);
     PipeFlag* done = pick(a.done, i);
     gpu::store_release_sys(&done->epoch, a.epoch);
     gpu::store_release_sys(&done->site, a.site);

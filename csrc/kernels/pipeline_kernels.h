@@ -95,6 +95,10 @@ hipError_t launch_flag_verify(const FlagVerify& verify, hipStream_t stream);
 // (epoch, kSiteAbandoned), releases this rank's done flags in the peers'
 // regions (it reads nothing more), and records WaitOn::kEnqueueFailed for
 // this rank (setting its abort flag) unless an error is recorded already.
+// A done flag is released only once the peer's flag that follows its wait
+// for this reader's done flag of two calls ago (the same word, the same slot
+// parity) reads this epoch, as a reader's done follows the peer's release:
+// released sooner, it would overwrite the value that wait is for.
 struct FlagAbandon {
   const PipeFlag* readers_done[kMaxWorld];  // in this rank's region: the readers of the unreleased flags' slots
   uint32_t readers[kMaxWorld];
@@ -103,6 +107,8 @@ struct FlagAbandon {
   uint32_t released;                        // bit i: own[i] was released for this epoch already
   int own_count;
   PipeFlag* done[kMaxWorld];                // this rank's done flags in the peers' regions, still to release
+  const PipeFlag* done_after[kMaxWorld];    // each one's peer's flag for this rank (ag: pub, rs: ready)
+  uint32_t done_peers[kMaxWorld];
   int done_count;
   uint32_t epoch;  // low 32 bits
   uint32_t site;

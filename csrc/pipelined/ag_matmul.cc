@@ -22,8 +22,12 @@ struct AgCall {
         region(GatherRegion::make(ctx.peers.world, shard_bytes, op.gemm.types.scaled)),
         scaled(op.gemm.types.scaled) {}
 
-  // The x scale of each gathered shard's GEMM (one GEMM per shard), or none (one GEMM per range of shards).
-  const float* shard_scales(const Operands& op) const { return scaled ? op.gathered_scales : nullptr; }
+  // The x scale of each gathered shard's GEMM (one GEMM per shard, its scale on a slot of its own in the
+  // scratch after the workspaces: gathered_scales' floats are 4 bytes apart), or none (one GEMM per range of
+  // shards).
+  float* shard_scales(const Operands& op) const {
+    return scaled ? reinterpret_cast<float*>(static_cast<char*>(op.scratch) + 2 * blas::kWorkspaceBytes) : nullptr;
+  }
 };
 
 }  // namespace
@@ -58,8 +62,12 @@ void abandon_flags(const Operands& op, const Context& ctx, const Progress& progr
   a->released = progress.released;
   for (int q = 0; q < world && progress.released == 0; ++q)
     if (q != rank) wait_readers_before_marking(ctx, region.done_flag(mine, parity, q), q, a);
-  for (int q = 0; q < world && !progress.verified; ++q)
-    if (q != rank) a->done[a->done_count++] = region.done_flag(ctx.peers.regions[q], parity, rank);
+  for (int q = 0; q < world && !progress.verified; ++q) {
+    if (q == rank) continue;
+    a->done_after[a->done_count] = region.pub_flag(ctx.peers.regions[q], parity);
+    a->done_peers[a->done_count] = static_cast<uint32_t>(q);
+    a->done[a->done_count++] = region.done_flag(ctx.peers.regions[q], parity, rank);
+  }
 }
 
 Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipStream_t origin) {
@@ -76,7 +84,7 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
   const PipeFlag* pulled[kMaxWorld];
   PipeFlag* done[kMaxWorld];
   uint32_t owners[kMaxWorld];
-  ScaleCopy scales{};  // every shard's x scale into gathered_scales, before any shard's GEMM may start
+  ScaleCopy scales{};  // every shard's x scale into its slot, before any shard's GEMM may start
   if (!ctx.loopback) {
     char* mine = ctx.peers.regions[rank];
     PipeFlag* pub = c.region.pub_flag(mine, parity);
@@ -107,12 +115,17 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
   if (c.scaled) {
     // Read from the peers' slot headers after the wait for their pub flags (in loopback my own scale stands
     // in for theirs); the check after the pulls covers them as it does the shards.
+    // Then from the slots into gathered_scales, the result.
+    float* slots = c.shard_scales(op);
+    ScaleCopy result{};
     for (int q = 0; q < world; ++q) {
       scales.src[q] = q == rank || ctx.loopback ? op.x_scale : c.region.scale(ctx.peers.regions[q], parity);
-      scales.dst[q] = op.gathered_scales + q;
+      result.src[q] = scales.dst[q] = slots + q * kScaleSlot;
+      result.dst[q] = op.gathered_scales + q;
     }
-    scales.count = world;
+    scales.count = result.count = world;
     JO_RETURN_IF_HIP_ERROR(launch_copy_scales(scales, s.copy));
+    JO_RETURN_IF_HIP_ERROR(launch_copy_scales(result, s.copy));
   }
   if (!ctx.loopback) JO_RETURN_IF_ERROR(pause_if_asked(s.copy));
   for (int i = 1; i < world; ++i) {

@@ -205,7 +205,7 @@ Status stage_gemms(const Operands& op, const Context& ctx, const RowRange& x, co
     }
     for (int u = first; u < first + count; ++u)
       JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, x, u * unit_rows, out, u * unit_rows, unit_rows,
-                                    ChunkPart{bias, unit_scales + u}, stream_index, enqueue));
+                                    ChunkPart{bias, unit_scales + u * kScaleSlot}, stream_index, enqueue));
   }
   return {};
 }
@@ -220,7 +220,7 @@ uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n
   if (world <= 1) return blas::kWorkspaceBytes;
   const uint64_t workspaces = 2 * blas::kWorkspaceBytes;  // one per compute stream
   switch (op) {
-    case OpKind::kAgMatmul: return workspaces;
+    case OpKind::kAgMatmul: return workspaces + ag_matmul::kScaleSlotsBytes;
     case OpKind::kMatmulRs: return workspaces + matmul_rs::receive_bytes(world, batch, m, n, out_bytes, loopback);
     case OpKind::kAllGather: break;
   }

@@ -89,7 +89,8 @@ struct Operands {
   void* out;              // ag_matmul: y [batch, world * m, n]; matmul_rs: [batch, m / world, n]
   void* gathered;         // ag_matmul: [batch, world * m, k]
   float* gathered_scales;  // ag_matmul, scaled: [world], shard s's x scale in gathered order
-  void* scratch;          // scratch_bytes(): the compute streams' vendor workspaces, matmul_rs's receive area
+  void* scratch;          // scratch_bytes(): the compute streams' vendor workspaces, then ag_matmul's scale slots
+                          // (float8: the gathered scales its GEMMs read) or matmul_rs's receive area
   const int64_t* stages;  // ring positions per stage, in order; they sum to the world size
   int stage_count;
   // matmul_rs: the reduction of the first columns under the GEMM of the last ones (the calls' way; the

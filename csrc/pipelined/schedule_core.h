@@ -97,11 +97,15 @@ struct ChunkPart {
 // of every batch element) @ w into the same rows of `out`, with the bias when
 // `bias`. Each is one vendor GEMM over the range's rows, scaled by op.x_scale;
 // with `unit_scales` (ag_matmul's gathered float8 shards, each with its own
-// rank's scale) one GEMM per unit u instead, scaled by unit_scales[u]. The
+// rank's scale) one GEMM per unit u instead, scaled by the float at slot u
+// (kScaleSlot floats apart: blas::kScaleAlign). The
 // batch elements go into one strided-batched GEMM (w shared: stride 0) when
 // the vendor has an algorithm for it, else one GEMM each. With `enqueue`
 // false it only makes the plans it would run (a plan is made once per problem
 // and alignment and kept: enqueuing after that finds it, and cannot fail on it).
+// Floats from one unit's scale to the next's in stage_gemms' unit_scales.
+inline constexpr int kScaleSlot = static_cast<int>(blas::kScaleAlign / sizeof(float));
+
 Status stage_gemms(const Operands& op, const Context& ctx, const RowRange& x, const RowRange& out, int64_t unit_rows,
                    const UnitRanges& units, bool bias, const float* unit_scales, int stream_index,
                    bool enqueue = true);
@@ -122,6 +126,9 @@ void wait_readers_before_marking(const Context& ctx, const PipeFlag* done, int r
 // done and readers). check_stages: the op's own rule on a stage plan whose
 // sizes are positive and sum to the world size.
 namespace ag_matmul {
+// The scratch beyond the compute streams' vendor workspaces: the gathered
+// float8 scales' slots its GEMMs read (kScaleSlot floats apart).
+inline constexpr uint64_t kScaleSlotsBytes = kMaxWorld * blas::kScaleAlign;
 uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t k, int x_bytes, bool scaled);
 Status check_stages(const int64_t* stages);
 Status make_plans(const Operands& op, const Context& ctx);

@@ -99,6 +99,9 @@ using hipGraphExec_t = cudaGraphExec_t;
 #define hipStreamBeginCapture cudaStreamBeginCapture
 #define hipStreamEndCapture cudaStreamEndCapture
 #define hipStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
+#define hipStreamIsCapturing cudaStreamIsCapturing
+using hipStreamCaptureStatus = cudaStreamCaptureStatus;
+#define hipStreamCaptureStatusActive cudaStreamCaptureStatusActive
 #define hipGraphInstantiateWithFlags cudaGraphInstantiateWithFlags
 #define hipGraphLaunch cudaGraphLaunch
 #define hipGraphDestroy cudaGraphDestroy

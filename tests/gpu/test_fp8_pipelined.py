@@ -79,11 +79,15 @@ def test_loopback_fp8_schedule(op, world, formats, out_dtype):
   out = _poisoned((batch, rows, n), out_dtype)
   gathered = _poisoned((batch, world * m, k), formats[0]) if op == "ag_matmul" else None
   scales = _poisoned((world,), jnp.float32) if op == "ag_matmul" else None
+  # Every device array the call reads or writes stays referenced here until it returned: a buffer freed while
+  # its pointer is in use may be handed to the next allocation.
   xs_dev, ws_dev = _dev(np.array([sx])), _dev(np.array([sw]))
-  call = dict(dtype=_name(formats[0]), w_dtype=_name(formats[1]), out_dtype=_name(out_dtype), x=_ptr(_dev(x)),
-              w=_ptr(_dev(w)), bias=_ptr(_dev(b) if b is not None else None), x_scale=_ptr(xs_dev),
+  x_dev, w_dev, b_dev = _dev(x), _dev(w), (_dev(b) if b is not None else None)
+  scratch = _scratch(op, world, batch, m, n, out_dtype, loopback=True)
+  call = dict(dtype=_name(formats[0]), w_dtype=_name(formats[1]), out_dtype=_name(out_dtype), x=_ptr(x_dev),
+              w=_ptr(w_dev), bias=_ptr(b_dev), x_scale=_ptr(xs_dev),
               w_scale=_ptr(ws_dev), out=_ptr(out), gathered=_ptr(gathered), gathered_scales=_ptr(scales),
-              scratch=_ptr(_scratch(op, world, batch, m, n, out_dtype, loopback=True)), batch=batch, m=m, k=k, n=n,
+              scratch=_ptr(scratch), batch=batch, m=m, k=k, n=n,
               w_kmajor=True, stages=[1, world - 1] if op == "ag_matmul" else [world // 2, world - world // 2])
   if bias_dtype is not None:
     call["bias_dtype"] = _name(bias_dtype)
@@ -108,12 +112,13 @@ def test_loopback_refuses_a_float32_bias_the_gemm_epilogue_cannot_add():
   rng = np.random.default_rng(5)
   x, w = random(rng, (1, 64, 256), E4M3), random(rng, (256, 256), E4M3)
   one = _dev(np.ones((1,), np.float32))
-  call = dict(dtype="float8_e4m3fn", out_dtype="bfloat16", bias_dtype="float32", x=_ptr(_dev(x)), w=_ptr(_dev(w)),
-              bias=_ptr(_dev(np.ones((256,), np.float32))), x_scale=_ptr(one), w_scale=_ptr(one),
-              out=_ptr(_poisoned((1, 128, 256), jnp.bfloat16)), gathered=_ptr(_poisoned((1, 128, 256), E4M3)),
-              gathered_scales=_ptr(_poisoned((2,), jnp.float32)),
-              scratch=_ptr(_scratch("ag_matmul", 2, 1, 64, 256, jnp.bfloat16, loopback=True)), batch=1, m=64, k=256,
-              n=256, w_kmajor=True, stages=[1, 1])
+  buffers = dict(x=_dev(x), w=_dev(w), bias=_dev(np.ones((256,), np.float32)),
+                 out=_poisoned((1, 128, 256), jnp.bfloat16), gathered=_poisoned((1, 128, 256), E4M3),
+                 gathered_scales=_poisoned((2,), jnp.float32),
+                 scratch=_scratch("ag_matmul", 2, 1, 64, 256, jnp.bfloat16, loopback=True))  # referenced to the end
+  call = dict(dtype="float8_e4m3fn", out_dtype="bfloat16", bias_dtype="float32", x_scale=_ptr(one),
+              w_scale=_ptr(one), batch=1, m=64, k=256, n=256, w_kmajor=True, stages=[1, 1],
+              **{name: _ptr(v) for name, v in buffers.items()})
   with pytest.raises(RuntimeError, match="float8 GEMM takes no such bias"):
     native.module().time_loopback(0, "ag_matmul", 2, call, 1)
 
@@ -258,7 +263,7 @@ def test_reduction_under_the_last_gemm_keeps_the_bits(world):
                                out=[_ptr(v) for v in outs], scratch=[_ptr(v) for v in scratch],
                                stages=[1] * world, overlap_reduction=overlap))
     assert g.errors() == []
-    results[overlap] = [np.asarray(o).view(np.uint16) for o in outs]
+    results[overlap] = [np.asarray(o)[0].view(np.uint16) for o in outs]
   rows = m // world
   for r in range(world):
     acc = np.zeros((rows, n), np.float32)

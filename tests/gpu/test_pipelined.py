@@ -21,7 +21,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_overlap as jo
-from gpu_util import in_command_buffer, random, requires_gpu
+from gpu_util import random, requires_gpu, vendor_gemm_runs
 from tolerance import assert_close, rms
 from jax_overlap import native
 
@@ -73,22 +73,27 @@ def test_group_of_one_is_the_vendor_gemm(dtype, lead, m, k, n, op):
 
 
 def test_vendor_gemm_calls_sit_in_a_command_buffer_and_replay_right():
-  """Six chained group-of-one calls: XLA records them into a command buffer (checked in the compiled
-  program) and replays it; every step matches the rounded reference on every run."""
+  """Six chained group-of-one calls: XLA records them into a command buffer (the handler runs under stream
+  capture) and replays it; every step matches the rounded reference on every run."""
   rng = np.random.default_rng(8)
   x, w = random(rng, (1024, 1024), jnp.bfloat16), random(rng, (1024, 1024), jnp.bfloat16, 1 / 32)
   call = jax.shard_map(lambda x, w: jo.ag_matmul(x, w, axis_name="tp", algorithm="pipelined"), mesh=_mesh(),
                        in_specs=(P("tp", None), P()), out_specs=P("tp", None))
   chain = jax.jit(lambda x, w: [x := call(x, w) for _ in range(6)])
-  compiled = chain.lower(x, w).compile().as_text()
-  assert in_command_buffer(compiled) and "jax_overlap_vendor_gemm" in compiled
+  assert "jax_overlap_vendor_gemm" in chain.lower(x, w).compile().as_text()
   want, cur = [], _f64(x)
   for _ in range(6):
     cur = _f64((cur @ _f64(w)).astype(np.float32).astype(jnp.bfloat16))
     want.append(cur)
-  for run in range(2):
-    for step, (out, ref) in enumerate(zip(chain(x, w), want)):
+  counts = []
+  for run in range(3):
+    outs = []
+    counts.append(vendor_gemm_runs(lambda: outs.extend(jax.block_until_ready(chain(x, w)))))
+    for step, (out, ref) in enumerate(zip(outs, want)):
       assert_close(out, ref, jnp.bfloat16, 1024, 1 / 32, f"run {run} step {step}")
+  # Each run either ran the calls or recorded them (gpu_util.vendor_gemm_runs); some run recorded them all.
+  assert all(runs <= 6 and captured in (0, runs) for runs, captured in counts), counts
+  assert sum(captured for _, captured in counts) >= 6, counts
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -251,18 +256,16 @@ def test_absent_rank_times_out_and_poisons_every_output(op):
 
 
 @pytest.mark.parametrize("fault", ["pipelined_plan_fail", "pipelined_fail_after_release"])
-@pytest.mark.parametrize("op", ["matmul_rs"])
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
 def test_a_rank_that_cannot_enqueue_abandons_its_epoch(op, fault):
   """Issue 24, item 3: rank 1 of 2 cannot enqueue a call (fault injection: its vendor GEMM plans cannot be made,
   or a launch fails right after its first release to rank 0). Rank 1's call fails at once naming the cause; rank
   0's ends within seconds, not the 30 s watchdog, with NaN outputs and an error naming rank 1 (after a late
   failure it may also end right: rank 1's data was complete), never wrong; clear_errors() puts both back in
   step. Before, rank 1 made its plans while enqueuing, after taking its epoch, and rank 0 waited for the
-  watchdog.
-
-  ag_matmul is checked in processes (tests/gpu/scenarios/abandon.py, both ops and both faults: the peer fails
-  within a second on the H200). In these simulated ranks, which share one CUDA context, rank 0's ag_matmul
-  waited for its watchdog instead (seen on the H200, both faults; not explained yet), so it is not claimed here."""
+  watchdog. Two calls run first, so the failing call's slots were used two calls ago: rank 1's abandon must not
+  release its done flag for this epoch before rank 0 has waited for the one of two calls ago in the same word
+  (before that fix rank 0 waited for its watchdog, in ag_matmul: seen on the H200)."""
   world, watchdog = 2, 30.0
   rng = np.random.default_rng(80)
   g = _group(world, watchdog)
