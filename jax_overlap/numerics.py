@@ -145,8 +145,8 @@ def to_fp8(x, dtype):
   """x rounded to the float8 format `dtype`, as a value XLA keeps. XLA on GPU may skip a narrowing convert
   (xla_allow_excess_precision, on by default): it folds a float8 round trip such as a dequantized quantize
   into no rounding at all, so that its dots would run on the unquantized values (seen on the H200: the fp8
-  layers' XLA GEMMs in float32, their dW off the quantized reference by a quarter of its RMS). The barrier keeps
-  the float8 value the one everything downstream reads."""
+  layers' dW off the quantized reference by a quarter of its RMS). The barrier keeps the float8 value the one
+  everything downstream reads."""
   return lax.optimization_barrier(x.astype(dtype))
 
 

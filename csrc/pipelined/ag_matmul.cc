@@ -113,9 +113,9 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     JO_RETURN_IF_ERROR(wait_flags(ctx, pulled, owners, world - 1, ctx.epoch, ctx.site, WaitOn::kPublished, s.copy));
   }
   if (c.scaled) {
-    // Read from the peers' slot headers after the wait for their pub flags (in loopback my own scale stands
-    // in for theirs); the check after the pulls covers them as it does the shards.
-    // Then from the slots into gathered_scales, the result.
+    // Every shard's scale into its slot, read from the peers' slot headers after the wait for their pub
+    // flags (in loopback my own scale stands in for theirs; the check after the pulls covers them as it does
+    // the shards), then from the slots into gathered_scales, the result.
     float* slots = c.shard_scales(op);
     ScaleCopy result{};
     for (int q = 0; q < world; ++q) {

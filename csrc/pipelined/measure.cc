@@ -84,7 +84,7 @@ Status time_gemms(int ordinal, const GemmTypes& types, const std::vector<int64_t
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&w.p, k * n * element_bytes(types.w)));
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&y.p, max_rows * n * element_bytes(types.out)));
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&workspace.p, blas::kWorkspaceBytes));
-  constexpr int kSlot = blas::kScaleAlign / sizeof(float);  // x's scale, then w's a slot on
+  constexpr int kSlot = blas::kScaleAlign / sizeof(float);  // x's scale at float 0, w's at kSlot: both aligned
   if (types.scaled) {
     float ones[2 * kSlot] = {};
     ones[0] = ones[kSlot] = 1.f;

@@ -82,6 +82,9 @@ Status verify_and_release(const Context& ctx, const PipeFlag* const* flags, Pipe
 Status wait_flags(const Context& ctx, const PipeFlag* const* flags, const uint32_t* peers, int count, uint64_t epoch,
                   uint32_t site, WaitOn what, hipStream_t stream);
 
+// Floats from one unit's scale to the next's in stage_gemms' unit_scales.
+inline constexpr int kScaleSlot = static_cast<int>(blas::kScaleAlign / sizeof(float));
+
 // What one chunk GEMM covers besides its rows: its columns of w and out
 // (and the bias), whether it adds the bias, and the x scale of its rows
 // (scaled calls).
@@ -103,9 +106,6 @@ struct ChunkPart {
 // the vendor has an algorithm for it, else one GEMM each. With `enqueue`
 // false it only makes the plans it would run (a plan is made once per problem
 // and alignment and kept: enqueuing after that finds it, and cannot fail on it).
-// Floats from one unit's scale to the next's in stage_gemms' unit_scales.
-inline constexpr int kScaleSlot = static_cast<int>(blas::kScaleAlign / sizeof(float));
-
 Status stage_gemms(const Operands& op, const Context& ctx, const RowRange& x, const RowRange& out, int64_t unit_rows,
                    const UnitRanges& units, bool bias, const float* unit_scales, int stream_index,
                    bool enqueue = true);
