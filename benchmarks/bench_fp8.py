@@ -2,7 +2,8 @@
 forms, the T-chunk schedule in loopback, and matmul_rs's trailing reduction with and without its overlap.
 
   python benchmarks/bench_fp8.py [--out DIR] [--quick]      (DIR: $OUT when set, else benchmarks/results;
-                                                             about 2-3 minutes on the H200)
+                                                             its first H200 run passed 200 s at its second of
+                                                             21 rows: give it 15 minutes, or --quick first)
 
 Three tables, every column measured in the same run (us per call, medians; e4m3 x and w, bfloat16 out):
   world 1    per M x N x K: jax_overlap.ag_matmul with algorithm="pipelined" in shard_map over one GPU (the vendor
@@ -101,9 +102,10 @@ def _torch(m: int, n: int, k: int) -> dict:
 
 
 def world_one(m: int, n: int, k: int) -> dict:
-  rng = np.random.default_rng(m + n + k)
-  x = jax.device_put(rng.standard_normal((m, k), np.float32).astype(E4M3))
-  w_kn = jax.device_put(rng.standard_normal((k, n), np.float32).astype(E4M3))
+  # Drawn on the GPU: at these sizes NumPy's draw and float8 cast on the host take longer than the timings.
+  kx, kw = jax.random.split(jax.random.key(m + n + k))
+  x = jax.random.normal(kx, (m, k), jnp.float32).astype(E4M3)
+  w_kn = jax.random.normal(kw, (k, n), jnp.float32).astype(E4M3)
   w_nk = jax.device_put(jnp.asarray(w_kn).T.copy())
   sx, sw = jnp.float32(0.5), jnp.float32(0.5 / k ** 0.5)
 
@@ -148,10 +150,10 @@ def _loopback(op: str, world: int, m_total: int, n: int, k: int, dtype: str) -> 
   nat, dev = native.module(), jax.devices()[0]
   scaled = dtype == FP8
   m = m_total // world if op == "ag_matmul" else m_total  # x's rows per rank
-  rng = np.random.default_rng(world)
+  kx, kw = jax.random.split(jax.random.key(world))  # drawn on the GPU, as in world_one
   put = lambda a: jax.device_put(a, dev)
-  x = put(rng.standard_normal((1, m, k), np.float32).astype(dtype))
-  w = put(rng.standard_normal((n, k) if scaled else (k, n), np.float32).astype(dtype))  # float8: K-major
+  x = put(jax.random.normal(kx, (1, m, k), jnp.float32).astype(dtype))
+  w = put(jax.random.normal(kw, (n, k) if scaled else (k, n), jnp.float32).astype(dtype))  # float8: K-major
   out = put(jnp.zeros((1, world * m if op == "ag_matmul" else m // world, n), jnp.bfloat16))
   gathered = put(jnp.zeros((1, world * m, k), dtype)) if op == "ag_matmul" else None
   # x_scale, w_scale and ag_matmul's gathered scales, 16 bytes apart: the vendor GEMM takes 16-byte aligned scales

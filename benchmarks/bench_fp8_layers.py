@@ -2,17 +2,18 @@
 
   python benchmarks/bench_fp8_layers.py [--out DIR] [--small]
 
-About 2 minutes on an H200. Writes fp8_layers_<date>.json to --out (default: $OUT, else benchmarks/results) and
-prints the tables last. All columns are measured in the same run; us per call, each variant's calls chained in
-one executable (UNROLL calls, x and w touched by each call's results so nothing is hoisted, both donated so
-nothing is copied), medians of REPEATS runs.
+Its first H200 run was still in the ag layer's train rows at 190 s: give it 15 minutes. Writes
+fp8_layers_<date>.json to --out (default: $OUT, else benchmarks/results) and prints the tables last. All
+columns are measured in the same run; us per call, each variant's calls chained in one executable (UNROLL
+calls, x and w touched by each call's results so nothing is hoisted, both donated so nothing is copied),
+medians of REPEATS runs.
 
 Table `layer`, at 16384x3584x8192 (x [M, K] and w [K, N] in bfloat16), `forward` (y = x @ w) and `train`
 (y, and dx, dW from a bfloat16 cotangent):
   bf16              the bf16 dot (XLA: cuBLAS), jax.vjp of it in `train`
   xla_fp8           XLA's best fp8 form of the same computation: current scaling of x and w (the amax, a
                     power-of-two scale, a cast to e4m3), each converted to float32 times its scale into one dot
-                    (XLA rewrites that into cuBLASLt's fp8 GEMM, with a transpose of w); in `train` a custom
+                    (XLA's fp8 GEMM form, numerics.to_fp8 keeping the rounding); in `train` a custom
                     VJP quantizes dy to e5m2 and runs dgrad and wgrad in the same form
   auto, pipelined,  Fp8AgDotGeneral (op ag) and Fp8RsDotGeneral (op rs) with that algorithm: the same
   xla               quantization, w cast straight into its K-major layout, then the op

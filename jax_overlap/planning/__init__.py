@@ -237,8 +237,8 @@ def decide(problem: Problem, op, requested: str, *, again: str | None = None) ->
   if problem.world == 1:
     if not problem.scaled:
       raise Declined("a group of one has no communication to overlap: XLA's dot")
-    # A float8 group of one is the vendor's fp8 GEMM: XLA's own float8 GEMM ran 1.1x (16384 rows) to 2.1x
-    # (4096 rows) slower than cuBLASLt's on the H200 (benchmarks/bench_fp8.py times both).
+    # A float8 group of one is the vendor's fp8 GEMM: XLA's fp8 forms ran 1.1x (16384 rows) to 3.1x (2048 rows)
+    # slower than cuBLASLt's on the H200 (jax 0.11.2, through torch._scaled_mm; benchmarks/bench_fp8.py times both).
     return _plan_pipelined(problem, op, auto=True)
   if again is not None:
     choice = _PLANNERS[again](problem, op, auto=True)
