@@ -379,7 +379,8 @@ def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, w_
 
   gather_axis: any dim of x but the last; the GPU algorithms serve every one.
   algorithm: "auto" (default): "pipelined" or "fused" where the cost model predicts a gain over
-             XLA, else the XLA path (a group of one, other platforms, ineligible calls);
+             XLA, else the XLA path (a 16-bit group of one, other platforms, ineligible
+             calls); a float8 group of one is the vendor's fp8 GEMM;
              "pipelined": the vendor GEMM per chunk of rows while copy engines move the chunks
              between GPUs (an error where it cannot run);
              "fused": one persistent kernel of data movers and GEMM tiles (an error where it
@@ -460,7 +461,8 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, w_
   (the output columns) takes the XLA path (dot + psum_scatter), and the bias is then
   this rank's block of it.
   algorithm: "auto" (default): "pipelined" or "fused" where the cost model predicts a gain over
-             XLA, else the XLA path (a group of one, other platforms, ineligible calls);
+             XLA, else the XLA path (a 16-bit group of one, other platforms, ineligible
+             calls); a float8 group of one is the vendor's fp8 GEMM;
              "pipelined": the vendor GEMM per chunk of rows while copy engines move the chunks
              between GPUs (an error where it cannot run);
              "fused": one persistent kernel of data movers and GEMM tiles (an error where it

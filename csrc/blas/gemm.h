@@ -30,6 +30,8 @@ inline constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 // fails the call (NOT_SUPPORTED) for a scale 4 bytes off one (seen on the
 // H200), so scales a GEMM reads each sit on a slot of their own.
 inline constexpr size_t kScaleAlign = 16;
+// Floats from one scale to the next where scales sit side by side on such slots.
+inline constexpr int kScaleSlot = static_cast<int>(kScaleAlign / sizeof(float));
 
 // The largest power of two (16 to 256) that divides every non-null pointer.
 int alignment_of(std::initializer_list<const void*> pointers);

@@ -62,12 +62,10 @@ void abandon_flags(const Operands& op, const Context& ctx, const Progress& progr
   a->released = progress.released;
   for (int q = 0; q < world && progress.released == 0; ++q)
     if (q != rank) wait_readers_before_marking(ctx, region.done_flag(mine, parity, q), q, a);
-  for (int q = 0; q < world && !progress.verified; ++q) {
-    if (q == rank) continue;
-    a->done_after[a->done_count] = region.pub_flag(ctx.peers.regions[q], parity);
-    a->done_peers[a->done_count] = static_cast<uint32_t>(q);
-    a->done[a->done_count++] = region.done_flag(ctx.peers.regions[q], parity, rank);
-  }
+  for (int q = 0; q < world && !progress.verified; ++q)
+    if (q != rank)
+      release_done_after(region.done_flag(ctx.peers.regions[q], parity, rank),
+                         region.pub_flag(ctx.peers.regions[q], parity), q, a);
 }
 
 Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipStream_t origin) {
@@ -120,7 +118,7 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     ScaleCopy result{};
     for (int q = 0; q < world; ++q) {
       scales.src[q] = q == rank || ctx.loopback ? op.x_scale : c.region.scale(ctx.peers.regions[q], parity);
-      result.src[q] = scales.dst[q] = slots + q * kScaleSlot;
+      result.src[q] = scales.dst[q] = slots + q * blas::kScaleSlot;
       result.dst[q] = op.gathered_scales + q;
     }
     scales.count = result.count = world;

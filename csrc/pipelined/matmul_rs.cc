@@ -125,10 +125,9 @@ void abandon_flags(const Operands& op, const Context& ctx, const Progress& progr
       wait_readers_before_marking(ctx, region.done_flag(mine, parity, b), b, a);
     }
     a->own[a->own_count++] = region.ready_flag(mine, parity, b);
-    if (progress.verified) continue;
-    a->done_after[a->done_count] = region.ready_flag(ctx.peers.regions[b], parity, rank);
-    a->done_peers[a->done_count] = static_cast<uint32_t>(b);
-    a->done[a->done_count++] = region.done_flag(ctx.peers.regions[b], parity, rank);
+    if (!progress.verified)
+      release_done_after(region.done_flag(ctx.peers.regions[b], parity, rank),
+                         region.ready_flag(ctx.peers.regions[b], parity, rank), b, a);
   }
 }
 

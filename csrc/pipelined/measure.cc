@@ -84,10 +84,9 @@ Status time_gemms(int ordinal, const GemmTypes& types, const std::vector<int64_t
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&w.p, k * n * element_bytes(types.w)));
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&y.p, max_rows * n * element_bytes(types.out)));
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&workspace.p, blas::kWorkspaceBytes));
-  constexpr int kSlot = blas::kScaleAlign / sizeof(float);  // x's scale at float 0, w's at kSlot: both aligned
   if (types.scaled) {
-    float ones[2 * kSlot] = {};
-    ones[0] = ones[kSlot] = 1.f;
+    float ones[2 * blas::kScaleSlot] = {};  // x's scale, then w's on the next aligned slot
+    ones[0] = ones[blas::kScaleSlot] = 1.f;
     JO_RETURN_IF_HIP_ERROR(hipMalloc(&scales.p, sizeof(ones)));
     JO_RETURN_IF_HIP_ERROR(hipMemcpy(scales.p, ones, sizeof(ones), hipMemcpyHostToDevice));
   }
@@ -103,7 +102,7 @@ Status time_gemms(int ordinal, const GemmTypes& types, const std::vector<int64_t
     op.x = x.p;
     op.w = w.p;
     op.x_scale = types.scaled ? static_cast<const float*>(scales.p) : nullptr;
-    op.w_scale = types.scaled ? static_cast<const float*>(scales.p) + kSlot : nullptr;
+    op.w_scale = types.scaled ? static_cast<const float*>(scales.p) + blas::kScaleSlot : nullptr;
     op.out = y.p;
     op.scratch = workspace.p;
     return [op, blas](hipStream_t s) { return enqueue_local_gemm(op, *blas, s); };

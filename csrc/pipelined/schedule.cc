@@ -205,7 +205,7 @@ Status stage_gemms(const Operands& op, const Context& ctx, const RowRange& x, co
     }
     for (int u = first; u < first + count; ++u)
       JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, x, u * unit_rows, out, u * unit_rows, unit_rows,
-                                    ChunkPart{bias, unit_scales + u * kScaleSlot}, stream_index, enqueue));
+                                    ChunkPart{bias, unit_scales + u * blas::kScaleSlot}, stream_index, enqueue));
   }
   return {};
 }
@@ -214,6 +214,12 @@ void wait_readers_before_marking(const Context& ctx, const PipeFlag* done, int r
   if (!ctx.slot_used) return;
   a->readers_done[a->reader_count] = done;
   a->readers[a->reader_count++] = static_cast<uint32_t>(reader);
+}
+
+void release_done_after(PipeFlag* done, const PipeFlag* after, int peer, FlagAbandon* a) {
+  a->done_after[a->done_count] = after;
+  a->done_peers[a->done_count] = static_cast<uint32_t>(peer);
+  a->done[a->done_count++] = done;
 }
 
 uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n, int out_bytes, bool loopback) {

@@ -82,9 +82,6 @@ Status verify_and_release(const Context& ctx, const PipeFlag* const* flags, Pipe
 Status wait_flags(const Context& ctx, const PipeFlag* const* flags, const uint32_t* peers, int count, uint64_t epoch,
                   uint32_t site, WaitOn what, hipStream_t stream);
 
-// Floats from one unit's scale to the next's in stage_gemms' unit_scales.
-inline constexpr int kScaleSlot = static_cast<int>(blas::kScaleAlign / sizeof(float));
-
 // What one chunk GEMM covers besides its rows: its columns of w and out
 // (and the bias), whether it adds the bias, and the x scale of its rows
 // (scaled calls).
@@ -101,7 +98,7 @@ struct ChunkPart {
 // `bias`. Each is one vendor GEMM over the range's rows, scaled by op.x_scale;
 // with `unit_scales` (ag_matmul's gathered float8 shards, each with its own
 // rank's scale) one GEMM per unit u instead, scaled by the float at slot u
-// (kScaleSlot floats apart: blas::kScaleAlign). The
+// (blas::kScaleSlot floats apart). The
 // batch elements go into one strided-batched GEMM (w shared: stride 0) when
 // the vendor has an algorithm for it, else one GEMM each. With `enqueue`
 // false it only makes the plans it would run (a plan is made once per problem
@@ -118,6 +115,11 @@ Status chunk_gemm(const Operands& op, const Context& ctx, const RowRange& x, int
 // (FlagAbandon::readers_done): none when the slot was not used two calls ago.
 void wait_readers_before_marking(const Context& ctx, const PipeFlag* done, int reader, FlagAbandon* a);
 
+// An abandon's release of this rank's done flag `done` in `peer`'s region,
+// once the peer's flag `after` for this rank (its pub or ready flag) reads the
+// epoch (FlagAbandon says why).
+void release_done_after(PipeFlag* done, const PipeFlag* after, int peer, FlagAbandon* a);
+
 // Each op's part, in its own file. make_plans: the plans of every GEMM the
 // op's enqueue runs, with the same operands (ctx.epoch is the epoch the call
 // will take). enqueue: the call on the side streams (forked from `origin`
@@ -127,7 +129,7 @@ void wait_readers_before_marking(const Context& ctx, const PipeFlag* done, int r
 // sizes are positive and sum to the world size.
 namespace ag_matmul {
 // The scratch beyond the compute streams' vendor workspaces: the gathered
-// float8 scales' slots its GEMMs read (kScaleSlot floats apart).
+// float8 scales' slots its GEMMs read (blas::kScaleSlot floats apart).
 inline constexpr uint64_t kScaleSlotsBytes = kMaxWorld * blas::kScaleAlign;
 uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t k, int x_bytes, bool scaled);
 Status check_stages(const int64_t* stages);

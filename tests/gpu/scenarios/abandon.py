@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from scenarios.common import Ctx, all_nan
+from scenarios.common import Ctx, all_nan, recorded_error
 from tolerance import close
 
 ENV = {"JAX_OVERLAP_ON_TIMEOUT": "raise", "JAX_OVERLAP_WATCHDOG_SECONDS": "60"}
@@ -37,14 +37,6 @@ def required(rank: int, world: int) -> tuple:
 
 def returncode(rank: int, world: int) -> int:
   return 0
-
-
-def _error(jo) -> str | None:
-  try:
-    jo.check_errors()
-    return None
-  except jo.PeerTimeoutError as e:
-    return str(e)
 
 
 def _call(ctx: Ctx, op: str):
@@ -88,7 +80,7 @@ def _failing_rank(ctx: Ctx, native, call, name: str, fault: str) -> None:
 def _peer(ctx: Ctx, jo, call, right, name: str, fault: str) -> None:
   t0 = time.monotonic()
   out = ctx.local(call())
-  took, err = time.monotonic() - t0, _error(jo)
+  took, err = time.monotonic() - t0, recorded_error(jo)
   nan, (correct, detail) = all_nan(out), right(out)
   told = err is not None and "rank 1" in err and "abandoned" in err
   ok = took < PROMPT_S and ((nan and told) or (fault == "pipelined_fail_after_release" and correct))
@@ -115,4 +107,4 @@ def run(ctx: Ctx) -> None:
         _peer(ctx, jo, call, right, name, fault)
       jo.clear_errors()
       correct, detail = right(ctx.local(call()))
-      ctx.check(f"in_step_after_clear_errors_{name}", _error(jo) is None and correct, detail)
+      ctx.check(f"in_step_after_clear_errors_{name}", recorded_error(jo) is None and correct, detail)

@@ -22,6 +22,15 @@ def gelu_grad(x):
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)
 
 
+def recorded_error(jo) -> str | None:
+  """The error this process's GPUs recorded (check_errors' PeerTimeoutError), or None."""
+  try:
+    jo.check_errors()
+    return None
+  except jo.PeerTimeoutError as e:
+    return str(e)
+
+
 def all_nan(a) -> bool:
   return bool(np.all(np.isnan(np.asarray(a).astype(np.float32))))
 

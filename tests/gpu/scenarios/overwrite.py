@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from scenarios.common import WATCHDOG_SECONDS, Ctx, all_nan
+from scenarios.common import WATCHDOG_SECONDS, Ctx, all_nan, recorded_error
 from tolerance import close
 
 ENV = {"JAX_OVERLAP_ON_TIMEOUT": "raise"}
@@ -39,14 +39,6 @@ def required(rank: int, world: int) -> tuple:
 
 def returncode(rank: int, world: int) -> int:
   return 0
-
-
-def _error(jo) -> str | None:
-  try:
-    jo.check_errors()
-    return None
-  except jo.PeerTimeoutError as e:
-    return str(e)
 
 
 def _calls(ctx: Ctx, op: str):
@@ -89,7 +81,7 @@ def run(ctx: Ctx) -> None:
       t0 = time.monotonic()
       out = ctx.local(call(args[0]))
       native.module().set_faults("")
-      err, paused = _error(jo), time.monotonic() - t0
+      err, paused = recorded_error(jo), time.monotonic() - t0
       nan, (correct, detail) = all_nan(out), right(out, 0)
       ok = paused >= PAUSE_S and ((err is None and correct) or (nan and err is not None))
       ctx.check(f"paused_reader_{op}", ok, f"paused {paused:.1f} s, all NaN {nan}, {detail}, "
@@ -97,10 +89,10 @@ def run(ctx: Ctx) -> None:
     else:
       outs = [call(a) for a in args]
       got = [ctx.local(o) for o in outs]
-      err = _error(jo)
+      err = recorded_error(jo)
       correct, detail = right(got[0], 0)
       ctx.check(f"peer_timed_out_{op}", err is not None and "rank 1" in err and correct,
                 f"first call: {detail}; error: {(err or 'none')[:300]}")
     jo.clear_errors()
     correct, detail = right(ctx.local(call(args[1])), 1)
-    ctx.check(f"in_step_after_clear_errors_{op}", _error(jo) is None and correct, detail)
+    ctx.check(f"in_step_after_clear_errors_{op}", recorded_error(jo) is None and correct, detail)
