@@ -50,12 +50,18 @@ UNROLL = 20
 REPEATS = 7
 
 
+_STARTED = time.monotonic()
+
+
+def note(label: str) -> None:
+  """A line on stderr with the seconds since the start: a log cut short by a time limit says where it was."""
+  sys.stderr.write(f"{time.monotonic() - _STARTED:6.0f} s  {label}\n")
+  sys.stderr.flush()
+
+
 def progress(i: int, total: int, label: str) -> None:
   done = int(30 * i / total)
-  sys.stderr.write(f"\r[{'#' * done}{'.' * (30 - done)}] {i}/{total} {label:<40}")
-  sys.stderr.flush()
-  if i == total:
-    sys.stderr.write("\n")
+  note(f"[{'#' * done}{'.' * (30 - done)}] {i}/{total} {label}")
 
 
 def wall_us(fn, *args, unroll: int = UNROLL) -> float:

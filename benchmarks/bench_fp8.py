@@ -1,9 +1,10 @@
 """Float8 ag_matmul / matmul_rs on one GPU: the op's vendor float8 GEMM against torch._scaled_mm and XLA's fp8
 forms, the T-chunk schedule in loopback, and matmul_rs's trailing reduction with and without its overlap.
 
-  python benchmarks/bench_fp8.py [--out DIR] [--quick]      (DIR: $OUT when set, else benchmarks/results;
-                                                             its first H200 run passed 200 s at its second of
-                                                             21 rows: give it 15 minutes, or --quick first)
+  python benchmarks/bench_fp8.py [--out DIR] [--quick] [--tables T ...] [--shapes M,N,K ...] [--worlds T ...]
+
+(DIR: $OUT when set, else benchmarks/results.) Its first H200 run passed 200 s at its second of 21 rows:
+give it 15 minutes, or --quick first. The results file is rewritten after every row.
 
 Three tables, every column measured in the same run (us per call, medians; e4m3 x and w, bfloat16 out):
   world 1    per M x N x K: jax_overlap.ag_matmul with algorithm="pipelined" in shard_map over one GPU (the vendor
@@ -33,7 +34,6 @@ import dataclasses
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU with JAX here
 
@@ -131,12 +131,12 @@ def world_one(m: int, n: int, k: int) -> dict:
     return jnp.dot(x, w)
 
   xb, wb = x.astype(jnp.bfloat16), w_kn.astype(jnp.bfloat16)
-  row = dict(table="world 1", m=m, n=n, k=k,
-             op_kmajor_us=_jax_us(_chain(op(True)), x, w_nk, sx, sw),
-             op_kn_us=_jax_us(_chain(op(False)), x, w_kn, sx, sw),
-             xla_f8_us=_jax_us(_chain(xla_f8), x, w_kn, sx, sw),
-             xla_dq_us=_jax_us(_chain(xla_dq), x, w_kn, sx, sw),
-             xla_bf16_us=_jax_us(_chain(bf16), xb, wb, sx, sw), **_torch(m, n, k))
+  row = dict(table="world 1", m=m, n=n, k=k)
+  for name, fn, args in (("op_kmajor", op(True), (x, w_nk)), ("op_kn", op(False), (x, w_kn)),
+                         ("xla_f8", xla_f8, (x, w_kn)), ("xla_dq", xla_dq, (x, w_kn)), ("xla_bf16", bf16, (xb, wb))):
+    _harness.note(f"  {name}")
+    row[f"{name}_us"] = _jax_us(_chain(fn), *args, sx, sw)
+  row.update(_torch(m, n, k))
   best_kn = min(row["xla_f8_us"], row["xla_dq_us"])
   row.update(**{f"{name}_tflops": _harness.tflops(m, n, k, row.get(f"{name}_us"))
                 for name in ("op_kmajor", "xla_dq", "torch")},
@@ -214,32 +214,36 @@ def reduction(world: int, m_total: int, n: int, k: int, dtype: str) -> dict:
               reduce_share=reduce / trailing, hidden=(trailing - overlap) / reduce)
 
 
+TABLES = ("world1", "schedule", "reduction")
+
+
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
   ap.add_argument("--quick", action="store_true", help="the first shape and T = 4 only")
+  ap.add_argument("--tables", nargs="*", choices=TABLES, default=TABLES)
+  ap.add_argument("--shapes", nargs="*", help="M,N,K per shape (default: all three)")
+  ap.add_argument("--worlds", nargs="*", type=int, help="T of the loopback tables (default: 2 4 8)")
   args = ap.parse_args(argv)
-  shapes, worlds = (SHAPES[:1], [4]) if args.quick else (SHAPES, WORLDS)
-  t0 = time.monotonic()
-  steps = len(shapes) + 2 * 2 * len(worlds) + 2 * len(worlds)
-  rows = []
-  for m, n, k in shapes:
-    _harness.progress(len(rows), steps, f"world 1 {m}x{n}x{k}")
-    rows.append(world_one(m, n, k))
-  for m, n, k in shapes[:2]:
-    for op in ("ag_matmul", "matmul_rs"):
-      for world in worlds:
-        _harness.progress(len(rows), steps, f"{op} T={world} {m}x{n}x{k}")
-        rows.append(schedule(op, world, m, n, k))
-  m, n, k = shapes[0]
-  for dtype in ("bfloat16", FP8):
-    for world in worlds:
-      _harness.progress(len(rows), steps, f"reduction {dtype} T={world}")
-      rows.append(reduction(world, m, n, k, dtype))
-  _harness.progress(steps, steps, f"done in {time.monotonic() - t0:.0f} s")
-  path = _harness.write_results("fp8", rows, args.out, "python " + " ".join(sys.argv),
-                                series=(("op_kmajor", "#ff7f0e"), ("xla_dq", "#1f77b4"), ("torch", "#7f7f7f")),
-                                plotted=lambda r: r["table"] == "world 1")
+  shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes] if args.shapes else SHAPES
+  worlds = args.worlds or WORLDS
+  if args.quick:
+    shapes, worlds = shapes[:1], [4]
+  work = [("world1", (m, n, k)) for m, n, k in shapes]
+  work += [("schedule", (op, world, *shape)) for shape in shapes[:2] for op in ("ag_matmul", "matmul_rs")
+           for world in worlds]
+  work += [("reduction", (world, *shapes[0], dtype)) for dtype in ("bfloat16", FP8) for world in worlds]
+  work = [(table, a) for table, a in work if table in args.tables]
+  run = {"world1": world_one, "schedule": schedule, "reduction": reduction}
+  command, rows = "python " + " ".join(sys.argv), []
+  for table, a in work:
+    _harness.progress(len(rows), len(work), f"{table} {a}")
+    rows.append(run[table](*a))
+    # Written after every row: a run cut short by a time limit keeps what it measured.
+    path = _harness.write_results("fp8", rows, args.out, command,
+                                  series=(("op_kmajor", "#ff7f0e"), ("xla_dq", "#1f77b4"), ("torch", "#7f7f7f")),
+                                  plotted=lambda r: r["table"] == "world 1")
+  _harness.progress(len(rows), len(work), "done")
   print(f"results: {path}.json, {path}.svg")
   _harness.print_table([r for r in rows if r["table"] == "world 1"],
                        ["m", "n", "k", "op_kmajor_us", "op_kn_us", "torch_us", "xla_f8_us", "xla_dq_us",

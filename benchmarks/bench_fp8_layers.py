@@ -1,6 +1,6 @@
 """The fp8 layers on one GPU from bf16 inputs, quantization included, and the transformer block in fp8.
 
-  python benchmarks/bench_fp8_layers.py [--out DIR] [--small]
+  python benchmarks/bench_fp8_layers.py [--out DIR] [--small] [--tables layer block]
 
 Its first H200 run was still in the ag layer's train rows at 190 s: give it 15 minutes. Writes
 fp8_layers_<date>.json to --out (default: $OUT, else benchmarks/results) and prints the tables last. All
@@ -103,11 +103,6 @@ def variants(op: str) -> dict:
 
 # --- timing ---------------------------------------------------------------------------------
 
-def _status(label: str) -> None:
-  sys.stderr.write(f"\r{label:<60}")
-  sys.stderr.flush()
-
-
 def chained(f, mode: str, ct):
   """UNROLL calls of f (forward) or of its VJP with cotangent ct (train) in one executable, x and w donated."""
   def one(x, w):
@@ -142,7 +137,7 @@ def layer_rows(m: int, n: int, k: int) -> list:
     for mode in ("forward", "train"):
       row = dict(table="layer", op=op, mode=mode, m=m, n=n, k=k)
       for name, f in variants(op).items():
-        _status(f"layer {op} {mode} {name}")
+        _harness.note(f"layer {op} {mode} {name}")
         try:
           row[f"{name}_us"] = per_call_us(chained(f, mode, ct), x, w)
         except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
@@ -152,7 +147,6 @@ def layer_rows(m: int, n: int, k: int) -> list:
           if row.get(f"{algorithm}_us") and row.get(f"{base}_us"):
             row[f"{algorithm}_vs_{base}"] = row[f"{base}_us"] / row[f"{algorithm}_us"]
       rows.append(row)
-  sys.stderr.write("\n")
   return rows
 
 
@@ -162,7 +156,7 @@ def block_rows(sizes: dict) -> list:
   target = jax.random.normal(jax.random.key(1), x.shape, jnp.bfloat16)
   row = dict(table="block", **sizes)
   for name, algorithm, fp8 in (("fp8_auto", "auto", True), ("bf16_xla", "xla", False)):
-    _status(f"block {name}")
+    _harness.note(f"block {name}")
     model = example.DecoderBlock(sizes["embed"], sizes["heads"], sizes["ffn"], algorithm=algorithm,
                                  dtype=jnp.bfloat16, rngs=example.nnx.Rngs(1), fp8=fp8)
     graphdef, params = example.nnx.split(model, example.nnx.Param)
@@ -181,7 +175,6 @@ def block_rows(sizes: dict) -> list:
       row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
   if row.get("fp8_auto_ms") and row.get("bf16_xla_ms"):
     row["fp8_vs_bf16"] = row["bf16_xla_ms"] / row["fp8_auto_ms"]
-  sys.stderr.write("\n")
   return [row]
 
 
@@ -201,8 +194,14 @@ def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
   ap.add_argument("--small", action="store_true", help="tiny sizes: check the script (CPU)")
+  ap.add_argument("--tables", nargs="*", choices=("layer", "block"), default=("layer", "block"))
   args = ap.parse_args(argv)
-  rows = layer_rows(*(SMALL_SHAPE if args.small else SHAPE)) + block_rows(SMALL_BLOCK if args.small else BLOCK)
+  rows = []
+  if "layer" in args.tables:
+    rows += layer_rows(*(SMALL_SHAPE if args.small else SHAPE))
+    write(rows, args.out, "python " + " ".join(sys.argv))  # kept should the block's rows outrun a time limit
+  if "block" in args.tables:
+    rows += block_rows(SMALL_BLOCK if args.small else BLOCK)
   path = write(rows, args.out, "python " + " ".join(sys.argv))
   errors = [(r.get("op", "block"), r.get("mode", ""), key, v) for r in rows for key, v in r.items()
             if key.endswith("_error")]
