@@ -1,12 +1,14 @@
 """The fp8 layers on one GPU from bf16 inputs, quantization included, and the transformer block in fp8.
 
-  python benchmarks/bench_fp8_layers.py [--out DIR] [--small] [--tables layer block]
+  python benchmarks/bench_fp8_layers.py [--out DIR] [--small] [--tables layer block] [--ops ag rs]
+                                        [--modes forward train] [--variants NAME ...]
 
-Its first H200 run was still in the ag layer's train rows at 190 s: give it 15 minutes. Writes
-fp8_layers_<date>.json to --out (default: $OUT, else benchmarks/results) and prints the tables last. All
-columns are measured in the same run; us per call, each variant's calls chained in one executable (UNROLL
-calls, x and w touched by each call's results so nothing is hoisted, both donated so nothing is copied),
-medians of REPEATS runs.
+On the H200 (jax 0.11.2) each float8 variant of a `train` row compiles for about 80 s (XLA autotunes the
+float8 dot of dW), the `forward` rows in seconds: the whole run takes about 15 minutes. Writes
+fp8_layers_<date>.json to --out (default: $OUT, else benchmarks/results) after every row and prints the tables
+last. All columns are measured in the same run; us per call, each variant's calls chained in one executable
+(UNROLL calls, x and w touched by each call's results so nothing is hoisted, both donated so nothing is
+copied), a row's variants compiled first and then timed in turns, medians of REPEATS rounds.
 
 Table `layer`, at 16384x3584x8192 (x [M, K] and w [K, N] in bfloat16), `forward` (y = x @ w) and `train`
 (y, and dx, dW from a bfloat16 cotangent):
@@ -119,34 +121,47 @@ def chained(f, mode: str, ct):
   return jax.jit(run, donate_argnums=(0, 1))
 
 
-def per_call_us(fn, x, w) -> float:
-  x, w = jax.block_until_ready(fn(jnp.array(x), jnp.array(w)))
-  times = []
-  for _ in range(REPEATS):
+def _timer(fn, x, w):
+  """A timer of one run of fn (UNROLL chained calls) on its own donated copies of x and w: wall time per call, us.
+  Compiles and warms up first."""
+  state = list(jax.block_until_ready(fn(jnp.array(x), jnp.array(w))))
+
+  def timed() -> float:
     t0 = time.perf_counter()
-    x, w = jax.block_until_ready(fn(x, w))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times) / UNROLL * 1e6
+    state[:] = jax.block_until_ready(fn(*state))
+    return (time.perf_counter() - t0) / UNROLL * 1e6
+  return timed
 
 
-def layer_rows(m: int, n: int, k: int) -> list:
+def layer_rows(m: int, n: int, k: int, ops, modes, names, out) -> list:
+  """The layer table, its variants of a row compiled first and then timed in turns (REPEATS rounds, medians); `out`
+  is called with the rows so far after every row."""
   x, w = _harness.random_bf16((m, k), 0), _harness.random_bf16((k, n), 1) * (k ** -0.5)
   ct = _harness.random_bf16((m, n), 2)
   rows = []
-  for op in ("ag", "rs"):
-    for mode in ("forward", "train"):
+  for mode in modes:
+    for op in ops:
       row = dict(table="layer", op=op, mode=mode, m=m, n=n, k=k)
+      timers = {}
       for name, f in variants(op).items():
-        _harness.note(f"layer {op} {mode} {name}")
+        if name not in names:
+          continue
+        _harness.note(f"layer {op} {mode} {name}: compiling")
         try:
-          row[f"{name}_us"] = per_call_us(chained(f, mode, ct), x, w)
+          timers[name] = _timer(chained(f, mode, ct), x, w)
         except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
           row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+      times = {name: [] for name in timers}
+      for _ in range(REPEATS):  # in turns: the clocks drift, and turns spread it over every variant alike
+        for name, timed in timers.items():
+          times[name].append(timed())
+      row.update({f"{name}_us": statistics.median(t) for name, t in times.items()})
       for algorithm in LAYER_ALGORITHMS:
         for base in ("xla_fp8", "bf16"):
           if row.get(f"{algorithm}_us") and row.get(f"{base}_us"):
             row[f"{algorithm}_vs_{base}"] = row[f"{base}_us"] / row[f"{algorithm}_us"]
       rows.append(row)
+      out(rows)
   return rows
 
 
@@ -195,14 +210,19 @@ def main(argv=None) -> None:
   ap.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
   ap.add_argument("--small", action="store_true", help="tiny sizes: check the script (CPU)")
   ap.add_argument("--tables", nargs="*", choices=("layer", "block"), default=("layer", "block"))
+  ap.add_argument("--ops", nargs="*", choices=("ag", "rs"), default=("ag", "rs"))
+  ap.add_argument("--modes", nargs="*", choices=("forward", "train"), default=("forward", "train"))
+  ap.add_argument("--variants", nargs="*", choices=("bf16", "xla_fp8", *LAYER_ALGORITHMS),
+                  default=("bf16", "xla_fp8", *LAYER_ALGORITHMS), help="the layer table's columns")
   args = ap.parse_args(argv)
+  command = "python " + " ".join(sys.argv)
   rows = []
-  if "layer" in args.tables:
-    rows += layer_rows(*(SMALL_SHAPE if args.small else SHAPE))
-    write(rows, args.out, "python " + " ".join(sys.argv))  # kept should the block's rows outrun a time limit
+  if "layer" in args.tables:  # written after every row: a run cut short by a time limit keeps what it measured
+    rows += layer_rows(*(SMALL_SHAPE if args.small else SHAPE), args.ops, args.modes, args.variants,
+                       lambda done: write(done, args.out, command))
   if "block" in args.tables:
     rows += block_rows(SMALL_BLOCK if args.small else BLOCK)
-  path = write(rows, args.out, "python " + " ".join(sys.argv))
+  path = write(rows, args.out, command)
   errors = [(r.get("op", "block"), r.get("mode", ""), key, v) for r in rows for key, v in r.items()
             if key.endswith("_error")]
   for where in errors:

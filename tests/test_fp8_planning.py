@@ -66,14 +66,16 @@ def test_ag_matmul_float8_figures(fake):
 @pytest.mark.parametrize("out,itemsize", [("bfloat16", 2), ("float32", 4)])
 def test_matmul_rs_float8_figures(fake, out, itemsize):
   """A float8 matmul_rs moves and reduces partials in its output's dtype, one GEMM per stage (one scale pair);
-  its reduction of 768 of 1024 columns runs under the GEMM of the rest."""
+  its reduction runs after its last GEMM, unsplit (pipelined.overlaps_reduction), where a 16-bit call's reduction
+  of 768 of 1024 columns runs under the GEMM of the rest."""
   calls = []
   timed = fake.time_reduce
   fake.time_reduce = lambda *args: calls.append(args) or timed(*args)
   f = figures.measure(matmul_rs, "float8_e4m3fn", 4096, 512, 1024, 4, True, types=("float8_e4m3fn", out))
   assert calls == [(runtime.first_ordinal(), out, 4, 1024, 1024)]
   assert f.chunk_bytes == 1024 * 1024 * itemsize and f.stage_gemm_us is None
-  assert f.split_share == 768 / 1024
+  assert f.split_share == 0.0
+  assert figures.measure(matmul_rs, "bfloat16", 4096, 512, 1024, 4, False).split_share == 768 / 1024
 
 
 def test_the_reduction_split_matches_the_schedules():
@@ -81,6 +83,9 @@ def test_the_reduction_split_matches_the_schedules():
     pytest.skip("needs the CUDA build of the extension (csrc/pipelined/schedule.h reduce_split_columns)")
   for n in (64, 336, 344, 512, 1000, 1024, 3584, 8192):
     assert pipelined.reduce_split_columns(n) == native.module().reduce_split_columns(n), n
+  for types in (dict(dtype="bfloat16"), dict(dtype="float16"),
+                dict(dtype="float8_e4m3fn", w_dtype="float8_e5m2", out_dtype="bfloat16")):
+    assert pipelined.overlaps_reduction("float8" in types["dtype"]) == native.module().overlaps_reduction(types), types
 
 
 def test_a_float8_shard_carries_its_scale_in_a_slot_header():

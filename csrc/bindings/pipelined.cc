@@ -45,7 +45,8 @@ pipelined::Operands loopback_operands(py::dict c, std::vector<int64_t>* stages) 
   if (o.gemm.types.scaled && (o.x_scale == nullptr || o.w_scale == nullptr))
     throw std::invalid_argument("jax_overlap: a float8 loopback call takes x_scale and w_scale (and ag_matmul "
                                 "gathered_scales)");
-  if (c.contains("overlap_reduction")) o.overlap_reduction = c["overlap_reduction"].cast<bool>();
+  o.overlap_reduction = c.contains("overlap_reduction") ? c["overlap_reduction"].cast<bool>()
+                                                        : pipelined::overlaps_reduction(o.gemm.types);
   *stages = c["stages"].cast<std::vector<int64_t>>();
   o.stages = stages->data();
   o.stage_count = static_cast<int>(stages->size());
@@ -87,6 +88,8 @@ void bind_pipelined(py::module_& m) {
       py::arg("op"), py::arg("world"), py::arg("batch"), py::arg("m"), py::arg("n"), py::arg("out_bytes"),
       py::arg("loopback") = false);
   m.def("reduce_split_columns", &pipelined::reduce_split_columns, py::arg("n"));
+  // Whether matmul_rs's calls of a call dict's types ("dtype", "w_dtype", "out_dtype") reduce under their last GEMM.
+  m.def("overlaps_reduction", [](py::dict c) { return pipelined::overlaps_reduction(gemm_types_arg(c, kTakes)); });
   // The float8 formats the vendor GEMM runs on a GPU of architecture `arch` ("sm_90", "gfx942": the
   // runtime's device_info), by jax's names.
   m.def(

@@ -249,6 +249,13 @@ int64_t reduce_split_columns(int64_t n) {
   return 3 * n / 4 / kTile * kTile;
 }
 
+bool overlaps_reduction(const GemmTypes& types) {
+  // Not for float8: the vendor's float8 GEMM (persistent, on every SM) leaves the reduction no SM until its last
+  // wave, and the two narrower GEMMs of the split run slower than one; on the H200 the split made the call 28-46 us
+  // slower at T = 2, 4 and 8 (benchmarks/results/fp8_2026-12-02.json, table reduction).
+  return !types.scaled;
+}
+
 Status check_stages(OpKind op, int world, const int64_t* stages, int stage_count) {
   int64_t total = 0;
   for (int j = 0; j < stage_count; ++j) {

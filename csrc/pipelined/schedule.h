@@ -24,7 +24,7 @@
 //                   rewriting; GEMM the blocks' rows of x into my staging slot (in the output
 //                   dtype; float8: scaled by my own x and w scales), release ready(e) per block.
 //                   The last stage releases its peers' blocks first, then GEMMs my own block in
-//                   two parts by columns (overlap_reduction): the first ~3/4, then the rest.
+//                   two parts by columns (overlap_reduction; 16-bit calls): the first ~3/4, then the rest.
 //   copy stream:    for q = r-1, r-2, ... (the order in which peers compute my block): wait for
 //                   q's ready(e) of block r, pull it into my receive area; then verify that every
 //                   ready(e) pulled still holds and release done(e) in the stagers' regions.
@@ -93,8 +93,8 @@ struct Operands {
                           // (float8: the gathered scales its GEMMs read) or matmul_rs's receive area
   const int64_t* stages;  // ring positions per stage, in order; they sum to the world size
   int stage_count;
-  // matmul_rs: the reduction of the first columns under the GEMM of the last ones (the calls' way; the
-  // benchmarks and tests also time and check the schedule without it).
+  // matmul_rs: the reduction of the first columns under the GEMM of the last ones (calls: overlaps_reduction of
+  // their types; the benchmarks and tests also time and check the schedule the other way).
   bool overlap_reduction = true;
 };
 
@@ -109,6 +109,9 @@ uint64_t region_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t k,
 // matmul_rs's columns of output reduced under the GEMM of the rest: 3/4 of n rounded down to whole 256-column
 // tiles of the vendor GEMM; 0 (no split) when that is none.
 int64_t reduce_split_columns(int64_t n);
+// Whether matmul_rs's calls of these types split their last GEMM to reduce under it (Operands::overlap_reduction;
+// the benchmarks and tests set either way).
+bool overlaps_reduction(const GemmTypes& types);
 // Checks a stage plan: positive sizes summing to `world`, ag_matmul's first stage its own shard alone.
 Status check_stages(OpKind op, int world, const int64_t* stages, int stage_count);
 

@@ -105,4 +105,5 @@ def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor
                  link_bytes_per_us=link, local_bytes_per_us=local,
                  reduce_us=reduce_us(out_dtype, chunk_rows, world, n) if op.REDUCES else None,
                  stage_gemm_us=tuple(s * gemm[0] for s in range(1, world + 1)) if per_shard else None,
-                 split_share=pipelined.reduce_split_columns(n) / n if op.REDUCES else 0.0)
+                 split_share=pipelined.reduce_split_columns(n) / n
+                 if op.REDUCES and pipelined.overlaps_reduction(types is not None) else 0.0)

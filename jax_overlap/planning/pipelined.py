@@ -58,6 +58,12 @@ def reduce_split_columns(n: int) -> int:
   return 3 * n // 4 // REDUCE_SPLIT_TILE * REDUCE_SPLIT_TILE
 
 
+def overlaps_reduction(float8: bool) -> bool:
+  """Whether matmul_rs's calls split their last GEMM to reduce under it: not with float8 operands, where the split
+  measured slower than none (csrc/pipelined/schedule.h overlaps_reduction says why; a CPU test compares the two)."""
+  return not float8
+
+
 def gemm_us(f, chunks: int) -> float:
   """What a stage of `chunks` chunks spends in GEMMs (f: figures.Figures): one vendor GEMM over their rows, or
   where the schedule runs several (f.stage_gemm_us), those."""
