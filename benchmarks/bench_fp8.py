@@ -11,18 +11,22 @@ Three tables, every column measured in the same run (us per call, medians; e4m3 
              float8 GEMM as an FFI call), w K-major (`op_kmajor_us`) and w given [K, N] (`op_kn_us`: the lowering
              transposes w in each call, as XLA's forms do); XLA's direct f8 dot (`xla_f8_us`) and its
              f32-dequantized form (`xla_dq_us`), both with w [K, N], and XLA's bf16 dot; each 20 calls chained in
-             one executable (wall time per call). torch._scaled_mm (`torch_us`: cuBLASLt, K-major w, fast
-             accumulation off as by default) and torch's bf16 matmul, 20 calls back to back between events.
-             Against issue 27's targets: torch_vs_op (torch / op, K-major) >= 0.95; xla_best_vs_op_kn (XLA's best
-             [K, N] form / op_kn) >= 1.0; xla_f8_vs_op (XLA's direct f8 dot / op) >= 1.5 at 4096 rows.
+             one executable (wall time per call, the executable's launch and wait included). torch._scaled_mm
+             (`torch_us`: cuBLASLt, K-major w, fast accumulation off as by default) and torch's bf16 matmul, 20
+             calls back to back between CUDA events (GPU time). Every column takes its turn in each of ROUNDS
+             rounds (medians). `op_kmajor_gpu_us`: the op's GPU time per chained call from the profiler, as
+             torch's events count theirs; `op_kmajor_kernel_us` its GEMM kernel alone.
+             Against issue 27's targets: torch_vs_op_gpu (torch / the op's GPU time; torch_vs_op with its wall
+             time) >= 0.95; xla_best_vs_op_kn (XLA's best [K, N] form / op_kn) >= 1.0; xla_f8_vs_op (XLA's
+             direct f8 dot / op) >= 1.5 at 4096 rows.
   schedule   the op's schedule as rank 0 of T in loopback (csrc/pipelined/schedule.h): its chunk GEMMs (ag_matmul:
              one per shard, each with its shard's scale) on two compute streams beside the copy stream's traffic,
              this GPU's data standing in for the peers', with the stages the cost model plans, against one float8
              GEMM of the whole [M, K] @ [K, N] (`gemm_us`), timed in alternation (ROUNDS rounds); target
              gemm_vs_loopback >= 0.90. `model_us`: the cost model's estimate.
   reduction  matmul_rs in loopback, bf16 and fp8, with the reduction of its first columns under the GEMM of its
-             last (`overlap_us`, the calls' schedule) and with one reduction after the GEMMs (`trailing_us`), in
-             alternation; `reduce_us` is the reduction alone (T blocks into one), `hidden` the share of it the
+             last (`overlap_us`: bf16 calls' schedule) and with one reduction after the GEMMs (`trailing_us`:
+             float8 calls', pipelined::overlaps_reduction), in alternation; `reduce_us` is the reduction alone (T blocks into one), `hidden` the share of it the
              overlap took off the call.
 Results: DIR/fp8_<date>.json (with date, device, commit, command); the tables print last.
 """
