@@ -102,7 +102,8 @@ def _check_scale(op_name: str, name: str, scale, operand: str, dtype):
     raise TypeError(f"jax_overlap.{op_name}: {name} must be a float32 scalar, got dtype {scale.dtype}")
   if scale.shape != ():
     raise ValueError(f"jax_overlap.{op_name}: {name} must be a float32 scalar (shape ()): one scale for "
-                     f"{operand}, each rank's own inside shard_map; got shape {scale.shape}")
+                     f"{operand}, each rank's own inside shard_map; got shape {scale.shape} (row and block "
+                     f"scales, such as 1x128, 128x128 or MXFP8's, are not built)")
   return scale
 
 
