@@ -3,8 +3,9 @@ forms, the T-chunk schedule in loopback, and matmul_rs's trailing reduction with
 
   python benchmarks/bench_fp8.py [--out DIR] [--quick] [--tables T ...] [--shapes M,N,K ...] [--worlds T ...]
 
-(DIR: $OUT when set, else benchmarks/results.) Its first H200 run passed 200 s at its second of 21 rows:
-give it 15 minutes, or --quick first. The results file is rewritten after every row.
+(DIR: $OUT when set, else benchmarks/results.) On the H200 the world-1 table takes about 3 minutes (XLA
+autotunes its float8 dots when it compiles them), the loopback tables seconds. The results file is
+rewritten after every row.
 
 Three tables, every column measured in the same run (us per call, medians; e4m3 x and w, bfloat16 out):
   world 1    per M x N x K: jax_overlap.ag_matmul with algorithm="pipelined" in shard_map over one GPU (the vendor
@@ -26,8 +27,8 @@ Three tables, every column measured in the same run (us per call, medians; e4m3 
              gemm_vs_loopback >= 0.90. `model_us`: the cost model's estimate.
   reduction  matmul_rs in loopback, bf16 and fp8, with the reduction of its first columns under the GEMM of its
              last (`overlap_us`: bf16 calls' schedule) and with one reduction after the GEMMs (`trailing_us`:
-             float8 calls', pipelined::overlaps_reduction), in alternation; `reduce_us` is the reduction alone (T blocks into one), `hidden` the share of it the
-             overlap took off the call.
+             float8 calls', pipelined::overlaps_reduction), in alternation; `reduce_us` is the reduction alone
+             (T blocks into one), `hidden` the share of it the overlap took off the call.
 Results: DIR/fp8_<date>.json (with date, device, commit, command); the tables print last.
 """
 
