@@ -182,7 +182,7 @@ def world_one(m: int, n: int, k: int) -> dict:
   return row
 
 
-def _loopback(op: str, world: int, m_total: int, n: int, k: int, dtype: str) -> tuple:
+def loopback_call(op: str, world: int, m_total: int, n: int, k: int, dtype: str) -> tuple:
   """(the loopback call dict, its device buffers) of rank 0 of `world`; each rank's GEMM [m_total, k] @ [k, n]."""
   nat, dev = native.module(), jax.devices()[0]
   scaled = dtype == FP8
@@ -207,7 +207,7 @@ def _loopback(op: str, world: int, m_total: int, n: int, k: int, dtype: str) -> 
   return call, buffers
 
 
-def _plan(op: str, world: int, m_total: int, n: int, k: int, dtype: str):
+def planned(op: str, world: int, m_total: int, n: int, k: int, dtype: str):
   """The cost model's plan for the loopback: the figures with this GPU's copy engine as the "link"."""
   spec = OPS[op]
   m = m_total // world if op == "ag_matmul" else m_total
@@ -224,8 +224,8 @@ def _gemm_us(m: int, n: int, k: int, dtype: str) -> float:
 
 def schedule(op: str, world: int, m_total: int, n: int, k: int) -> dict:
   nat = native.module()
-  call, _buffers = _loopback(op, world, m_total, n, k, FP8)
-  plan = _plan(op, world, m_total, n, k, FP8)
+  call, _buffers = loopback_call(op, world, m_total, n, k, FP8)
+  plan = planned(op, world, m_total, n, k, FP8)
   gemms, loops = [], []
   for _ in range(ROUNDS):  # the clocks drift between minutes: alternate, then compare medians
     gemms.append(_gemm_us(m_total, n, k, FP8))
@@ -237,8 +237,8 @@ def schedule(op: str, world: int, m_total: int, n: int, k: int) -> dict:
 
 def reduction(world: int, m_total: int, n: int, k: int, dtype: str) -> dict:
   nat = native.module()
-  call, _buffers = _loopback("matmul_rs", world, m_total, n, k, dtype)
-  stages = list(_plan("matmul_rs", world, m_total, n, k, dtype).stages)
+  call, _buffers = loopback_call("matmul_rs", world, m_total, n, k, dtype)
+  stages = list(planned("matmul_rs", world, m_total, n, k, dtype).stages)
   timed = {True: [], False: []}
   for _ in range(ROUNDS):
     for overlap in timed:
