@@ -64,6 +64,21 @@ def progress(i: int, total: int, label: str) -> None:
   note(f"[{'#' * done}{'.' * (30 - done)}] {i}/{total} {label}")
 
 
+def in_turns(timers: dict, rounds: int) -> dict:
+  """{name}_us: each timer's median over `rounds` rounds, the timers taking turns within a round. The GPU's clocks
+  drift under sustained GEMMs (its power limit): turns spread the drift over every column alike."""
+  times = {name: [] for name in timers}
+  for _ in range(rounds):
+    for name, timed in timers.items():
+      times[name].append(timed())
+  return {f"{name}_us": statistics.median(t) for name, t in times.items()}
+
+
+def vendor_gemm_kernel(name: str) -> bool:
+  """Whether a GPU kernel's name is the vendor BLAS's GEMM (cuBLAS/cuBLASLt: nvjet, cutlass, xmma, *gemm*)."""
+  return any(s in name.lower() for s in ("gemm", "nvjet", "cutlass", "xmma"))
+
+
 def wall_us(fn, *args, unroll: int = UNROLL) -> float:
   """Median wall time of fn(*args) (which runs `unroll` calls), per call, in us."""
   jax.block_until_ready(fn(*args))

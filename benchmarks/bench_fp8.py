@@ -115,20 +115,6 @@ def _torch_timers(m: int, n: int, k: int) -> dict:
           "torch_bf16": _torch_timer(lambda: xb @ wb)}
 
 
-def _vendor_gemm(name: str) -> bool:
-  return any(s in name.lower() for s in ("gemm", "nvjet", "cutlass", "xmma"))
-
-
-def alternated(timers: dict) -> dict:
-  """Each timer's median over ROUNDS rounds, the timers taking turns within a round: the GPU's clocks drift under
-  sustained float8 GEMMs (its power limit), and turns spread the drift over every column alike."""
-  times = {name: [] for name in timers}
-  for _ in range(ROUNDS):
-    for name, timed in timers.items():
-      times[name].append(timed())
-  return {f"{name}_us": statistics.median(t) for name, t in times.items()}
-
-
 def world_one(m: int, n: int, k: int) -> dict:
   # Drawn on the GPU: at these sizes NumPy's draw and float8 cast on the host take longer than the timings.
   kx, kw = jax.random.split(jax.random.key(m + n + k))
@@ -167,10 +153,10 @@ def world_one(m: int, n: int, k: int) -> dict:
     _harness.note(f"  compiling {name}")
     timers[name] = _jax_timer(fn, a, b, sx, sw)
   timers.update(_torch_timers(m, n, k))
-  row = dict(table="world 1", m=m, n=n, k=k, **alternated(timers))
+  row = dict(table="world 1", m=m, n=n, k=k, **_harness.in_turns(timers, ROUNDS))
   # The op's GPU time per call, as torch's events see theirs (the wall times above include the executable's launch).
   fn, a, b = chains["op_kmajor"]
-  timeline = _harness.gpu_timeline(fn, a, b, sx, sw, unroll=CALLS, kernel=_vendor_gemm)
+  timeline = _harness.gpu_timeline(fn, a, b, sx, sw, unroll=CALLS, kernel=_harness.vendor_gemm_kernel)
   row.update(op_kmajor_gpu_us=timeline.get("call_us"), op_kmajor_kernel_us=timeline.get("kernel_us"))
   best_kn = min(row["xla_f8_us"], row["xla_dq_us"])
   row.update(**{f"{name}_tflops": _harness.tflops(m, n, k, row.get(f"{name}_us"))

@@ -151,11 +151,7 @@ def layer_rows(m: int, n: int, k: int, ops, modes, names, out) -> list:
           timers[name] = _timer(chained(f, mode, ct), x, w)
         except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
           row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-      times = {name: [] for name in timers}
-      for _ in range(REPEATS):  # in turns: the clocks drift, and turns spread it over every variant alike
-        for name, timed in timers.items():
-          times[name].append(timed())
-      row.update({f"{name}_us": statistics.median(t) for name, t in times.items()})
+      row.update(_harness.in_turns(timers, REPEATS))
       for algorithm in LAYER_ALGORITHMS:
         for base in ("xla_fp8", "bf16"):
           if row.get(f"{algorithm}_us") and row.get(f"{base}_us"):

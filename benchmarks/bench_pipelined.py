@@ -46,10 +46,6 @@ ROUNDS = 5  # alternations of the schedule's timings with the reference GEMM's
 WARMUPS_MS = (0, 300, 1000)  # GEMM warm-ups before the model's figures are timed
 
 
-def _vendor(name: str) -> bool:
-  return "gemm" in name.lower() or "nvjet" in name or "cutlass" in name.lower()
-
-
 def group_of_one(m: int, n: int, k: int) -> dict:
   def make(algorithm):
     return lambda x, w: jax.shard_map(lambda x, w: jo.ag_matmul(x, w, axis_name="tp", algorithm=algorithm),
@@ -58,7 +54,7 @@ def group_of_one(m: int, n: int, k: int) -> dict:
   x, w = _harness.random_bf16((m, k), 0), _harness.random_bf16((k, n), 1) * (k ** -0.5)
   pipelined, xla = _harness.chained(make("pipelined")), _harness.chained(make("xla"))
   p_us, x_us = _harness.wall_us(pipelined, x, w), _harness.wall_us(xla, x, w)
-  timeline = _harness.gpu_timeline(pipelined, x, w, kernel=_vendor)
+  timeline = _harness.gpu_timeline(pipelined, x, w, kernel=_harness.vendor_gemm_kernel)
   c_us, c_b2b = _harness.cublas_us(m, n, k), _harness.cublas_us(m, n, k, back_to_back=_harness.UNROLL)
   kernel = timeline.get("kernel_us")
   return dict(table="group of one", m=m, n=n, k=k, pipelined_us=p_us, xla_us=x_us, kernel_us=kernel,
