@@ -62,14 +62,11 @@ def request(primal_layout, ndim: int):
   return tuple(sharding.spec_of(primal_layout.sharding, ndim)) if isinstance(primal_layout, Layout) else None
 
 
-def weight_grad(a, b, a_free: int, w_layout, w_kmajor: bool, dtype, scales=None):
+def weight_grad(a, b, a_free: int, w_layout, w_kmajor: bool, dtype):
   """dW for out = a @ W: a^T @ b over every dim but a's last a_free and b's own, in `dtype`, laid out like w.
 
-  w_kmajor stores W with the contraction last, so the product runs b^T @ a.
-  scales: (a's, b's) float32 scalars of float8 a and b (numerics.local_matmul's form: XLA's fp8 GEMM), or None.
+  w_kmajor stores W with the contraction last, so the product runs b^T @ a. (The fp8 layers' own: linear.py.)
   """
-  if scales is not None:
-    a, b = numerics.dequantized(a, scales[0]), numerics.dequantized(b, scales[1])
   lead = tuple(range(a.ndim - a_free))
   first, second = (b, a) if w_kmajor else (a, b)
   out_sharding = w_layout.sharding if isinstance(w_layout, Layout) else None

@@ -32,19 +32,23 @@ Fp8RsDotGeneral its quantized x. Where the weight gradient contracts rows that
 carry per-shard scales (the gathered x; the gathered cotangent of matmul_rs),
 the scales fold into the e5m2 operand's quantization, so it stays one GEMM of
 one scale per operand: exact up to that quantization's rounding (power-of-two
-scales shift values exactly, numerics.py).
+scales shift values exactly, numerics.py). That GEMM contracts the rows, the
+outer dim of both operands, so both are transposed for it (Hopper's fp8 GEMM
+takes K-major operands only): the cotangent within its quantizing pass, the
+float8 residual in a pass of its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_overlap import api, autodiff, dtypes, numerics, primitives, remat
+from jax_overlap import api, autodiff, dtypes, numerics, ops, primitives, remat
 
 
 def _dims(dimension_numbers):
@@ -152,12 +156,15 @@ def _fp8_call(layer: str, lhs, rhs, family, **fields) -> _Fp8Call:
   return _Fp8Call(e4m3=e4m3, e5m2=e5m2, x_dtype=dtypes.name(lhs.dtype), w_dtype=dtypes.name(rhs.dtype), **fields)
 
 
+def _axes(call: _Fp8Call) -> tuple:
+  return tuple(call.axis_name) if isinstance(call.axis_name, (tuple, list)) else (call.axis_name,)
+
+
 def _varying_in(call: _Fp8Call, x, w) -> tuple:
   """x and w made varying over the group (api._varying: JAX's transpose of that cast sums dW over replicas)."""
   if call.axis_name is None:
     return x, w
-  axes = tuple(call.axis_name) if isinstance(call.axis_name, (tuple, list)) else (call.axis_name,)
-  return api._varying(axes, x, w)
+  return api._varying(_axes(call), x, w)
 
 
 def _negative(axis, ndim: int):
@@ -198,6 +205,27 @@ def _quantized(x, w, call: _Fp8Call, kmajor) -> tuple:
   return x8, x_scale, numerics.quantize(kmajor(w), call.e4m3, w_scale), w_scale
 
 
+def _lead_last(v, lead: int):
+  """v [*l, *f] as the matrix [prod(f), prod(l)]: its first `lead` dims (a weight gradient's contraction) last."""
+  return v.reshape(math.prod(v.shape[:lead]), -1).T
+
+
+def _weight_grad(at8, a_scale, bt8, b_scale, w, w_layout, call: _Fp8Call):
+  """dW = a^T @ b as one float8 GEMM of the op's group of one (the vendor's fp8 GEMM where it takes the call:
+  algorithm "auto", which falls back to XLA's dot; "xla" stays XLA's): at8 [Ka, L] and bt8 [Nb, L], both with
+  the contraction last, the layout Hopper's fp8 GEMM takes (_lead_last, done in the quantizing passes where there
+  is one). The result in w's dtype, shape and layout."""
+  algorithm = "xla" if call.algorithm == "xla" else "auto"
+  if call.axis_name is None:
+    dw = api.matmul_rs(at8, bt8, x_scale=a_scale, w_scale=b_scale, out_dtype=call.w_dtype, w_kmajor=True,
+                       algorithm=algorithm)
+  else:  # the local product on this rank's operands
+    at8, bt8, a_scale, b_scale = api._varying(_axes(call), at8, bt8, a_scale, b_scale)
+    dw = ops.OPS["matmul_rs"].bind(at8, bt8, None, (a_scale, b_scale), axis_name=None, axis_size=1,
+                                   algorithm=algorithm, w_kmajor=True, out_dtype=call.w_dtype)
+  return autodiff.like(dw.reshape(w.shape), w_layout)
+
+
 @dataclasses.dataclass(frozen=True)
 class Fp8AgDotGeneral:
   """AgDotGeneral in float8, for training: kernel [K, *n], x [..., K], both bf16/f16/f32.
@@ -206,12 +234,14 @@ class Fp8AgDotGeneral:
   global arrays) and the kernel to e4m3, the kernel into [*n, K] (K-major), and runs
   jax_overlap.ag_matmul on them; the result is in the inputs' dtype. The backward pass
   quantizes dy to e5m2: dx = matmul_rs(dy, kernel) in float8 (the dual op), dW = gathered_x^T @ dy
-  as one float8 GEMM (XLA's), with the gathered shards' scales folded into dy's quantization.
+  as one float8 GEMM, with the gathered shards' scales folded into dy's quantization.
   Residuals: the gathered float8 x and its per-shard scales (jax_overlap.remat names them).
 
   algorithm: "auto", "pipelined" or "xla", as jax_overlap.ag_matmul takes it for float8
-  operands ("fused" is 16-bit only). family: the float8 formats, "ocp" (float8_e4m3fn and
-  float8_e5m2) or "fnuz" (float8_e4m3fnuz and float8_e5m2fnuz); None: fnuz on gfx942, OCP elsewhere.
+  operands ("fused" is 16-bit only); dW's GEMM, which has no communication, is the vendor's fp8
+  GEMM where it takes the call and XLA's dot otherwise, and XLA's with "xla". family: the float8
+  formats, "ocp" (float8_e4m3fn and float8_e5m2) or "fnuz" (float8_e4m3fnuz and float8_e5m2fnuz);
+  None: fnuz on gfx942, OCP elsewhere.
   """
 
   axis_name: str | tuple | None = None
@@ -246,13 +276,15 @@ def _fp8_ag_bwd(call: _Fp8Call, residuals, dy):
                      out_dtype=call.x_dtype, w_kmajor=True, axis_name=call.axis_name, algorithm=call.algorithm,
                      scatter_axis=scatter, **_dual_layout(x_layout))
   # dW = gathered^T @ dy over rows whose shards carry scales of their own: dy's rows times their shard's scale,
-  # quantized with one scale. With one shard that is dy8 itself (power-of-two scales: exactly).
+  # quantized with one scale (transposed in that pass). With one shard that is dy8 itself (power-of-two scales:
+  # exactly), transposed.
+  lead = functools.partial(_lead_last, lead=gathered.ndim - 1)
   if scales.shape[0] == 1:
-    dyw8, dyw_scale = dy8, dy_scale * scales[0]
+    dyt8, dyt_scale = lead(dy8), dy_scale * scales[0]
   else:
     rows = numerics.rows_times(dy, scales, gathered.ndim + call.axis)
-    dyw8, dyw_scale = numerics.current_scaling(rows, call.e5m2)
-  dw = autodiff.weight_grad(gathered, dyw8, 1, w_layout, False, call.w_dtype, (jnp.float32(1), dyw_scale))
+    dyt8, dyt_scale = numerics.current_scaling(rows, call.e5m2, lead)
+  dw = _weight_grad(lead(gathered), jnp.float32(1), dyt8, dyt_scale, w, w_layout, call)
   return autodiff.like(dx, x_layout), dw
 
 
@@ -267,7 +299,7 @@ class Fp8RsDotGeneral:
   global arrays) and the kernel to e4m3, the kernel into [N, *k] (K-major), and runs
   jax_overlap.matmul_rs on them (each rank's partial scaled by its own scales); the result is in
   the inputs' dtype. The backward pass quantizes dz to e5m2: (dx, AG(dz)) = ag_matmul(dz, kernel)
-  in float8 (the dual op), dW = x^T @ AG(dz) as one float8 GEMM (XLA's), the gathered shards'
+  in float8 (the dual op), dW = x^T @ AG(dz) as one float8 GEMM (Fp8AgDotGeneral's), the gathered shards'
   scales folded into AG(dz) by exact power-of-two shifts. Residuals: the quantized x and its
   scale (jax_overlap.remat names them).
 
@@ -312,9 +344,11 @@ def _fp8_rs_bwd(call: _Fp8Call, residuals, dz):
       dz8, numerics.quantize(w, call.e4m3, w_scale), x_scale=dz_scale, w_scale=w_scale, out_dtype=call.x_dtype,
       w_kmajor=True, axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True, gather_axis=gather,
       **_dual_layout(x_layout))
-  # dW = x^T @ AG(dz): the gathered shards' scales folded into AG(dz), one scale for all of it
-  dzw8, dzw_scale = numerics.rescaled_rows(dz_gathered, dz_scales, dz_gathered.ndim + gather)
-  dw = autodiff.weight_grad(x8, dzw8, w.ndim - 1, w_layout, False, call.w_dtype, (x_scale, dzw_scale))
+  # dW = x^T @ AG(dz): the gathered shards' scales folded into AG(dz), one scale for all of it (transposed in that
+  # pass)
+  lead = functools.partial(_lead_last, lead=dz_gathered.ndim - 1)
+  dzt8, dzt_scale = numerics.rescaled_rows(dz_gathered, dz_scales, dz_gathered.ndim + gather, lead)
+  dw = _weight_grad(lead(x8), x_scale, dzt8, dzt_scale, w, w_layout, call)
   return autodiff.like(dx, x_layout), dw
 
 

@@ -156,10 +156,11 @@ def quantize(x, dtype, scale):
   return to_fp8(x.astype(jnp.float32) * (1 / scale), dtype)
 
 
-def current_scaling(x, dtype):
-  """(x quantized to `dtype`, its float32 scale) with the scale from the amax of all of x: current scaling."""
+def current_scaling(x, dtype, layout=lambda v: v):
+  """(x quantized to `dtype`, its float32 scale) with the scale from the amax of all of x: current scaling.
+  layout: a function of x (a transpose) applied before the cast, in the same pass over x."""
   scale = fp8_scale(jnp.max(jnp.abs(x)), dtype)
-  return quantize(x, dtype, scale), scale
+  return quantize(layout(x), dtype, scale), scale
 
 
 def rows_times(a, scales, axis: int):
@@ -170,11 +171,12 @@ def rows_times(a, scales, axis: int):
   return (blocks * scales.reshape(shards, *([1] * (a.ndim - axis)))).reshape(a.shape)
 
 
-def rescaled_rows(a8, scales, axis: int) -> tuple:
+def rescaled_rows(a8, scales, axis: int, layout=lambda v: v) -> tuple:
   """(a8 with each block along `axis` times its scale over the largest, in a8's format; the largest scale): one
   scale for rows whose shards carry scales of their own. With power-of-two scales each product is exact unless
-  it falls below the format's smallest normal; one block is a8 itself."""
+  it falls below the format's smallest normal; one block is a8 itself. layout: as current_scaling's (with one
+  block, a pass of its own over a8)."""
   if scales.shape[0] == 1:
-    return a8, scales[0]
+    return layout(a8), scales[0]
   top = jnp.max(scales)
-  return to_fp8(rows_times(a8, scales / top, axis), a8.dtype), top
+  return to_fp8(layout(rows_times(a8, scales / top, axis)), a8.dtype), top

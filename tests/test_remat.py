@@ -21,12 +21,14 @@ POLICIES = jax.checkpoint_policies
 WORLD = 4
 
 
-def count(jaxpr, name: str) -> int:
-  """Equations of primitive `name` in jaxpr and every jaxpr inside its equations' params."""
+def count(jaxpr, name: str, grouped=None) -> int:
+  """Equations of primitive `name` in jaxpr and every jaxpr inside its equations' params; grouped True (False):
+  only those over a group of ranks (a group of one's, axis_name None)."""
   n = 0
   for eqn in jaxpr.eqns:
-    n += eqn.primitive.name == name
-    n += sum(count(sub, name) for sub in jex_core.jaxprs_in_params(eqn.params))
+    if eqn.primitive.name == name:
+      n += grouped is None or grouped == (eqn.params["axis_name"] is not None)
+    n += sum(count(sub, name, grouped) for sub in jex_core.jaxprs_in_params(eqn.params))
   return n
 
 

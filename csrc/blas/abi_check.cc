@@ -23,6 +23,7 @@ static_assert(kDescAScalePointer == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER &&
               kDescBScalePointer == CUBLASLT_MATMUL_DESC_B_SCALE_POINTER);
 static_assert(kDescFastAccum == CUBLASLT_MATMUL_DESC_FAST_ACCUM &&
               kDescBiasDataType == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE);
+static_assert(kDescSmCountTarget == CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET);
 static_assert(kLayoutBatchCount == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT);
 static_assert(kLayoutBatchStride == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET);
 static_assert(kPrefMaxWorkspaceBytes == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES);

@@ -45,6 +45,8 @@ inline constexpr int kDescAScalePointer = 17;
 inline constexpr int kDescBScalePointer = 18;
 inline constexpr int kDescFastAccum = 25;
 inline constexpr int kDescBiasDataType = 26;
+// SM_COUNT_TARGET int32: the SMs the kernel is sized for (0: the device's).
+inline constexpr int kDescSmCountTarget = 15;
 // cublasLtEpilogue_t
 inline constexpr uint32_t kEpilogueDefault = 1;
 inline constexpr uint32_t kEpilogueBias = 4;

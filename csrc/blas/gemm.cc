@@ -169,6 +169,9 @@ Status DeviceBlas::plan(const GemmProblem& s, const GemmPlan** out) {
     if (s.bias) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBiasDataType, static_cast<int32_t>(type.bias)));
     if constexpr (kDescFastAccum >= 0) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescFastAccum, int8_t{0}));
   }
+  if constexpr (kDescSmCountTarget >= 0) {
+    if (s.sm_count > 0) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescSmCountTarget, int32_t{s.sm_count}));
+  }
   JO_RETURN_IF_BLAS_ERROR(s.w_kmajor ? api.layout_create(&p->a_, type.a, s.k, s.n, s.ldw)
                                      : api.layout_create(&p->a_, type.a, s.n, s.k, s.ldw));
   JO_RETURN_IF_BLAS_ERROR(api.layout_create(&p->b_, type.b, s.k, s.rows, s.ldx));

@@ -45,6 +45,9 @@ inline constexpr int kDescBiasDataType = 4;
 inline constexpr int kDescAScalePointer = 5;
 inline constexpr int kDescBScalePointer = 6;
 inline constexpr int kDescFastAccum = -1;
+// Newer hipBLASLt releases have SM_COUNT_TARGET; its number is not checked against a header here, so the CU count
+// is not passed (GemmProblem::sm_count is ignored on ROCm).
+inline constexpr int kDescSmCountTarget = -1;
 // hipblasLtEpilogue_t
 inline constexpr uint32_t kEpilogueDefault = 1;
 inline constexpr uint32_t kEpilogueBias = 4;

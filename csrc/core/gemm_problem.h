@@ -43,6 +43,7 @@ struct GemmProblem {
   bool w_kmajor;
   bool bias;
   int alignment;  // bytes every operand pointer is a multiple of (16 to 256); 0 where no pointer is known yet
+  int sm_count = 0;  // SMs (CUs) the vendor GEMM may take: the rest stay free for kernels beside it; 0: all
 
   // A problem whose batch elements are dense [rows, k] and [rows, n] matrices, one after the other, and whose w
   // is dense.
@@ -53,7 +54,7 @@ struct GemmProblem {
 
   auto key() const {
     return std::make_tuple(types.key(), rows, n, k, batch, ldx, ldy, ldw, x_batch_stride, y_batch_stride, w_kmajor,
-                           bias, alignment);
+                           bias, alignment, sm_count);
   }
   bool operator<(const GemmProblem& o) const { return key() < o.key(); }
 };

@@ -86,6 +86,7 @@ ffi::Error run(const char* name, OpKind kind, hipStream_t stream, int32_t ordina
   ctx.site = state->site;
   ctx.wd = g.ws->watchdog(kind);
   ctx.sm_count = g.ws->info.sm_count;
+  ctx.gemm_sms = pipelined::gemm_sm_count(ctx.sm_count);
   Status ready = pipelined::device_side_streams(ordinal, &ctx.streams);
   if (ready.ok()) ready = Runtime::verified_copy_path(*g.ws, &ctx.copy_path);
   if (ready.ok()) ready = blas::DeviceBlas::get(ordinal, &ctx.blas);

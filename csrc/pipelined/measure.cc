@@ -199,6 +199,7 @@ Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world
   int sm_count = 0;
   JO_RETURN_IF_HIP_ERROR(hipDeviceGetAttribute(&sm_count, hipDeviceAttributeMultiprocessorCount, ordinal));
   ctx.sm_count = sm_count;
+  ctx.gemm_sms = gemm_sm_count(sm_count);
   ctx.loopback = true;
   ctx.copy_path = path;
   TimingStream timing;

@@ -1,6 +1,8 @@
 // The pipelined schedule's shared core (schedule.h, schedule_core.h).
 #include "pipelined/schedule.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -176,6 +178,7 @@ Status chunk_gemm(const Operands& op, const Context& ctx, const RowRange& x, int
   problem.y_batch_stride = out.batch_stride();
   problem.bias = b != nullptr;
   problem.alignment = blas::alignment_of({a, d, w, b});
+  problem.sm_count = ctx.gemm_sms;
   const auto pointers = [&](const char* xe, char* ye) {
     return blas::GemmPointers{xe, w, b, part.x_scale, op.w_scale, ye};
   };
@@ -254,6 +257,14 @@ bool overlaps_reduction(const GemmTypes& types) {
   // wave, and the two narrower GEMMs of the split run slower than one. In two H200 runs at T = 2, 4 and 8 the
   // split cost float8 calls up to 46 us and saved none more than 1 us (benchmarks/results/fp8_2026-12-02.md).
   return !types.scaled;
+}
+
+int gemm_sm_count(int sm_count) {
+  static const int margin = [] {
+    const char* set = std::getenv("JAX_OVERLAP_GEMM_SM_MARGIN");
+    return set != nullptr && *set != '\0' ? std::max(0, std::atoi(set)) : kGemmSmMargin;
+  }();
+  return margin > 0 && margin < sm_count ? sm_count - margin : 0;
 }
 
 Status check_stages(OpKind op, int world, const int64_t* stages, int stage_count) {

@@ -72,6 +72,7 @@ struct Context {
   bool slot_used;   // EpochCounter::slot_used(epoch): wait for the readers of this parity's slots
   Watchdog wd;      // wd.abort: this GPU's abort flag (nullptr in loopback: no poisoning)
   int sm_count;
+  int gemm_sms;     // SMs each GEMM of the schedule may take (gemm_sm_count), 0: all
   bool loopback;
   CopyPath copy_path = CopyPath::kEngine;  // how the copy stream moves bytes: the GPU's verified path (copy.h)
 };
@@ -112,6 +113,12 @@ int64_t reduce_split_columns(int64_t n);
 // Whether matmul_rs's calls of these types split their last GEMM to reduce under it (Operands::overlap_reduction;
 // the benchmarks and tests set either way).
 bool overlaps_reduction(const GemmTypes& types);
+
+// The SMs a schedule's GEMMs may take on a GPU of sm_count SMs (0: all): all but JAX_OVERLAP_GEMM_SM_MARGIN
+// (default kGemmSmMargin), left to the kernels that run beside them: the copy stream's flag waits and float8 scale
+// copies, matmul_rs's reduction. A persistent vendor GEMM on every SM holds them off until its last wave.
+inline constexpr int kGemmSmMargin = 0;
+int gemm_sm_count(int sm_count);
 // Checks a stage plan: positive sizes summing to `world`, ag_matmul's first stage its own shard alone.
 Status check_stages(OpKind op, int world, const int64_t* stages, int stage_count);
 

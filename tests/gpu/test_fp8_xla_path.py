@@ -90,6 +90,25 @@ def test_fp8_layer_on_one_gpu(layer, algorithm):
     assert_close(got, want, jnp.bfloat16, terms, float(np.sqrt(np.mean(np.square(want)) / terms)), what=name)
 
 
+@pytest.mark.parametrize("layer", ["ag", "rs"])
+def test_fp8_layer_gemms_are_the_vendors(layer):
+  """With "auto" on one GPU the layer's three GEMMs (forward, dx, dW) are the vendor's fp8 GEMM, and XLA runs none
+  on float8 operands: dW's operands reach it transposed (contraction last), which Hopper's fp8 GEMM needs."""
+  _formats()
+  rng = np.random.default_rng(2)
+  x = rng.standard_normal((2, 256, 1024)).astype(jnp.bfloat16)
+  w = (rng.standard_normal((1024, 512)) / 32).astype(jnp.bfloat16)
+  ct = rng.standard_normal((2, 256, 512)).astype(jnp.bfloat16)
+  dot = (jo.Fp8AgDotGeneral if layer == "ag" else jo.Fp8RsDotGeneral)()
+
+  def step(x, w, ct):
+    y, vjp = jax.vjp(lambda x, w: dot(x, w, (((2,), (0,)), ((), ()))), x, w)
+    return (y, *vjp(ct))
+  compiled = jax.jit(step).lower(x, w, ct).compile().as_text()
+  assert len(re.findall(r'custom_call_target="jax_overlap_vendor_gemm', compiled)) == 3, compiled
+  assert _fp8_gemms(compiled) == [], compiled
+
+
 def test_transformer_block_in_fp8():
   """examples/transformer_block.py --fp8 on this GPU: PASS at the float8 tolerance, and both step times."""
   import pathlib
