@@ -194,13 +194,15 @@ def loopback_call(op: str, world: int, m_total: int, n: int, k: int, dtype: str)
 
 
 def planned(op: str, world: int, m_total: int, n: int, k: int, dtype: str):
-  """The cost model's plan for the loopback: the figures with this GPU's copy engine as the "link"."""
+  """The cost model's plan for the loopback: the figures with this GPU's copy engine as the "link"; its stages
+  pinned as a call's are by JAX_OVERLAP_PIPELINE_STAGES (planning.PINNED_STAGES) where that names this T."""
   spec = OPS[op]
   m = m_total // world if op == "ag_matmul" else m_total
   types = (dtype, "bfloat16") if dtype == FP8 else None
   f = planning.figures.measure(spec, dtype, m, k, n, world, dtype == FP8, types=types)
   f = dataclasses.replace(f, link_bytes_per_us=f.local_bytes_per_us)
-  return pipelined.plan(spec, world, f)
+  pinned = os.environ.get(planning.PINNED_STAGES)
+  return pipelined.plan(spec, world, f, pipelined.parse_stages(pinned, spec, world) if pinned else None)
 
 
 def _gemm_us(m: int, n: int, k: int, dtype: str) -> float:
