@@ -169,3 +169,24 @@ def test_auto_takes_the_vendor_float8_gemm_for_a_group_of_one(fake_gpu_runtime, 
   f = jax.jit(jax.shard_map(lambda x, w: getattr(jax_overlap, op)(x, w, axis_name="tp"), mesh=mesh,
                             in_specs=(P("tp"), P()), out_specs=P("tp")))
   assert _custom_calls(_lowered(f, bf16, bf16)) == []
+
+
+@pytest.mark.parametrize("rows, dw_gemms", [(32, 1), (25, 0)])
+def test_fp8_layer_weight_gradient_is_a_group_of_ones_vendor_gemm(fake_gpu_runtime, make_mesh, rows, dw_gemms):
+  """Fp8AgDotGeneral(algorithm="pipelined")'s training step over 4 GPUs: the forward and the dual op are pipelined
+  calls over the group, and dW is the vendor's fp8 GEMM of a group of one, or XLA's dot where its contraction
+  (the 4 * rows gathered rows) is no multiple of 16: never an error, whatever algorithm the layer was given."""
+  mesh = make_mesh((4,), ("tp",))
+  dot = jax_overlap.Fp8AgDotGeneral(axis_name="tp", algorithm="pipelined")
+
+  def step(x, w, ct):
+    y, vjp = jax.vjp(lambda x, w: dot(x, w, (((1,), (0,)), ((), ()))), x, w)
+    return (y, *vjp(ct))
+  f = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P("tp"), P(None, "tp"), P(None, "tp")),
+                            out_specs=(P(None, "tp"), P("tp"), P(None, "tp"))))
+  bf16 = jnp.bfloat16
+  calls = _custom_calls(_lowered(f, _spec(4 * rows, 256, dtype=bf16), _spec(256, 512, dtype=bf16),
+                                 _spec(4 * rows, 512, dtype=bf16)))
+  targets = sorted(re.search(r"@(\w+)\(", call).group(1) for call in calls)
+  assert targets == sorted(["jax_overlap_ag_matmul_pipelined", "jax_overlap_matmul_rs_pipelined"]
+                           + ["jax_overlap_vendor_gemm"] * dw_gemms), calls
