@@ -63,6 +63,18 @@ def test_ag_matmul_float8_figures(fake):
   assert pipelined.xla_us(4, f) == 3 * f.chunk_bytes / f.link_bytes_per_us + f.gemm_us[3]
 
 
+@pytest.mark.parametrize("world", [4, 8])
+def test_a_float8_ag_matmul_plan_takes_one_shard_per_stage(fake, world):
+  """One GEMM per shard whatever the stages: the plan waits for no shard but its own, where the model alone would
+  group the peers' shards to save stage overheads (and a 16-bit call, whose stage is one GEMM, still groups)."""
+  f = figures.measure(ag_matmul, "float8_e4m3fn", 1024, 512, 256, world, True, types=("float8_e4m3fn", "bfloat16"))
+  assert pipelined.plan(ag_matmul, world, f).stages == (1,) * world
+  assert min(ag_matmul.stage_candidates(world), key=lambda c: (ag_matmul.pipelined_us(c, f), len(c))) != (1,) * world
+  assert pipelined.plan(ag_matmul, world, f, (1, world - 1)).stages == (1, world - 1)  # a pinned plan stays
+  bf16 = figures.measure(ag_matmul, "bfloat16", 1024, 512, 256, world, True)
+  assert pipelined.plan(ag_matmul, world, bf16).stages != (1,) * world
+
+
 @pytest.mark.parametrize("out,itemsize", [("bfloat16", 2), ("float32", 4)])
 def test_matmul_rs_float8_figures(fake, out, itemsize):
   """A float8 matmul_rs moves and reduces partials in its output's dtype, one GEMM per stage (one scale pair);

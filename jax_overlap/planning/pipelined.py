@@ -90,11 +90,23 @@ def parse_stages(text: str, op, world: int) -> tuple | None:
   return stages
 
 
+def candidates(op, world: int, f) -> list:
+  """The stage plans `op`'s model chooses from. Where the schedule runs one GEMM per chunk whatever the stages
+  (f.stage_gemm_us: a float8 ag_matmul, one GEMM per shard and its scale), a stage of several chunks gains no GEMM
+  rate and only waits for its last chunk: one chunk per stage. (The model, whose copies finish under the first
+  GEMM, would rather save the stages' overheads; on the H200 in loopback, ag_matmul at T = 8 ran 0.88x one
+  float8 GEMM with one shard per stage, 0.83x with the model's (1, 7): benchmarks/results/fp8_2026-12-02.md.)"""
+  plans = op.stage_candidates(world)
+  if f.stage_gemm_us is None:
+    return plans
+  return [c for c in plans if max(c) == 1]
+
+
 def plan(op, world: int, f, stages: tuple | None = None) -> PipelinedPlan:
-  """The stages `op`'s model predicts fastest (or `stages`, pinned), with its times for them and for the XLA
-  path."""
+  """The stages `op`'s model predicts fastest among its candidates (or `stages`, pinned), with its times for them
+  and for the XLA path."""
   if len(f.gemm_us) != world:
     raise ValueError(f"pipelined.plan: gemm_us needs {world} entries (1 .. world chunks), got {len(f.gemm_us)}")
-  best = stages if stages is not None else min(op.stage_candidates(world),
+  best = stages if stages is not None else min(candidates(op, world, f),
                                                key=lambda c: (op.pipelined_us(c, f), len(c)))
   return PipelinedPlan(best, op.pipelined_us(best, f), xla_us(world, f))
