@@ -54,13 +54,13 @@ def test_a_device_without_float8_refuses_every_format(fake, monkeypatch):
 
 def test_ag_matmul_float8_figures(fake):
   """A float8 ag_matmul moves 1-byte shards and runs one GEMM per gathered shard: a stage of s shards takes s
-  one-shard GEMMs, while the XLA path's figure stays the one GEMM over every row."""
+  one-shard GEMMs, and so does the XLA path (one dot per shard and its scale), not the one GEMM over every row."""
   f = figures.measure(ag_matmul, "float8_e4m3fn", 1024, 512, 256, 4, True, types=("float8_e5m2", "bfloat16"))
   assert fake.timed_gemms == [("float8_e4m3fn", "float8_e5m2", "bfloat16", True)]
   assert f.chunk_bytes == 1024 * 512 and f.reduce_us is None and f.split_share == 0.0
   assert f.stage_gemm_us == tuple(s * f.gemm_us[0] for s in range(1, 5))
   assert pipelined.gemm_us(f, 4) == 4 * f.gemm_us[0] != f.gemm_us[3]  # the fake's whole GEMM runs 5% faster
-  assert pipelined.xla_us(4, f) == 3 * f.chunk_bytes / f.link_bytes_per_us + f.gemm_us[3]
+  assert pipelined.xla_us(4, f) == 3 * f.chunk_bytes / f.link_bytes_per_us + 4 * f.gemm_us[0]
 
 
 @pytest.mark.parametrize("world", [4, 8])

@@ -71,8 +71,10 @@ def gemm_us(f, chunks: int) -> float:
 
 
 def xla_us(world: int, f) -> float:
-  """Model of the XLA path: the collective (world - 1 chunks over the link), then the whole GEMM."""
-  return (world - 1) * f.chunk_bytes / f.link_bytes_per_us + f.gemm_us[world - 1]
+  """Model of the XLA path: the collective (world - 1 chunks over the link), then the whole GEMM, or where that
+  is one GEMM per chunk (f.stage_gemm_us: the gathered shards of a float8 ag_matmul, each with its own scale,
+  which XLA's fp8 GEMM form takes one dot each: numerics.gathered_matmul) those, at the vendor's rate."""
+  return (world - 1) * f.chunk_bytes / f.link_bytes_per_us + gemm_us(f, world)
 
 
 def parse_stages(text: str, op, world: int) -> tuple | None:
