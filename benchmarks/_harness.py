@@ -173,12 +173,25 @@ def gpu_timeline(fn, *args, unroll: int = UNROLL, kernel="jo::") -> dict:
   with tempfile.TemporaryDirectory() as d:
     with jax.profiler.trace(d, create_perfetto_trace=True):
       jax.block_until_ready(fn(*args))
-    files = glob.glob(os.path.join(d, "**", "*.trace.json.gz"), recursive=True)
-    if not files:
-      return {}
-    with gzip.open(files[0]) as f:
-      trace = json.load(f)
-  return timeline_stats(trace["traceEvents"] if isinstance(trace, dict) else trace, unroll, kernel)
+    events = trace_events(d)
+  return timeline_stats(events, unroll, kernel)
+
+
+def trace_events(trace_dir: str) -> list[dict]:
+  """The events of the jax.profiler trace written under trace_dir ([] where none was)."""
+  files = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+  if not files:
+    return []
+  with gzip.open(files[0]) as f:
+    trace = json.load(f)
+  return trace["traceEvents"] if isinstance(trace, dict) else trace
+
+
+def gpu_events(events: list[dict]) -> list[dict]:
+  """The GPU's complete events of a Chrome/Perfetto trace, in start order."""
+  gpu_pids = {e["pid"] for e in events
+              if e.get("ph") == "M" and e.get("name") == "process_name" and "GPU" in str(e["args"].get("name"))}
+  return sorted((e for e in events if e.get("ph") == "X" and e.get("pid") in gpu_pids), key=lambda e: e["ts"])
 
 
 def timeline_stats(events: list[dict], unroll: int, kernel) -> dict:
@@ -189,9 +202,7 @@ def timeline_stats(events: list[dict], unroll: int, kernel) -> dict:
   idle_us: GPU idle time per call between the chain's kernels (launch gaps: the
   per-call dispatch overhead the GPU sees); overlapping events count once.
   """
-  gpu_pids = {e["pid"] for e in events
-              if e.get("ph") == "M" and e.get("name") == "process_name" and "GPU" in str(e["args"].get("name"))}
-  ev = sorted((e for e in events if e.get("ph") == "X" and e.get("pid") in gpu_pids), key=lambda e: e["ts"])
+  ev = gpu_events(events)
   ours_name = kernel if callable(kernel) else (lambda name: kernel in name)
   ours = [e["dur"] for e in ev if ours_name(e["name"])]
   if not ours:

@@ -13,25 +13,13 @@ is benchmarks/results/loopback_timelines_2026-12-02_8c1f965.txt.
 from __future__ import annotations
 
 import argparse
-import glob
-import gzip
-import json
-import os
 import tempfile
 
 import jax
 
+import _harness
 import bench_fp8
 from jax_overlap import native
-
-def gpu_events(trace_dir: str) -> list[dict]:
-  """The GPU's complete events of a jax.profiler trace, in start order."""
-  path = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)[0]
-  with gzip.open(path) as f:
-    events = json.load(f)["traceEvents"]
-  gpu = {e["pid"] for e in events
-         if e.get("ph") == "M" and e.get("name") == "process_name" and "GPU" in str(e["args"].get("name"))}
-  return sorted((e for e in events if e.get("ph") == "X" and e.get("pid") in gpu), key=lambda e: e["ts"])
 
 
 def main(argv=None) -> None:
@@ -53,7 +41,7 @@ def main(argv=None) -> None:
   with tempfile.TemporaryDirectory() as d:
     with jax.profiler.trace(d):
       nat.time_loopback(0, args.op, args.world, call, 0)  # no timing: its warm-up call alone, waited for
-    events = gpu_events(d)
+    events = _harness.gpu_events(_harness.trace_events(d))
   t0 = events[0]["ts"]
   span = max(e["ts"] + e["dur"] for e in events) - t0
   print(f"{args.op} T={args.world} {args.dtype} {m}x{n}x{k} stages={stages} overlap={args.overlap}: "
