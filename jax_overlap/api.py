@@ -37,7 +37,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_overlap import _compat, autodiff, backend, dtypes, native, partitioning, primitives, remat
+from jax_overlap import _compat, autodiff, backend, dtypes, native, numerics, partitioning, primitives, remat
 from jax_overlap.ops import OPS
 from jax_overlap.ops import all_gather as all_gather_op
 from jax_overlap.sharding import spec_of
@@ -90,7 +90,8 @@ def _check_arrays(op_name: str, x, w, bias) -> None:
 
 
 def _check_scale(op_name: str, name: str, scale, operand: str, dtype):
-  """A float8 operand's scale as a float32 scalar array (Python floats are taken), or a TypeError / ValueError."""
+  """A float8 operand's scale as a float32 scalar array (Python floats are taken; arrays of more dims are block
+  scales: _check_block_scales), or a TypeError."""
   if scale is None:
     raise TypeError(f"jax_overlap.{op_name}: {name} is required with float8 operands ({operand} is {dtype}): a "
                     f"float32 scalar, {operand}'s value being {operand}.astype(float32) * {name}; got None")
@@ -100,11 +101,38 @@ def _check_scale(op_name: str, name: str, scale, operand: str, dtype):
     raise TypeError(f"jax_overlap.{op_name}: {name} must be a float32 scalar, got {type(scale).__name__}")
   if scale.dtype != jnp.float32:
     raise TypeError(f"jax_overlap.{op_name}: {name} must be a float32 scalar, got dtype {scale.dtype}")
-  if scale.shape != ():
-    raise ValueError(f"jax_overlap.{op_name}: {name} must be a float32 scalar (shape ()): one scale for "
-                     f"{operand}, each rank's own inside shard_map; got shape {scale.shape} (row and block "
-                     f"scales, such as 1x128, 128x128 or MXFP8's, are not built)")
   return scale
+
+
+def _check_block_scales(op_name: str, x, w, x_scale, w_scale, w_kmajor: bool) -> tuple:
+  """Block scales (numerics.BLOCK): x_scale one per row of x and BLOCK elements of K, w_scale one per
+  BLOCK x BLOCK tile of w, float32 arrays laid out like their operands; or a TypeError / ValueError."""
+  b = numerics.BLOCK
+  if w.ndim != 2:
+    raise ValueError(f"jax_overlap.{op_name}: block scales take a 2-D w ([K, N], or [N, K] with w_kmajor), got w "
+                     f"of shape {w.shape}")
+  k = x.shape[-1]
+  n = w.shape[0] if w_kmajor else w.shape[1]
+  want_x = (*x.shape[:-1], k // b)
+  want_w = (n // b, k // b) if w_kmajor else (k // b, n // b)
+  shapes = [getattr(s, "shape", None) for s in (x_scale, w_scale)]
+  if any(shape is None or len(shape) == 0 for shape in shapes):
+    raise ValueError(f"jax_overlap.{op_name}: x_scale and w_scale must both be float32 scalars (shape ()), or "
+                     f"both block scales (x_scale {want_x}, w_scale {want_w}); got x_scale of shape {shapes[0]}, "
+                     f"w_scale of shape {shapes[1]}")
+  for name, scale in (("x_scale", x_scale), ("w_scale", w_scale)):
+    if scale.dtype != jnp.float32:
+      raise TypeError(f"jax_overlap.{op_name}: with block scales {name} must be a float32 array, got dtype "
+                      f"{scale.dtype}")
+  if k % b or n % b:
+    raise ValueError(f"jax_overlap.{op_name}: block scales need K and N multiples of {b} (blocks of {b} along "
+                     f"K, tiles of {b}x{b} of w), got K = {k}, N = {n}")
+  for name, scale, want, what in (("x_scale", x_scale, want_x, f"one per row of x and {b} of K"),
+                                  ("w_scale", w_scale, want_w, f"one per {b}x{b} tile of w")):
+    if tuple(scale.shape) != want:
+      raise ValueError(f"jax_overlap.{op_name}: block scales: {name} must have shape {want} ({what}), got "
+                       f"{tuple(scale.shape)}")
+  return x_scale, w_scale
 
 
 def _out_dtype_name(op_name: str, out_dtype) -> str | None:
@@ -116,8 +144,9 @@ def _out_dtype_name(op_name: str, out_dtype) -> str | None:
     raise TypeError(f"jax_overlap.{op_name}: out_dtype must be a dtype or None, got {out_dtype!r}") from None
 
 
-def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype) -> tuple:
-  """(the scales (x_scale, w_scale) as float32 scalars, or None for 16-bit operands; the result's dtype name)."""
+def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype, w_kmajor: bool) -> tuple:
+  """(the scales (x_scale, w_scale): float32 scalars or block scales, or None for 16-bit operands; the result's
+  dtype name)."""
   out_dtype = _out_dtype_name(op_name, out_dtype)
   fp8 = dtypes.is_fp8(x.dtype), dtypes.is_fp8(w.dtype)
   if any(fp8) and not all(fp8):
@@ -149,6 +178,8 @@ def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype) -> tupl
   if bias is not None and dtypes.name(bias.dtype) not in (out_name, "float32"):
     raise TypeError(f"jax_overlap.{op_name}: bias must have out_dtype {out_name} or float32 with float8 operands, "
                     f"got {bias.dtype}")
+  if any(getattr(scale, "ndim", 0) > 0 for scale in (x_scale, w_scale)):
+    return _check_block_scales(op_name, x, w, x_scale, w_scale, bool(w_kmajor)), out_name
   return (_check_scale(op_name, "x_scale", x_scale, "x", x.dtype),
           _check_scale(op_name, "w_scale", w_scale, "w", w.dtype)), out_name
 
@@ -345,6 +376,14 @@ _FP8_ARGS = """
     x_scale, w_scale: float32 scalars (shape ()), required: an operand's value is x.astype(float32) * x_scale.
               Inside shard_map each rank's own (ranks may differ: no amax all-reduce is needed before
               quantizing); on global arrays one scale per array. Refused for other dtypes.
+              Or block scales (DeepSeek-V3's recipe), float32 arrays for both: x_scale [..., rows, K/128], one
+              per row and 128 elements of K; w_scale one per 128x128 tile of w, [K/128, N/128] ([N/128, K/128]
+              with w_kmajor); w 2-D, K and N multiples of 128. Each element's value is its block's scale
+              times it. Inside shard_map each rank's own blocks of its own operands (ag_matmul gathers them
+              with x's rows: gathered_scales [..., T*rows, K/128]); on global arrays sharded as their operands.
+              The GPU path is cuBLASLt's block-scaled GEMM on Hopper (sm_90), each GEMM's rows a multiple
+              of 4 and, in a group of two or more, x without batch dims; any other call takes the XLA path
+              (a float32 dot of the dequantized operands: no fp8 GEMM of XLA's takes block scales).
     out_dtype: the result's dtype, bfloat16 (default), float16 or float32; for other operands None or x's
               dtype. bias is in out_dtype or float32 and added once in float32.
   The GEMM accumulates in float32 with both scales applied. On the XLA path (every format, every backend)
@@ -395,7 +434,7 @@ def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, w_
   """
   _check_algorithm("ag_matmul", algorithm)
   n = _check_operands("ag_matmul", x, w, bias, w_kmajor)
-  scales, out_name = _check_dtypes("ag_matmul", x, w, bias, x_scale, w_scale, out_dtype)
+  scales, out_name = _check_dtypes("ag_matmul", x, w, bias, x_scale, w_scale, out_dtype, w_kmajor)
   _check_gpu_dtype("ag_matmul", algorithm, x, w)
   gather = _check_axis("ag_matmul", "gather_axis", gather_axis, x.ndim, -2)
   _check_out_sharding("ag_matmul", out_sharding, (*x.shape[:-1], *n), axis_name)
@@ -430,9 +469,14 @@ def _ag_empty(x, w, bias, scales, call: Call, n: tuple) -> tuple:
   gathered_shape = list(x.shape)
   gathered_shape[call.axis] *= call.size
   y = _empty_result((*gathered_shape[:-1], *n), call.out_dtype, bias, call.axes)
-  x_scales = () if scales is None else (scales[0].reshape(1),)
-  if call.axes is not None:
-    x_scales = tuple(lax.all_gather(s, call.axes, tiled=True) for s in x_scales)
+  if scales is None:
+    x_scales = ()
+  elif numerics.blocks(scales):  # gathered with x's rows
+    x_scales = (scales[0] if call.axes is None else
+                lax.all_gather(scales[0], call.axes, axis=scales[0].ndim + call.axis, tiled=True),)
+  else:
+    x_scales = (scales[0].reshape(1) if call.axes is None else
+                lax.all_gather(scales[0].reshape(1), call.axes, tiled=True),)
   if 0 in x.shape:
     gathered = jnp.zeros(gathered_shape, x.dtype)
   elif call.axes is None:
@@ -479,7 +523,7 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, w_
   """
   _check_algorithm("matmul_rs", algorithm)
   n = _check_operands("matmul_rs", x, w, bias, w_kmajor)
-  scales, out_name = _check_dtypes("matmul_rs", x, w, bias, x_scale, w_scale, out_dtype)
+  scales, out_name = _check_dtypes("matmul_rs", x, w, bias, x_scale, w_scale, out_dtype, w_kmajor)
   _check_gpu_dtype("matmul_rs", algorithm, x, w)
   out_shape = [*x.shape[:x.ndim - (w.ndim - 1)], n]
   scatter = None if scatter_axis is None else _check_axis("matmul_rs", "scatter_axis", scatter_axis,

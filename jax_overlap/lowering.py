@@ -42,6 +42,7 @@ import threading
 import weakref
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import mlir
 
@@ -245,6 +246,10 @@ def _site(ctx, region_key: tuple) -> int:
 # A call's operands as the primitive gives them (ops/<op>.bind): x, w, [bias], [x_scale, w_scale]. Float8 calls
 # (scaled) carry float32 scalar scales and an out_dtype; the pipelined targets take (x, w, bias, x_scale, w_scale)
 # with the scales as f32[1] (f32[0] for a 16-bit call) and an empty bias [0] for none (csrc/ffi/pipelined.cc).
+# Block scales go flat, in the layouts cuBLASLt reads (csrc/core/block_scales.h): x's [k/128][rows] for the rows
+# of each GEMM (matmul_rs with peers: per row block, [world][k/128][m/world]), w's [n/128][k/128 padded to a
+# multiple of _W_SCALE_ROW_ALIGN] of its K-major form.
+_W_SCALE_ROW_ALIGN = 4
 
 @dataclasses.dataclass(frozen=True)
 class _Call:
@@ -264,6 +269,11 @@ class _Call:
   @property
   def scaled(self) -> bool:
     return bool(self.scales)
+
+  @property
+  def blocks(self) -> bool:
+    """Block scales (numerics.blocks)."""
+    return self.scaled and self.scale_avals[1].ndim > 0
 
 
 def _call_of(ctx, operands, scaled: bool, out_dtype, w_kmajor: bool) -> _Call:
@@ -290,14 +300,32 @@ def _k_major_w(ctx, call: _Call):
   return _lowered(ctx, lambda w: w.T, [call.w], [call.w_aval], transposed), transposed
 
 
-def _scale_operands(ctx, call: _Call) -> tuple:
-  """(values, avals) of x_scale and w_scale: f32[1] each for a float8 call, f32[0] for a 16-bit one."""
+def _x_block_scales(x_scale, groups: int):
+  """x's block scales [..., rows, k/128] as the GEMMs read them: [groups][k/128][rows / groups], flat."""
+  kb = x_scale.shape[-1]
+  return x_scale.reshape(groups, -1, kb).transpose(0, 2, 1).reshape(-1)
+
+
+def _w_block_scales(w_scale, w_kmajor: bool):
+  """w's block scales as the GEMMs read them: [n/128][k/128 padded], flat (w_scale mirrors w's layout)."""
+  s = w_scale if w_kmajor else w_scale.T
+  return jnp.pad(s, ((0, 0), (0, -s.shape[1] % _W_SCALE_ROW_ALIGN))).reshape(-1)
+
+
+def _scale_operands(ctx, call: _Call, x_groups: int) -> tuple:
+  """(values, avals) of x_scale and w_scale: f32[1] each for a float8 call, f32[0] for a 16-bit one; block
+  scales flat in the GEMMs' layouts, x's rows in `x_groups` groups (a GEMM's rows each)."""
   if not call.scaled:
     empty = np.zeros((0,), np.float32)
     return [mlir.ir_constant(empty)] * 2, [jax.core.ShapedArray((0,), np.float32)] * 2
-  ones = [aval.update(shape=(1,)) for aval in call.scale_avals]
-  return [_lowered(ctx, lambda s: s.reshape(1), [s], [aval], one)
-          for s, aval, one in zip(call.scales, call.scale_avals, ones)], ones
+  if call.blocks:
+    forms = (lambda s: _x_block_scales(s, x_groups), lambda s: _w_block_scales(s, call.w_kmajor))
+  else:
+    forms = (lambda s: s.reshape(1),) * 2
+  flat = [jax.eval_shape(f, aval) for f, aval in zip(forms, call.scale_avals)]
+  avals = [aval.update(shape=f.shape) for aval, f in zip(call.scale_avals, flat)]
+  return [_lowered(ctx, f, [s], [aval], out)
+          for f, s, aval, out in zip(forms, call.scales, call.scale_avals, avals)], avals
 
 
 def _bias_by_xla(problem: Problem, op, call: _Call) -> bool:
@@ -305,22 +333,23 @@ def _bias_by_xla(problem: Problem, op, call: _Call) -> bool:
   float8 GEMM epilogue takes a bias in a 16-bit output's dtype only (csrc/blas/cublaslt_api.h), so a float32
   bias (or a float32 output) goes that way when a GEMM adds it: then the custom call writes y in float32
   without it, and XLA adds the bias in float32 and rounds once, as the epilogue would (one more pass over y).
-  matmul_rs with peers adds its bias in its reduction, in float32 from either dtype."""
+  matmul_rs with peers adds its bias in its reduction, in float32 from either dtype. cuBLASLt's block-scaled
+  GEMM has no bias epilogue at all."""
   if not call.scaled or call.bias is None or (op.REDUCES and problem.world > 1):
     return False
-  return call.bias_aval.dtype != call.out_dtype or call.out_dtype == np.float32
+  return call.blocks or call.bias_aval.dtype != call.out_dtype or call.out_dtype == np.float32
 
 
-def _gemm_operands(ctx, call: _Call, bias_after: bool) -> tuple:
+def _gemm_operands(ctx, call: _Call, bias_after: bool, x_groups: int) -> tuple:
   """(values, avals) of (x, w, bias, x_scale, w_scale) for a pipelined target; the bias empty where XLA adds it
-  after the call (bias_after)."""
+  after the call (bias_after); x_groups: _scale_operands'."""
   w, w_aval = _k_major_w(ctx, call)
   if call.bias is None or bias_after:
     empty = np.zeros((0,), call.out_dtype if call.scaled else call.x_aval.dtype)
     bias, bias_aval = mlir.ir_constant(empty), jax.core.ShapedArray(empty.shape, empty.dtype)
   else:
     bias, bias_aval = call.bias, call.bias_aval
-  scales, scale_avals = _scale_operands(ctx, call)
+  scales, scale_avals = _scale_operands(ctx, call, x_groups)
   return [call.x, w, bias, *scales], [call.x_aval, w_aval, bias_aval, *scale_avals]
 
 
@@ -371,18 +400,29 @@ def _emit_fused(ctx, problem: Problem, op, choice: Choice, call: _Call):
 
 def _results_of_one(ctx, op, call: _Call, y) -> list:
   """The op's results of a group of one from its y (op.results_of_one), and for a float8 call of an op that
-  returns gathered scales too (one result more), x's own scale as them, f32[1]."""
+  returns gathered scales too (one result more), x's own scale as them, f32[1] (block scales: x_scale)."""
   results = list(op.results_of_one(y, call.x))
   if len(results) < len(ctx.avals_out):
-    results.append(_lowered(ctx, lambda s: s.reshape(1), [call.scales[0]], [call.scale_avals[0]],
+    results.append(call.scales[0] if call.blocks else
+                   _lowered(ctx, lambda s: s.reshape(1), [call.scales[0]], [call.scale_avals[0]],
                             ctx.avals_out[len(results)]))
   return results
+
+
+def _gathered_block_scales(ctx, call: _Call, flat, world: int):
+  """ag_matmul's gathered block scales as the op returns them, [..., world * m, k/128], from the custom call's
+  [world][k/128][m] (each shard's as its GEMM read it)."""
+  out = ctx.avals_out[2]
+  kb = out.shape[-1]
+  return _lowered(ctx, lambda s: s.reshape(world, kb, -1).transpose(0, 2, 1).reshape(out.shape), [flat],
+                  [jax.core.ShapedArray((math.prod(out.shape),), np.float32)], out)
 
 
 def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: _Call):
   machine, plan = backend.current(), choice.plan
   bias_after = _bias_by_xla(problem, op, call)
-  operands, avals_in = _gemm_operands(ctx, call, bias_after)
+  x_groups = 1 if problem.world == 1 else problem.m // op.chunk_rows(problem.m, problem.world)
+  operands, avals_in = _gemm_operands(ctx, call, bias_after, x_groups)
   y_aval = ctx.avals_out[0].update(dtype=np.dtype(np.float32) if bias_after else call.out_dtype)
   scratch = _u8(machine.native.pipelined_scratch_bytes(op.NAME, problem.world, problem.batch, problem.m, problem.n,
                                                        dtypes.itemsize(problem.out_dtype)))
@@ -399,14 +439,20 @@ def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: _Call):
   # A call that gathers x (results y and the gathered x) also returns the gathered scales: f32[0] when unscaled.
   gathers = len(ctx.avals_out) > 1
   scales_out = [jax.core.ShapedArray((0,), np.float32)] if gathers and not call.scaled else []
-  sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, *ctx.avals_out[1:], *scales_out, scratch])
+  results_out = list(ctx.avals_out[1:])
+  if gathers and call.blocks:  # flat, as the GEMMs read them (_gathered_block_scales)
+    results_out[1] = jax.core.ShapedArray((math.prod(results_out[1].shape),), np.float32)
+  sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, *results_out, *scales_out, scratch])
   config_attr = {"w_kmajor": np.int64(problem.w_kmajor), "region_offset": np.int64(choice.offset),
                  "region_bytes": np.int64(region_bytes), "site": np.int64(_site(ctx, region_key)),
                  "generation": np.int64(runtime.generation())}
   y, *rest = jax.ffi.ffi_lowering(machine.target(op.NAME + "_pipelined"))(
       sub_ctx, *operands, config=config_attr, groups=_groups_attribute(problem), world=np.int64(problem.world),
       stages=np.array(plan.stages, np.int64))
-  return [_finished(ctx, call, y, y_aval, bias_after), *rest[:len(ctx.avals_out) - 1]]
+  rest = rest[:len(ctx.avals_out) - 1]
+  if gathers and call.blocks:
+    rest[1] = _gathered_block_scales(ctx, call, rest[1], problem.world)
+  return [_finished(ctx, call, y, y_aval, bias_after), *rest]
 
 
 _EMITTERS = {"pipelined": _emit_pipelined, "fused": _emit_fused}
@@ -446,7 +492,7 @@ def gpu_rule(ctx, *operands, op, axis_name, axis_size, algorithm, w_kmajor, scal
     problem = Problem(op.NAME, dtypes.name(call.x_aval.dtype), math.prod(lead), m, k,
                       call.w_aval.shape[0 if w_kmajor else 1], axis_size if axis_name is not None else 1, groups,
                       bool(w_kmajor) or call.scaled, out_dtype_name=call.out_dtype.name,
-                      w_dtype_name=dtypes.name(call.w_aval.dtype), scaled=call.scaled)
+                      w_dtype_name=dtypes.name(call.w_aval.dtype), scaled=call.scaled, blocks=call.blocks)
     choice = choose(problem, op, algorithm)
   except _DECLINED as e:
     _fallback(op.NAME, algorithm, e)

@@ -22,7 +22,10 @@ operand converted to float32 and multiplied by its scalar scale, into one dot
 with float32 results. Dequantizing to bfloat16 instead is not rewritten and
 runs at bfloat16 speed (1355-1539 us against 778 us at 16384x3584x8192 on an
 H200, jax 0.11.2); per-row scales are not rewritten either, so rows of
-different scales (ag_matmul's gathered shards) take one dot each.
+different scales (ag_matmul's gathered shards) take one dot each. Block
+scales (BLOCK) are written the same way, each operand times its scales
+repeated over their blocks; no fp8 GEMM of XLA's takes them, so that dot runs
+in float32 (benchmarks/bench_fp8.py times it).
 
 The quantization the fp8 layers apply (linear.py) is here too: current
 scaling, a power-of-two scale from the amax, so that rescaling an fp8 value by
@@ -42,9 +45,26 @@ def accumulator(dtype):
   return jnp.promote_types(dtype, jnp.float32)
 
 
+# Block scales (scales.blocks): one float32 per BLOCK elements of the contraction per row of x (1x128), one per
+# BLOCK x BLOCK tile of w (128x128): the DeepSeek-V3 recipe, which cuBLASLt runs on Hopper.
+BLOCK = 128
+
+
+def blocks(scales) -> bool:
+  """Whether (x_scale, w_scale) are block scales (arrays shaped like their operands' blocks), not scalars (w's
+  tells: x's may be gathered shards' scalars)."""
+  return scales is not None and scales[1].ndim > 0
+
+
 def dequantized(x, scale):
-  """A float8 operand's value: x.astype(float32) * scale (scale None: x as it is)."""
-  return x if scale is None else x.astype(jnp.float32) * scale
+  """A float8 operand's value: x.astype(float32) times its scale (scale None: x as it is). A block scale has x's
+  rank, each dim x's or a BLOCK-th of it: each element takes the scale of its block."""
+  if scale is None:
+    return x
+  for d in range(scale.ndim):
+    if scale.shape[d] != x.shape[d]:
+      scale = jnp.repeat(scale, x.shape[d] // scale.shape[d], axis=d)
+  return x.astype(jnp.float32) * scale
 
 
 def local_matmul(x, w, *, w_kmajor: bool = False, contract: int = 1, scales=None, out_sharding=None):
@@ -66,10 +86,10 @@ def gathered_matmul(gathered, w, *, w_kmajor: bool = False, gather: int = -2, sc
 
   scales: (x_scales of shape (T,), one per shard in gathered order, w_scale), or None. One dot per shard keeps
   each in the form XLA rewrites into its fp8 GEMM; the products are joined along the gathered dim of the
-  result (x's leading dims come first in it).
+  result (x's leading dims come first in it). Block scales (gathered with x) take one dot.
   """
-  if scales is None:
-    return local_matmul(gathered, w, w_kmajor=w_kmajor)
+  if scales is None or blocks(scales):
+    return local_matmul(gathered, w, w_kmajor=w_kmajor, scales=scales)
   x_scales, w_scale = scales
   axis = gathered.ndim + gather
   shards = x_scales.shape[0]

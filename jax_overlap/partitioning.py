@@ -6,9 +6,11 @@ or reduces, and a local product otherwise, so the answer is right either way.
 The op's sharding_rule gives Shardy the factors; an op whose plan reads the
 requested output layout (matmul_rs's scatter dim) gets the `request` argument,
 or what propagation settled on (a constraint or jit's out_shardings downstream).
-Float8 scales are scalars, one per array, replicated; the partitioned results
-are the plan's (op.global_results(..., None)), and ag_matmul's gathered_scales
-is x_scale itself, added after the partitioning.
+Float8 scales are scalars, one per array, replicated; block scales are laid
+out as their operands are (the plan is made even for them too: a dim of blocks
+is a 128th of its operand's). The partitioned results are the plan's
+(op.global_results(..., None)), and ag_matmul's gathered_scales is x_scale
+itself, added after the partitioning.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jax_overlap import primitives, sharding
+from jax_overlap import numerics, primitives, sharding
 
 log = logging.getLogger("jax_overlap")
 
@@ -54,18 +56,24 @@ def _body(fn):
 
 @functools.cache
 def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaled: bool, w_kmajor: bool, algorithm: str,
-                       axis, request, out_dtype: str):
-  """The custom_partitioning of `op` for operands of these ranks (and with scales, two scalars after them).
-  `axis`: the op's gather / scatter dim argument; `request`: the output spec asked for (aligned to the end: vmap
-  adds leading dims), or None."""
+                       axis, request, out_dtype: str, blocks: bool = False):
+  """The custom_partitioning of `op` for operands of these ranks (and with scales, two scalars after them, or
+  with blocks two arrays of blocks laid out as x and w are). `axis`: the op's gather / scatter dim argument;
+  `request`: the output spec asked for (aligned to the end: vmap adds leading dims), or None."""
   out_ndim = op.result_ndim(ndim, w_ndim)
   multiple = op.primitive.multiple_results
   if request is not None:
     request = (None,) * (out_ndim - len(request)) + tuple(request)
 
-  def plan(mesh, x, w, asked):
-    return op.sharding_plan(mesh, sharding.spec_of(x.sharding, ndim), sharding.spec_of(w.sharding, w_ndim), x.shape,
-                            w.shape, w_kmajor, axis, asked)
+  def plan(mesh, x, w, asked, scale_shapes=None):
+    # Block scales shard as their operands: the plan is made even for their shapes (a 128th of the operands'
+    # dims along K and N), which makes it even for the operands too.
+    x_shape, w_shape = scale_shapes or (x.shape, w.shape)
+    return op.sharding_plan(mesh, sharding.spec_of(x.sharding, ndim), sharding.spec_of(w.sharding, w_ndim), x_shape,
+                            w_shape, w_kmajor, axis, asked)
+
+  def scale_shapes(args):
+    return (args[-2].shape, args[-1].shape) if blocks else None
 
   def product(*args, out_specs=None):
     x, w, bias, scales = primitives.split_operands(args, has_bias, scaled)
@@ -74,7 +82,9 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaled: bool,
 
   def traced(x, w, *operands):
     mesh = sharding.explicit_mesh(jax.typeof(x))
-    specs = None if mesh is None else plan(mesh, jax.typeof(x), jax.typeof(w), request).results
+    specs = None
+    if mesh is not None:
+      specs = plan(mesh, jax.typeof(x), jax.typeof(w), request, scale_shapes(operands)).results
     return product(x, w, *operands, out_specs=specs)
 
   fn = custom_partitioning(traced)
@@ -92,12 +102,13 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaled: bool,
     return sharding.spec_of(first.sharding, out_ndim)
 
   def infer(mesh, arg_shapes, result_shape):
-    return result_shardings(mesh, plan(mesh, *arg_shapes[:2], request))
+    return result_shardings(mesh, plan(mesh, *arg_shapes[:2], request, scale_shapes(arg_shapes)))
 
   def partition(mesh, arg_shapes, result_shape):
-    p = plan(mesh, *arg_shapes[:2], asked(result_shape))
+    p = plan(mesh, *arg_shapes[:2], asked(result_shape), scale_shapes(arg_shapes))
     log.debug("jax_overlap.%s: global arrays, %s", op.NAME, p.why if p.axes else f"plain partitioning ({p.why})")
-    arg_sh = _named(mesh, p.x, p.w, *((p.bias,) if has_bias else ()), *((P(), P()) if scaled else ()))
+    scale_sh = ((p.x, p.w) if blocks else (P(), P())) if scaled else ()
+    arg_sh = _named(mesh, p.x, p.w, *((p.bias,) if has_bias else ()), *scale_sh)
     if p.axes is None:
       return mesh, _body(product), result_shardings(mesh, p), arg_sh
     size = math.prod(mesh.shape[a] for a in p.axes)
@@ -105,7 +116,7 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaled: bool,
                           scaled=scaled, out_dtype=out_dtype)
     return mesh, _body(body), result_shardings(mesh, p), arg_sh
 
-  rule, reductions = op.sharding_rule(ndim, w_ndim, has_bias, scaled, w_kmajor, axis)
+  rule, reductions = op.sharding_rule(ndim, w_ndim, has_bias, scaled, w_kmajor, axis, blocks)
   fn.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                    reduction_factors=reductions)
   return fn
@@ -117,13 +128,14 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaled: bool,
 # so that an enclosing vmap reaches this rule too; batched weights or bias go to
 # the reference product.
 
-def _vmap_rule(op, fn, has_bias: bool, scaled: bool, w_kmajor: bool, out_dtype: str):
+def _vmap_rule(op, fn, has_bias: bool, scaled: bool, w_kmajor: bool, out_dtype: str, blocks: bool):
   def rule(axis_size, in_batched, x, w, *operands):
-    x_batched, *others_batched = in_batched
-    if x_batched and not any(others_batched):
-      out = fn(x, w, *operands)
-      return out, jax.tree.map(lambda _: True, out)
     args = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip((x, w, *operands), in_batched)]
+    # x's own leading dims: x batched (and block scales, shaped like x, batched alike), the weights not.
+    along_x = (0, len(in_batched) - 2) if blocks else (0,)
+    if any(in_batched[i] for i in along_x) and not any(b for i, b in enumerate(in_batched) if i not in along_x):
+      out = fn(*(args[i] if i in along_x else a for i, a in enumerate((x, w, *operands))))
+      return out, jax.tree.map(lambda _: True, out)
 
     def product(*args):
       x, w, bias, scales = primitives.split_operands(args, has_bias, scaled)
@@ -135,13 +147,14 @@ def _vmap_rule(op, fn, has_bias: bool, scaled: bool, w_kmajor: bool, out_dtype: 
 
 
 @functools.cache
-def _vmappable(op, has_bias: bool, scaled: bool, w_kmajor: bool, algorithm: str, axis, request, out_dtype: str):
+def _vmappable(op, has_bias: bool, scaled: bool, w_kmajor: bool, algorithm: str, axis, request, out_dtype: str,
+               blocks: bool):
   @jax.custom_batching.custom_vmap
   def fn(x, w, *operands):
     return custom_partitioned(op, x.ndim, w.ndim, has_bias, scaled, w_kmajor, algorithm, axis, request,
-                              out_dtype)(x, w, *operands)
+                              out_dtype, blocks)(x, w, *operands)
 
-  fn.def_vmap(_vmap_rule(op, fn, has_bias, scaled, w_kmajor, out_dtype))
+  fn.def_vmap(_vmap_rule(op, fn, has_bias, scaled, w_kmajor, out_dtype, blocks))
   return fn
 
 
@@ -153,7 +166,8 @@ _NO_DERIVATIVE = "Differentiation rule for 'custom_partitioning' not implemented
 def call(op, x, w, bias, scales, *, algorithm: str, w_kmajor: bool, axis, out_dtype: str, request=None):
   """The op's results on global arrays, partitioned from their shardings (`axis`: the op's gather / scatter dim
   argument, None for the plan's; `request`: the asked output spec, a tuple per dim, or None)."""
-  fn = _vmappable(op, bias is not None, scales is not None, w_kmajor, algorithm, axis, request, out_dtype)
+  fn = _vmappable(op, bias is not None, scales is not None, w_kmajor, algorithm, axis, request, out_dtype,
+                  numerics.blocks(scales))
   try:
     outs = fn(*primitives.operands(x, w, bias, scales))
   except NotImplementedError as e:

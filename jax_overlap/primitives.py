@@ -13,7 +13,7 @@ adds the rules every GEMM op shares:
              weights of other ranks than 2 reshaped to a matrix first; on every
              other platform, the reference decomposition
 Operands of every GEMM op: x, w, [bias], [x_scale, w_scale] (float32
-scalars, with float8 x and w). Params: axis_name (tuple of mesh axes, or None
+scalars, or block scales shaped like x's and w's blocks, with float8 x and w). Params: axis_name (tuple of mesh axes, or None
 for the local product), axis_size (the group size), algorithm, w_kmajor (w
 stored with the contraction last), has_bias, scaled (the scales are there),
 out_dtype (the result's dtype name: x's for 16-bit operands) and out_specs (the
@@ -84,14 +84,19 @@ def result_specs(out_specs, count: int) -> tuple:
 # --- batching ---------------------------------------------------------------
 
 def _batch_rule(op, args, dims, **params):
-  x, *rest = args
-  dx, *drest = dims
-  if all(d is None for d in drest):
-    out = op.primitive.bind(jnp.moveaxis(x, dx, 0), *rest, **params)
+  # x's own leading dims take the batch: x batched (and block scales, shaped like x, batched alike), the
+  # weights not.
+  blocks = params["scaled"] and args[-1].ndim - (dims[-1] is not None) > 0
+  along_x = (0, len(args) - 2) if blocks else (0,)
+  if any(dims[i] is not None for i in along_x) and all(d is None for i, d in enumerate(dims) if i not in along_x):
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    args = [(jnp.broadcast_to(a, (size, *a.shape)) if dims[i] is None else jnp.moveaxis(a, dims[i], 0))
+            if i in along_x else a for i, a in enumerate(args)]
+    out = op.primitive.bind(*args, **params)
     if not op.primitive.multiple_results:
       return out, 0
-    # ag_matmul's gathered_scales belong to the shards, not to an element of the batch
-    return out, (0, 0, None)[:len(out)]
+    # ag_matmul's gathered_scales belong to the shards, not to an element of the batch (block scales: to x's rows)
+    return out, (0, 0, 0 if blocks else None)[:len(out)]
   out = jax.vmap(functools.partial(_reference_call, op, **params), in_axes=tuple(dims))(*args)
   return out, jax.tree.map(lambda _: 0, out)
 

@@ -106,6 +106,14 @@ def normal(rng):
   return draw
 
 
+@pytest.fixture
+def fp8(rng):
+  """fp8(shape, format): unit-normal values rounded to the float8 format, as a NumPy array of it."""
+  def draw(shape, fmt):
+    return rng.standard_normal(shape).astype(jax.numpy.dtype(fmt))
+  return draw
+
+
 # --- meshes and compiled HLO ----------------------------------------------------
 
 def mesh_of(shape: tuple, names: tuple, axis_type=jax.sharding.AxisType.Auto) -> jax.sharding.Mesh:

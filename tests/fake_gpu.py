@@ -113,7 +113,9 @@ class FakeNative:
     own = ptr in (0, (jax.local_devices()[ordinal].id + 1) << 40)
     return nbytes / (LOCAL_BYTES_PER_US if own else self.link_bytes_per_us)
 
-  def time_gemms(self, ordinal, dtype_name, rows, n, k, w_kmajor, warmup_ms, w_dtype=None, out_dtype=None) -> list:
+  def time_gemms(self, ordinal, dtype_name, rows, n, k, w_kmajor, warmup_ms, w_dtype=None, out_dtype=None,
+                 blocks=False) -> list:
+    del blocks
     self._maybe_fail("time_gemms", ordinal)
     self.timed_gemms.append((dtype_name, w_dtype, out_dtype, w_kmajor))
     whole = rows[-1]
@@ -147,9 +149,9 @@ class FakeNative:
   def pipelined_scratch_bytes(self, op, world, batch, m, n, out_bytes) -> int:
     return 256
 
-  def pipelined_region_bytes(self, op, world, batch, m, k, n, x_bytes, out_bytes, scaled=False) -> int:
-    if op == "ag_matmul":
-      return 4096 + world * batch * m * k * x_bytes + 512 * scaled  # two slots, each with a scale header
+  def pipelined_region_bytes(self, op, world, batch, m, k, n, x_bytes, out_bytes, scaled=False, blocks=False) -> int:
+    if op == "ag_matmul":  # two slots, each with a header of the shard's scale (or block scales)
+      return 4096 + world * batch * m * k * x_bytes + (2 * m * k // 32 if blocks else 512 * scaled)
     return 4096 + batch * m * n * out_bytes
 
   def all_gather_region_bytes(self, world, rows, row_bytes) -> int:
@@ -168,3 +170,13 @@ def install(set_attr, fake: FakeNative, host: str | None = None, gpus=jax.local_
   machine = backend.Backend(fake, "cuda", gpus=gpus, host=socket.gethostname if host is None else lambda: host)
   set_attr(backend, "_current", machine)
   return machine
+
+
+def cuda_text(f, *args) -> str:
+  """The StableHLO of jitted f on arguments (or their specs) lowered for "cuda", as a GPU would get it."""
+  return f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def custom_calls(text: str) -> list:
+  """The lines of jax_overlap's custom calls in lowered text."""
+  return [line for line in text.splitlines() if "stablehlo.custom_call @jax_overlap" in line]

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 import jax_overlap
 from jax_overlap import backend
 
-from fake_gpu import FakeNative, install
+from fake_gpu import FakeNative, custom_calls as _custom_calls, cuda_text as _lowered, install
 
 pytestmark = pytest.mark.skipif("x_scale" not in inspect.signature(jax_overlap.ag_matmul).parameters,
                                 reason="needs the float8 API of issue 27 (x_scale, w_scale, out_dtype)")
@@ -28,14 +28,6 @@ def fake_gpu_runtime(monkeypatch):
   install(monkeypatch.setattr, fake)
   jax_overlap.initialize(workspace_bytes=1 << 30)
   return fake
-
-
-def _lowered(f, *args) -> str:
-  return f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
-def _custom_calls(text):
-  return [line for line in text.splitlines() if "stablehlo.custom_call @jax_overlap" in line]
 
 
 def _spec(*shape, dtype=E4M3):
@@ -105,9 +97,9 @@ def test_float8_region_follows_the_element_sizes(fake_gpu_runtime, make_mesh, op
   fake_gpu_runtime.pipelined_region_bytes = lambda *args: calls.append(args) or sizes(*args)
   _lowered(_fn(op, make_mesh((4,), ("tp",)), out_dtype=jnp.float32), *_operands(op, 4))
   m = 1024 if op == "ag_matmul" else 4096  # x's rows per rank
-  assert calls == [(op, 4, 1, m, 512, 256, 1, 4, True)]
+  assert calls == [(op, 4, 1, m, 512, 256, 1, 4, True, False)]
   ((key, (_, nbytes)),) = backend.current().state.regions.items()
-  assert key[2][-3:] == (1, 4, True) and nbytes == sizes(*calls[0])
+  assert key[2][-4:] == (1, 4, True, False) and nbytes == sizes(*calls[0])
 
 
 @pytest.mark.parametrize("world", [1, 4])

@@ -32,14 +32,6 @@ def _pair_id(pair):
 
 
 @pytest.fixture
-def fp8(rng):
-  """fp8(shape, format): unit-normal values rounded to the float8 format."""
-  def draw(shape, fmt):
-    return rng.standard_normal(shape).astype(jnp.dtype(fmt))
-  return draw
-
-
-@pytest.fixture
 def scales(rng):
   """scales(count): float32 scales in [0.3, 3), not powers of two (one per rank)."""
   def draw(count):

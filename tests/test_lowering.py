@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 import jax_overlap
 from jax_overlap import backend, lowering, native, runtime
 
-from fake_gpu import FakeNative, install
+from fake_gpu import FakeNative, custom_calls as _custom_calls, install
 
 pytestmark = pytest.mark.skipif(native.platform() != "cuda", reason="needs the CUDA build of the extension")
 
@@ -69,10 +69,6 @@ def fake_gpu_runtime(monkeypatch):
 
 def _regions():
   return backend.current().state.regions
-
-
-def _custom_calls(text):
-  return [line for line in text.splitlines() if "stablehlo.custom_call @jax_overlap" in line]
 
 
 def _ints(line, name):

@@ -43,7 +43,8 @@ inline DType dtype_arg(const std::string& name, const char* takes) {
 }
 
 // A GEMM's types from a call dict of the tests and benchmarks: "dtype" (x's), and optionally "w_dtype" (x's
-// by default), "out_dtype" (x's by default; required with float8 x) and "bias_dtype" (out's by default).
+// by default), "out_dtype" (x's by default; required with float8 x), "bias_dtype" (out's by default) and
+// "blocks" (float8 block scales, core/block_scales.h; false by default).
 inline GemmTypes gemm_types_arg(const pybind11::dict& c, const char* takes) {
   const auto named = [&](const char* key, DType fallback) {
     return c.contains(key) ? dtype_arg(c[key].cast<std::string>(), takes) : fallback;
@@ -51,8 +52,11 @@ inline GemmTypes gemm_types_arg(const pybind11::dict& c, const char* takes) {
   const DType x = dtype_arg(c["dtype"].cast<std::string>(), takes);
   if (is_fp8(x) && !c.contains("out_dtype"))
     throw std::invalid_argument(std::string("jax_overlap: float8 x (") + dtype_name(x) + ") needs an out_dtype");
+  const bool blocks = c.contains("blocks") && c["blocks"].cast<bool>();
+  if (blocks && !is_fp8(x))
+    throw std::invalid_argument(std::string("jax_overlap: block scales take float8 x, got ") + dtype_name(x));
   const DType out = named("out_dtype", x);
-  return GemmTypes{x, named("w_dtype", x), out, named("bias_dtype", out), is_fp8(x)};
+  return GemmTypes{x, named("w_dtype", x), out, named("bias_dtype", out), is_fp8(x), blocks};
 }
 
 // The GEMM op a name from Python names (ag_matmul or matmul_rs); ValueError otherwise.

@@ -26,7 +26,8 @@ namespace {
 
 constexpr const char* kTakes = "the pipelined algorithm takes";
 
-// A loopback call of the op (pipelined/schedule.h) from a dict of device pointers and sizes.
+// A loopback call of the op (pipelined/schedule.h) from a dict of device pointers and sizes (and dtypes:
+// gemm_types_arg; the scales' layouts with "blocks": pipelined::Operands).
 pipelined::Operands loopback_operands(py::dict c, std::vector<int64_t>* stages) {
   pipelined::Operands o{};
   o.x = reinterpret_cast<const void*>(c["x"].cast<uintptr_t>());
@@ -71,15 +72,16 @@ pipelined::CopyPath copy_path_of(int ordinal, const std::optional<std::string>& 
 }  // namespace
 
 void bind_pipelined(py::module_& m) {
-  // x_bytes: x's element; out_bytes: y's (matmul_rs's partials'); scaled: float8 operands.
+  // x_bytes: x's element; out_bytes: y's (matmul_rs's partials'); scaled: float8 operands; blocks: with block
+  // scales (ag_matmul's shard carries them in its slot header).
   m.def(
       "pipelined_region_bytes",
       [](const std::string& op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int x_bytes,
-         int out_bytes, bool scaled) {
-        return pipelined::region_bytes(gemm_op_arg(op), world, batch, m, k, n, x_bytes, out_bytes, scaled);
+         int out_bytes, bool scaled, bool blocks) {
+        return pipelined::region_bytes(gemm_op_arg(op), world, batch, m, k, n, x_bytes, out_bytes, scaled, blocks);
       },
       py::arg("op"), py::arg("world"), py::arg("batch"), py::arg("m"), py::arg("k"), py::arg("n"),
-      py::arg("x_bytes"), py::arg("out_bytes"), py::arg("scaled") = false);
+      py::arg("x_bytes"), py::arg("out_bytes"), py::arg("scaled") = false, py::arg("blocks") = false);
   m.def(
       "pipelined_scratch_bytes",
       [](const std::string& op, int world, int64_t batch, int64_t m, int64_t n, int out_bytes, bool loopback) {
@@ -122,8 +124,9 @@ void bind_pipelined(py::module_& m) {
   m.def(
       "time_gemms",
       [](int ordinal, const std::string& dtype, std::vector<int64_t> rows, int64_t n, int64_t k, bool w_kmajor,
-         int repeats, double warmup_ms, std::optional<std::string> w_dtype, std::optional<std::string> out_dtype) {
-        py::dict names("dtype"_a = dtype);
+         int repeats, double warmup_ms, std::optional<std::string> w_dtype, std::optional<std::string> out_dtype,
+         bool blocks) {
+        py::dict names("dtype"_a = dtype, "blocks"_a = blocks);
         if (w_dtype) names["w_dtype"] = *w_dtype;
         if (out_dtype) names["out_dtype"] = *out_dtype;
         const GemmTypes types = gemm_types_arg(names, kTakes);
@@ -134,7 +137,7 @@ void bind_pipelined(py::module_& m) {
       },
       py::arg("ordinal"), py::arg("dtype"), py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("w_kmajor") = false,
       py::arg("repeats") = 5, py::arg("warmup_ms") = 0.0, py::arg("w_dtype") = py::none(),
-      py::arg("out_dtype") = py::none());
+      py::arg("out_dtype") = py::none(), py::arg("blocks") = false);
   // piece_bytes 0: the cap in force (pipelined::max_copy_bytes); path None: copy_path_of.
   m.def(
       "time_copy",

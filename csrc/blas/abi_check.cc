@@ -24,6 +24,12 @@ static_assert(kDescAScalePointer == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER &&
 static_assert(kDescFastAccum == CUBLASLT_MATMUL_DESC_FAST_ACCUM &&
               kDescBiasDataType == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE);
 static_assert(kDescSmCountTarget == CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET);
+#if CUBLAS_VERSION >= 120900  // the block scale modes came with cuBLAS 12.9
+static_assert(kDescAScaleMode == CUBLASLT_MATMUL_DESC_A_SCALE_MODE &&
+              kDescBScaleMode == CUBLASLT_MATMUL_DESC_B_SCALE_MODE);
+static_assert(kScaleModeBlk128x128 == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F &&
+              kScaleModeVec128 == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
+#endif
 static_assert(kLayoutBatchCount == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT);
 static_assert(kLayoutBatchStride == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET);
 static_assert(kPrefMaxWorkspaceBytes == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES);

@@ -47,6 +47,12 @@ inline constexpr int kDescFastAccum = 25;
 inline constexpr int kDescBiasDataType = 26;
 // SM_COUNT_TARGET int32: the SMs the kernel is sized for (0: the device's).
 inline constexpr int kDescSmCountTarget = 15;
+// A/B_SCALE_MODE int32 (cublasLtMatmulMatrixScale_t): float8 block scales (core/block_scales.h), w (A) per
+// 128 x 128 block (BLK128x128_32F), x (B) per 1 x 128 block of a row (VEC128_32F); cuBLAS 12.9 and later, sm_90.
+inline constexpr int kDescAScaleMode = 31;
+inline constexpr int kDescBScaleMode = 32;
+inline constexpr int32_t kScaleModeBlk128x128 = 5;
+inline constexpr int32_t kScaleModeVec128 = 4;
 // cublasLtEpilogue_t
 inline constexpr uint32_t kEpilogueDefault = 1;
 inline constexpr uint32_t kEpilogueBias = 4;

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "blas/library.h"
+#include "core/block_scales.h"
 #include "platform/device_scope.h"
 
 namespace jo::blas {
@@ -54,7 +55,7 @@ Status batched(const Api& api, Layout layout, int64_t count, int64_t stride) {
 std::string describe(const GemmProblem& s) {
   const GemmTypes& t = s.types;
   const std::string types = t.scaled ? std::string(dtype_name(t.x)) + " x " + dtype_name(t.w) + " -> " +
-                                           dtype_name(t.out) + " (scaled)"
+                                           dtype_name(t.out) + (t.blocks ? " (block scales)" : " (scaled)")
                                      : dtype_name(t.x);
   return types + " [" + std::to_string(s.batch) + " x " + std::to_string(s.rows) + ", " + std::to_string(s.k) +
          "] @ " + (s.w_kmajor ? "[n, k]" : "[k, n]") + " n=" + std::to_string(s.n) +
@@ -88,6 +89,16 @@ Status vendor_types(const GemmProblem& s, VendorTypes* out) {
   if (!is_fp8(t.x) || !is_fp8(t.w)) return refused(s, "scaled operands are float8");
   if (kFp8TransposedWOnly && !s.w_kmajor) return refused(s, "its float8 GEMM takes w K-major ([n, k]) only");
   if (s.bias && !fp8_bias_type_ok(t.out, t.bias)) return refused(s, "its float8 GEMM takes no such bias");
+  if (!t.blocks) return {};
+  if (kDescAScaleMode < 0) return refused(s, "float8 block scales are built for cuBLASLt (sm_90) only");
+  if (!s.w_kmajor) return refused(s, "block scales take w K-major ([n, k])");
+  // No algorithm on the H200 (cuBLASLt 13.1): the caller adds the bias after the GEMM.
+  if (s.bias) return refused(s, "block scales take no bias epilogue");
+  // The x scales are laid out over one matrix's rows (core/block_scales.h): a batch folds into the rows.
+  if (s.batch > 1) return refused(s, "block scales take one batch element");
+  if (s.k % kScaleBlock != 0 || s.n % kScaleBlock != 0 || s.rows % kScaleRowMultiple != 0)
+    return refused(s, "block scales take k and n multiples of " + std::to_string(kScaleBlock) +
+                          " and rows a multiple of " + std::to_string(kScaleRowMultiple));
   return {};
 }
 
@@ -168,6 +179,10 @@ Status DeviceBlas::plan(const GemmProblem& s, const GemmPlan** out) {
     JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBScalePointer, stand_in));
     if (s.bias) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBiasDataType, static_cast<int32_t>(type.bias)));
     if constexpr (kDescFastAccum >= 0) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescFastAccum, int8_t{0}));
+  }
+  if (s.types.blocks) {  // cuBLASLt only (vendor_types)
+    JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescAScaleMode, kScaleModeBlk128x128));
+    JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBScaleMode, kScaleModeVec128));
   }
   if constexpr (kDescSmCountTarget >= 0) {
     if (s.sm_count > 0) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescSmCountTarget, int32_t{s.sm_count}));

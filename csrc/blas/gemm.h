@@ -2,7 +2,8 @@
 // GemmProblem (core/gemm_problem.h) per plan, the bias added by the GEMM's
 // epilogue in fp32 before y is rounded; float8 operands with their scales as
 // device pointers (the vendor's A and B scale: the product is scaled in fp32
-// before the bias is added). A plan (descriptors and the algorithm the
+// before the bias is added), or with block scales (core/block_scales.h;
+// cuBLASLt only, no bias). A plan (descriptors and the algorithm the
 // vendor's heuristic picks) is made once per problem and device, on first
 // use, and kept for the process.
 #pragma once

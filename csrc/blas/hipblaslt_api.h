@@ -48,6 +48,12 @@ inline constexpr int kDescFastAccum = -1;
 // Newer hipBLASLt releases have SM_COUNT_TARGET; its number is not checked against a header here, so the CU count
 // is not passed (GemmProblem::sm_count is ignored on ROCm).
 inline constexpr int kDescSmCountTarget = -1;
+// float8 block scales (core/block_scales.h) are not built for hipBLASLt: its scale-mode numbers are not checked
+// against a header here and no AMD GPU ran them, so plan() refuses block-scaled problems.
+inline constexpr int kDescAScaleMode = -1;
+inline constexpr int kDescBScaleMode = -1;
+inline constexpr int32_t kScaleModeBlk128x128 = -1;
+inline constexpr int32_t kScaleModeVec128 = -1;
 // hipblasLtEpilogue_t
 inline constexpr uint32_t kEpilogueDefault = 1;
 inline constexpr uint32_t kEpilogueBias = 4;

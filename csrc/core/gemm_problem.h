@@ -3,12 +3,14 @@
 // the vendor BLAS plan key):
 //   y[b] = x[b] @ w (+ bias)                       for b < batch (16-bit calls),
 //   y[b] = x_scale * w_scale * (x[b] @ w) (+ bias)  with float8 x and w (scaled),
+//   y[b][r, c] = sum_j x_scale[r, j] * w_scale[c / 128, j] * (x[b] @ w over k's j-th 128)[r, c]
+//                                                  with float8 block scales (blocks: core/block_scales.h), no bias,
 // accumulated in fp32, the bias added in fp32, y rounded once. x[b] [rows, k]
 // (row stride ldx), y[b] [rows, n] (row stride ldy), w [k, n] or, with
 // w_kmajor, [n, k] (row stride ldw), shared by every batch element; the bias
 // [n]. The operand pointers (and the scales', device pointers to one float
-// each) travel beside it: a problem is a shape, the same for every call of a
-// compiled program.
+// each or to the block scales) travel beside it: a problem is a shape, the
+// same for every call of a compiled program.
 #pragma once
 
 #include <cstdint>
@@ -24,13 +26,14 @@ struct GemmTypes {
   DType out;     // y: x's type for 16-bit operands; bfloat16, float16 or float32 for float8 ones
   DType bias;    // out's type, or float32 (float8 operands); unused without a bias
   bool scaled;   // float8 operands, each with a float32 scale
+  bool blocks = false;  // float8 block scales (core/block_scales.h) instead of one scale each; implies scaled
 
   // A 16-bit call's: x, w, y and the bias all of type t.
   static GemmTypes same(DType t) { return GemmTypes{t, t, t, t, false}; }
 
   auto key() const {
     return std::make_tuple(static_cast<int>(x), static_cast<int>(w), static_cast<int>(out), static_cast<int>(bias),
-                           scaled);
+                           scaled, blocks);
   }
 };
 

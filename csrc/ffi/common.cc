@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "core/block_scales.h"
 #include "kernels/pipeline_kernels.h"
 #include "kernels/tile_registry.h"
 
@@ -176,11 +177,35 @@ ffi::ErrorOr<GemmTypes> check_types(const char* op, DType x, const GemmArgs& a, 
   if (!bias || (*bias != *out && *bias != DType::kF32))
     return fail("dtype of bias", std::string(dtype_name(*out)) + " (y's) or float32", a.bias.element_type());
   for (const ffi::AnyBuffer* scale : {a.x_scale, a.w_scale})
-    if (scale->element_type() != ffi::DataType::F32 || scale->element_count() != 1)
-      return ffi::Unexpected(invalid_argument(op, "scales", "float32 [1] each with float8 operands",
-                                              data_type_name(scale->element_type()) + " " +
-                                                  dims_str(scale->dimensions())));
-  return GemmTypes{x, *w, *out, *bias, true};
+    if (scale->element_type() != ffi::DataType::F32)
+      return fail("dtype of scales", "float32 with float8 operands", scale->element_type());
+  // w's block scales are never one float (at least 4: core/block_scales.h), so one float is a tensor scale;
+  // check_gemm checks block scales' counts against the shapes.
+  const bool blocks = a.w_scale->element_count() != 1;
+  if (!blocks && a.x_scale->element_count() != 1)
+    return ffi::Unexpected(invalid_argument(op, "x_scale", "float32 [1] with a tensor-scaled w (w_scale [1])",
+                                            dims_str(a.x_scale->dimensions())));
+  return GemmTypes{x, *w, *out, *bias, true, blocks};
+}
+
+// A float8 call's block scales (core/block_scales.h) against its shapes: k and n whole blocks, w K-major,
+// x_scale [k/128][batch * m] and w_scale [n/128][round_up(k/128, 4)] in elements. (Whether a bias may come with
+// them depends on the schedule: pipelined::check_block_scales.)
+ffi::Error check_block_scales(const char* op, const GemmArgs& a, int64_t batch, int64_t m, int64_t k, int64_t n,
+                              bool w_kmajor) {
+  if (k % kScaleBlock || n % kScaleBlock)
+    return invalid_argument(op, "k and n", "multiples of " + std::to_string(kScaleBlock) + " with float8 block scales",
+                            "k = " + std::to_string(k) + ", n = " + std::to_string(n));
+  if (!w_kmajor) return invalid_argument(op, "layout of w", "[n, k] (w_kmajor) with float8 block scales", "[k, n]");
+  const auto scales = [&](const char* name, const ffi::AnyBuffer& s, int64_t want, const char* layout) {
+    if (static_cast<int64_t>(s.element_count()) == want) return ffi::Error::Success();
+    return invalid_argument(op, name, "[1] (a tensor scale) or " + std::to_string(want) + " block scales (" + layout +
+                                          ")",
+                            dims_str(s.dimensions()) + " (" + std::to_string(s.element_count()) + ")");
+  };
+  if (auto e = scales("x_scale", *a.x_scale, x_block_scales(batch * m, k), "[k/128][rows of x]"); e.failure())
+    return e;
+  return scales("w_scale", *a.w_scale, w_block_scales(n, k), "[n/128][k/128 rounded up to a multiple of 4]");
 }
 
 }  // namespace
@@ -211,7 +236,10 @@ ffi::ErrorOr<GemmProblem> check_gemm(const char* op, const GemmArgs& a, const ff
   if (k % vector || n % vector)
     return ffi::Unexpected(invalid_argument(op, "k and n", "multiples of " + std::to_string(vector),
                                             "k = " + std::to_string(k) + ", n = " + std::to_string(n)));
-  return GemmProblem::dense(types.value(), leading_batch(xd), m, k, n, w_kmajor, a.bias.element_count() != 0);
+  const int64_t batch = leading_batch(xd);
+  if (types.value().blocks)
+    if (auto e = check_block_scales(op, a, batch, m, k, n, w_kmajor); e.failure()) return ffi::Unexpected(std::move(e));
+  return GemmProblem::dense(types.value(), batch, m, k, n, w_kmajor, a.bias.element_count() != 0);
 }
 
 GemmOperands fused_operands(const GemmProblem& p, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,

@@ -129,9 +129,11 @@ struct GemmArgs {
 // Types: 16-bit x with w, bias, y and the `like_x` results in its dtype, the
 // scales (if taken) empty; or float8 x and w (not both e5m2, OCP or fnuz
 // alike), each scale f32[1], y bfloat16, float16 or float32, the bias y's
-// dtype or float32, the `like_x` results (gathered x) in x's dtype. The
-// call's problem: x's leading dims as its batch, m as its rows, dense, no
-// alignment.
+// dtype or float32, the `like_x` results (gathered x) in x's dtype. Block
+// scales (core/block_scales.h; types.blocks) instead of f32[1]: x_scale
+// batch * m * k/128 floats, w_scale n/128 * round_up(k/128, 4), k and n
+// multiples of 128, w K-major. The call's problem: x's leading dims as its
+// batch, m as its rows, dense, no alignment.
 ffi::ErrorOr<GemmProblem> check_gemm(const char* op, const GemmArgs& args, const ffi::AnyBuffer& y,
                                      std::initializer_list<const ffi::AnyBuffer*> like_x, bool w_kmajor);
 

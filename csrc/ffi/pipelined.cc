@@ -6,6 +6,7 @@
 #include <string>
 
 #include "blas/gemm.h"
+#include "core/block_scales.h"
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 #include "pipelined/schedule.h"
@@ -42,13 +43,15 @@ ffi::ErrorOr<std::unique_ptr<CallState>> MatmulRsPipelinedInstantiate(PipelinedC
   return instantiate(OpKind::kMatmulRs, config, groups, world, stages);
 }
 
-// The checked operands of a pipelined call with output `y` (and `like_x`, gathered x), and its scratch size
-// checked.
+// The checked operands of a pipelined call with output `y` (and `like_x`, gathered x), with the schedule's rules
+// on block scales and its scratch size checked.
 ffi::ErrorOr<pipelined::Operands> operands(const char* name, OpKind kind, const GemmArgs& args,
                                            const ffi::AnyBuffer& y, std::initializer_list<const ffi::AnyBuffer*> like_x,
                                            const ffi::AnyBuffer& scratch, bool w_kmajor, int world) {
   const auto checked = check_gemm(name, args, y, like_x, w_kmajor);
   if (checked.has_error()) return ffi::Unexpected(checked.error());
+  const Status blocks = pipelined::check_block_scales(kind, world, checked.value());
+  if (!blocks.ok()) return ffi::Unexpected(ffi::Error::InvalidArgument(blocks.message));
   pipelined::Operands op{};
   op.gemm = checked.value();
   op.x = args.x.untyped_data();
@@ -116,9 +119,9 @@ ffi::Error AgMatmulPipelinedExecute(hipStream_t stream, int32_t ordinal, CallSta
   if (auto e = check_elements("ag_matmul", "result y", *y, g.batch * world * g.rows * g.n); e.failure()) return e;
   if (auto e = check_elements("ag_matmul", "result gathered", *gathered, g.batch * world * g.rows * g.k); e.failure())
     return e;
-  if (auto e = check_elements("ag_matmul", "result gathered_scales", *gathered_scales, g.types.scaled ? world : 0);
-      e.failure())
-    return e;
+  // Block scales: each shard's x scales as its GEMM read them, [world][k/128][m] (the batch 1 with peers).
+  const int64_t scales = g.types.blocks ? world * x_block_scales(g.batch * g.rows, g.k) : g.types.scaled ? world : 0;
+  if (auto e = check_elements("ag_matmul", "result gathered_scales", *gathered_scales, scales); e.failure()) return e;
   if (g.types.scaled && gathered_scales->element_type() != ffi::DataType::F32)
     return invalid_argument("ag_matmul", "dtype of gathered_scales", "float32",
                             data_type_name(gathered_scales->element_type()));
@@ -145,7 +148,8 @@ ffi::Error MatmulRsPipelinedExecute(hipStream_t stream, int32_t ordinal, CallSta
   return run("matmul_rs", OpKind::kMatmulRs, stream, ordinal, state, o);
 }
 
-// A group of one: y = x @ w (+ bias) by the vendor GEMM (float8: scaled by x_scale * w_scale), nothing to
+// A group of one: y = x @ w (+ bias) by the vendor GEMM (float8: scaled by x_scale * w_scale, or by block
+// scales, x's [k/128][batch * m], the batch folded into the rows), nothing to
 // move. No peer, no epoch, no host work a command-buffer replay would miss: it reads no runtime state, so a
 // replay after jax_overlap.shutdown() is still right. Two targets run it: one command-buffer compatible, and
 // one XLA dispatches from the host each time, for GPUs whose vendor GEMM failed the capture check
@@ -176,8 +180,8 @@ auto vendor_gemm_binding() {
       .Arg<ffi::AnyBuffer>()  // x [..., m, k]
       .Arg<ffi::AnyBuffer>()  // w [k, n] or [n, k]
       .Arg<ffi::AnyBuffer>()  // bias [n] in y's dtype (float8 operands: or float32), or [0] for none
-      .Arg<ffi::AnyBuffer>()  // x_scale f32[1] with float8 operands, else f32[0]
-      .Arg<ffi::AnyBuffer>()  // w_scale f32[1] with float8 operands, else f32[0]
+      .Arg<ffi::AnyBuffer>()  // x_scale f32[1] or block scales with float8 operands, else f32[0]
+      .Arg<ffi::AnyBuffer>()  // w_scale f32[1] or block scales with float8 operands, else f32[0]
       .Ret<ffi::AnyBuffer>()  // y [..., m, n]
       .Ret<ffi::AnyBuffer>()  // the vendor GEMM's workspace, u8
       .Attr<int64_t>("w_kmajor");
@@ -213,11 +217,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulPipelinedExecute, jo::AgMatmulPipelinedE
                                   .Arg<xla::ffi::AnyBuffer>()  // x [..., m, k]
                                   .Arg<xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
                                   .Arg<xla::ffi::AnyBuffer>()  // bias [n] (y's dtype or f32), or [0] for none
-                                  .Arg<xla::ffi::AnyBuffer>()  // x_scale f32[1] (float8), else f32[0]
-                                  .Arg<xla::ffi::AnyBuffer>()  // w_scale f32[1] (float8), else f32[0]
+                                  .Arg<xla::ffi::AnyBuffer>()  // x_scale f32[1] or [k/128][m] (float8), else f32[0]
+                                  .Arg<xla::ffi::AnyBuffer>()  // w_scale f32[1] or block scales (float8), else f32[0]
                                   .Ret<xla::ffi::AnyBuffer>()  // y [..., world * m, n]
                                   .Ret<xla::ffi::AnyBuffer>()  // gathered [..., world * m, k]
-                                  .Ret<xla::ffi::AnyBuffer>()  // gathered_scales f32[world] (float8), else f32[0]
+                                  // gathered_scales f32[world] or [world][k/128][m] (float8), else f32[0]
+                                  .Ret<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>()  // scratch, u8 [pipelined_scratch_bytes]
                                   .Attr<jo::PipelinedConfig>("config")
                                   .Attr<xla::ffi::Span<const int64_t>>("groups")
@@ -232,8 +237,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsPipelinedExecute, jo::MatmulRsPipelinedE
                                   .Arg<xla::ffi::AnyBuffer>()  // x [..., m_total, k]
                                   .Arg<xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
                                   .Arg<xla::ffi::AnyBuffer>()  // bias [n] (out's dtype or f32), or [0] for none
-                                  .Arg<xla::ffi::AnyBuffer>()  // x_scale f32[1] (float8), else f32[0]
-                                  .Arg<xla::ffi::AnyBuffer>()  // w_scale f32[1] (float8), else f32[0]
+                                  // x_scale f32[1] or [world][k/128][m_total / world] (float8), else f32[0]
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // w_scale f32[1] or block scales (float8), else f32[0]
                                   .Ret<xla::ffi::AnyBuffer>()  // out [..., m_total / world, n]
                                   .Ret<xla::ffi::AnyBuffer>()  // scratch, u8 [pipelined_scratch_bytes]
                                   .Attr<jo::PipelinedConfig>("config")

@@ -133,7 +133,7 @@ hipError_t launch_poison_if_aborted(const uint32_t* abort, const PoisonArea* are
 hipError_t launch_poison_if_aborted(const uint32_t* abort, void* a, uint64_t a_bytes, void* b, uint64_t b_bytes,
                                     hipStream_t stream);
 
-// ag_matmul's float8 scales (schedule.h): dst[i] = *src[i] for i < count, one
+// ag_matmul's float8 tensor scales (schedule.h): dst[i] = *src[i] for i < count, one
 // thread each, on the copy stream. A float is no 16-byte vector, which the
 // copy paths are verified for (pipelined/copy.h): a scale moves by kernel.
 struct ScaleCopy {

@@ -1,39 +1,61 @@
 // ag_matmul's part of the pipelined schedule (schedule.h): its shard published
 // on the copy stream and pulled from every peer in ring order, its stages'
 // GEMMs over the gathered rows as they arrive.
+#include "core/block_scales.h"
 #include "pipelined/layout.h"
 #include "pipelined/schedule_core.h"
 
 namespace jo::pipelined::ag_matmul {
 namespace {
 
+// A slot header's bytes: the shard's x scales, which travel with it (none for 16-bit x; one float for tensor
+// scales; block scales [k/128][m] of a shard of m rows, the batch 1).
+uint64_t header_bytes(bool scaled, bool blocks, int64_t m, int64_t k) {
+  if (blocks) return align_up(static_cast<uint64_t>(x_block_scales(m, k)) * sizeof(float), kRegionAlign);
+  return scaled ? kRegionAlign : 0;
+}
+
 // The operands' tensors as row ranges, and the call's region in every rank's workspace.
 struct AgCall {
   RowRange x, gathered, y;
   uint64_t shard_bytes;
+  bool scaled, blocks;
+  int64_t scale_floats;  // block scales: one shard's x scales, [k/128][m]; else 0
   GatherRegion region;
-  bool scaled;
 
   AgCall(const Operands& op, const Context& ctx)
       : x{static_cast<char*>(const_cast<void*>(op.x)), op.gemm.rows, op.gemm.k, element_bytes(op.gemm.types.x)},
         gathered{static_cast<char*>(op.gathered), ctx.peers.world * op.gemm.rows, op.gemm.k, x.elem_bytes},
         y{static_cast<char*>(op.out), ctx.peers.world * op.gemm.rows, op.gemm.n, element_bytes(op.gemm.types.out)},
         shard_bytes(static_cast<uint64_t>(op.gemm.batch) * op.gemm.rows * op.gemm.k * x.elem_bytes),
-        region(GatherRegion::make(ctx.peers.world, shard_bytes, op.gemm.types.scaled)),
-        scaled(op.gemm.types.scaled) {}
+        scaled(op.gemm.types.scaled),
+        blocks(op.gemm.types.blocks),
+        scale_floats(blocks ? x_block_scales(op.gemm.rows, op.gemm.k) : 0),
+        region(GatherRegion::make(ctx.peers.world, shard_bytes,
+                                  header_bytes(scaled, blocks, op.gemm.rows, op.gemm.k))) {}
 
-  // The x scale of each gathered shard's GEMM (one GEMM per shard, its scale on a slot of its own in the
-  // scratch after the workspaces: gathered_scales' floats are 4 bytes apart), or none (one GEMM per range of
-  // shards).
-  float* shard_scales(const Operands& op) const {
-    return scaled ? reinterpret_cast<float*>(static_cast<char*>(op.scratch) + 2 * blas::kWorkspaceBytes) : nullptr;
+  uint64_t scale_bytes() const { return static_cast<uint64_t>(scale_floats) * sizeof(float); }
+  // Tensor scales: each shard's on a slot of its own in the scratch after the workspaces (gathered_scales'
+  // floats are 4 bytes apart).
+  float* scale_slots(const Operands& op) const {
+    return reinterpret_cast<float*>(static_cast<char*>(op.scratch) + 2 * blas::kWorkspaceBytes);
   }
+  // The x scales of each gathered shard's GEMM (one GEMM per shard), or none (one GEMM per range of shards):
+  // tensor scales on their slots, block scales in gathered_scales itself (each shard's whole 16-byte vectors:
+  // m a multiple of 4).
+  UnitScales shard_scales(const Operands& op) const {
+    if (blocks) return {op.gathered_scales, scale_floats};
+    return scaled ? UnitScales{scale_slots(op), blas::kScaleSlot} : UnitScales{};
+  }
+  // Where shard s's block scales land in gathered_scales.
+  float* gathered_scales(const Operands& op, int shard) const { return op.gathered_scales + shard * scale_floats; }
 };
 
 }  // namespace
 
-uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t k, int x_bytes, bool scaled) {
-  return GatherRegion::make(world, static_cast<uint64_t>(batch) * m * k * x_bytes, scaled).total;
+uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t k, int x_bytes, bool scaled, bool blocks) {
+  return GatherRegion::make(world, static_cast<uint64_t>(batch) * m * k * x_bytes, header_bytes(scaled, blocks, m, k))
+      .total;
 }
 
 Status check_stages(const int64_t* stages) {
@@ -78,11 +100,11 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
   JO_RETURN_IF_ERROR(
       chunk_gemm(op, ctx, c.x, 0, c.y, rank * m, m, ChunkPart{/*bias=*/true, op.x_scale}, /*stream_index=*/0));
 
-  // Copy stream: publish my shard (and its scale), then the peers' scales, then pull their shards in ring order.
+  // Copy stream: publish my shard (and its scales), then (tensor scales) the peers' scales, then pull their
+  // shards in ring order (block scales: each with its scales).
   const PipeFlag* pulled[kMaxWorld];
   PipeFlag* done[kMaxWorld];
   uint32_t owners[kMaxWorld];
-  ScaleCopy scales{};  // every shard's x scale into its slot, before any shard's GEMM may start
   if (!ctx.loopback) {
     char* mine = ctx.peers.regions[rank];
     PipeFlag* pub = c.region.pub_flag(mine, parity);
@@ -95,8 +117,10 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     }
     JO_RETURN_IF_ERROR(mark_rewriting(pub, s.copy));
     JO_RETURN_IF_ERROR(copy_bytes(ctx.copy_path, c.region.slot(mine, parity), op.x, c.shard_bytes, s.copy));
-    if (c.scaled) {
-      const ScaleCopy header{{op.x_scale}, {c.region.scale(mine, parity)}, 1};
+    if (c.blocks) {  // whole 16-byte vectors (m a multiple of 4): the copy path's
+      JO_RETURN_IF_ERROR(copy_bytes(ctx.copy_path, c.region.scales(mine, parity), op.x_scale, c.scale_bytes(), s.copy));
+    } else if (c.scaled) {
+      const ScaleCopy header{{op.x_scale}, {c.region.scales(mine, parity)}, 1};
       JO_RETURN_IF_HIP_ERROR(launch_copy_scales(header, s.copy));
     }
     JO_RETURN_IF_ERROR(release(pub, ctx.epoch, ctx.site, s.copy));
@@ -110,14 +134,14 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     }
     JO_RETURN_IF_ERROR(wait_flags(ctx, pulled, owners, world - 1, ctx.epoch, ctx.site, WaitOn::kPublished, s.copy));
   }
-  if (c.scaled) {
+  if (c.scaled && !c.blocks) {
     // Every shard's scale into its slot, read from the peers' slot headers after the wait for their pub
     // flags (in loopback my own scale stands in for theirs; the check after the pulls covers them as it does
     // the shards), then from the slots into gathered_scales, the result.
-    float* slots = c.shard_scales(op);
-    ScaleCopy result{};
+    float* slots = c.scale_slots(op);
+    ScaleCopy scales{}, result{};
     for (int q = 0; q < world; ++q) {
-      scales.src[q] = q == rank || ctx.loopback ? op.x_scale : c.region.scale(ctx.peers.regions[q], parity);
+      scales.src[q] = q == rank || ctx.loopback ? op.x_scale : c.region.scales(ctx.peers.regions[q], parity);
       result.src[q] = scales.dst[q] = slots + q * blas::kScaleSlot;
       result.dst[q] = op.gathered_scales + q;
     }
@@ -128,6 +152,12 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
   if (!ctx.loopback) JO_RETURN_IF_ERROR(pause_if_asked(s.copy));
   for (int i = 1; i < world; ++i) {
     const int shard = (rank + i) % world;
+    // Block scales: the shard's scales before its rows, both before arrived[i], which its GEMM waits for (in
+    // loopback my own stand in for the peer's, as x does).
+    if (c.blocks)
+      JO_RETURN_IF_ERROR(copy_bytes(ctx.copy_path, c.gathered_scales(op, shard),
+                                    ctx.loopback ? op.x_scale : c.region.scales(ctx.peers.regions[shard], parity),
+                                    c.scale_bytes(), s.copy));
     const char* src = ctx.loopback ? c.x.base : c.region.slot(ctx.peers.regions[shard], parity);
     JO_RETURN_IF_ERROR(copy_rows(ctx.copy_path, c.gathered.at(shard * m), c.gathered.batch_stride(), src,
                                  c.x.batch_stride(), op.gemm.batch, m, op.gemm.k, c.x.elem_bytes, s.copy));
@@ -141,6 +171,8 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
   }
   JO_RETURN_IF_ERROR(copy_rows(ctx.copy_path, c.gathered.at(rank * m), c.gathered.batch_stride(), c.x.base,
                                c.x.batch_stride(), op.gemm.batch, m, op.gemm.k, c.x.elem_bytes, s.copy));
+  if (c.blocks)
+    JO_RETURN_IF_ERROR(copy_bytes(ctx.copy_path, c.gathered_scales(op, rank), op.x_scale, c.scale_bytes(), s.copy));
 
   // Compute streams: each stage once its last shard arrived.
   for (int j = 1, position = 1; j < op.stage_count; position += static_cast<int>(op.stages[j]), ++j) {
@@ -156,7 +188,8 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     const PoisonArea areas[] = {
         {op.out, static_cast<uint64_t>(op.gemm.batch) * world * m * op.gemm.n * c.y.elem_bytes, nan_fill_byte(t.out)},
         {op.gathered, static_cast<uint64_t>(world) * c.shard_bytes, nan_fill_byte(t.x)},
-        {op.gathered_scales, c.scaled ? world * sizeof(float) : 0, nan_fill_byte(DType::kF32)}};
+        {op.gathered_scales, world * (c.blocks ? c.scale_bytes() : c.scaled ? sizeof(float) : 0),
+         nan_fill_byte(DType::kF32)}};
     JO_RETURN_IF_HIP_ERROR(launch_poison_if_aborted(ctx.wd.abort, areas, 3, origin));
   }
   return {};

@@ -14,9 +14,10 @@
 namespace jo::pipelined {
 
 // ag_matmul: each rank publishes its shard of x; every peer pulls it. With
-// float8 x, the shard's scale travels with it: a slot holds a header with the
-// scale (a float at its start), then the shard, both under the slot's pub flag.
-//   pub  [2]          owner, after copying its shard (and scale) into slot[parity]; site, then epoch
+// float8 x, the shard's x scales travel with it: a slot holds a header with
+// the scales (a float, or block scales [k/128][m], at its start), then the
+// shard, both under the slot's pub flag.
+//   pub  [2]          owner, after copying its shard (and scales) into slot[parity]; site, then epoch
 //   done [2][world]   reader q (a remote write), after pulling slot[parity]; its site, then epoch
 //   slot [2][header_bytes + shard_bytes]
 struct GatherRegion {
@@ -24,14 +25,15 @@ struct GatherRegion {
   uint64_t shard_bytes;
   uint64_t pub, done, slots, header_bytes, slot_bytes, total;
 
-  static GatherRegion make(int world, uint64_t shard_bytes, bool scaled) {
+  // header_bytes: 0 (16-bit x) or a multiple of kRegionAlign, which keeps the shard aligned.
+  static GatherRegion make(int world, uint64_t shard_bytes, uint64_t header_bytes) {
     GatherRegion l{};
     l.world = world;
     l.shard_bytes = shard_bytes;
     l.pub = 0;
     l.done = align_up(2 * sizeof(PipeFlag), kRegionAlign);
     l.slots = align_up(l.done + 2 * static_cast<uint64_t>(world) * sizeof(PipeFlag), kRegionAlign);
-    l.header_bytes = scaled ? kRegionAlign : 0;
+    l.header_bytes = header_bytes;
     l.slot_bytes = l.header_bytes + align_up(shard_bytes, kRegionAlign);
     l.total = l.slots + 2 * l.slot_bytes;
     return l;
@@ -43,7 +45,7 @@ struct GatherRegion {
     return reinterpret_cast<PipeFlag*>(region + done) + parity * world + reader;
   }
   char* slot(char* region, int parity) const { return region + slots + parity * slot_bytes + header_bytes; }
-  float* scale(char* region, int parity) const {
+  float* scales(char* region, int parity) const {
     return reinterpret_cast<float*>(region + slots + parity * slot_bytes);
   }
 };

@@ -2,6 +2,7 @@
 // staged block by block for their owners, its own block pulled from every
 // peer, then the fixed-order reduction, its first columns under the GEMM of
 // the last ones.
+#include "core/block_scales.h"
 #include "pipelined/layout.h"
 #include "pipelined/schedule_core.h"
 
@@ -17,6 +18,9 @@ struct RsCall {
   RowRange x, partial;
   char* received;  // the peers' partials of my block, q != rank, in rank order
   int64_t split;   // columns of my block reduced under the GEMM of the rest (0: no split)
+  // Block scales: each row block's x scales, [world][k/128][m / world] (one GEMM per block); else none (the
+  // blocks share op.x_scale).
+  UnitScales block_scales;
 
   RsCall(const Operands& op, const Context& ctx)
       : out_bytes(element_bytes(op.gemm.types.out)),
@@ -27,13 +31,18 @@ struct RsCall {
         x{static_cast<char*>(const_cast<void*>(op.x)), op.gemm.rows, op.gemm.k, element_bytes(op.gemm.types.x)},
         partial{nullptr, op.gemm.rows, op.gemm.n, out_bytes},
         received(static_cast<char*>(op.scratch) + 2 * blas::kWorkspaceBytes),
-        split(op.overlap_reduction ? reduce_split_columns(op.gemm.n) : 0) {
+        split(op.overlap_reduction ? reduce_split_columns(op.gemm.n) : 0),
+        block_scales(op.gemm.types.blocks ? UnitScales{op.x_scale, x_block_scales(block_rows, op.gemm.k)}
+                                          : UnitScales{}) {
     const int world = ctx.peers.world;
     // Loopback: a stand-in staging slot after the receive area, in the scratch.
     partial.base = ctx.loopback ? received + (world - 1) * block_bytes
                                 : region.partial(ctx.peers.regions[ctx.peers.rank], static_cast<int>(ctx.epoch & 1u));
   }
   char* received_block(int q, int rank) const { return received + (q < rank ? q : q - 1) * block_bytes; }
+  const float* x_scale(const Operands& op, int block) const {
+    return block_scales.first != nullptr ? block_scales.of(block) : op.x_scale;
+  }
 };
 
 // The units of a stage but its last (my own block, the last ring position, in the last stage).
@@ -52,19 +61,19 @@ Status stage(const Operands& op, const Context& ctx, const RsCall& c, int j, int
   const int s = j % 2;
   const UnitRanges units = stage_units(rank + 1, position, static_cast<int>(op.stages[j]), ctx.peers.world);
   if (j < op.stage_count - 1 || c.split == 0) {
-    JO_RETURN_IF_ERROR(stage_gemms(op, ctx, c.x, c.partial, c.block_rows, units, false, nullptr, s, enqueue));
+    JO_RETURN_IF_ERROR(stage_gemms(op, ctx, c.x, c.partial, c.block_rows, units, false, c.block_scales, s, enqueue));
     return enqueue ? release() : Status{};
   }
   JO_RETURN_IF_ERROR(
-      stage_gemms(op, ctx, c.x, c.partial, c.block_rows, all_but_last(units), false, nullptr, s, enqueue));
+      stage_gemms(op, ctx, c.x, c.partial, c.block_rows, all_but_last(units), false, c.block_scales, s, enqueue));
   if (enqueue) JO_RETURN_IF_ERROR(release());
   const int64_t mine = rank * c.block_rows;
   const hipStream_t stream = ctx.streams->compute[s];
   JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, c.x, mine, c.partial, mine, c.block_rows,
-                                ChunkPart{false, op.x_scale, 0, c.split}, s, enqueue));
+                                ChunkPart{false, c.x_scale(op, rank), 0, c.split}, s, enqueue));
   if (enqueue) JO_RETURN_IF_HIP_ERROR(hipEventRecord(ctx.streams->staged[0], stream));
   JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, c.x, mine, c.partial, mine, c.block_rows,
-                                ChunkPart{false, op.x_scale, c.split, -1}, s, enqueue));
+                                ChunkPart{false, c.x_scale(op, rank), c.split, -1}, s, enqueue));
   if (enqueue) JO_RETURN_IF_HIP_ERROR(hipEventRecord(ctx.streams->staged[1], stream));
   return {};
 }

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <functional>
+#include <vector>
 
+#include "core/block_scales.h"
 #include "kernels/pipeline_kernels.h"
 #include "platform/device_scope.h"
 
@@ -84,11 +86,14 @@ Status time_gemms(int ordinal, const GemmTypes& types, const std::vector<int64_t
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&w.p, k * n * element_bytes(types.w)));
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&y.p, max_rows * n * element_bytes(types.out)));
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&workspace.p, blas::kWorkspaceBytes));
+  // x's scales, then w's from the next aligned slot: one float each, or block scales (core/block_scales.h) of ones.
+  const int64_t x_scales = types.blocks ? (x_block_scales(max_rows, k) + blas::kScaleSlot - 1) / blas::kScaleSlot *
+                                              blas::kScaleSlot
+                                        : blas::kScaleSlot;
   if (types.scaled) {
-    float ones[2 * blas::kScaleSlot] = {};  // x's scale, then w's on the next aligned slot
-    ones[0] = ones[blas::kScaleSlot] = 1.f;
-    JO_RETURN_IF_HIP_ERROR(hipMalloc(&scales.p, sizeof(ones)));
-    JO_RETURN_IF_HIP_ERROR(hipMemcpy(scales.p, ones, sizeof(ones), hipMemcpyHostToDevice));
+    std::vector<float> ones(x_scales + (types.blocks ? w_block_scales(n, k) : 1), 1.f);
+    JO_RETURN_IF_HIP_ERROR(hipMalloc(&scales.p, ones.size() * sizeof(float)));
+    JO_RETURN_IF_HIP_ERROR(hipMemcpy(scales.p, ones.data(), ones.size() * sizeof(float), hipMemcpyHostToDevice));
   }
   TimingStream timing;
   JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
@@ -102,7 +107,7 @@ Status time_gemms(int ordinal, const GemmTypes& types, const std::vector<int64_t
     op.x = x.p;
     op.w = w.p;
     op.x_scale = types.scaled ? static_cast<const float*>(scales.p) : nullptr;
-    op.w_scale = types.scaled ? static_cast<const float*>(scales.p) + blas::kScaleSlot : nullptr;
+    op.w_scale = types.scaled ? static_cast<const float*>(scales.p) + x_scales : nullptr;
     op.out = y.p;
     op.scratch = workspace.p;
     return [op, blas](hipStream_t s) { return enqueue_local_gemm(op, *blas, s); };

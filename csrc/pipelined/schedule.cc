@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/block_scales.h"
 #include "pipelined/schedule_core.h"
 #include "runtime/faults.h"
 
@@ -44,6 +45,7 @@ Status no_schedule(OpKind kind) {
 // The plans of every GEMM the op's enqueue runs (schedule_core.h make_plans).
 Status make_plans(OpKind kind, const Operands& op, const Context& ctx) {
   JO_RETURN_IF_ERROR(plan_fault(ctx.peers.rank));
+  JO_RETURN_IF_ERROR(check_block_scales(kind, ctx.peers.world, op.gemm));
   switch (kind) {
     case OpKind::kAgMatmul: return ag_matmul::make_plans(op, ctx);
     case OpKind::kMatmulRs: return matmul_rs::make_plans(op, ctx);
@@ -160,6 +162,12 @@ Status chunk_gemm(const Operands& op, const Context& ctx, const RowRange& x, int
   const GemmProblem& g = op.gemm;
   const GemmTypes& t = g.types;
   const int64_t cols = part.cols < 0 ? g.n - part.col_first : part.cols;
+  // Block scales: w's scale rows are per 128 columns (core/block_scales.h).
+  if (t.blocks && part.col_first % kScaleBlock != 0)
+    return Status{"jax_overlap: a GEMM with float8 block scales splits columns at multiples of " +
+                  std::to_string(kScaleBlock) + ", not at " + std::to_string(part.col_first)};
+  const float* w_scale =
+      t.blocks ? op.w_scale + part.col_first / kScaleBlock * w_scale_row_stride(g.k) : op.w_scale;
   // Column c of w is row c of [n, k] (w_kmajor), else column c of [k, n].
   const char* w = static_cast<const char*>(op.w) + part.col_first * (g.w_kmajor ? g.ldw : 1) * element_bytes(t.w);
   const char* a = x.at(x_first);
@@ -180,7 +188,7 @@ Status chunk_gemm(const Operands& op, const Context& ctx, const RowRange& x, int
   problem.alignment = blas::alignment_of({a, d, w, b});
   problem.sm_count = ctx.gemm_sms;
   const auto pointers = [&](const char* xe, char* ye) {
-    return blas::GemmPointers{xe, w, b, part.x_scale, op.w_scale, ye};
+    return blas::GemmPointers{xe, w, b, part.x_scale, w_scale, ye};
   };
   const blas::GemmPlan* plan = nullptr;
   const Status batched = ctx.blas->plan(problem, &plan);
@@ -198,17 +206,17 @@ Status chunk_gemm(const Operands& op, const Context& ctx, const RowRange& x, int
 }
 
 Status stage_gemms(const Operands& op, const Context& ctx, const RowRange& x, const RowRange& out, int64_t unit_rows,
-                   const UnitRanges& units, bool bias, const float* unit_scales, int stream_index, bool enqueue) {
+                   const UnitRanges& units, bool bias, const UnitScales& scales, int stream_index, bool enqueue) {
   for (int r = 0; r < units.n; ++r) {
     const int first = units.first[r], count = units.count[r];
-    if (unit_scales == nullptr) {
+    if (scales.first == nullptr) {
       JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, x, first * unit_rows, out, first * unit_rows, count * unit_rows,
                                     ChunkPart{bias, op.x_scale}, stream_index, enqueue));
       continue;
     }
     for (int u = first; u < first + count; ++u)
       JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, x, u * unit_rows, out, u * unit_rows, unit_rows,
-                                    ChunkPart{bias, unit_scales + u * blas::kScaleSlot}, stream_index, enqueue));
+                                    ChunkPart{bias, scales.of(u)}, stream_index, enqueue));
   }
   return {};
 }
@@ -237,10 +245,10 @@ uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n
 }
 
 uint64_t region_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int x_bytes,
-                      int out_bytes, bool scaled) {
+                      int out_bytes, bool scaled, bool blocks) {
   if (world <= 1) return 0;
   switch (op) {
-    case OpKind::kAgMatmul: return ag_matmul::region_bytes(world, batch, m, k, x_bytes, scaled);
+    case OpKind::kAgMatmul: return ag_matmul::region_bytes(world, batch, m, k, x_bytes, scaled, blocks);
     case OpKind::kMatmulRs: return matmul_rs::region_bytes(world, batch, m, n, out_bytes);
     case OpKind::kAllGather: break;
   }
@@ -284,6 +292,32 @@ Status check_stages(OpKind op, int world, const int64_t* stages, int stage_count
   return no_schedule(op);
 }
 
+Status check_block_scales(OpKind op, int world, const GemmProblem& g) {
+  if (!g.types.blocks) return {};
+  const bool reduced = op == OpKind::kMatmulRs && world > 1;  // its reduction adds the bias, never a GEMM
+  const std::string takes = std::string("jax_overlap: ") + (world > 1 ? op_name(op) : "a group of one") +
+                            " with float8 block scales takes ";
+  // cuBLASLt has no block-scaled GEMM with a bias epilogue (blas/gemm.cc).
+  if (g.bias && !reduced) return Status{takes + "no bias (add it after the call)"};
+  if (world > 1 && g.batch != 1)
+    return Status{takes + "x with no leading batch dims (each GEMM's x scales are contiguous), got " +
+                  std::to_string(g.batch) + " batch elements"};
+  // Each GEMM's rows: a group of one folds the batch into them (enqueue_local_gemm); matmul_rs GEMMs row blocks.
+  const char* rows_name = "m";
+  int64_t rows = g.rows;
+  if (world <= 1) {
+    rows_name = "batch * m";
+    rows = g.batch * g.rows;
+  } else if (op == OpKind::kMatmulRs) {
+    rows_name = "m / world";
+    rows = g.rows / world;
+  }
+  if (rows % kScaleRowMultiple != 0)
+    return Status{takes + "each GEMM's rows a multiple of " + std::to_string(kScaleRowMultiple) + ", got " +
+                  rows_name + " = " + std::to_string(rows)};
+  return {};
+}
+
 Status run_call(OpKind kind, const Operands& op, Context ctx, EpochCounter& epochs, hipStream_t origin) {
   std::lock_guard<std::mutex> lock(ctx.streams->mu);
   ctx.epoch = epochs.count + 1;  // the epoch the call takes: its plans use its parity's slot
@@ -306,13 +340,15 @@ Status abandon_call(OpKind kind, const Operands& op, Context ctx, EpochCounter& 
 }
 
 Status enqueue(OpKind kind, const Operands& op, const Context& ctx, hipStream_t origin) {
+  JO_RETURN_IF_ERROR(check_block_scales(kind, ctx.peers.world, op.gemm));
   std::lock_guard<std::mutex> lock(ctx.streams->mu);
   Progress progress;
   return enqueue_op(kind, op, ctx, &progress, origin);
 }
 
 Status enqueue_local_gemm(const Operands& op, blas::DeviceBlas& blas, hipStream_t stream) {
-  // Leading batch dims fold into the rows: x and y are dense.
+  JO_RETURN_IF_ERROR(check_block_scales(OpKind::kAgMatmul, /*world=*/1, op.gemm));
+  // Leading batch dims fold into the rows: x and y are dense (block scales: x's [k/128][batch * m]).
   GemmProblem problem = op.gemm;
   problem.rows = op.gemm.batch * op.gemm.rows;
   problem.batch = 1;

@@ -6,15 +6,17 @@
 //
 // ag_matmul, rank r of T, y = all_gather(x) @ w + bias:
 //   copy stream:    [wait: readers done with slot(e-2)] mark pub rewriting; copy x -> my slot
-//                   (float8: and x's scale into its header); release pub(e); wait: every peer's
-//                   pub(e); (float8: every peer's scale from its slot header into gathered_scales,
-//                   by one small kernel;) for s = r+1, r+2, ... (ring order, so each rank is read by
-//                   one peer at a time): pull peer s's slot into s's rows of `gathered`, record
-//                   arrived[i]; verify that every peer's pub still holds (e) and release done(e) in
-//                   their regions; finally copy x into my own rows of `gathered`.
+//                   (float8: and x's scales into its header); release pub(e); wait: every peer's
+//                   pub(e); (tensor scales: every peer's scale from its slot header into
+//                   gathered_scales, by one small kernel;) for s = r+1, r+2, ... (ring order, so
+//                   each rank is read by one peer at a time): pull peer s's slot (block scales: its
+//                   header into s's scales of gathered_scales, then) into s's rows of `gathered`,
+//                   record arrived[i]; verify that every peer's pub still holds (e) and release
+//                   done(e) in their regions; finally copy x (and its block scales) into my own
+//                   rows of `gathered` (and gathered_scales).
 //   compute streams: stage 0 = my own shard from x, at once; then the stages of the plan
 //                   (consecutive ring positions, one GEMM per contiguous range of rows; float8:
-//                   one per shard, each with its own x scale, back to back), each after its last
+//                   one per shard, each with its own x scales, back to back), each after its last
 //                   shard arrived, alternating between the two streams.
 //   then:           join; NaN over y, gathered (and its scales) if the watchdog fired (or a check
 //                   failed).
@@ -22,7 +24,8 @@
 //   compute streams: stages over the row blocks in the order r+1, r+2, ..., r (my own last):
 //                   [wait: the blocks' owners done with staging(e-2)] mark the blocks' ready flags
 //                   rewriting; GEMM the blocks' rows of x into my staging slot (in the output
-//                   dtype; float8: scaled by my own x and w scales), release ready(e) per block.
+//                   dtype; float8: scaled by my own x and w scales; block scales: one GEMM per
+//                   block, each with its block's x scales), release ready(e) per block.
 //                   The last stage releases its peers' blocks first, then GEMMs my own block in
 //                   two parts by columns (overlap_reduction; 16-bit calls): the first ~3/4, then the rest.
 //   copy stream:    for q = r-1, r-2, ... (the order in which peers compute my block): wait for
@@ -85,13 +88,16 @@ struct Operands {
   const void* x;
   const void* w;
   const void* bias;       // [n] or nullptr
-  const float* x_scale;   // gemm.types.scaled: this rank's scales, a device float each; else nullptr
+  // gemm.types.scaled: this rank's scales, a device float each, or block scales (core/block_scales.h): x's
+  // [k/128][m] (matmul_rs: per row block, [world][k/128][m / world]) and w's; else nullptr.
+  const float* x_scale;
   const float* w_scale;
   void* out;              // ag_matmul: y [batch, world * m, n]; matmul_rs: [batch, m / world, n]
   void* gathered;         // ag_matmul: [batch, world * m, k]
-  float* gathered_scales;  // ag_matmul, scaled: [world], shard s's x scale in gathered order
+  // ag_matmul, scaled: shard s's x scales in gathered order: [world] floats, or block scales [world][k/128][m].
+  float* gathered_scales;
   void* scratch;          // scratch_bytes(): the compute streams' vendor workspaces, then ag_matmul's scale slots
-                          // (float8: the gathered scales its GEMMs read) or matmul_rs's receive area
+                          // (tensor scales: the gathered scales its GEMMs read) or matmul_rs's receive area
   const int64_t* stages;  // ring positions per stage, in order; they sum to the world size
   int stage_count;
   // matmul_rs: the reduction of the first columns under the GEMM of the last ones (calls: overlaps_reduction of
@@ -100,13 +106,14 @@ struct Operands {
 };
 
 // Sizes of a call's buffers. x_bytes: x's element; out_bytes: y's (the
-// partials' of matmul_rs); scaled: float8 operands. all_gather has no
+// partials' of matmul_rs); scaled: float8 operands; blocks: with block scales
+// (core/block_scales.h). all_gather has no
 // pipelined schedule: 0 here, an error from check_stages and the enqueues.
 // The XLA scratch result (and, in loopback, matmul_rs's stand-in staging after it):
 uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n, int out_bytes, bool loopback);
 // The symmetric region (0 for a group of one):
 uint64_t region_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int x_bytes,
-                      int out_bytes, bool scaled);
+                      int out_bytes, bool scaled, bool blocks);
 // matmul_rs's columns of output reduced under the GEMM of the rest: 3/4 of n rounded down to whole 256-column
 // tiles of the vendor GEMM; 0 (no split) when that is none.
 int64_t reduce_split_columns(int64_t n);
@@ -121,6 +128,12 @@ inline constexpr int kGemmSmMargin = 0;
 int gemm_sm_count(int sm_count);
 // Checks a stage plan: positive sizes summing to `world`, ag_matmul's first stage its own shard alone.
 Status check_stages(OpKind op, int world, const int64_t* stages, int stage_count);
+// Checks what the schedule asks of a call with float8 block scales (core/block_scales.h), beyond the shapes the
+// FFI checks: each GEMM's rows (a group of one: batch * m, the batch folded into the rows; ag_matmul: the shard's
+// m; matmul_rs: a row block's m / world) a multiple of 4, one batch element with peers (a GEMM's x scales are
+// contiguous), and no bias where a GEMM would add it (every op but matmul_rs with peers, whose reduction adds
+// it). Success for other calls.
+Status check_block_scales(OpKind op, int world, const GemmProblem& gemm);
 
 // One call of a group of two or more on its rank, start to end; `ctx` comes
 // without its epoch, which this takes from `epochs`, in the order calls are

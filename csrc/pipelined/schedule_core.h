@@ -83,8 +83,9 @@ Status wait_flags(const Context& ctx, const PipeFlag* const* flags, const uint32
                   uint32_t site, WaitOn what, hipStream_t stream);
 
 // What one chunk GEMM covers besides its rows: its columns of w and out
-// (and the bias), whether it adds the bias, and the x scale of its rows
-// (scaled calls).
+// (and the bias, and with block scales w's scales), whether it adds the
+// bias, and the x scale of its rows (scaled calls; block scales: its rows'
+// [k/128][rows]). Block scales split columns only at multiples of 128.
 struct ChunkPart {
   bool bias;
   const float* x_scale;
@@ -92,19 +93,28 @@ struct ChunkPart {
   int64_t cols = -1;  // -1: every column from col_first
 };
 
+// The x scales of each unit of a stage whose units have scales of their own:
+// unit u's at first + u * stride. ag_matmul's gathered float8 shards (each
+// with its own rank's scales: tensor scales on slots blas::kScaleSlot floats
+// apart, block scales m * k/128 floats apart) and matmul_rs's block-scaled
+// row blocks ((m / world) * k/128 floats apart).
+struct UnitScales {
+  const float* first = nullptr;  // nullptr: the units share op.x_scale
+  int64_t stride = 0;            // floats
+  const float* of(int unit) const { return first + unit * stride; }
+};
+
 // The GEMMs of one stage on compute stream `stream_index`: for each range of
 // `units`, its rows of `x` (unit u: rows [u * unit_rows, (u + 1) * unit_rows)
 // of every batch element) @ w into the same rows of `out`, with the bias when
 // `bias`. Each is one vendor GEMM over the range's rows, scaled by op.x_scale;
-// with `unit_scales` (ag_matmul's gathered float8 shards, each with its own
-// rank's scale) one GEMM per unit u instead, scaled by the float at slot u
-// (blas::kScaleSlot floats apart). The
-// batch elements go into one strided-batched GEMM (w shared: stride 0) when
+// with `scales` of their own, one GEMM per unit u instead, with scales.of(u).
+// The batch elements go into one strided-batched GEMM (w shared: stride 0) when
 // the vendor has an algorithm for it, else one GEMM each. With `enqueue`
 // false it only makes the plans it would run (a plan is made once per problem
 // and alignment and kept: enqueuing after that finds it, and cannot fail on it).
 Status stage_gemms(const Operands& op, const Context& ctx, const RowRange& x, const RowRange& out, int64_t unit_rows,
-                   const UnitRanges& units, bool bias, const float* unit_scales, int stream_index,
+                   const UnitRanges& units, bool bias, const UnitScales& scales, int stream_index,
                    bool enqueue = true);
 
 // One GEMM of `rows` rows per batch element, as stage_gemms runs them, over `part`'s columns.
@@ -129,9 +139,10 @@ void release_done_after(PipeFlag* done, const PipeFlag* after, int peer, FlagAba
 // sizes are positive and sum to the world size.
 namespace ag_matmul {
 // The scratch beyond the compute streams' vendor workspaces: the gathered
-// float8 scales' slots its GEMMs read (blas::kScaleSlot floats apart).
+// float8 tensor scales' slots its GEMMs read (blas::kScaleSlot floats apart;
+// unused with block scales, which its GEMMs read from gathered_scales).
 inline constexpr uint64_t kScaleSlotsBytes = kMaxWorld * blas::kScaleAlign;
-uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t k, int x_bytes, bool scaled);
+uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t k, int x_bytes, bool scaled, bool blocks);
 Status check_stages(const int64_t* stages);
 Status make_plans(const Operands& op, const Context& ctx);
 Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipStream_t origin);

@@ -37,8 +37,10 @@ struct SimMatmul {
   bool w_kmajor;
   int64_t batch, m, k, n;  // ag: m local rows; rs: m total rows (per batch element)
   std::vector<uintptr_t> x, w, bias, out, gathered;  // one device pointer per rank (bias may be 0)
-  std::vector<uintptr_t> x_scale, w_scale;   // pipelined, scaled: each rank's (a device float each)
-  std::vector<uintptr_t> gathered_scales;    // pipelined ag_matmul, scaled: each rank's [world] floats
+  // Pipelined, scaled: each rank's (a device float each, or with types.blocks block scales laid out as
+  // pipelined::Operands has them), and ag_matmul's gathered_scales ([world] floats; blocks: [world][k/128][m]).
+  std::vector<uintptr_t> x_scale, w_scale;
+  std::vector<uintptr_t> gathered_scales;
   std::vector<uintptr_t> scratch;  // pipelined: each rank's scratch (pipelined::scratch_bytes)
   bool overlap_reduction = true;   // pipelined matmul_rs (pipelined::Operands)
   std::vector<int64_t> stages;     // pipelined: the stage plan

@@ -16,7 +16,7 @@ primitives.py, partitioning.py, planning/ and lowering.py look up:
                    on one rank's shards for any gather / scatter axis (folded into the rows)
   global arrays    Plan (a NamedTuple with axes, x, w, bias, results, why); sharding_plan(mesh, x_spec, w_spec,
                    x_shape, w_shape, w_kmajor, axis, request); sharding_rule(ndim, w_ndim, has_bias, scaled,
-                   w_kmajor, axis) -> (rule, reduction factors); result_ndim(ndim, w_ndim); partitioned(plan, *,
+                   w_kmajor, axis, blocks) -> (rule, reduction factors); result_ndim(ndim, w_ndim); partitioned(plan, *,
                    size, algorithm, w_kmajor, axis, has_bias, scaled, out_dtype) (the body of a plan that gathers
                    or reduces); global_results(results, scales) (the results a global call partitions, scales
                    None, or returns)

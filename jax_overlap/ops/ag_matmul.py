@@ -8,6 +8,8 @@ another dim folds into the rows around it (on_shards).
 Float8 operands (scaled) add the float32 scalars x_scale and w_scale after the
 bias, and a third result: gathered_scales [T], each shard's x_scale in
 gathered order (the scale travels with its shard). y is then in out_dtype.
+Block scales (numerics.blocks: x_scale [..., m, K/128], w_scale of w's 128x128
+tiles) are gathered with x's rows: gathered_scales [..., T*m, K/128].
 """
 
 from __future__ import annotations
@@ -47,13 +49,17 @@ def bind(x, w, bias, scales, *, axis_name, axis_size, algorithm, w_kmajor, out_d
 
 def abstract_eval(x, w, *operands, axis_name, axis_size, algorithm, w_kmajor, has_bias, scaled, out_dtype,
                   out_specs):
-  del algorithm, operands, axis_name, has_bias
+  del algorithm, axis_name, has_bias
   *lead, m, k = x.shape
   n = w.shape[:-1] if w_kmajor else w.shape[1:]
   y_spec, g_spec, s_spec = primitives.result_specs(out_specs, 3)
   results = (primitives.result_aval(x, (*lead, axis_size * m, *n), y_spec, out_dtype),
              primitives.result_aval(x, (*lead, axis_size * m, k), g_spec))
-  return results + ((primitives.result_aval(x, (axis_size,), s_spec, jnp.float32),) if scaled else ())
+  if not scaled:
+    return results
+  x_scale = operands[-2]
+  shape = (*lead, axis_size * m, x_scale.shape[-1]) if x_scale.ndim else (axis_size,)
+  return results + (primitives.result_aval(x, shape, s_spec, jnp.float32),)
 
 
 def as_matrix(x, w, *operands, w_kmajor, has_bias, scaled, **params):
@@ -75,10 +81,15 @@ def reference(x, w, bias=None, scales=None, *, axis_name=None, w_kmajor: bool = 
 
 
 def _gathered(x, scales, axis_name, gather: int) -> tuple:
-  """(x gathered along dim `gather` over axis_name, and with scales its shards' x_scales (T,), else None)."""
+  """(x gathered along dim `gather` over axis_name, and with scales its shards' x_scales (T,), else None; block
+  scales gathered as x is)."""
   gathered = x if axis_name is None else lax.all_gather(x, axis_name, axis=x.ndim + gather, tiled=True)
   if scales is None:
     return gathered, None
+  if numerics.blocks(scales):
+    x_scale = scales[0]
+    return gathered, (x_scale if axis_name is None else
+                      lax.all_gather(x_scale, axis_name, axis=x_scale.ndim + gather, tiled=True))
   x_scales = scales[0].reshape(1)
   return gathered, (x_scales if axis_name is None else lax.all_gather(x_scales, axis_name, tiled=True))
 
@@ -101,9 +112,11 @@ def results_of_one(y, x) -> list:
 def global_results(results, scales):
   """The results of a call on global arrays from the primitive's, a partitioned body's or the reference's: y and
   the gathered x, which the custom partitioning carries (scales None); with scales, gathered_scales is x_scale,
-  the one scale of the whole of x, shape (1,)."""
+  the one scale of the whole of x, shape (1,) (block scales: x_scale, the whole of x's)."""
   y, gathered = results[:2]
-  return (y, gathered) if scales is None else (y, gathered, scales[0].reshape(1))
+  if scales is None:
+    return y, gathered
+  return y, gathered, scales[0] if numerics.blocks(scales) else scales[0].reshape(1)
 
 
 # --- one rank's shards ----------------------------------------------------------------
@@ -117,10 +130,15 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
   params = dict(axis_name=axes, axis_size=size, algorithm=algorithm, w_kmajor=w_kmajor, out_dtype=out_dtype)
   if axis == -2:
     return bind(x, w, bias, scales, **params)
+  blocks = numerics.blocks(scales)
+  if blocks:  # x_scale's rows fold as x's do
+    scales = (sharding.fold(scales[0], axis, -1), scales[1])
   y, gathered, *rest = bind(sharding.fold(x, axis, -1), w, bias, scales, **params)
   mid = x.shape[x.ndim + axis + 1:-1]
   gathered_shape = (*x.shape[:x.ndim + axis], size * x.shape[axis], *mid)
   n_ndim = w.ndim - 1
+  if blocks:
+    rest = [rest[0].reshape(*gathered_shape, rest[0].shape[-1])]
   return (y.reshape(*gathered_shape, *y.shape[y.ndim - n_ndim:]),
           gathered.reshape(*gathered_shape, x.shape[-1]), *rest)
 
@@ -177,15 +195,19 @@ def sharding_plan(mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor: bool, gather
               P(*free, None), why)
 
 
-def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaled: bool, w_kmajor: bool,
-                  gather: int) -> tuple[str, tuple]:
-  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim (scales: scalars)."""
+def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaled: bool, w_kmajor: bool, gather: int,
+                  blocks: bool = False) -> tuple[str, tuple]:
+  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim (scales: scalars, or
+  with blocks arrays of x's blocks, whose K and N dims are factors of their own, and of w's 128x128 tiles)."""
   batch = sharding.factors("b", ndim - 1)
   x_f, out_f = list(batch), list(batch)
   x_f[ndim + gather], out_f[ndim + gather] = "g", "p"
   n = sharding.factors("n", w_ndim - 1)
   w_f = [*n, "k"] if w_kmajor else ["k", *n]
-  operands = [" ".join([*x_f, "k"]), " ".join(w_f)] + ([" ".join(n)] if has_bias else []) + ["", ""] * scaled
+  scale_f = ["", ""]
+  if blocks:
+    scale_f = [" ".join([*x_f, "kb"]), "nb kb" if w_kmajor else "kb nb"]
+  operands = [" ".join([*x_f, "k"]), " ".join(w_f)] + ([" ".join(n)] if has_bias else []) + scale_f * scaled
   return f"{', '.join(operands)} -> {' '.join([*out_f, *n])}, {' '.join([*out_f, 'k'])}", ()
 
 

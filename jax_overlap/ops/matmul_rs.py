@@ -8,7 +8,8 @@ the XLA path (on_shards).
 
 Float8 operands (scaled) add the float32 scalars x_scale and w_scale after the
 bias: each rank's partial is its product scaled by its own scales, staged in
-out_dtype, and z is in out_dtype.
+out_dtype, and z is in out_dtype. Block scales (numerics.blocks: x_scale
+[..., M, k/128] of the local k, w_scale of w's 128x128 tiles) scale it alike.
 """
 
 from __future__ import annotations
@@ -112,6 +113,8 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
   if axis == -2:
     return bind(x, w, bias, scales, **params)
   out_lead = x.shape[:x.ndim - contract]
+  if numerics.blocks(scales):  # x_scale's rows fold as x's do (block scales: one contraction dim)
+    scales = (sharding.fold(scales[0], axis, -1), scales[1])
   z = bind(sharding.fold(x, axis + 1 - contract, -contract), w, bias, scales, **params)
   start = len(out_lead) + axis + 1
   return z.reshape(*out_lead[:start], out_lead[start] // size, *out_lead[start + 1:], z.shape[-1])
@@ -188,15 +191,19 @@ def _scatter_dim(out, axes, scatter, request) -> int | None:
   return None
 
 
-def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaled: bool, w_kmajor: bool,
-                  scatter) -> tuple[str, tuple]:
-  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim (scales: scalars)."""
+def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaled: bool, w_kmajor: bool, scatter,
+                  blocks: bool = False) -> tuple[str, tuple]:
+  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim (scales: scalars, or
+  with blocks arrays of x's blocks, whose K and N dims are factors of their own, and of w's 128x128 tiles)."""
   del scatter
   contract = w_ndim - 1
   batch, k = sharding.factors("b", result_ndim(ndim, w_ndim) - 1), sharding.factors("k", contract)
   w_f = ["n", *k] if w_kmajor else [*k, "n"]
-  operands = [" ".join([*batch, *k]), " ".join(w_f)] + (["n"] if has_bias else []) + ["", ""] * scaled
-  return f"{', '.join(operands)} -> {' '.join([*batch, 'n'])}", tuple(k)
+  scale_f, reduced = ["", ""], tuple(k)
+  if blocks:
+    scale_f, reduced = [" ".join([*batch, "kb"]), "nb kb" if w_kmajor else "kb nb"], (*k, "kb")
+  operands = [" ".join([*batch, *k]), " ".join(w_f)] + (["n"] if has_bias else []) + scale_f * scaled
+  return f"{', '.join(operands)} -> {' '.join([*batch, 'n'])}", reduced
 
 
 def result_ndim(ndim: int, w_ndim: int) -> int:

@@ -69,6 +69,7 @@ class Problem:
   out_dtype_name: str | None = None
   w_dtype_name: str | None = None
   scaled: bool = False
+  blocks: bool = False  # float8 block scales (numerics.blocks)
 
   @property
   def rows(self) -> int:
@@ -117,10 +118,27 @@ def eligible(problem: Problem, op, algorithm: str) -> str | None:
   if problem.rows == 0 or problem.k == 0 or problem.n == 0:
     return "empty operand"
   if problem.scaled and algorithm == "pipelined":
-    why = _fp8_refused(problem)
+    why = _fp8_refused(problem) or (_blocks_refused(problem, op) if problem.blocks else None)
     if why:
       return why
   return op.eligible(problem.rows, problem.world)
+
+
+def _blocks_refused(problem: Problem, op) -> str | None:
+  """Why the vendor GEMM cannot take the call's block scales, or None. cuBLASLt runs 1x128 x 128x128 block
+  scales on Hopper (sm_90; its Blackwell GEMMs take MXFP8's instead); hipBLASLt's are not built. Each GEMM's
+  rows must be a multiple of 4, and with peers x has no leading batch dims (a GEMM's scales are contiguous)."""
+  machine = backend.current()
+  for device in machine.state.devices.values():
+    if not device.arch.startswith("sm_90"):
+      return (f"block scales on {device.name} ({device.arch}): the vendor GEMM path runs them on cuBLASLt on "
+              f"Hopper (sm_90) only")
+  if problem.world > 1 and problem.batch > 1:
+    return f"block scales with leading batch dims of x ({problem.batch} elements) in a group of {problem.world}"
+  rows = problem.rows if problem.world == 1 else op.chunk_rows(problem.m, problem.world)
+  if rows % 4:
+    return f"block scales with {rows} rows per GEMM (cuBLASLt takes multiples of 4)"
+  return None
 
 
 def _fp8_refused(problem: Problem) -> str | None:
@@ -152,7 +170,8 @@ def _vendor_blas() -> None:
 
 def _measured(problem: Problem, op) -> figures.Figures:
   return figures.measure(op, problem.dtype_name, problem.rows, problem.k, problem.n, problem.world,
-                         problem.w_kmajor, types=(problem.w_dtype, problem.out_dtype) if problem.scaled else None)
+                         problem.w_kmajor, types=(problem.w_dtype, problem.out_dtype) if problem.scaled else None,
+                         blocks=problem.blocks)
 
 
 def _pinned_stages(op, world: int) -> tuple | None:
@@ -174,7 +193,7 @@ def _plan_pipelined(problem: Problem, op, auto: bool) -> Choice:
   f = _measured(problem, op)
   _vendor_blas()
   plan = pipelined.plan(op, problem.world, f, _pinned_stages(op, problem.world))
-  sizes = (dtypes.itemsize(problem.dtype_name), dtypes.itemsize(problem.out_dtype), problem.scaled)
+  sizes = (dtypes.itemsize(problem.dtype_name), dtypes.itemsize(problem.out_dtype), problem.scaled, problem.blocks)
   nbytes = backend.current().native.pipelined_region_bytes(
       op.NAME, problem.world, problem.batch, problem.m, problem.k, problem.n, *sizes)
   # Calls of one key share a region: its bytes follow the element sizes (and a float8 shard's scale header) as
@@ -239,6 +258,10 @@ def decide(problem: Problem, op, requested: str, *, again: str | None = None) ->
       raise Declined("a group of one has no communication to overlap: XLA's dot")
     # A float8 group of one is the vendor's fp8 GEMM: XLA's fp8 forms ran 1.1x (16384 rows) to 3.1x (2048 rows)
     # slower than cuBLASLt's on the H200 (jax 0.11.2, through torch._scaled_mm; benchmarks/bench_fp8.py times both).
+    return _plan_pipelined(problem, op, auto=True)
+  if problem.blocks:
+    # No fp8 GEMM of XLA's takes block scales: its form is a float32 dot (benchmarks/bench_fp8.py times it), which
+    # the model's XLA path (the vendor's fp8 rate) would flatter.
     return _plan_pipelined(problem, op, auto=True)
   if again is not None:
     choice = _PLANNERS[again](problem, op, auto=True)

@@ -66,12 +66,14 @@ def _local_copy_bytes_per_us() -> float:
 
 
 def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmajor: bool,
-            types: tuple | None = None) -> tuple:
+            types: tuple | None = None, blocks: bool = False) -> tuple:
   """The vendor GEMM's time (us) over s chunks of `chunk_rows` rows, s = 1 .. world. types: a float8 call's
-  (w dtype, out dtype), its x of dtype_name."""
+  (w dtype, out dtype), its x of dtype_name; blocks: with block scales."""
   rows = [chunk_rows * s for s in range(1, world + 1)]
-  name = dtype_name if types is None else f"{dtype_name}x{types[0]}->{types[1]}"
+  name = dtype_name if types is None else f"{dtype_name}x{types[0]}->{types[1]}{'/blocks' if blocks else ''}"
   extra = {} if types is None else {"w_dtype": types[0], "out_dtype": types[1]}
+  if blocks:
+    extra["blocks"] = True
   return tuple(processes.agree(f"gemm/{name}/{chunk_rows}x{world}/{n}/{k}/{int(w_kmajor)}", lambda: list(
       _native().time_gemms(runtime.first_ordinal(), dtype_name, rows, n, k, w_kmajor, warmup_ms=GEMM_WARMUP_MS,
                            **extra))))
@@ -84,23 +86,24 @@ def reduce_us(dtype_name: str, block_rows: int, world: int, n: int) -> float:
 
 
 def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor: bool,
-            types: tuple | None = None) -> Figures:
+            types: tuple | None = None, blocks: bool = False) -> Figures:
   """The figures for one call of `op` (an op module, ops/) with x of `dtype_name` (types: a float8 call's
-  (w dtype, out dtype); None: x's dtype throughout): measured link and copy rates once the workspace exists,
-  else the local copy rate and the link guessed from it (see the module docstring). SetupError when a
-  measurement failed.
+  (w dtype, out dtype); None: x's dtype throughout; blocks: with block scales): measured link and copy rates
+  once the workspace exists, else the local copy rate and the link guessed from it (see the module docstring).
+  SetupError when a measurement failed.
 
   An op that reduces moves partial products (in the output's dtype) and reduces them; one that gathers moves
-  x, and with float8 x one GEMM per shard (each shard's own x scale)."""
+  x, and with float8 x one GEMM per shard (each shard's own x scale); with block scales either op runs one GEMM
+  per chunk (its scales contiguous)."""
   link, local = runtime.link_bytes_per_us(), runtime.local_bytes_per_us()
   if link is None:
     local = _local_copy_bytes_per_us()
     link = LINK_GUESS_FRACTION * local
   out_dtype = dtype_name if types is None else types[1]
   chunk_rows = op.chunk_rows(rows, world)
-  gemm = gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor, types)
+  gemm = gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor, types, blocks)
   moved = out_dtype if op.REDUCES else dtype_name
-  per_shard = types is not None and not op.REDUCES
+  per_shard = (types is not None and not op.REDUCES) or blocks
   return Figures(gemm_us=gemm, chunk_bytes=op.chunk_bytes(rows, k, n, world, dtypes.itemsize(moved)),
                  link_bytes_per_us=link, local_bytes_per_us=local,
                  reduce_us=reduce_us(out_dtype, chunk_rows, world, n) if op.REDUCES else None,

@@ -33,7 +33,7 @@ def returncode(rank: int, world: int) -> int:
   return 0
 
 
-def _stage_plans(world: int) -> dict:
+def stage_plans(world: int) -> dict:
   """Plans of each kind per op: one shard or block per stage, and all but ag_matmul's own in one stage."""
   return {"ag_matmul": [(1,) * world, (1, world - 1)], "matmul_rs": [(1,) * world, (world,)]}
 
@@ -69,7 +69,7 @@ def run(ctx: Ctx) -> None:
   args = (ctx.shard(X, P("tp")), ctx.shard(W, P(None, "tp")), ctx.shard(B, P("tp")), ctx.shard(sx, P("tp")),
           ctx.shard(sw, P("tp")))
   verdicts, gathered_ok = {}, []
-  for stages in _stage_plans(world)["ag_matmul"]:
+  for stages in stage_plans(world)["ag_matmul"]:
     os.environ["JAX_OVERLAP_PIPELINE_STAGES"] = ",".join(map(str, stages))
     jax.clear_caches()
     y, gathered, gathered_scales = (ctx.local(r) for r in ag(*args))
@@ -96,7 +96,7 @@ def run(ctx: Ctx) -> None:
                                              axis_name="tp", algorithm="pipelined"),
         mesh=mesh, in_specs=(P(None, "tp"), P("tp", None), P(), P("tp"), P("tp")), out_specs=P("tp")))
     verdicts, first = {}, {}
-    for stages in _stage_plans(world)["matmul_rs"]:
+    for stages in stage_plans(world)["matmul_rs"]:
       os.environ["JAX_OVERLAP_PIPELINE_STAGES"] = ",".join(map(str, stages))
       jax.clear_caches()
       z1, z2 = ctx.local(rs(*args)), ctx.local(rs(*args))
