@@ -7,7 +7,7 @@ forms, the T-chunk schedule in loopback, and matmul_rs's trailing reduction with
 autotunes its float8 dots when it compiles them), the loopback tables seconds. The results file is
 rewritten after every row.
 
-Three tables, every column measured in the same run (us per call, medians; e4m3 x and w, bfloat16 out):
+Four tables, every column measured in the same run (us per call, medians; e4m3 x and w, bfloat16 out):
   world 1    per M x N x K: jax_overlap.ag_matmul with algorithm="pipelined" in shard_map over one GPU (the vendor
              float8 GEMM as an FFI call), w K-major (`op_kmajor_us`) and w given [K, N] (`op_kn_us`: the lowering
              transposes w in each call, as XLA's forms do); XLA's direct f8 dot (`xla_f8_us`) and its
@@ -20,11 +20,17 @@ Three tables, every column measured in the same run (us per call, medians; e4m3 
              Against issue 27's targets: torch_vs_op_gpu (torch / the op's GPU time; torch_vs_op with its wall
              time) >= 0.95; xla_best_vs_op_kn (XLA's best [K, N] form / op_kn) >= 1.0; xla_f8_vs_op (XLA's
              direct f8 dot / op) >= 1.5 at 4096 rows.
+  blocks     per M x N x K: the op (a group of one, w K-major) with block scales (1x128 for x, 128x128 for w:
+             cuBLASLt's block-scaled GEMM) against the op with one scale per operand (`op_tensor_us`), XLA's form of
+             block scales (each operand times its scales repeated over their blocks, into a float32 dot:
+             `xla_blocks_us`) and XLA's bf16 dot, chained and timed in turns as above.
   schedule   the op's schedule as rank 0 of T in loopback (csrc/pipelined/schedule.h): its chunk GEMMs (ag_matmul:
              one per shard, each with its shard's scale) on two compute streams beside the copy stream's traffic,
              this GPU's data standing in for the peers', with the stages the cost model plans, against one float8
              GEMM of the whole [M, K] @ [K, N] (`gemm_us`), timed in alternation (ROUNDS rounds); target
-             gemm_vs_loopback >= 0.90. `model_us`: the cost model's estimate.
+             gemm_vs_loopback >= 0.90. `model_us`: the cost model's estimate. `scales`: tensor (one per
+             operand), or blocks (1x128 x 128x128: one GEMM per chunk, each with its own scales, against one
+             block-scaled GEMM; the first shape only).
   reduction  matmul_rs in loopback, bf16 and fp8, with the reduction of its first columns under the GEMM of its
              last (`overlap_us`: bf16 calls' schedule) and with one reduction after the GEMMs (`trailing_us`:
              float8 calls', pipelined::overlaps_reduction), in alternation; `reduce_us` is the reduction alone
@@ -168,8 +174,47 @@ def world_one(m: int, n: int, k: int) -> dict:
   return row
 
 
-def loopback_call(op: str, world: int, m_total: int, n: int, k: int, dtype: str) -> tuple:
-  """(the loopback call dict, its device buffers) of rank 0 of `world`; each rank's GEMM [m_total, k] @ [k, n]."""
+def world_one_blocks(m: int, n: int, k: int) -> dict:
+  """The op with block scales (1x128 x 128x128) against the op with one scale per operand, XLA's form of block
+  scales (the operands dequantized block by block into a float32 dot) and XLA's bf16 dot."""
+  kx, kw, ks = jax.random.split(jax.random.key(m + n + k), 3)
+  x = jax.random.normal(kx, (m, k), jnp.float32).astype(E4M3)
+  w_kn = jax.random.normal(kw, (k, n), jnp.float32).astype(E4M3)
+  w_nk = jax.device_put(jnp.asarray(w_kn).T.copy())
+  sx_blocks = jax.random.uniform(ks, (m, k // 128), jnp.float32, 0.3, 0.9)
+  sw_blocks = jnp.full((n // 128, k // 128), 0.5 / k ** 0.5, jnp.float32)  # K-major, as w_nk
+  sx, sw = jnp.float32(0.5), jnp.float32(0.5 / k ** 0.5)
+
+  def op(x, w, sx, sw):
+    return jo.ag_matmul(x, w, x_scale=sx, w_scale=sw, w_kmajor=True, algorithm="pipelined")
+
+  def xla_blocks(x, w, sx, sw):  # w [N, K], its scales [N/128, K/128]: the form numerics.dequantized writes
+    xs, ws = jnp.repeat(sx, 128, axis=1), jnp.repeat(jnp.repeat(sw, 128, axis=0), 128, axis=1)
+    return jnp.dot(x.astype(jnp.float32) * xs, (w.astype(jnp.float32) * ws).T,
+                   preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+
+  def bf16(x, w, sx, sw):
+    del sx, sw
+    return jnp.dot(x, w)
+
+  chains = {"op_tensor": (_chain(op), x, w_nk, sx, sw), "op_blocks": (_chain(op), x, w_nk, sx_blocks, sw_blocks),
+            "xla_blocks": (_chain(xla_blocks), x, w_nk, sx_blocks, sw_blocks),
+            "xla_bf16": (_chain(bf16), x.astype(jnp.bfloat16), w_kn.astype(jnp.bfloat16), sx, sw)}
+  timers = {}
+  for name, (fn, *args) in chains.items():
+    _harness.note(f"  compiling {name}")
+    timers[name] = _jax_timer(fn, *args)
+  row = dict(table="blocks", m=m, n=n, k=k, **_harness.in_turns(timers, ROUNDS))
+  row.update(**{f"{name}_tflops": _harness.tflops(m, n, k, row[f"{name}_us"]) for name in timers},
+             blocks_vs_tensor=row["op_tensor_us"] / row["op_blocks_us"],
+             xla_blocks_vs_op=row["xla_blocks_us"] / row["op_blocks_us"],
+             bf16_vs_op_blocks=row["xla_bf16_us"] / row["op_blocks_us"])
+  return row
+
+
+def loopback_call(op: str, world: int, m_total: int, n: int, k: int, dtype: str, blocks: bool = False) -> tuple:
+  """(the loopback call dict, its device buffers) of rank 0 of `world`; each rank's GEMM [m_total, k] @ [k, n]
+  (blocks: with block scales, in the layouts the schedule reads: csrc/core/block_scales.h)."""
   nat, dev = native.module(), jax.devices()[0]
   scaled = dtype == FP8
   m = m_total // world if op == "ag_matmul" else m_total  # x's rows per rank
@@ -187,40 +232,48 @@ def loopback_call(op: str, world: int, m_total: int, n: int, k: int, dtype: str)
   ptr = lambda a: a.unsafe_buffer_pointer() if a is not None else 0
   call = dict(dtype=dtype, out_dtype="bfloat16", x=ptr(x), w=ptr(w), bias=0, out=ptr(out), gathered=ptr(gathered),
               scratch=ptr(scratch), batch=1, m=m, k=k, n=n, w_kmajor=scaled)
-  if scaled:
+  if blocks:
+    kb = k // 128
+    ones = lambda count: put(jnp.full((count,), 0.5, jnp.float32))  # noqa: E731
+    block_scales = [ones(m * kb), ones(n // 128 * -(-kb // 4) * 4), ones(world * m * kb)]
+    buffers += block_scales
+    call.update(blocks=True, x_scale=ptr(block_scales[0]), w_scale=ptr(block_scales[1]),
+                gathered_scales=ptr(block_scales[2]) if op == "ag_matmul" else 0)
+  elif scaled:
     base = ptr(scales)
     call.update(x_scale=base, w_scale=base + 16, gathered_scales=base + 32 if op == "ag_matmul" else 0)
   return call, buffers
 
 
-def planned(op: str, world: int, m_total: int, n: int, k: int, dtype: str):
+def planned(op: str, world: int, m_total: int, n: int, k: int, dtype: str, blocks: bool = False):
   """The cost model's plan for the loopback: the figures with this GPU's copy engine as the "link"; its stages
   pinned as a call's are by JAX_OVERLAP_PIPELINE_STAGES (planning.PINNED_STAGES) where that names this T."""
   spec = OPS[op]
   m = m_total // world if op == "ag_matmul" else m_total
   types = (dtype, "bfloat16") if dtype == FP8 else None
-  f = planning.figures.measure(spec, dtype, m, k, n, world, dtype == FP8, types=types)
+  f = planning.figures.measure(spec, dtype, m, k, n, world, dtype == FP8, types=types, blocks=blocks)
   f = dataclasses.replace(f, link_bytes_per_us=f.local_bytes_per_us)
   pinned = os.environ.get(planning.PINNED_STAGES)
   return pipelined.plan(spec, world, f, pipelined.parse_stages(pinned, spec, world) if pinned else None)
 
 
-def _gemm_us(m: int, n: int, k: int, dtype: str) -> float:
-  extra = dict(w_dtype=dtype, out_dtype="bfloat16") if dtype == FP8 else {}
+def _gemm_us(m: int, n: int, k: int, dtype: str, blocks: bool = False) -> float:
+  extra = dict(w_dtype=dtype, out_dtype="bfloat16", blocks=blocks) if dtype == FP8 else {}
   return native.module().time_gemms(0, dtype, [m], n, k, w_kmajor=dtype == FP8, **extra)[0]
 
 
-def schedule(op: str, world: int, m_total: int, n: int, k: int) -> dict:
+def schedule(op: str, world: int, m_total: int, n: int, k: int, blocks: bool = False) -> dict:
   nat = native.module()
-  call, _buffers = loopback_call(op, world, m_total, n, k, FP8)
-  plan = planned(op, world, m_total, n, k, FP8)
+  call, _buffers = loopback_call(op, world, m_total, n, k, FP8, blocks)
+  plan = planned(op, world, m_total, n, k, FP8, blocks)
   gemms, loops = [], []
   for _ in range(ROUNDS):  # the clocks drift between minutes: alternate, then compare medians
-    gemms.append(_gemm_us(m_total, n, k, FP8))
+    gemms.append(_gemm_us(m_total, n, k, FP8, blocks))
     loops.append(nat.time_loopback(0, op, world, dict(call, stages=list(plan.stages)), 10))
   gemm, loop = statistics.median(gemms), statistics.median(loops)
-  return dict(table="schedule", op=op, world=world, m=m_total, n=n, k=k, stages=str(tuple(plan.stages)),
-              model_us=plan.est_us, loopback_us=loop, gemm_us=gemm, gemm_vs_loopback=gemm / loop)
+  return dict(table="schedule", op=op, scales="blocks" if blocks else "tensor", world=world, m=m_total, n=n, k=k,
+              stages=str(tuple(plan.stages)), model_us=plan.est_us, loopback_us=loop, gemm_us=gemm,
+              gemm_vs_loopback=gemm / loop)
 
 
 def reduction(world: int, m_total: int, n: int, k: int, dtype: str) -> dict:
@@ -239,7 +292,7 @@ def reduction(world: int, m_total: int, n: int, k: int, dtype: str) -> dict:
               reduce_share=reduce / trailing, hidden=(trailing - overlap) / reduce)
 
 
-TABLES = ("world1", "schedule", "reduction")
+TABLES = ("world1", "blocks", "schedule", "reduction")
 
 
 def main(argv=None) -> None:
@@ -255,11 +308,13 @@ def main(argv=None) -> None:
   if args.quick:
     shapes, worlds = shapes[:1], [4]
   work = [("world1", (m, n, k)) for m, n, k in shapes]
-  work += [("schedule", (op, world, *shape)) for shape in shapes[:2] for op in ("ag_matmul", "matmul_rs")
+  work += [("blocks", (m, n, k)) for m, n, k in shapes]
+  work += [("schedule", (op, world, *shape, blocks)) for blocks in (False, True)
+           for shape in (shapes[:2] if not blocks else shapes[:1]) for op in ("ag_matmul", "matmul_rs")
            for world in worlds]
   work += [("reduction", (world, *shapes[0], dtype)) for dtype in ("bfloat16", FP8) for world in worlds]
   work = [(table, a) for table, a in work if table in args.tables]
-  run = {"world1": world_one, "schedule": schedule, "reduction": reduction}
+  run = {"world1": world_one, "blocks": world_one_blocks, "schedule": schedule, "reduction": reduction}
   command, rows = "python " + " ".join(sys.argv), []
   for table, a in work:
     _harness.progress(len(rows), len(work), f"{table} {a}")
@@ -274,8 +329,11 @@ def main(argv=None) -> None:
                        ["m", "n", "k", "op_kmajor_us", "op_kmajor_gpu_us", "op_kmajor_kernel_us", "op_kn_us",
                         "torch_us", "xla_f8_us", "xla_dq_us", "xla_bf16_us", "torch_bf16_us", "op_kmajor_tflops",
                         "torch_vs_op", "torch_vs_op_gpu", "xla_best_vs_op_kn", "xla_f8_vs_op"])
+  _harness.print_table([r for r in rows if r["table"] == "blocks"],
+                       ["m", "n", "k", "op_tensor_us", "op_blocks_us", "xla_blocks_us", "xla_bf16_us",
+                        "op_blocks_tflops", "blocks_vs_tensor", "xla_blocks_vs_op", "bf16_vs_op_blocks"])
   _harness.print_table([r for r in rows if r["table"] == "schedule"],
-                       ["op", "world", "m", "n", "k", "stages", "model_us", "loopback_us", "gemm_us",
+                       ["op", "scales", "world", "m", "n", "k", "stages", "model_us", "loopback_us", "gemm_us",
                         "gemm_vs_loopback"])
   _harness.print_table([r for r in rows if r["table"] == "reduction"],
                        ["dtype", "world", "m", "n", "k", "stages", "split_cols", "overlap_us", "trailing_us",
