@@ -291,3 +291,23 @@ def test_lowering_falls_back(fake_gpu_runtime, make_mesh, monkeypatch, caplog, c
   assert any("block scales" in r.getMessage() for r in caplog.records)
   with pytest.raises(ValueError, match=rf"algorithm='pipelined' cannot take this call: .*{why}"):
     _lowered(_shard_map("matmul_rs", mesh, lead=lead), *operands)
+
+
+def test_vmap_inside_shard_map(fp8, block_scales, make_mesh, assert_close):
+  """vmap over the primitive inside shard_map: x and its block scales batched alike (the batch rule folds both
+  into x's leading dims), the gathered scales batched with them."""
+  mesh = make_mesh((WORLD,), ("tp",))
+  x, w = fp8((3, WORLD * 8, 2 * B), "float8_e4m3fn"), fp8((2 * B, WORLD * B), "float8_e4m3fn")
+  sx, sw = block_scales((3, WORLD * 8, 2)), block_scales((2, WORLD))
+
+  def body(x, w, sx, sw):
+    y, _, scales = jax.vmap(lambda x, sx: jax_overlap.ag_matmul(x, w, x_scale=sx, w_scale=sw, axis_name="tp",
+                                                                 return_gathered=True))(x, sx)
+    return y, scales[None]
+  y, scales = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp"), P(None, "tp"), P(None, "tp"),
+                                                               P(None, "tp")),
+                                    out_specs=(P(None, None, "tp"), P("tp"))))(x, w, sx, sw)
+  for rank in range(WORLD):
+    np.testing.assert_array_equal(scales[rank], sx)
+  for i in range(3):
+    assert_close(y[i], want(x[i], w, sx[i], sw), "bfloat16", 2 * B, term(sx, sw))
