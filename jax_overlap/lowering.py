@@ -409,7 +409,7 @@ def _results_of_one(ctx, op, call: _Call, y) -> list:
   return results
 
 
-def _gathered_block_scales(ctx, call: _Call, flat, world: int):
+def _gathered_block_scales(ctx, flat, world: int):
   """ag_matmul's gathered block scales as the op returns them, [..., world * m, k/128], from the custom call's
   [world][k/128][m] (each shard's as its GEMM read it)."""
   out = ctx.avals_out[2]
@@ -451,7 +451,7 @@ def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: _Call):
       stages=np.array(plan.stages, np.int64))
   rest = rest[:len(ctx.avals_out) - 1]
   if gathers and call.blocks:
-    rest[1] = _gathered_block_scales(ctx, call, rest[1], problem.world)
+    rest[1] = _gathered_block_scales(ctx, rest[1], problem.world)
   return [_finished(ctx, call, y, y_aval, bias_after), *rest]
 
 
