@@ -130,12 +130,14 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaled: bool,
 
 def _vmap_rule(op, fn, has_bias: bool, scaled: bool, w_kmajor: bool, out_dtype: str, blocks: bool):
   def rule(axis_size, in_batched, x, w, *operands):
-    args = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip((x, w, *operands), in_batched)]
+    def batched(i, a):
+      return a if in_batched[i] else jnp.broadcast_to(a, (axis_size, *a.shape))
     # x's own leading dims: x batched (and block scales, shaped like x, batched alike), the weights not.
     along_x = (0, len(in_batched) - 2) if blocks else (0,)
     if any(in_batched[i] for i in along_x) and not any(b for i, b in enumerate(in_batched) if i not in along_x):
-      out = fn(*(args[i] if i in along_x else a for i, a in enumerate((x, w, *operands))))
+      out = fn(*(batched(i, a) if i in along_x else a for i, a in enumerate((x, w, *operands))))
       return out, jax.tree.map(lambda _: True, out)
+    args = [batched(i, a) for i, a in enumerate((x, w, *operands))]
 
     def product(*args):
       x, w, bias, scales = primitives.split_operands(args, has_bias, scaled)

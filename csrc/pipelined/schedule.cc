@@ -295,13 +295,16 @@ Status check_stages(OpKind op, int world, const int64_t* stages, int stage_count
 Status check_block_scales(OpKind op, int world, const GemmProblem& g) {
   if (!g.types.blocks) return {};
   const bool reduced = op == OpKind::kMatmulRs && world > 1;  // its reduction adds the bias, never a GEMM
-  const std::string takes = std::string("jax_overlap: ") + (world > 1 ? op_name(op) : "a group of one") +
-                            " with float8 block scales takes ";
+  // Strings only on the error path: the FFI handlers run this on every call.
+  const auto refused = [&](const std::string& what) {
+    return Status{std::string("jax_overlap: ") + (world > 1 ? op_name(op) : "a group of one") +
+                  " with float8 block scales takes " + what};
+  };
   // cuBLASLt has no block-scaled GEMM with a bias epilogue (blas/gemm.cc).
-  if (g.bias && !reduced) return Status{takes + "no bias (add it after the call)"};
+  if (g.bias && !reduced) return refused("no bias (add it after the call)");
   if (world > 1 && g.batch != 1)
-    return Status{takes + "x with no leading batch dims (each GEMM's x scales are contiguous), got " +
-                  std::to_string(g.batch) + " batch elements"};
+    return refused("x with no leading batch dims (each GEMM's x scales are contiguous), got " +
+                   std::to_string(g.batch) + " batch elements");
   // Each GEMM's rows: a group of one folds the batch into them (enqueue_local_gemm); matmul_rs GEMMs row blocks.
   const char* rows_name = "m";
   int64_t rows = g.rows;
@@ -313,8 +316,8 @@ Status check_block_scales(OpKind op, int world, const GemmProblem& g) {
     rows = g.rows / world;
   }
   if (rows % kScaleRowMultiple != 0)
-    return Status{takes + "each GEMM's rows a multiple of " + std::to_string(kScaleRowMultiple) + ", got " +
-                  rows_name + " = " + std::to_string(rows)};
+    return refused("each GEMM's rows a multiple of " + std::to_string(kScaleRowMultiple) + ", got " + rows_name +
+                   " = " + std::to_string(rows));
   return {};
 }
 
