@@ -1,6 +1,6 @@
 """The fp8 layers on one GPU from bf16 inputs, quantization included, and the transformer block in fp8.
 
-  python benchmarks/bench_fp8_layers.py [--out DIR] [--small] [--tables layer block] [--ops ag rs]
+  python benchmarks/bench_fp8_layers.py [--out DIR] [--small] [--tables layer cast block] [--ops ag rs]
                                         [--modes forward train] [--variants NAME ...]
 
 On the H200 (jax 0.11.2) a `train` row of bf16, xla_fp8 and auto takes about 2.5 minutes (xla_fp8 compiles
@@ -19,8 +19,13 @@ Table `layer`, at 16384x3584x8192 (x [M, K] and w [K, N] in bfloat16), `forward`
                     VJP quantizes dy to e5m2 and runs dgrad and wgrad in the same form
   auto, pipelined,  Fp8AgDotGeneral (op ag) and Fp8RsDotGeneral (op rs) with that algorithm: the same
   xla               quantization, w cast straight into its K-major layout, then the op
+  auto_xla_cast     auto with XLA's float8 casts in place of the project's cast kernel (jax_overlap/fp8_cast.py;
+                    linear._cast_algorithm patched while it compiles): what the kernel gains
   *_vs_xla_fp8, *_vs_bf16: the time of xla_fp8 (bf16) over the layer's. Targets: the layers >= 1.1x xla_fp8 and
   >= 1.5x bf16 (issue 27). A variant that cannot run records its error instead of a time.
+Table `cast`: the float8 cast alone (current scaling's second pass, x / scale to e4m3; the cotangent's to e5m2),
+the project's kernel against XLA's form of it, on x [M, K] and a cotangent [M, N] in bfloat16: us per cast and
+the HBM rate counting the bytes read and written.
 Table `block`: examples/transformer_block.py's DecoderBlock on one GPU (batch 2, seq 4096, embed 4096, 32 heads,
 ffn 14336, bfloat16), one training step (loss, gradients, update): the fp8 layers (auto) against the bf16 block
 on algorithm="xla", ms per step, medians of STEPS steps after the first. Target: fp8 faster.
@@ -30,6 +35,7 @@ on algorithm="xla", ms per step, medians of STEPS steps after the first. Target:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import json
@@ -38,6 +44,7 @@ import pathlib
 import statistics
 import sys
 import time
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +52,7 @@ from jax import lax
 
 import _harness
 import jax_overlap as jo
-from jax_overlap import dtypes, numerics, primitives
+from jax_overlap import dtypes, fp8_cast, linear, numerics, primitives
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
 import transformer_block as example  # noqa: E402
@@ -100,7 +107,15 @@ def variants(op: str) -> dict:
   cls = jo.Fp8AgDotGeneral if op == "ag" else jo.Fp8RsDotGeneral
   for algorithm in LAYER_ALGORITHMS:
     out[algorithm] = functools.partial(lambda dot, x, w: dot(x, w, DN), cls(algorithm=algorithm))
+  out["auto_xla_cast"] = out["auto"]  # compiled under _compiling("auto_xla_cast")
   return out
+
+
+def _compiling(name: str):
+  """The context a variant compiles in: auto_xla_cast's layers cast with XLA's form, as algorithm="xla" does."""
+  if name != "auto_xla_cast":
+    return contextlib.nullcontext()
+  return mock.patch.object(linear, "_cast_algorithm", lambda call: "xla")
 
 
 # --- timing ---------------------------------------------------------------------------------
@@ -148,16 +163,46 @@ def layer_rows(m: int, n: int, k: int, ops, modes, names, out) -> list:
           continue
         _harness.note(f"layer {op} {mode} {name}: compiling")
         try:
-          timers[name] = _timer(chained(f, mode, ct), x, w)
+          with _compiling(name):
+            timers[name] = _timer(chained(f, mode, ct), x, w)
         except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
           row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
       row.update(_harness.in_turns(timers, REPEATS))
-      for algorithm in LAYER_ALGORITHMS:
+      for algorithm in (*LAYER_ALGORITHMS, "auto_xla_cast"):
         for base in ("xla_fp8", "bf16"):
           if row.get(f"{algorithm}_us") and row.get(f"{base}_us"):
             row[f"{algorithm}_vs_{base}"] = row[f"{base}_us"] / row[f"{algorithm}_us"]
       rows.append(row)
       out(rows)
+  return rows
+
+
+def cast_rows(m: int, n: int, k: int) -> list:
+  """The cast table: for x [m, k] (e4m3) and a cotangent [m, n] (e5m2), UNROLL casts chained in one executable (each
+  cast's input touched by the previous one's result), the kernel's and XLA's compiled first, timed in turns."""
+  e4m3, e5m2 = formats()
+  rows = []
+  for what, shape, fmt in (("x", (m, k), e4m3), ("cotangent", (m, n), e5m2)):
+    a = _harness.random_bf16(shape, 3)
+    scale = numerics.fp8_scale(jnp.max(jnp.abs(a)), fmt)
+    row = dict(table="cast", operand=what, shape="x".join(map(str, shape)), format=dtypes.name(fmt))
+    timers = {}
+    for algorithm in ("auto", "xla"):
+      def run(a, s, algorithm=algorithm):
+        for _ in range(UNROLL):
+          q = fp8_cast.cast(a, s, fmt, algorithm=algorithm)
+          a = a.at[0, 0].add((q[0, 0].astype(jnp.float32) * 0).astype(a.dtype))
+        return a, s
+      fn = jax.jit(run, donate_argnums=(0,))
+      text = fn.lower(a, scale).as_text()
+      row[f"{algorithm}_kernel"] = "jax_overlap_fp8_cast" in text
+      timers[algorithm] = _timer(fn, a, scale)
+    row.update(_harness.in_turns(timers, REPEATS))
+    moved = a.size * (a.dtype.itemsize + 1)
+    for algorithm in ("auto", "xla"):
+      row[f"{algorithm}_tb_s"] = moved / row[f"{algorithm}_us"] / 1e6
+    row["xla_vs_auto"] = row["xla_us"] / row["auto_us"]
+    rows.append(row)
   return rows
 
 
@@ -205,17 +250,19 @@ def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
   ap.add_argument("--small", action="store_true", help="tiny sizes: check the script (CPU)")
-  ap.add_argument("--tables", nargs="*", choices=("layer", "block"), default=("layer", "block"))
+  ap.add_argument("--tables", nargs="*", choices=("layer", "cast", "block"), default=("layer", "cast", "block"))
   ap.add_argument("--ops", nargs="*", choices=("ag", "rs"), default=("ag", "rs"))
   ap.add_argument("--modes", nargs="*", choices=("forward", "train"), default=("forward", "train"))
-  ap.add_argument("--variants", nargs="*", choices=("bf16", "xla_fp8", *LAYER_ALGORITHMS),
-                  default=("bf16", "xla_fp8", *LAYER_ALGORITHMS), help="the layer table's columns")
+  ap.add_argument("--variants", nargs="*", choices=("bf16", "xla_fp8", *LAYER_ALGORITHMS, "auto_xla_cast"),
+                  default=("bf16", "xla_fp8", *LAYER_ALGORITHMS, "auto_xla_cast"), help="the layer table's columns")
   args = ap.parse_args(argv)
   command = "python " + " ".join(sys.argv)
   rows = []
   if "layer" in args.tables:  # written after every row: a run cut short by a time limit keeps what it measured
     rows += layer_rows(*(SMALL_SHAPE if args.small else SHAPE), args.ops, args.modes, args.variants,
                        lambda done: write(done, args.out, command))
+  if "cast" in args.tables:
+    rows += cast_rows(*(SMALL_SHAPE if args.small else SHAPE))
   if "block" in args.tables:
     rows += block_rows(SMALL_BLOCK if args.small else BLOCK)
   path = write(rows, args.out, command)
@@ -226,9 +273,13 @@ def main(argv=None) -> None:
   print(f"results: {path}")
   _harness.print_table([r for r in rows if r["table"] == "block"],
                        ["batch", "seq", "embed", "heads", "ffn", "fp8_auto_ms", "bf16_xla_ms", "fp8_vs_bf16"])
+  _harness.print_table([r for r in rows if r["table"] == "cast"],
+                       ["operand", "shape", "format", "auto_kernel", "auto_us", "xla_us", "auto_tb_s", "xla_tb_s",
+                        "xla_vs_auto"])
   _harness.print_table([r for r in rows if r["table"] == "layer"],
                        ["op", "mode", "bf16_us", "xla_fp8_us", *(f"{a}_us" for a in LAYER_ALGORITHMS),
-                        *(f"{a}_vs_{b}" for a in ("auto", "pipelined") for b in ("xla_fp8", "bf16"))])
+                        "auto_xla_cast_us", *(f"{a}_vs_{b}" for a in ("auto", "pipelined") for b in ("xla_fp8", "bf16")),
+                        "auto_xla_cast_vs_bf16"])
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_overlap import api, autodiff, dtypes, numerics, ops, primitives, remat
+from jax_overlap import api, autodiff, dtypes, fp8_cast, numerics, ops, primitives, remat
 
 
 def _dims(dimension_numbers):
@@ -197,10 +197,16 @@ def _custom_vjp(forward, backward):
   return layer
 
 
+def _cast_algorithm(call: _Fp8Call) -> str:
+  """How the layer casts to float8 where no transpose comes with the cast: the project's kernel where it takes the
+  call (fp8_cast.py; the same values as XLA's cast), XLA's with algorithm="xla"."""
+  return "xla" if call.algorithm == "xla" else "auto"
+
+
 def _quantized(x, w, call: _Fp8Call, kmajor) -> tuple:
   """(x8, x_scale, w8, w_scale): x and the kernel quantized to e4m3 (current scaling), the kernel in the K-major
   layout kmajor(w) gives: the transpose and the cast are one pass over w."""
-  x8, x_scale = numerics.current_scaling(x, call.e4m3)
+  x8, x_scale = fp8_cast.current_scaling(x, call.e4m3, algorithm=_cast_algorithm(call))
   w_scale = numerics.fp8_scale(jnp.max(jnp.abs(w)), call.e4m3)
   return x8, x_scale, numerics.quantize(kmajor(w), call.e4m3, w_scale), w_scale
 
@@ -268,11 +274,11 @@ def _ag_forward(x, w, call: _Fp8Call):
 
 def _fp8_ag_bwd(call: _Fp8Call, residuals, dy):
   gathered, scales, w, w_scale, (x_layout, w_layout) = residuals
-  dy8, dy_scale = numerics.current_scaling(dy, call.e5m2)
+  dy8, dy_scale = fp8_cast.current_scaling(dy, call.e5m2, algorithm=_cast_algorithm(call))
   # dx = RS(dy @ W^T): the kernel quantized again in its own layout [K, *n], whose contraction (n) is last; on an
   # Explicit mesh laid out as x's type says, else scattered onto x's gathered dim
   scatter = None if x_layout is not None else call.axis
-  dx = api.matmul_rs(dy8, numerics.quantize(w, call.e4m3, w_scale), x_scale=dy_scale, w_scale=w_scale,
+  dx = api.matmul_rs(dy8, fp8_cast.cast(w, w_scale, call.e4m3, algorithm=_cast_algorithm(call)), x_scale=dy_scale, w_scale=w_scale,
                      out_dtype=call.x_dtype, w_kmajor=True, axis_name=call.axis_name, algorithm=call.algorithm,
                      scatter_axis=scatter, **_dual_layout(x_layout))
   # dW = gathered^T @ dy over rows whose shards carry scales of their own: dy's rows times their shard's scale,
@@ -337,11 +343,11 @@ def _rs_forward(x, w, call: _Fp8Call):
 
 def _fp8_rs_bwd(call: _Fp8Call, residuals, dz):
   x8, x_scale, w, w_scale, (x_layout, w_layout) = residuals
-  dz8, dz_scale = numerics.current_scaling(dz, call.e5m2)
+  dz8, dz_scale = fp8_cast.current_scaling(dz, call.e5m2, algorithm=_cast_algorithm(call))
   # (dx, AG(dz)) = ag_matmul(dz, W^T): the kernel quantized again in its own layout [*k, N], contraction (N) last
   gather = -2 if call.axis in (None, -1) else call.axis
   dx, dz_gathered, dz_scales = api.ag_matmul(
-      dz8, numerics.quantize(w, call.e4m3, w_scale), x_scale=dz_scale, w_scale=w_scale, out_dtype=call.x_dtype,
+      dz8, fp8_cast.cast(w, w_scale, call.e4m3, algorithm=_cast_algorithm(call)), x_scale=dz_scale, w_scale=w_scale, out_dtype=call.x_dtype,
       w_kmajor=True, axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True, gather_axis=gather,
       **_dual_layout(x_layout))
   # dW = x^T @ AG(dz): the gathered shards' scales folded into AG(dz), one scale for all of it (transposed in that

@@ -82,7 +82,7 @@ def group_ids(ctx, axis_name) -> tuple:
   return tuple(tuple(int(i) for i in g) for g in ids)
 
 
-def _native_ready(ctx) -> None:
+def native_ready(ctx) -> None:
   machine = backend.current()
   if disabled():
     raise Declined(f"{KILL_SWITCH} is set")
@@ -486,7 +486,7 @@ def gpu_rule(ctx, *operands, op, axis_name, axis_size, algorithm, w_kmajor, scal
   call = _call_of(ctx, operands, scaled, out_dtype, w_kmajor)
   *lead, m, k = call.x_aval.shape
   try:
-    _native_ready(ctx)
+    native_ready(ctx)
     groups = () if axis_name is None else group_ids(ctx, axis_name)
     # A float8 w reaches the GPU K-major whatever its layout here (_k_major_w).
     problem = Problem(op.NAME, dtypes.name(call.x_aval.dtype), math.prod(lead), m, k,
@@ -505,7 +505,7 @@ def gather_rule(ctx, x, *, axis_name, axis_size):
   all_gather takes the call."""
   x_aval = ctx.avals_in[0]
   try:
-    _native_ready(ctx)
+    native_ready(ctx)
     groups = group_ids(ctx, axis_name)
     problem = Problem("all_gather", dtypes.name(x_aval.dtype), 1, math.prod(x_aval.shape[:-1]), x_aval.shape[-1],
                       0, axis_size, groups, False)

@@ -167,7 +167,8 @@ def test_auto_takes_the_vendor_float8_gemm_for_a_group_of_one(fake_gpu_runtime, 
 def test_fp8_layer_weight_gradient_is_a_group_of_ones_vendor_gemm(fake_gpu_runtime, make_mesh, rows, dw_gemms):
   """Fp8AgDotGeneral(algorithm="pipelined")'s training step over 4 GPUs: the forward and the dual op are pipelined
   calls over the group, and dW is the vendor's fp8 GEMM of a group of one, or XLA's dot where its contraction
-  (the 4 * rows gathered rows) is no multiple of 16: never an error, whatever algorithm the layer was given."""
+  (the 4 * rows gathered rows) is no multiple of 16: never an error, whatever algorithm the layer was given. The
+  casts without a transpose (x, dy, and w again for the dual op) are the project's float8 cast."""
   mesh = make_mesh((4,), ("tp",))
   dot = jax_overlap.Fp8AgDotGeneral(axis_name="tp", algorithm="pipelined")
 
@@ -181,4 +182,4 @@ def test_fp8_layer_weight_gradient_is_a_group_of_ones_vendor_gemm(fake_gpu_runti
                                  _spec(4 * rows, 512, dtype=bf16)))
   targets = sorted(re.search(r"@(\w+)\(", call).group(1) for call in calls)
   assert targets == sorted(["jax_overlap_ag_matmul_pipelined", "jax_overlap_matmul_rs_pipelined"]
-                           + ["jax_overlap_vendor_gemm"] * dw_gemms), calls
+                           + ["jax_overlap_vendor_gemm"] * dw_gemms + ["jax_overlap_fp8_cast"] * 3), calls

@@ -21,6 +21,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoAgMatmulPipelinedExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsPipelinedExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoVendorGemmExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoVendorGemmNoGraphExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoFp8CastExecute);
 
 namespace jo {
 
@@ -57,6 +58,8 @@ inline const std::vector<FfiTarget>& ffi_targets() {
        JoMatmulRsPipelinedExecute},
       {"vendor_gemm", "jax_overlap_vendor_gemm", nullptr, JoVendorGemmExecute},
       {"vendor_gemm_no_graph", "jax_overlap_vendor_gemm_no_graph", nullptr, JoVendorGemmNoGraphExecute},
+      // The fp8 layers' float8 cast (kernels/fp8_cast.h).
+      {"fp8_cast", "jax_overlap_fp8_cast", nullptr, JoFp8CastExecute},
   };
   return targets;
 }

@@ -19,6 +19,7 @@
 #include <cuda.h>  // driver types of the entry points resolved at run time
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #else
 #error "jax_overlap: build with JAX_OVERLAP_HIP (AMD) or JAX_OVERLAP_CUDA (NVIDIA)"
@@ -392,6 +393,24 @@ JO_DEVICE fp16 from_float<fp16>(float v) {
 template <>
 JO_DEVICE float from_float<float>(float v) {
   return v;
+}
+#endif
+
+// Two floats rounded to nearest even to this GPU's float8 format, e4m3 or (kE5M2) e5m2, packed `lo` in the low
+// byte; a NaN stays NaN. The formats are the GPU's own: OCP on sm_90 and gfx950, fnuz on gfx942 (the same AMD
+// instructions). For values within the format's range, which is all the fp8 cast (kernels/fp8_cast.cu) gives it:
+// beyond it NVIDIA saturates and AMD does not.
+#if JO_PLATFORM_HIP
+template <bool kE5M2>
+JO_DEVICE uint16_t to_fp8x2(float lo, float hi) {
+  const int packed = kE5M2 ? __builtin_amdgcn_cvt_pk_bf8_f32(lo, hi, 0, false)
+                           : __builtin_amdgcn_cvt_pk_fp8_f32(lo, hi, 0, false);
+  return static_cast<uint16_t>(packed);
+}
+#else
+template <bool kE5M2>
+JO_DEVICE uint16_t to_fp8x2(float lo, float hi) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, kE5M2 ? __NV_E5M2 : __NV_E4M3);
 }
 #endif
 

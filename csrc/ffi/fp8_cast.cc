@@ -1,0 +1,79 @@
+// FFI handler of the float8 cast (kernels/fp8_cast.h): stateless, so XLA may
+// record it into a command buffer.
+#include <array>
+#include <mutex>
+#include <string>
+
+#include "blas/gemm.h"
+#include "ffi/common.h"
+#include "ffi/handlers.h"
+#include "kernels/fp8_cast.h"
+
+namespace jo {
+namespace {
+
+struct CastDevice {
+  std::string arch;
+  int sm_count = 0;
+};
+
+// The architecture and SM count of GPU `ordinal`, queried once per process.
+ffi::ErrorOr<CastDevice> cast_device(int32_t ordinal) {
+  static std::mutex mu;
+  static std::array<CastDevice, kMaxLocalDevices> known;
+  if (ordinal < 0 || ordinal >= kMaxLocalDevices)
+    return ffi::Unexpected(ffi::Error::InvalidArgument("jax_overlap fp8_cast: device ordinal " +
+                                                       std::to_string(ordinal) + " out of range"));
+  std::lock_guard<std::mutex> lock(mu);
+  CastDevice& d = known[ordinal];
+  if (d.sm_count == 0) {
+    hipDeviceProp_t prop;
+    hipError_t e = hipGetDeviceProperties(&prop, ordinal);
+    int sms = 0;
+    if (e == hipSuccess) e = hipDeviceGetAttribute(&sms, hipDeviceAttributeMultiprocessorCount, ordinal);
+    if (e != hipSuccess)
+      return ffi::Unexpected(ffi::Error::Internal(std::string("jax_overlap fp8_cast: ") + hipGetErrorString(e)));
+    d.arch = gpu::arch_name(prop);
+    d.sm_count = sms;
+  }
+  return d;
+}
+
+ffi::Error Fp8CastExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer scale,
+                          ffi::Result<ffi::AnyBuffer> out) {
+  const auto x_dtype = dtype_of(x.element_type());
+  if (!x_dtype || element_bytes(*x_dtype) == 1)
+    return invalid_argument("fp8_cast", "x", "bfloat16, float16 or float32", data_type_name(x.element_type()));
+  if (scale.element_type() != ffi::DataType::F32 || scale.element_count() != 1)
+    return invalid_argument("fp8_cast", "scale", "one float32",
+                            data_type_name(scale.element_type()) + dims_str(scale.dimensions()));
+  const auto out_dtype = dtype_of(out->element_type());
+  if (!out_dtype || element_bytes(*out_dtype) != 1)
+    return invalid_argument("fp8_cast", "result", "a float8 format", data_type_name(out->element_type()));
+  if (out->element_count() != x.element_count())
+    return invalid_argument("fp8_cast", "result", "x's " + std::to_string(x.element_count()) + " elements",
+                            std::to_string(out->element_count()));
+  const auto device = cast_device(ordinal);
+  if (device.has_error()) return device.error();
+  if (!blas::takes_fp8(*out_dtype, device->arch))
+    return ffi::Error::InvalidArgument(std::string("jax_overlap fp8_cast: ") + dtype_name(*out_dtype) +
+                                       " is not a float8 format of this GPU (" + device->arch + ")");
+  const Fp8Cast cast{x.untyped_data(),   *x_dtype,  static_cast<const float*>(scale.untyped_data()),
+                     out->untyped_data(), *out_dtype, static_cast<int64_t>(x.element_count())};
+  const hipError_t launched = launch_fp8_cast(cast, device->sm_count, stream);
+  if (launched != hipSuccess)
+    return ffi::Error::Internal(std::string("jax_overlap fp8_cast: launch failed: ") + hipGetErrorString(launched));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jo
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoFp8CastExecute, jo::Fp8CastExecute,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // x, bfloat16, float16 or float32, any shape
+                                  .Arg<xla::ffi::AnyBuffer>()  // scale f32[]
+                                  .Ret<xla::ffi::AnyBuffer>(),  // x / scale in a float8 format, x's shape
+                              {xla::ffi::Traits::kCmdBufferCompatible});

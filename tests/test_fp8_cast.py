@@ -1,0 +1,121 @@
+"""The float8 cast primitive (jax_overlap/fp8_cast.py) on CPU: its value is numerics.quantize's (eager, jit, vmap
+with a shared scale or a scale per element), and where its GPU lowering takes the kernel, from the custom calls
+of a lowering for "cuda" on the stand-in runtime (tests/fake_gpu.py, an H200's sm_90): one device and each shard
+inside shard_map take it; global arrays over several devices, a partially manual shard_map, algorithm="xla",
+JAX_OVERLAP_DISABLE, a format of the other family and a float8 input keep XLA's form. The kernel's values against
+XLA's, bit for bit: tests/gpu/test_fp8_cast.py."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jax_overlap
+from jax_overlap import fp8_cast, numerics
+
+from fake_gpu import FakeNative, custom_calls, cuda_text, install
+
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+FORMATS = [E4M3, E5M2, jnp.float8_e4m3fnuz, jnp.float8_e5m2fnuz]
+
+
+def _x(shape=(64, 96), dtype=jnp.bfloat16, seed=0):
+  rng = np.random.default_rng(seed)
+  return jnp.asarray(rng.standard_normal(shape) * 10.0 ** rng.uniform(-6, 1, shape), dtype)
+
+
+def _bits(a):
+  return np.asarray(a).view(np.uint8)
+
+
+@pytest.mark.parametrize("x_dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda d: np.dtype(d).name)
+def test_value_is_numerics_quantize(fmt, x_dtype):
+  x = _x(dtype=x_dtype)
+  q, scale = jax.jit(lambda x: fp8_cast.current_scaling(x, fmt))(x)
+  want = numerics.quantize(x, fmt, numerics.fp8_scale(jnp.max(jnp.abs(x)), fmt))
+  assert q.dtype == jnp.dtype(fmt) and q.shape == x.shape
+  np.testing.assert_array_equal(_bits(q), _bits(want))
+  np.testing.assert_array_equal(_bits(fp8_cast.cast(x, scale, fmt)), _bits(want))  # eager
+  # the scale maps the amax onto the format's range, and the cast keeps every value within it
+  assert float(jnp.max(jnp.abs(q.astype(jnp.float32)))) <= float(jnp.finfo(fmt).max)
+  assert float(jnp.max(jnp.abs(q.astype(jnp.float32)))) > float(jnp.finfo(fmt).max) / 2
+
+
+def test_vmap_with_a_shared_scale_and_with_a_scale_each():
+  xs = jnp.stack([_x(seed=s) for s in range(3)])
+  scale = jnp.float32(0.25)
+  shared = jax.vmap(lambda x: fp8_cast.cast(x, scale, E4M3), in_axes=0)(xs)
+  np.testing.assert_array_equal(_bits(shared), _bits(numerics.quantize(xs, E4M3, scale)))
+  q, scales = jax.vmap(lambda x: fp8_cast.current_scaling(x, E4M3), in_axes=1, out_axes=(1, 0))(xs.transpose(1, 0, 2))
+  for i in range(3):
+    want = numerics.quantize(xs[i], E4M3, numerics.fp8_scale(jnp.max(jnp.abs(xs[i])), E4M3))
+    np.testing.assert_array_equal(_bits(q[:, i]), _bits(want))
+    assert float(scales[i]) == float(numerics.fp8_scale(jnp.max(jnp.abs(xs[i])), E4M3))
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+  install(monkeypatch.setattr, FakeNative())
+
+
+def _casts(f, *args) -> list:
+  return [c for c in custom_calls(cuda_text(jax.jit(f), *args)) if "@jax_overlap_fp8_cast(" in c]
+
+
+def test_one_device_takes_the_kernel(fake_gpu):
+  x = jax.ShapeDtypeStruct((64, 96), jnp.bfloat16)
+  calls = _casts(lambda x: fp8_cast.current_scaling(x, E4M3)[0], x)
+  assert len(calls) == 1
+  assert "tensor<64x96xbf16>" in calls[0] and "tensor<f32>" in calls[0] and "tensor<64x96xf8E4M3FN>" in calls[0]
+  assert _casts(lambda x: fp8_cast.current_scaling(x, E5M2, algorithm="xla")[0], x) == []
+
+
+def test_shards_inside_shard_map_take_the_kernel(fake_gpu, make_mesh):
+  mesh = make_mesh((4,), ("tp",))
+  f = jax.shard_map(lambda x: fp8_cast.current_scaling(x, E4M3)[0], mesh=mesh, in_specs=P("tp"), out_specs=P("tp"))
+  calls = _casts(f, jax.ShapeDtypeStruct((64, 96), jnp.float32))
+  assert len(calls) == 1 and "tensor<16x96xf32>" in calls[0]
+
+
+def test_global_arrays_over_several_devices_keep_xlas_cast(fake_gpu, make_mesh):
+  mesh = make_mesh((4,), ("tp",))
+  x = jax.ShapeDtypeStruct((64, 96), jnp.bfloat16, sharding=NamedSharding(mesh, P("tp")))
+  assert _casts(lambda x: fp8_cast.current_scaling(x, E4M3)[0], x) == []
+
+
+def test_partially_manual_shard_map_keeps_xlas_cast(fake_gpu, make_mesh):
+  mesh = make_mesh((2, 2), ("dp", "tp"))
+  f = jax.shard_map(lambda x: fp8_cast.current_scaling(x, E4M3)[0], mesh=mesh, in_specs=P("tp"), out_specs=P("tp"),
+                    axis_names={"tp"})
+  x = jax.ShapeDtypeStruct((64, 96), jnp.bfloat16, sharding=NamedSharding(mesh, P("tp", "dp")))
+  assert _casts(f, x) == []
+
+
+def test_what_the_kernel_does_not_take_keeps_xlas_cast(fake_gpu, monkeypatch):
+  x = jax.ShapeDtypeStruct((64, 96), jnp.bfloat16)
+  # a format of the other family (fnuz: gfx942's) on an sm_90
+  assert _casts(lambda x: fp8_cast.current_scaling(x, jnp.float8_e4m3fnuz)[0], x) == []
+  # a float8 input
+  assert _casts(lambda x: fp8_cast.cast(x, jnp.float32(2.0), E5M2), jax.ShapeDtypeStruct((8, 8), E4M3)) == []
+  monkeypatch.setenv("JAX_OVERLAP_DISABLE", "1")
+  assert _casts(lambda x: fp8_cast.current_scaling(x, E4M3)[0], x) == []
+
+
+def test_fp8_layers_cast_with_the_kernel_unless_xla(fake_gpu, make_mesh):
+  """The layers' casts without a transpose (x; in the backward pass dy and w again for the dual op) take the kernel;
+  with algorithm="xla" none does."""
+  mesh = make_mesh((2,), ("tp",))
+  dims = (((1,), (0,)), ((), ()))
+  x, w = jax.ShapeDtypeStruct((64, 128), jnp.bfloat16), jax.ShapeDtypeStruct((128, 256), jnp.bfloat16)
+
+  def grads(algorithm):
+    dot = jax_overlap.Fp8RsDotGeneral(axis_name="tp", algorithm=algorithm)
+    loss = lambda x, w: jnp.sum(dot(x, w, dims).astype(jnp.float32) ** 2)
+    return jax.shard_map(jax.grad(loss, argnums=(0, 1)), mesh=mesh, in_specs=(P(None, "tp"), P("tp")),
+                         out_specs=(P(None, "tp"), P("tp")))
+  assert len(_casts(grads("auto"), x, w)) == 3
+  assert _casts(grads("xla"), x, w) == []
