@@ -25,7 +25,8 @@ Table `layer`, at 16384x3584x8192 (x [M, K] and w [K, N] in bfloat16), `forward`
   >= 1.5x bf16 (issue 27). A variant that cannot run records its error instead of a time.
 Table `cast`: the float8 cast alone (current scaling's second pass, x / scale to e4m3; the cotangent's to e5m2),
 the project's kernel against XLA's form of it, on x [M, K] and a cotangent [M, N] in bfloat16 (UNROLL distinct
-inputs cast in one executable): us per cast and the HBM rate counting the bytes read and written.
+inputs cast in one executable): wall us per cast, the GPU time of the kernels per cast (one run under the profiler)
+and their HBM rate, counting the bytes read and written.
 Table `block`: examples/transformer_block.py's DecoderBlock on one GPU (batch 2, seq 4096, embed 4096, 32 heads,
 ffn 14336, bfloat16), one training step (loss, gradients, update): the fp8 layers (auto) against the bf16 block
 on algorithm="xla", ms per step, medians of STEPS steps after the first. Target: fp8 faster.
@@ -43,6 +44,7 @@ import os
 import pathlib
 import statistics
 import sys
+import tempfile
 import time
 from unittest import mock
 
@@ -200,10 +202,21 @@ def cast_rows(m: int, n: int, k: int) -> list:
     row.update(_harness.in_turns(timers, REPEATS))
     moved = inputs[0].size * (inputs[0].dtype.itemsize + 1)
     for algorithm in ("auto", "xla"):
-      row[f"{algorithm}_tb_s"] = moved / row[f"{algorithm}_us"] / 1e6
+      row[f"{algorithm}_gpu_us"] = _gpu_us(timers[algorithm])
+      row[f"{algorithm}_tb_s"] = moved / row[f"{algorithm}_gpu_us"] / 1e6 if row[f"{algorithm}_gpu_us"] else None
     row["xla_vs_auto"] = row["xla_us"] / row["auto_us"]
     rows.append(row)
   return rows
+
+
+def _gpu_us(timed) -> float | None:
+  """The GPU time of one run of `timed` per cast (its kernels' durations under the profiler, over UNROLL); None
+  where the profiler saw no GPU kernel (CPU)."""
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d):
+      timed()
+    events = _harness.gpu_events(_harness.trace_events(d))
+  return sum(e["dur"] for e in events) / UNROLL if events else None
 
 
 def block_rows(sizes: dict) -> list:
@@ -274,8 +287,8 @@ def main(argv=None) -> None:
   _harness.print_table([r for r in rows if r["table"] == "block"],
                        ["batch", "seq", "embed", "heads", "ffn", "fp8_auto_ms", "bf16_xla_ms", "fp8_vs_bf16"])
   _harness.print_table([r for r in rows if r["table"] == "cast"],
-                       ["operand", "shape", "format", "auto_kernel", "auto_us", "xla_us", "auto_tb_s", "xla_tb_s",
-                        "xla_vs_auto"])
+                       ["operand", "shape", "format", "auto_kernel", "auto_us", "xla_us", "xla_vs_auto", "auto_gpu_us",
+                        "xla_gpu_us", "auto_tb_s", "xla_tb_s"])
   _harness.print_table([r for r in rows if r["table"] == "layer"],
                        ["op", "mode", "bf16_us", "xla_fp8_us", *(f"{a}_us" for a in LAYER_ALGORITHMS),
                         "auto_xla_cast_us", *(f"{a}_vs_{b}" for a in ("auto", "pipelined") for b in ("xla_fp8", "bf16")),

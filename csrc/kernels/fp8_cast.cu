@@ -1,7 +1,9 @@
-// The float8 cast (fp8_cast.h): eight elements per thread and step, read in
-// 16-byte vectors (two for float32) and written as one 8-byte word, so that the
-// pass is bound by HBM; elements past the last whole vector, or every element
-// of buffers not aligned for the vectors, one at a time.
+// The float8 cast (fp8_cast.h): eight elements per vector, read as 16 bytes
+// (two 16-byte loads for float32) and written as one 8-byte word. The pass is
+// bound by the loads in flight: each thread issues the loads of kUnroll
+// vectors before it converts the first (as the pipelined reduction does,
+// pipeline_kernels.cu). Elements past the last whole vector, or every element
+// of buffers not aligned for the vectors, go one at a time.
 #include <algorithm>
 #include <type_traits>
 
@@ -12,6 +14,7 @@ namespace jo {
 namespace {
 
 constexpr int kVec = 8;
+constexpr int kUnroll = 4;
 constexpr int kThreads = 256;
 
 template <typename T, bool kE5M2>
@@ -31,23 +34,35 @@ __global__ void fp8_cast_kernel(const T* __restrict__ x, const float* __restrict
   // The reciprocal, then a product per element: XLA's form (numerics.quantize), bit for bit; with a power-of-two
   // scale both are exact.
   const float inv = 1.0f / *scale;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  constexpr int kLoads = kVec * sizeof(T) / 16;  // 16-byte loads per vector
   int64_t done = 0;
   if (kVectors) {
     const int64_t vectors = count / kVec;
-    for (int64_t v = first; v < vectors; v += step) {
-      T vals[kVec];
+    // Thread t takes vectors t + (i * kUnroll + u) * threads: each of its kUnroll loads in a round is a whole
+    // warp's contiguous 512 bytes.
+    for (int64_t v0 = first; v0 < vectors; v0 += kUnroll * threads) {
+      gpu::Vec16 raw[kUnroll][kLoads];
 #pragma unroll
-      for (int b = 0; b < static_cast<int>(sizeof(vals) / 16); ++b) {
-        const gpu::Vec16 raw = gpu::load16(x + v * kVec + b * (16 / sizeof(T)));
-        __builtin_memcpy(reinterpret_cast<char*>(vals) + 16 * b, &raw, 16);
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t v = v0 + u * threads;
+#pragma unroll
+        for (int b = 0; b < kLoads; ++b)
+          if (v < vectors) raw[u][b] = gpu::load16(x + v * kVec + b * (16 / sizeof(T)));
       }
-      reinterpret_cast<uint64_t*>(out)[v] = cast8<T, kE5M2>(vals, inv);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t v = v0 + u * threads;
+        if (v >= vectors) break;
+        T vals[kVec];
+        __builtin_memcpy(vals, raw[u], sizeof(vals));
+        reinterpret_cast<uint64_t*>(out)[v] = cast8<T, kE5M2>(vals, inv);
+      }
     }
     done = vectors * kVec;
   }
-  for (int64_t i = done + first; i < count; i += step) {
+  for (int64_t i = done + first; i < count; i += threads) {
     const float f = gpu::to_float(x[i]) * inv;
     out[i] = static_cast<uint8_t>(gpu::to_fp8x2<kE5M2>(f, f));
   }
@@ -73,10 +88,10 @@ bool with_fp8_kind(DType dtype, Fn&& fn) {
 hipError_t launch_fp8_cast(const Fp8Cast& c, int sm_count, hipStream_t stream) {
   hipError_t e = hipErrorInvalidValue;
   const bool vectors = reinterpret_cast<uintptr_t>(c.x) % 16 == 0 && reinterpret_cast<uintptr_t>(c.out) % 8 == 0;
-  const int64_t work = vectors ? c.count / kVec + c.count % kVec : c.count;
+  const int64_t work = vectors ? (c.count / kVec + kUnroll - 1) / kUnroll + c.count % kVec : c.count;
   if (c.count < 0 || sm_count < 1) return e;
   if (c.count == 0) return hipSuccess;
-  // About 8 workgroups per SM in all (enough loads in flight to bind on HBM), each thread looping over its share.
+  // At most 8 workgroups per SM (a full SM's threads), each thread looping over its share.
   const int64_t grid = std::min<int64_t>((work + kThreads - 1) / kThreads, 8 * static_cast<int64_t>(sm_count));
   with_value_type(c.x_dtype, [&](auto type) {
     using T = typename decltype(type)::type;
