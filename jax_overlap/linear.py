@@ -23,7 +23,9 @@ Fp8AgDotGeneral and Fp8RsDotGeneral are the same layers in float8, for
 training: they take bfloat16/float16/float32 inputs and kernels and quantize
 both on every call (current scaling: the amax of the local shard, a
 power-of-two scale, a cast to e4m3), the kernel straight into the K-major
-layout Hopper's fp8 GEMM takes, in the same pass. Their custom VJP quantizes
+layout Hopper's fp8 GEMM takes, in the same pass. Casts with no transpose in
+them run on fp8_cast.py's primitive (the project's cast kernel where it takes
+the call, XLA's cast of the same values otherwise). Their custom VJP quantizes
 the cotangent to e5m2 the same way, so that the data gradient (the dual op)
 and the weight gradient run in float8 too, and keeps float8 residuals in
 place of the activation: Fp8AgDotGeneral the gathered x (half the bytes of the
