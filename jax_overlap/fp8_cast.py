@@ -4,7 +4,7 @@ Its value is XLA's form, numerics.quantize: `(x.astype(float32) * (1 / scale)).a
 kept as float8. On "cuda"/"rocm" it lowers to the project's kernel
 (csrc/kernels/fp8_cast.cu: one pass at HBM speed, where XLA's loop fusion runs
 at about half of it) when the kernel takes the call, and to XLA's form otherwise,
-saying why at DEBUG level. The two agree bit for bit (tests/gpu/test_fp8_cast.py),
+saying why at DEBUG level. The two agree bit for bit (tests/gpu/test_fp8_cast_kernel.py),
 so which one a process takes never changes a result. The kernel takes x of
 bfloat16, float16 or float32, a float8 format of the GPU's own family, and a
 computation of one device's data: on one device, or each shard inside
@@ -19,7 +19,7 @@ import logging
 import jax
 import jax.numpy as jnp
 from jax.extend import core as jex_core
-from jax.interpreters import batching, mlir
+from jax.interpreters import mlir
 
 from jax_overlap import _compat, backend, dtypes, lowering, numerics, planning, primitives
 
@@ -94,13 +94,4 @@ def _gpu_lowering(ctx, x, scale, *, dtype, algorithm):
   return jax.ffi.ffi_lowering(backend.current().target("fp8_cast"))(ctx, x, scale)
 
 
-def _register() -> None:
-  primitive.def_impl(_compat.apply_primitive(primitive))
-  primitive.def_abstract_eval(_abstract_eval)
-  batching.primitive_batchers[primitive] = _batch_rule
-  mlir.register_lowering(primitive, _reference_lowering)
-  for platform in ("cuda", "rocm"):
-    mlir.register_lowering(primitive, _gpu_lowering, platform=platform)
-
-
-_register()
+primitives.register_rules(primitive, _abstract_eval, _batch_rule, _reference_lowering, _gpu_lowering)

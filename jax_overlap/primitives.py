@@ -206,13 +206,20 @@ def fp8_declined(*operand_dtypes) -> str | None:
   return None
 
 
+def register_rules(prim, abstract_eval, batch_rule, default_lowering, gpu_lowering) -> None:
+  """Registers a primitive's eager implementation (JAX's dispatch), abstract evaluation, batching rule and
+  lowerings: `gpu_lowering` on "cuda" and "rocm", `default_lowering` elsewhere."""
+  prim.def_impl(_compat.apply_primitive(prim))
+  prim.def_abstract_eval(abstract_eval)
+  batching.primitive_batchers[prim] = batch_rule
+  mlir.register_lowering(prim, default_lowering)
+  for platform in ("cuda", "rocm"):
+    mlir.register_lowering(prim, gpu_lowering, platform=platform)
+
+
 def register(op) -> None:
   """Registers the rules above for the primitive of `op`, a GEMM op module (ops/)."""
-  prim = op.primitive
-  prim.def_impl(_compat.apply_primitive(prim))
-  prim.def_abstract_eval(op.abstract_eval)
-  batching.primitive_batchers[prim] = functools.partial(_batch_rule, op)
-  ad.primitive_jvps[prim] = functools.partial(_no_jvp, op.NAME)
-  mlir.register_lowering(prim, _untyped_lowering(functools.partial(_default_lowering, op=op)))
-  for platform in ("cuda", "rocm"):
-    mlir.register_lowering(prim, _untyped_lowering(functools.partial(_gpu_lowering, op=op)), platform=platform)
+  register_rules(op.primitive, op.abstract_eval, functools.partial(_batch_rule, op),
+                 _untyped_lowering(functools.partial(_default_lowering, op=op)),
+                 _untyped_lowering(functools.partial(_gpu_lowering, op=op)))
+  ad.primitive_jvps[op.primitive] = functools.partial(_no_jvp, op.NAME)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax.extend import core as jex_core
-from jax.interpreters import batching, mlir
+from jax.interpreters import mlir
 
-from jax_overlap import _compat, lowering
+from jax_overlap import lowering, primitives
 
 NAME = "all_gather"
 
@@ -49,9 +49,5 @@ def _gather_gpu_lowering(ctx, x, *, axis_name, axis_size):
 
 
 def register() -> None:
-  primitive.def_impl(_compat.apply_primitive(primitive))
-  primitive.def_abstract_eval(abstract_eval)
-  batching.primitive_batchers[primitive] = _gather_batch_rule
-  mlir.register_lowering(primitive, _gather_default_lowering)
-  for platform in ("cuda", "rocm"):
-    mlir.register_lowering(primitive, _gather_gpu_lowering, platform=platform)
+  primitives.register_rules(primitive, abstract_eval, _gather_batch_rule, _gather_default_lowering,
+                            _gather_gpu_lowering)

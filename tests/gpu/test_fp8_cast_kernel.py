@@ -5,7 +5,7 @@ scaling gives and an arbitrary power of two, NaN inputs. Every element is compar
 unwritten would have to hold the expected byte by chance (random data: about one in 256 per element). Also: the
 kernel is what the fp8 layers run on one GPU, and the layer's forward has the same value as with XLA's cast.
 
-  python -m pytest -q tests/gpu/test_fp8_cast.py     (seconds on the H200)
+  python -m pytest -q tests/gpu/test_fp8_cast_kernel.py     (seconds on the H200)
 """
 
 from __future__ import annotations
