@@ -43,7 +43,11 @@ def current_scaling(x, dtype, *, algorithm: str = "auto"):
 
 
 def _abstract_eval(x, scale, *, dtype, algorithm):
-  del scale, algorithm
+  del algorithm
+  if scale.shape != () or scale.dtype != jnp.float32:
+    raise TypeError(f"jax_overlap.fp8_cast: scale must be a float32 scalar, got {scale.dtype}{list(scale.shape)}")
+  if not dtypes.is_fp8(dtype):
+    raise TypeError(f"jax_overlap.fp8_cast: dtype must be a float8 format, got {dtype}")
   return x.update(dtype=jnp.dtype(dtype), weak_type=False)
 
 
@@ -94,4 +98,5 @@ def _gpu_lowering(ctx, x, scale, *, dtype, algorithm):
   return jax.ffi.ffi_lowering(backend.current().target("fp8_cast"))(ctx, x, scale)
 
 
-primitives.register_rules(primitive, _abstract_eval, _batch_rule, _reference_lowering, _gpu_lowering)
+primitives.register_rules(primitive, _abstract_eval, _batch_rule, primitives.untyped_lowering(_reference_lowering),
+                          primitives.untyped_lowering(_gpu_lowering))

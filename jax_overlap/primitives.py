@@ -129,7 +129,7 @@ def _no_jvp(op_name, primals, tangents, *, algorithm, **params):
 
 # --- lowering ---------------------------------------------------------------
 
-def _untyped_lowering(rule):
+def untyped_lowering(rule):
   """rule, run on operand and result types without Explicit shardings (sharding.py)."""
   def lower(ctx, *args, **params):
     ctx = ctx.replace(avals_in=[sharding.untyped(a) for a in ctx.avals_in],
@@ -220,6 +220,6 @@ def register_rules(prim, abstract_eval, batch_rule, default_lowering, gpu_loweri
 def register(op) -> None:
   """Registers the rules above for the primitive of `op`, a GEMM op module (ops/)."""
   register_rules(op.primitive, op.abstract_eval, functools.partial(_batch_rule, op),
-                 _untyped_lowering(functools.partial(_default_lowering, op=op)),
-                 _untyped_lowering(functools.partial(_gpu_lowering, op=op)))
+                 untyped_lowering(functools.partial(_default_lowering, op=op)),
+                 untyped_lowering(functools.partial(_gpu_lowering, op=op)))
   ad.primitive_jvps[op.primitive] = functools.partial(_no_jvp, op.NAME)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_overlap
 from jax_overlap import fp8_cast, numerics
@@ -119,3 +119,28 @@ def test_fp8_layers_cast_with_the_kernel_unless_xla(fake_gpu, make_mesh):
                          out_specs=(P(None, "tp"), P("tp")))
   assert len(_casts(grads("auto"), x, w)) == 3
   assert _casts(grads("xla"), x, w) == []
+
+
+@pytest.mark.parametrize("devices", [1, 4])
+def test_explicit_meshes(fake_gpu, make_mesh, devices):
+  """Arrays typed by an Explicit mesh: one device takes the kernel, four keep XLA's cast; the value stays
+  numerics.quantize's (run on the CPU devices)."""
+  mesh = make_mesh((devices,), ("tp",), AxisType.Explicit)
+  x = jax.device_put(_x(), NamedSharding(mesh, P("tp")))
+  f = jax.jit(lambda x: fp8_cast.current_scaling(x, E4M3)[0])
+  with jax.set_mesh(mesh):
+    calls = [c for c in custom_calls(cuda_text(f, x)) if "@jax_overlap_fp8_cast(" in c]
+    got = f(x)
+  assert len(calls) == (1 if devices == 1 else 0)
+  want = numerics.quantize(_x(), E4M3, numerics.fp8_scale(jnp.max(jnp.abs(_x())), E4M3))
+  np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def test_bad_scale_and_dtype_raise_at_trace_time():
+  x = _x()
+  with pytest.raises(TypeError, match="scale must be a float32 scalar"):
+    fp8_cast.cast(x, jnp.ones((2,), jnp.float32), E4M3)
+  with pytest.raises(TypeError, match="scale must be a float32 scalar"):
+    fp8_cast.cast(x, jnp.bfloat16(1.0), E4M3)
+  with pytest.raises(TypeError, match="dtype must be a float8 format"):
+    fp8_cast.cast(x, jnp.float32(1.0), jnp.bfloat16)
