@@ -139,13 +139,19 @@ class _Fp8Call:
   e5m2: str  # the cotangent's format
   x_dtype: str
   w_dtype: str
+  scaling: str = "tensor"  # "tensor": one scale per operand; "block": 1x128 blocks, 128x128 tiles of the kernel
 
   @property
   def out_dtype(self) -> str:
     return np.dtype(jnp.promote_types(self.x_dtype, self.w_dtype)).name
 
 
+SCALINGS = ("tensor", "block")
+
+
 def _fp8_call(layer: str, lhs, rhs, family, **fields) -> _Fp8Call:
+  if fields.get("scaling") not in SCALINGS:
+    raise ValueError(f"jax_overlap.{layer}: scaling must be 'tensor' or 'block', got {fields.get('scaling')!r}")
   for name, v in (("x", lhs), ("kernel", rhs)):
     if dtypes.name(v.dtype) not in _INPUT_DTYPES:
       raise TypeError(f"jax_overlap.{layer}: {name} must have dtype {', '.join(_INPUT_DTYPES)} (the layer "
@@ -249,21 +255,31 @@ class Fp8AgDotGeneral:
   operands ("fused" is 16-bit only); dW's GEMM, which has no communication, is the vendor's fp8
   GEMM where it takes the call and XLA's dot otherwise, and XLA's with "xla". family: the float8
   formats, "ocp" (float8_e4m3fn and float8_e5m2) or "fnuz" (float8_e4m3fnuz and float8_e5m2fnuz);
-  None: fnuz on gfx942, OCP elsewhere.
+  None: fnuz on gfx942, OCP elsewhere. scaling: "tensor" (one scale per operand: the local shard's amax)
+  or "block" (a scale per 1x128 block of x and of the cotangent, per 128x128 tile of the kernel; K and N
+  multiples of 128, see _fp8_ag_blocks).
   """
 
   axis_name: str | tuple | None = None
   algorithm: str = "auto"
   gather_axis: int = -2
   family: str | None = None
+  scaling: str = "tensor"
 
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
     del precision
     _check("Fp8AgDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type, 1,
            "x's last dim with the kernel's first")
     call = _fp8_call("Fp8AgDotGeneral", lhs, rhs, self.family, axis_name=self.axis_name, algorithm=self.algorithm,
-                     axis=_negative(self.gather_axis, lhs.ndim), out_sharding=out_sharding)
-    return _fp8_ag(*_varying_in(call, lhs, rhs), call)
+                     axis=_negative(self.gather_axis, lhs.ndim), out_sharding=out_sharding, scaling=self.scaling)
+    x, w = _varying_in(call, lhs, rhs)
+    if call.scaling == "tensor":
+      return _fp8_ag(x, w, call)
+    # Block scales take a 2-D kernel: [K, *n] as [K, N], and back.
+    w2 = w.reshape(w.shape[0], -1)
+    _check_blocks("Fp8AgDotGeneral", *w2.shape)
+    y = _fp8_ag_blocks(x, w2, call)
+    return y.reshape(*y.shape[:-1], *w.shape[1:])
 
 
 def _ag_forward(x, w, call: _Fp8Call):
@@ -311,7 +327,7 @@ class Fp8RsDotGeneral:
   scales folded into AG(dz) by exact power-of-two shifts. Residuals: the quantized x and its
   scale (jax_overlap.remat names them).
 
-  algorithm, family: as Fp8AgDotGeneral's. scatter_axis: as RsDotGeneral's, but not the
+  algorithm, family, scaling: as Fp8AgDotGeneral's. scatter_axis: as RsDotGeneral's, but not the
   columns (-1) inside shard_map, where the dual op would gather the contraction.
   """
 
@@ -319,6 +335,7 @@ class Fp8RsDotGeneral:
   algorithm: str = "auto"
   scatter_axis: int | None = None
   family: str | None = None
+  scaling: str = "tensor"
 
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
     del precision
@@ -329,8 +346,14 @@ class Fp8RsDotGeneral:
                        f"supported inside shard_map (its data gradient would gather the contraction); use "
                        f"RsDotGeneral, or scatter another dim")
     call = _fp8_call("Fp8RsDotGeneral", lhs, rhs, self.family, axis_name=self.axis_name, algorithm=self.algorithm,
-                     axis=scatter, out_sharding=out_sharding)
-    return _fp8_rs(*_varying_in(call, lhs, rhs), call)
+                     axis=scatter, out_sharding=out_sharding, scaling=self.scaling)
+    x, w = _varying_in(call, lhs, rhs)
+    if call.scaling == "tensor":
+      return _fp8_rs(x, w, call)
+    # Block scales take a 2-D kernel: [*k, N] as [K, N], x [..., *k] as [..., K].
+    w2 = w.reshape(-1, w.shape[-1])
+    _check_blocks("Fp8RsDotGeneral", *w2.shape)
+    return _fp8_rs_blocks(x.reshape(*x.shape[:x.ndim - contract], -1), w2, call)
 
 
 def _rs_forward(x, w, call: _Fp8Call):
@@ -361,3 +384,93 @@ def _fp8_rs_bwd(call: _Fp8Call, residuals, dz):
 
 
 _fp8_rs = _custom_vjp(_rs_forward, _fp8_rs_bwd)
+
+
+# --- block scaling ----------------------------------------------------------------------
+# The DeepSeek-V3 recipe on the ops' block scales: x and the cotangent quantized per 1x128 block of their last dim
+# (the contraction of the forward and of the dual op), the kernel per 128x128 tile, each block's scale a power of two
+# from its amax (numerics.block_scaling, tile_scaling). The dual op reads the kernel in its own layout with the same
+# tiles' scales (transposed): the same float8 values. The weight gradient contracts the rows, so both of its
+# operands are quantized again with their blocks along the rows: x from its float8 value (dequantized: exact), the
+# cotangent from its 16-bit value; then one block-scaled GEMM of the group of one. Shards that are whole blocks
+# (K and N multiples of 128 on each rank) quantize as the whole array does, so the result does not depend on the
+# sharding but through the ops' reductions.
+
+def _check_blocks(layer: str, k: int, n: int) -> None:
+  if k % numerics.BLOCK or n % numerics.BLOCK:
+    raise ValueError(f"jax_overlap.{layer}: scaling='block' takes a kernel whose contraction K and output N are "
+                     f"multiples of {numerics.BLOCK} (on each rank inside shard_map), got K={k}, N={n}")
+
+
+def _rows_last(a, layer: str):
+  """a [..., c] as [c, R], R the product of its leading dims (the weight gradient's contraction), which block
+  scaling needs whole 128-row blocks of."""
+  rows = math.prod(a.shape[:-1])
+  if rows % numerics.BLOCK:
+    raise ValueError(f"jax_overlap.{layer}: the weight gradient of scaling='block' contracts the rows (the product "
+                     f"of x's leading dims{', gathered' if layer == 'Fp8AgDotGeneral' else ''}), which must be a "
+                     f"multiple of {numerics.BLOCK}, got {rows}")
+  return a.reshape(rows, a.shape[-1]).T
+
+
+def _block_weight_grad(x, x_scale, dy, w, w_layout, call: _Fp8Call, layer: str):
+  """dW = x^T @ dy from x [..., R, K] in float8 with its 1x128 scales and the 16-bit cotangent dy [..., R, N]: x
+  blocked along the rows (e4m3), dy tiled along them (e5m2)."""
+  at8, a_scale = numerics.block_scaling(_rows_last(numerics.dequantized(x, x_scale), layer), call.e4m3)
+  bt8, b_scale = numerics.tile_scaling(_rows_last(dy, layer), call.e5m2)
+  return _weight_grad(at8, a_scale, bt8, b_scale, w, w_layout, call)
+
+
+def _ag_blocks_forward(x, w, call: _Fp8Call):
+  x8, x_scale = numerics.block_scaling(x, call.e4m3)
+  w8, w_scale = numerics.tile_scaling(w.T, call.e4m3)  # [N, K], K-major
+  y, gathered, scales = api.ag_matmul(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype,
+                                      w_kmajor=True, axis_name=call.axis_name, algorithm=call.algorithm,
+                                      return_gathered=True, gather_axis=call.axis, out_sharding=call.out_sharding)
+  return y, (gathered, scales, w, remat.tag(w_scale, remat.AG_W_SCALE), _layouts(call, x, w))
+
+
+def _fp8_ag_blocks_bwd(call: _Fp8Call, residuals, dy):
+  gathered, scales, w, w_scale, (x_layout, w_layout) = residuals
+  dy8, dy_scale = numerics.block_scaling(dy, call.e5m2)
+  # dx = RS(dy @ W^T): the kernel [K, N] with the forward's tiles, contraction (N) last
+  w8, _ = numerics.tile_scaling(w, call.e4m3, w_scale.T)
+  scatter = None if x_layout is not None else call.axis
+  dx = api.matmul_rs(dy8, w8, x_scale=dy_scale, w_scale=w_scale.T, out_dtype=call.x_dtype, w_kmajor=True,
+                     axis_name=call.axis_name, algorithm=call.algorithm, scatter_axis=scatter,
+                     **_dual_layout(x_layout))
+  dw = _block_weight_grad(gathered, scales, dy, w, w_layout, call, "Fp8AgDotGeneral")
+  return autodiff.like(dx, x_layout), dw
+
+
+_fp8_ag_blocks = _custom_vjp(_ag_blocks_forward, _fp8_ag_blocks_bwd)
+
+
+def _rs_blocks_forward(x, w, call: _Fp8Call):
+  x8, x_scale = numerics.block_scaling(x, call.e4m3)
+  w8, w_scale = numerics.tile_scaling(w.T, call.e4m3)  # [N, K], K-major
+  z = api.matmul_rs(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype, w_kmajor=True,
+                    axis_name=call.axis_name, algorithm=call.algorithm, scatter_axis=call.axis,
+                    out_sharding=call.out_sharding)
+  residuals = (remat.tag(x8, remat.RS_X_FP8), remat.tag(x_scale, remat.RS_X_SCALE), w,
+               remat.tag(w_scale, remat.RS_W_SCALE), _layouts(call, x, w))
+  return z, residuals
+
+
+def _fp8_rs_blocks_bwd(call: _Fp8Call, residuals, dz):
+  x8, x_scale, w, w_scale, (x_layout, w_layout) = residuals
+  dz8, dz_scale = numerics.block_scaling(dz, call.e5m2)
+  # (dx, AG(dz)) = ag_matmul(dz, W^T): the kernel [K, N] with the forward's tiles, contraction (N) last
+  gather = -2 if call.axis in (None, -1) else call.axis
+  w8, _ = numerics.tile_scaling(w, call.e4m3, w_scale.T)
+  dx, dz_gathered, dz_scales = api.ag_matmul(
+      dz8, w8, x_scale=dz_scale, w_scale=w_scale.T, out_dtype=call.x_dtype, w_kmajor=True,
+      axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True, gather_axis=gather,
+      **_dual_layout(x_layout))
+  # dW = x^T @ AG(dz): the gathered cotangent's value from its float8 blocks (exact), tiled along the rows
+  dw = _block_weight_grad(x8, x_scale, numerics.dequantized(dz_gathered, dz_scales), w, w_layout, call,
+                          "Fp8RsDotGeneral")
+  return autodiff.like(dx, x_layout), dw
+
+
+_fp8_rs_blocks = _custom_vjp(_rs_blocks_forward, _fp8_rs_blocks_bwd)

@@ -200,3 +200,23 @@ def rescaled_rows(a8, scales, axis: int, layout=lambda v: v) -> tuple:
     return layout(a8), scales[0]
   top = jnp.max(scales)
   return to_fp8(layout(rows_times(a8, scales / top, axis)), a8.dtype), top
+
+
+# --- block scaling (the fp8 layers with scaling="block") ---------------------------------
+
+def block_scaling(x, dtype):
+  """(x quantized to `dtype`, its float32 scales [..., n/BLOCK]): a power-of-two scale per BLOCK consecutive
+  elements of the last dim (1x128 blocks, the x_scale of a block-scaled call), from each block's amax."""
+  blocks = x.reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK).astype(jnp.float32)
+  scale = fp8_scale(jnp.max(jnp.abs(blocks), axis=-1), dtype)
+  return to_fp8((blocks * (1 / scale)[..., None]).reshape(x.shape), dtype), scale
+
+
+def tile_scaling(w, dtype, scale=None):
+  """(w [a, b] quantized to `dtype`, its float32 scales [a/BLOCK, b/BLOCK]): a power-of-two scale per BLOCK x BLOCK
+  tile (the w_scale of a block-scaled call), from each tile's amax, or `scale` where given."""
+  a, b = w.shape
+  tiles = w.reshape(a // BLOCK, BLOCK, b // BLOCK, BLOCK).astype(jnp.float32)
+  if scale is None:
+    scale = fp8_scale(jnp.max(jnp.abs(tiles), axis=(1, 3)), dtype)
+  return to_fp8((tiles * (1 / scale)[:, None, :, None]).reshape(a, b), dtype), scale
