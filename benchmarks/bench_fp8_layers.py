@@ -19,6 +19,7 @@ Table `layer`, at 16384x3584x8192 (x [M, K] and w [K, N] in bfloat16), `forward`
                     VJP quantizes dy to e5m2 and runs dgrad and wgrad in the same form
   auto, pipelined,  Fp8AgDotGeneral (op ag) and Fp8RsDotGeneral (op rs) with that algorithm: the same
   xla               quantization, w cast straight into its K-major layout, then the op
+  auto_block        auto with scaling="block" (1x128 blocks of x and the cotangent, 128x128 tiles of w)
   auto_xla_cast     auto with XLA's float8 casts in place of the project's cast kernel (jax_overlap/fp8_cast.py;
                     linear._cast_algorithm patched while it compiles): what the kernel gains
   *_vs_xla_fp8, *_vs_bf16: the time of xla_fp8 (bf16) over the layer's. Targets: the layers >= 1.1x xla_fp8 and
@@ -110,6 +111,7 @@ def variants(op: str) -> dict:
   for algorithm in LAYER_ALGORITHMS:
     out[algorithm] = functools.partial(lambda dot, x, w: dot(x, w, DN), cls(algorithm=algorithm))
   out["auto_xla_cast"] = out["auto"]  # compiled under _compiling("auto_xla_cast")
+  out["auto_block"] = functools.partial(lambda dot, x, w: dot(x, w, DN), cls(scaling="block"))
   return out
 
 
@@ -170,7 +172,7 @@ def layer_rows(m: int, n: int, k: int, ops, modes, names, out) -> list:
         except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
           row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
       row.update(_harness.in_turns(timers, REPEATS))
-      for algorithm in (*LAYER_ALGORITHMS, "auto_xla_cast"):
+      for algorithm in (*LAYER_ALGORITHMS, "auto_xla_cast", "auto_block"):
         for base in ("xla_fp8", "bf16"):
           if row.get(f"{algorithm}_us") and row.get(f"{base}_us"):
             row[f"{algorithm}_vs_{base}"] = row[f"{base}_us"] / row[f"{algorithm}_us"]
@@ -266,8 +268,9 @@ def main(argv=None) -> None:
   ap.add_argument("--tables", nargs="*", choices=("layer", "cast", "block"), default=("layer", "cast", "block"))
   ap.add_argument("--ops", nargs="*", choices=("ag", "rs"), default=("ag", "rs"))
   ap.add_argument("--modes", nargs="*", choices=("forward", "train"), default=("forward", "train"))
-  ap.add_argument("--variants", nargs="*", choices=("bf16", "xla_fp8", *LAYER_ALGORITHMS, "auto_xla_cast"),
-                  default=("bf16", "xla_fp8", *LAYER_ALGORITHMS, "auto_xla_cast"), help="the layer table's columns")
+  variant_names = ("bf16", "xla_fp8", *LAYER_ALGORITHMS, "auto_xla_cast", "auto_block")
+  ap.add_argument("--variants", nargs="*", choices=variant_names, default=variant_names,
+                  help="the layer table's columns")
   args = ap.parse_args(argv)
   command = "python " + " ".join(sys.argv)
   rows = []
@@ -291,8 +294,9 @@ def main(argv=None) -> None:
                         "xla_gpu_us", "auto_tb_s", "xla_tb_s"])
   _harness.print_table([r for r in rows if r["table"] == "layer"],
                        ["op", "mode", "bf16_us", "xla_fp8_us", *(f"{a}_us" for a in LAYER_ALGORITHMS),
-                        "auto_xla_cast_us", *(f"{a}_vs_{b}" for a in ("auto", "pipelined") for b in ("xla_fp8", "bf16")),
-                        "auto_xla_cast_vs_bf16"])
+                        "auto_xla_cast_us", "auto_block_us",
+                        *(f"{a}_vs_{b}" for a in ("auto", "pipelined") for b in ("xla_fp8", "bf16")),
+                        "auto_xla_cast_vs_bf16", "auto_block_vs_bf16"])
 
 
 if __name__ == "__main__":
