@@ -38,6 +38,9 @@ scales shift values exactly, numerics.py). That GEMM contracts the rows, the
 outer dim of both operands, so both are transposed for it (Hopper's fp8 GEMM
 takes K-major operands only): the cotangent within its quantizing pass, the
 float8 residual in a pass of its own.
+
+With scaling="block" the same layers quantize with block scales (the ops' 1x128
+x 128x128 scales; see "block scaling" below).
 """
 
 from __future__ import annotations
