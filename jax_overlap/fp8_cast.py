@@ -33,6 +33,10 @@ primitive = jex_core.Primitive("jax_overlap_fp8_cast")
 def cast(x, scale, dtype, *, algorithm: str = "auto"):
   """x / scale rounded to the float8 format `dtype` (numerics.quantize's value). algorithm: "auto" (the kernel
   where it takes the call) or "xla" (XLA's form)."""
+  # Inside shard_map the result varies over what either operand varies over (its abstract value is x's).
+  axes = tuple(sorted(_compat.varying_axes(x) | _compat.varying_axes(scale), key=str))
+  if axes:
+    x, scale = _compat.make_varying(x, axes), _compat.make_varying(scale, axes)
   return primitive.bind(x, scale, dtype=dtypes.name(dtype), algorithm=algorithm)
 
 

@@ -144,3 +144,15 @@ def test_bad_scale_and_dtype_raise_at_trace_time():
     fp8_cast.cast(x, jnp.bfloat16(1.0), E4M3)
   with pytest.raises(TypeError, match="dtype must be a float8 format"):
     fp8_cast.cast(x, jnp.float32(1.0), jnp.bfloat16)
+
+
+def test_inside_shard_map_the_result_varies_with_the_scale(make_mesh):
+  """x the same on every rank, each rank's own scale: each rank's cast with its scale (the result varies)."""
+  mesh = make_mesh((4,), ("tp",))
+  x = _x((8, 128))
+  scales = jnp.asarray([2.0 ** -e for e in range(4)], jnp.float32)
+  f = jax.jit(jax.shard_map(lambda x, s: fp8_cast.cast(x, s[0], E4M3), mesh=mesh, in_specs=(P(), P("tp")),
+                            out_specs=P("tp")))
+  got = f(x, scales)
+  for r in range(4):
+    np.testing.assert_array_equal(_bits(got[8 * r:8 * (r + 1)]), _bits(numerics.quantize(x, E4M3, scales[r])))
