@@ -215,11 +215,30 @@ def _cast_algorithm(call: _Fp8Call) -> str:
 
 
 def _quantized(x, w, call: _Fp8Call, kmajor) -> tuple:
-  """(x8, x_scale, w8, w_scale): x and the kernel quantized to e4m3 (current scaling), the kernel in the K-major
-  layout kmajor(w) gives: the transpose and the cast are one pass over w."""
+  """(x8, x_scale, w8, w_scale): x and the kernel quantized to e4m3, the kernel in the K-major layout kmajor(w)
+  gives. Current scaling: the transpose and the cast are one pass over w. Block scaling (w 2-D): x per 1x128
+  block, the kernel per 128x128 tile."""
+  if call.scaling == "block":
+    return (*numerics.block_scaling(x, call.e4m3), *numerics.tile_scaling(kmajor(w), call.e4m3))
   x8, x_scale = fp8_cast.current_scaling(x, call.e4m3, algorithm=_cast_algorithm(call))
   w_scale = numerics.fp8_scale(jnp.max(jnp.abs(w)), call.e4m3)
   return x8, x_scale, numerics.quantize(kmajor(w), call.e4m3, w_scale), w_scale
+
+
+def _cotangent(d, call: _Fp8Call) -> tuple:
+  """(d quantized to e5m2, its scale): current scaling, or per 1x128 block of its last dim."""
+  if call.scaling == "block":
+    return numerics.block_scaling(d, call.e5m2)
+  return fp8_cast.current_scaling(d, call.e5m2, algorithm=_cast_algorithm(call))
+
+
+def _dual_kernel(w, w_scale, call: _Fp8Call) -> tuple:
+  """(the kernel quantized again in its own layout, whose last dim is the dual op's contraction, with the
+  forward's scale; that scale as the dual op takes it): the same float8 values as the forward's K-major kernel.
+  Block scaling: the forward's tiles, transposed."""
+  if call.scaling == "block":
+    return numerics.tile_scaling(w, call.e4m3, w_scale.T)[0], w_scale.T
+  return fp8_cast.cast(w, w_scale, call.e4m3, algorithm=_cast_algorithm(call)), w_scale
 
 
 def _lead_last(v, lead: int):
@@ -260,7 +279,7 @@ class Fp8AgDotGeneral:
   formats, "ocp" (float8_e4m3fn and float8_e5m2) or "fnuz" (float8_e4m3fnuz and float8_e5m2fnuz);
   None: fnuz on gfx942, OCP elsewhere. scaling: "tensor" (one scale per operand: the local shard's amax)
   or "block" (a scale per 1x128 block of x and of the cotangent, per 128x128 tile of the kernel; K and N
-  multiples of 128, see _fp8_ag_blocks).
+  multiples of 128, see "block scaling" below).
   """
 
   axis_name: str | tuple | None = None
@@ -281,7 +300,7 @@ class Fp8AgDotGeneral:
     # Block scales take a 2-D kernel: [K, *n] as [K, N], and back.
     w2 = w.reshape(w.shape[0], -1)
     _check_blocks("Fp8AgDotGeneral", *w2.shape)
-    y = _fp8_ag_blocks(x, w2, call)
+    y = _fp8_ag(x, w2, call)
     return y.reshape(*y.shape[:-1], *w.shape[1:])
 
 
@@ -295,13 +314,16 @@ def _ag_forward(x, w, call: _Fp8Call):
 
 def _fp8_ag_bwd(call: _Fp8Call, residuals, dy):
   gathered, scales, w, w_scale, (x_layout, w_layout) = residuals
-  dy8, dy_scale = fp8_cast.current_scaling(dy, call.e5m2, algorithm=_cast_algorithm(call))
+  dy8, dy_scale = _cotangent(dy, call)
   # dx = RS(dy @ W^T): the kernel quantized again in its own layout [K, *n], whose contraction (n) is last; on an
   # Explicit mesh laid out as x's type says, else scattered onto x's gathered dim
+  w8, dual_scale = _dual_kernel(w, w_scale, call)
   scatter = None if x_layout is not None else call.axis
-  dx = api.matmul_rs(dy8, fp8_cast.cast(w, w_scale, call.e4m3, algorithm=_cast_algorithm(call)), x_scale=dy_scale, w_scale=w_scale,
-                     out_dtype=call.x_dtype, w_kmajor=True, axis_name=call.axis_name, algorithm=call.algorithm,
-                     scatter_axis=scatter, **_dual_layout(x_layout))
+  dx = api.matmul_rs(dy8, w8, x_scale=dy_scale, w_scale=dual_scale, out_dtype=call.x_dtype, w_kmajor=True,
+                     axis_name=call.axis_name, algorithm=call.algorithm, scatter_axis=scatter,
+                     **_dual_layout(x_layout))
+  if call.scaling == "block":
+    return autodiff.like(dx, x_layout), _block_weight_grad(gathered, scales, dy, w, w_layout, call, "Fp8AgDotGeneral")
   # dW = gathered^T @ dy over rows whose shards carry scales of their own: dy's rows times their shard's scale,
   # quantized with one scale (transposed in that pass). With one shard that is dy8 itself (power-of-two scales:
   # exactly), transposed.
@@ -356,7 +378,7 @@ class Fp8RsDotGeneral:
     # Block scales take a 2-D kernel: [*k, N] as [K, N], x [..., *k] as [..., K].
     w2 = w.reshape(-1, w.shape[-1])
     _check_blocks("Fp8RsDotGeneral", *w2.shape)
-    return _fp8_rs_blocks(x.reshape(*x.shape[:x.ndim - contract], -1), w2, call)
+    return _fp8_rs(x.reshape(*x.shape[:x.ndim - contract], -1), w2, call)
 
 
 def _rs_forward(x, w, call: _Fp8Call):
@@ -371,13 +393,19 @@ def _rs_forward(x, w, call: _Fp8Call):
 
 def _fp8_rs_bwd(call: _Fp8Call, residuals, dz):
   x8, x_scale, w, w_scale, (x_layout, w_layout) = residuals
-  dz8, dz_scale = fp8_cast.current_scaling(dz, call.e5m2, algorithm=_cast_algorithm(call))
+  dz8, dz_scale = _cotangent(dz, call)
   # (dx, AG(dz)) = ag_matmul(dz, W^T): the kernel quantized again in its own layout [*k, N], contraction (N) last
+  w8, dual_scale = _dual_kernel(w, w_scale, call)
   gather = -2 if call.axis in (None, -1) else call.axis
   dx, dz_gathered, dz_scales = api.ag_matmul(
-      dz8, fp8_cast.cast(w, w_scale, call.e4m3, algorithm=_cast_algorithm(call)), x_scale=dz_scale, w_scale=w_scale, out_dtype=call.x_dtype,
-      w_kmajor=True, axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True, gather_axis=gather,
+      dz8, w8, x_scale=dz_scale, w_scale=dual_scale, out_dtype=call.x_dtype, w_kmajor=True,
+      axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True, gather_axis=gather,
       **_dual_layout(x_layout))
+  if call.scaling == "block":
+    # the gathered cotangent's value from its float8 blocks (exact), blocked along the rows again
+    dw = _block_weight_grad(x8, x_scale, numerics.dequantized(dz_gathered, dz_scales), w, w_layout, call,
+                            "Fp8RsDotGeneral")
+    return autodiff.like(dx, x_layout), dw
   # dW = x^T @ AG(dz): the gathered shards' scales folded into AG(dz), one scale for all of it (transposed in that
   # pass)
   lead = functools.partial(_lead_last, lead=dz_gathered.ndim - 1)
@@ -422,58 +450,3 @@ def _block_weight_grad(x, x_scale, dy, w, w_layout, call: _Fp8Call, layer: str):
   at8, a_scale = numerics.block_scaling(_rows_last(numerics.dequantized(x, x_scale), layer), call.e4m3)
   bt8, b_scale = numerics.tile_scaling(_rows_last(dy, layer), call.e5m2)
   return _weight_grad(at8, a_scale, bt8, b_scale, w, w_layout, call)
-
-
-def _ag_blocks_forward(x, w, call: _Fp8Call):
-  x8, x_scale = numerics.block_scaling(x, call.e4m3)
-  w8, w_scale = numerics.tile_scaling(w.T, call.e4m3)  # [N, K], K-major
-  y, gathered, scales = api.ag_matmul(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype,
-                                      w_kmajor=True, axis_name=call.axis_name, algorithm=call.algorithm,
-                                      return_gathered=True, gather_axis=call.axis, out_sharding=call.out_sharding)
-  return y, (gathered, scales, w, remat.tag(w_scale, remat.AG_W_SCALE), _layouts(call, x, w))
-
-
-def _fp8_ag_blocks_bwd(call: _Fp8Call, residuals, dy):
-  gathered, scales, w, w_scale, (x_layout, w_layout) = residuals
-  dy8, dy_scale = numerics.block_scaling(dy, call.e5m2)
-  # dx = RS(dy @ W^T): the kernel [K, N] with the forward's tiles, contraction (N) last
-  w8, _ = numerics.tile_scaling(w, call.e4m3, w_scale.T)
-  scatter = None if x_layout is not None else call.axis
-  dx = api.matmul_rs(dy8, w8, x_scale=dy_scale, w_scale=w_scale.T, out_dtype=call.x_dtype, w_kmajor=True,
-                     axis_name=call.axis_name, algorithm=call.algorithm, scatter_axis=scatter,
-                     **_dual_layout(x_layout))
-  dw = _block_weight_grad(gathered, scales, dy, w, w_layout, call, "Fp8AgDotGeneral")
-  return autodiff.like(dx, x_layout), dw
-
-
-_fp8_ag_blocks = _custom_vjp(_ag_blocks_forward, _fp8_ag_blocks_bwd)
-
-
-def _rs_blocks_forward(x, w, call: _Fp8Call):
-  x8, x_scale = numerics.block_scaling(x, call.e4m3)
-  w8, w_scale = numerics.tile_scaling(w.T, call.e4m3)  # [N, K], K-major
-  z = api.matmul_rs(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype, w_kmajor=True,
-                    axis_name=call.axis_name, algorithm=call.algorithm, scatter_axis=call.axis,
-                    out_sharding=call.out_sharding)
-  residuals = (remat.tag(x8, remat.RS_X_FP8), remat.tag(x_scale, remat.RS_X_SCALE), w,
-               remat.tag(w_scale, remat.RS_W_SCALE), _layouts(call, x, w))
-  return z, residuals
-
-
-def _fp8_rs_blocks_bwd(call: _Fp8Call, residuals, dz):
-  x8, x_scale, w, w_scale, (x_layout, w_layout) = residuals
-  dz8, dz_scale = numerics.block_scaling(dz, call.e5m2)
-  # (dx, AG(dz)) = ag_matmul(dz, W^T): the kernel [K, N] with the forward's tiles, contraction (N) last
-  gather = -2 if call.axis in (None, -1) else call.axis
-  w8, _ = numerics.tile_scaling(w, call.e4m3, w_scale.T)
-  dx, dz_gathered, dz_scales = api.ag_matmul(
-      dz8, w8, x_scale=dz_scale, w_scale=w_scale.T, out_dtype=call.x_dtype, w_kmajor=True,
-      axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True, gather_axis=gather,
-      **_dual_layout(x_layout))
-  # dW = x^T @ AG(dz): the gathered cotangent's value from its float8 blocks (exact), tiled along the rows
-  dw = _block_weight_grad(x8, x_scale, numerics.dequantized(dz_gathered, dz_scales), w, w_layout, call,
-                          "Fp8RsDotGeneral")
-  return autodiff.like(dx, x_layout), dw
-
-
-_fp8_rs_blocks = _custom_vjp(_rs_blocks_forward, _fp8_rs_blocks_bwd)

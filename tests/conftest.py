@@ -127,6 +127,18 @@ def make_mesh():
   return mesh_of
 
 
+@pytest.fixture
+def fake_gpu_runtime(monkeypatch):
+  """A runtime that believes it has every CPU device as a reachable GPU (tests/fake_gpu.py: an H200's sm_90, a
+  300 GB/s link), set up with a 1 GiB workspace; the FakeNative it runs on."""
+  import jax_overlap
+  from fake_gpu import FakeNative, install
+  fake = FakeNative()
+  install(monkeypatch.setattr, fake)
+  jax_overlap.initialize(workspace_bytes=1 << 30)
+  return fake
+
+
 _COLLECTIVE = re.compile(r"^\s*(?:ROOT\s+)?\S+\s*=\s*(.*?)\s+(all-gather|all-reduce|reduce-scatter|all-to-all|"
                          r"collective-permute)(?:-start)?\(")
 

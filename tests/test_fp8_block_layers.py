@@ -19,8 +19,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
-from fake_gpu import FakeNative, custom_calls, cuda_text, install
-from test_fp8_layers import E4M3, E5M2, f64, rounded, scale_of, split
+from fake_gpu import custom_calls, cuda_text
+from test_fp8_layers import E4M3, E5M2, _check, _vjp, f64, rounded, scale_of, split
 
 WORLD = 4
 B = 128
@@ -99,17 +99,6 @@ def _blocky(normal, shape, dtype, axis=-1):
   exps = np.arange(shape[axis] // B) % 4 - 2
   factor = np.repeat(10.0 ** exps, B).reshape([-1 if d == axis % len(shape) else 1 for d in range(len(shape))])
   return (a * factor).astype(dtype)
-
-
-def _vjp(f, x, w, ct):
-  y, vjp = jax.vjp(f, x, w)
-  return (y, *vjp(ct))
-
-
-def _check(got, want, dtype, terms, assert_close):
-  for name, g, r, k in zip(("value", "dx", "dW"), got, want, terms):
-    assert g.dtype == jnp.dtype(dtype), name
-    assert_close(g, r, dtype, k, scale=float(np.sqrt(np.mean(np.square(r)) / k)), what=name)
 
 
 def _ag_operands(normal, dtype, k=2 * B, n=WORLD * B):
@@ -208,14 +197,6 @@ def test_bad_inputs(cls):
   dot(scaling="block")(rows_100, jnp.ones((256, 256), jnp.bfloat16), (((1,), (0,)), ((), ())))  # forward: fine
   with pytest.raises(ValueError, match=r"weight gradient of scaling='block' contracts the rows.*got 100"):
     jax.grad(f, argnums=1)(rows_100, jnp.ones((256, 256), jnp.bfloat16))
-
-
-@pytest.fixture
-def fake_gpu_runtime(monkeypatch):
-  fake = FakeNative()
-  install(monkeypatch.setattr, fake)
-  jax_overlap.initialize(workspace_bytes=1 << 30)
-  return fake
 
 
 @pytest.mark.parametrize("layer", ["ag", "rs"])

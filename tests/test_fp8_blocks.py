@@ -14,7 +14,7 @@ import jax_overlap
 from jax_overlap import backend
 
 from block_scales import dequantized as value
-from fake_gpu import FakeNative, custom_calls as _custom_calls, cuda_text as _lowered, install
+from fake_gpu import custom_calls as _custom_calls, cuda_text as _lowered
 
 WORLD = 4
 B = 128
@@ -197,14 +197,6 @@ def test_refused(op, case, kwargs, error, match):
 
 
 # --- the GPU lowering (a stand-in runtime: an H200's sm_90) ----------------------------------------
-
-@pytest.fixture
-def fake_gpu_runtime(monkeypatch):
-  fake = FakeNative()
-  install(monkeypatch.setattr, fake)
-  jax_overlap.initialize(workspace_bytes=1 << 30)
-  return fake
-
 
 def _spec(*shape, dtype=jnp.float8_e4m3fn):
   return jax.ShapeDtypeStruct(shape, dtype)

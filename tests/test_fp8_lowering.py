@@ -13,21 +13,12 @@ from jax.sharding import PartitionSpec as P
 import jax_overlap
 from jax_overlap import backend
 
-from fake_gpu import FakeNative, custom_calls as _custom_calls, cuda_text as _lowered, install
+from fake_gpu import custom_calls as _custom_calls, cuda_text as _lowered
 
 pytestmark = pytest.mark.skipif("x_scale" not in inspect.signature(jax_overlap.ag_matmul).parameters,
                                 reason="needs the float8 API of issue 27 (x_scale, w_scale, out_dtype)")
 
 E4M3 = jnp.float8_e4m3fn
-
-
-@pytest.fixture
-def fake_gpu_runtime(monkeypatch):
-  """A runtime that believes it has every CPU device as a reachable GPU, with a 300 GB/s link."""
-  fake = FakeNative()
-  install(monkeypatch.setattr, fake)
-  jax_overlap.initialize(workspace_bytes=1 << 30)
-  return fake
 
 
 def _spec(*shape, dtype=E4M3):

@@ -17,8 +17,8 @@ struct CastDevice {
   int sm_count = 0;
 };
 
-// The architecture and SM count of GPU `ordinal`, queried once per process.
-ffi::ErrorOr<CastDevice> cast_device(int32_t ordinal) {
+// The architecture and SM count of GPU `ordinal`, queried once per process (entries stay put: no copy per call).
+ffi::ErrorOr<const CastDevice*> cast_device(int32_t ordinal) {
   static std::mutex mu;
   static std::array<CastDevice, kMaxLocalDevices> known;
   if (ordinal < 0 || ordinal >= kMaxLocalDevices)
@@ -36,7 +36,7 @@ ffi::ErrorOr<CastDevice> cast_device(int32_t ordinal) {
     d.arch = gpu::arch_name(prop);
     d.sm_count = sms;
   }
-  return d;
+  return &d;
 }
 
 ffi::Error Fp8CastExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer scale,
@@ -53,14 +53,15 @@ ffi::Error Fp8CastExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
   if (out->element_count() != x.element_count())
     return invalid_argument("fp8_cast", "result", "x's " + std::to_string(x.element_count()) + " elements",
                             std::to_string(out->element_count()));
-  const auto device = cast_device(ordinal);
-  if (device.has_error()) return device.error();
-  if (!blas::takes_fp8(*out_dtype, device->arch))
+  const auto found = cast_device(ordinal);
+  if (found.has_error()) return found.error();
+  const CastDevice& device = *found.value();
+  if (!blas::takes_fp8(*out_dtype, device.arch))
     return ffi::Error::InvalidArgument(std::string("jax_overlap fp8_cast: ") + dtype_name(*out_dtype) +
-                                       " is not a float8 format of this GPU (" + device->arch + ")");
+                                       " is not a float8 format of this GPU (" + device.arch + ")");
   const Fp8Cast cast{x.untyped_data(),   *x_dtype,  static_cast<const float*>(scale.untyped_data()),
                      out->untyped_data(), *out_dtype, static_cast<int64_t>(x.element_count())};
-  const hipError_t launched = launch_fp8_cast(cast, device->sm_count, stream);
+  const hipError_t launched = launch_fp8_cast(cast, device.sm_count, stream);
   if (launched != hipSuccess)
     return ffi::Error::Internal(std::string("jax_overlap fp8_cast: launch failed: ") + hipGetErrorString(launched));
   return ffi::Error::Success();
