@@ -42,7 +42,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 import jax_overlap as jo
-from jax_overlap import backend, native
+from jax_overlap.runtime import backend, native
 from jax_overlap.ops import OPS
 from jax_overlap.planning import fused
 

@@ -25,7 +25,7 @@ import statistics
 import subprocess
 import sys
 
-from jax_overlap import native
+from jax_overlap.runtime import native
 
 _EXPORTER = """
 import sys

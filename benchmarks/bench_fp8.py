@@ -56,9 +56,12 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import _harness  # noqa: E402
 import jax_overlap as jo  # noqa: E402
-from jax_overlap import native, planning  # noqa: E402
+from jax_overlap import planning  # noqa: E402
+from jax_overlap.runtime import native  # noqa: E402
 from jax_overlap.ops import OPS  # noqa: E402
 from jax_overlap.planning import pipelined  # noqa: E402
+from jax_overlap.quantization import scaling  # noqa: E402
+from jax_overlap.runtime import settings  # noqa: E402
 
 SHAPES = [(16384, 3584, 8192), (16384, 8192, 3584), (4096, 3584, 8192)]  # M, N, K
 WORLDS = [2, 4, 8]
@@ -247,13 +250,14 @@ def loopback_call(op: str, world: int, m_total: int, n: int, k: int, dtype: str,
 
 def planned(op: str, world: int, m_total: int, n: int, k: int, dtype: str, blocks: bool = False):
   """The cost model's plan for the loopback: the figures with this GPU's copy engine as the "link"; its stages
-  pinned as a call's are by JAX_OVERLAP_PIPELINE_STAGES (planning.PINNED_STAGES) where that names this T."""
+  pinned as a call's are by JAX_OVERLAP_PIPELINE_STAGES (settings.PIPELINE_STAGES) where that names this T."""
   spec = OPS[op]
   m = m_total // world if op == "ag_matmul" else m_total
   types = (dtype, "bfloat16") if dtype == FP8 else None
-  f = planning.figures.measure(spec, dtype, m, k, n, world, dtype == FP8, types=types, blocks=blocks)
+  f = planning.figures.measure(spec, dtype, m, k, n, world, dtype == FP8, types=types,
+                              scaling=(scaling.BLOCK if blocks else scaling.TENSOR) if dtype == FP8 else None)
   f = dataclasses.replace(f, link_bytes_per_us=f.local_bytes_per_us)
-  pinned = os.environ.get(planning.PINNED_STAGES)
+  pinned = os.environ.get(settings.PIPELINE_STAGES)
   return pipelined.plan(spec, world, f, pipelined.parse_stages(pinned, spec, world) if pinned else None)
 
 

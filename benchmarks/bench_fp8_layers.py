@@ -20,8 +20,8 @@ Table `layer`, at 16384x3584x8192 (x [M, K] and w [K, N] in bfloat16), `forward`
   auto, pipelined,  Fp8AgDotGeneral (op ag) and Fp8RsDotGeneral (op rs) with that algorithm: the same
   xla               quantization, w cast straight into its K-major layout, then the op
   auto_block        auto with scaling="block" (1x128 blocks of x and the cotangent, 128x128 tiles of w)
-  auto_xla_cast     auto with XLA's float8 casts in place of the project's cast kernel (jax_overlap/fp8_cast.py;
-                    linear._cast_algorithm patched while it compiles): what the kernel gains
+  auto_xla_cast     auto with XLA's float8 casts in place of the project's cast kernel (jax_overlap/ops/fp8_cast.py;
+                    fp8_layers._cast_algorithm patched while it compiles): what the kernel gains
   *_vs_xla_fp8, *_vs_bf16: the time of xla_fp8 (bf16) over the layer's. Targets: the layers >= 1.1x xla_fp8 and
   >= 1.5x bf16 (issue 27). A variant that cannot run records its error instead of a time.
 Table `cast`: the float8 cast alone (current scaling's second pass, x / scale to e4m3; the cotangent's to e5m2),
@@ -55,7 +55,11 @@ from jax import lax
 
 import _harness
 import jax_overlap as jo
-from jax_overlap import dtypes, fp8_cast, linear, numerics, primitives
+from jax_overlap.quantization import formats
+from jax_overlap.ops import fp8_cast
+from jax_overlap.layers import fp8 as fp8_layers
+from jax_overlap.quantization import numerics
+from jax_overlap.runtime import workspace
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
 import transformer_block as example  # noqa: E402
@@ -71,10 +75,10 @@ LAYER_ALGORITHMS = ("auto", "pipelined", "xla")
 DN = (((1,), (0,)), ((), ()))
 
 
-def formats() -> tuple:
+def fp8_formats() -> tuple:
   """(e4m3, e5m2) of this GPU's float8 family: fnuz on gfx942, OCP elsewhere (the layers' default)."""
-  fnuz = any(dtypes.fp8_family_of(arch) == "fnuz" for _, arch in primitives.local_gpus())
-  return dtypes.fp8_formats("fnuz" if fnuz else "ocp")
+  fnuz = any(formats.fp8_family_of(arch) == "fnuz" for _, arch in workspace.local_gpus())
+  return formats.fp8_formats("fnuz" if fnuz else "ocp")
 
 
 # --- the baselines ------------------------------------------------------------------------
@@ -105,7 +109,7 @@ def xla_fp8_layer(e4m3: str, e5m2: str):
 
 
 def variants(op: str) -> dict:
-  e4m3, e5m2 = formats()
+  e4m3, e5m2 = fp8_formats()
   out = {"bf16": lambda x, w: lax.dot_general(x, w, (DN[0], ((), ()))), "xla_fp8": xla_fp8_layer(e4m3, e5m2)}
   cls = jo.Fp8AgDotGeneral if op == "ag" else jo.Fp8RsDotGeneral
   for algorithm in LAYER_ALGORITHMS:
@@ -119,7 +123,7 @@ def _compiling(name: str):
   """The context a variant compiles in: auto_xla_cast's layers cast with XLA's form, as algorithm="xla" does."""
   if name != "auto_xla_cast":
     return contextlib.nullcontext()
-  return mock.patch.object(linear, "_cast_algorithm", lambda call: "xla")
+  return mock.patch.object(fp8_layers, "_cast_algorithm", lambda call: "xla")
 
 
 # --- timing ---------------------------------------------------------------------------------
@@ -184,12 +188,12 @@ def layer_rows(m: int, n: int, k: int, ops, modes, names, out) -> list:
 def cast_rows(m: int, n: int, k: int) -> list:
   """The cast table: for x [m, k] (e4m3) and a cotangent [m, n] (e5m2), UNROLL casts of as many distinct inputs in
   one executable (nothing else in it), the kernel's and XLA's compiled first, timed in turns."""
-  e4m3, e5m2 = formats()
+  e4m3, e5m2 = fp8_formats()
   rows = []
   for what, shape, fmt in (("x", (m, k), e4m3), ("cotangent", (m, n), e5m2)):
     inputs = [_harness.random_bf16(shape, 3 + i) for i in range(UNROLL)]
     scale = numerics.fp8_scale(jnp.max(jnp.abs(inputs[0])), fmt)
-    row = dict(table="cast", operand=what, shape="x".join(map(str, shape)), format=dtypes.name(fmt))
+    row = dict(table="cast", operand=what, shape="x".join(map(str, shape)), format=formats.name(fmt))
     timers = {}
     for algorithm in ("auto", "xla"):
       fn = jax.jit(lambda s, *a, algorithm=algorithm: [fp8_cast.cast(v, s, fmt, algorithm=algorithm) for v in a])
@@ -254,7 +258,7 @@ def write(rows: list, out_dir: str, command: str) -> str:
   stamp = datetime.date.today().isoformat()
   meta = {"date": stamp, "device": jax.devices()[0].device_kind, "devices": len(jax.devices()),
           "commit": _harness.git_commit(), "command": command, "jax": jax.__version__, "build": jo.build_info(),
-          "formats": formats(), "unroll": UNROLL, "repeats": REPEATS, "steps": STEPS}
+          "formats": fp8_formats(), "unroll": UNROLL, "repeats": REPEATS, "steps": STEPS}
   path = os.path.join(out_dir, f"fp8_layers_{stamp}.json")
   with open(path, "w") as f:
     json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -36,7 +36,8 @@ from jax.sharding import PartitionSpec as P
 
 import _harness
 import jax_overlap as jo
-from jax_overlap import native, planning
+from jax_overlap import planning
+from jax_overlap.runtime import native
 from jax_overlap.ops import OPS
 from jax_overlap.planning import pipelined
 

@@ -19,7 +19,7 @@ import jax
 
 import _harness
 import bench_fp8
-from jax_overlap import native
+from jax_overlap.runtime import native
 
 
 def main(argv=None) -> None:

@@ -1,26 +1,38 @@
-"""jax_overlap: fused communication + GEMM kernels for tensor parallelism in JAX.
+"""jax_overlap: all-gather and reduce-scatter overlapped with GEMMs, for tensor parallelism in JAX.
 
-  ag_matmul     all-gather + GEMM (column-parallel linear)
-  matmul_rs     GEMM + reduce-scatter (row-parallel linear)
-  AgDotGeneral  ag_matmul as a layer's dot_general (flax Dense, DenseGeneral, nnx.Linear, attention qkv)
-  RsDotGeneral  matmul_rs as a layer's dot_general (the row-parallel projections)
-  Fp8AgDotGeneral, Fp8RsDotGeneral  the same layers in float8 for training (bf16/f32 in, quantized each call)
+  ag_matmul       all-gather x's rows + GEMM (the column-parallel linear layer)
+  matmul_rs       GEMM + reduce-scatter (the row-parallel linear layer)
+  AgDotGeneral    ag_matmul as a layer's dot_general (flax Dense, DenseGeneral, nnx.Linear, attention qkv)
+  RsDotGeneral    matmul_rs as a layer's dot_general (the row-parallel projections)
+  Fp8AgDotGeneral, Fp8RsDotGeneral  the same layers in float8, for training (bf16/f32 in, quantized each call)
 
 Use them inside jax.shard_map (axis_name=...) or on sharded global arrays under
-jax.jit (axis_name=None). Checkpoint names of the results: jax_overlap.remat. See README.md.
+jax.jit (axis_name=None). On NVIDIA and AMD GPUs a call runs a GPU algorithm
+where it gains (the vendor GEMM per chunk of rows while copy engines move the
+chunks); everywhere else, and for any call those cannot take, it runs the XLA
+path, so code that uses them runs on any backend. build_info() says what this
+installation runs; checkpoint names of the results are in jax_overlap.remat.
+Documentation: README.md and docs/.
+
+  import jax_overlap as jo
+  y = jo.ag_matmul(x, w, axis_name="tp")   # inside jax.shard_map over a mesh with axis "tp"
 """
 
 from jax_overlap import remat, tracing
+from jax_overlap._version import __version__
 from jax_overlap.api import ag_matmul, all_gather, matmul_rs
-from jax_overlap.errors import PeerTimeoutError, WorkspaceFullError
-from jax_overlap.linear import AgDotGeneral, Fp8AgDotGeneral, Fp8RsDotGeneral, RsDotGeneral
-from jax_overlap.native import build_info, gpu_available
-from jax_overlap.runtime import check_errors, clear_errors, initialize, shutdown, workspace_info
+from jax_overlap.layers.dot_general import AgDotGeneral, RsDotGeneral
+from jax_overlap.layers.fp8 import Fp8AgDotGeneral, Fp8RsDotGeneral
+from jax_overlap.runtime import settings as _settings
+from jax_overlap.runtime.errors import PeerTimeoutError, WorkspaceFullError
+from jax_overlap.runtime.native import build_info, gpu_available
+from jax_overlap.runtime.workspace import check_errors, clear_errors, initialize, shutdown, workspace_info
 
-__version__ = "0.1.0"
+# A value a setting does not take is an error here, on every backend (runtime/settings.py).
+_settings.check_all()
 
 __all__ = [
-    "ag_matmul", "matmul_rs", "AgDotGeneral", "RsDotGeneral", "Fp8AgDotGeneral", "Fp8RsDotGeneral", "all_gather", "remat", "build_info", "gpu_available",
-    "initialize", "shutdown", "workspace_info", "check_errors", "clear_errors", "PeerTimeoutError",
-    "WorkspaceFullError", "tracing", "__version__",
+    "ag_matmul", "matmul_rs", "AgDotGeneral", "RsDotGeneral", "Fp8AgDotGeneral", "Fp8RsDotGeneral", "all_gather",
+    "remat", "build_info", "gpu_available", "initialize", "shutdown", "workspace_info", "check_errors",
+    "clear_errors", "PeerTimeoutError", "WorkspaceFullError", "tracing", "__version__",
 ]

@@ -1,6 +1,6 @@
 """Public functions: argument checks at trace time, dispatch to the op (ops/), and the custom VJP.
 
-The two ops are each other's gradient (autodiff.py), so the fused kernels serve
+The two ops are each other's gradient (integration/autodiff.py), so the fused kernels serve
 the backward pass too: one custom VJP serves both, its forward the op's call
 and its backward the op's `backward`, which calls the dual op through it. The
 results the backward pass reads carry checkpoint names (remat.py).
@@ -19,13 +19,14 @@ transformation.
 
 Float8 operands are quantized values: no cotangent of theirs means anything in
 a float8 format without a scale of its own, so differentiating a float8 call
-raises, pointing to the fp8 layers (linear.py), whose custom VJP quantizes
+raises, pointing to the fp8 layers (layers/fp8.py), whose custom VJP quantizes
 the cotangents with scales and runs these ops on them. algorithm="xla" is JAX's
 own derivative of its plain ops, as for any dtype.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -37,14 +38,17 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_overlap import _compat, autodiff, backend, dtypes, native, numerics, partitioning, primitives, remat
+from jax_overlap import _compat, planning, remat
+from jax_overlap.integration import autodiff, partitioning, primitives
+from jax_overlap.integration.sharding import spec_of
 from jax_overlap.ops import OPS
 from jax_overlap.ops import all_gather as all_gather_op
-from jax_overlap.sharding import spec_of
+from jax_overlap.quantization import formats, scaling
+from jax_overlap.runtime import backend, native
 
 log = logging.getLogger("jax_overlap")
 
-ALGORITHMS = ("auto", "xla", *dtypes.GPU_ALGORITHMS)
+ALGORITHMS = ("auto", "xla", *formats.GPU_ALGORITHMS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +76,7 @@ class Call:
 def _check_algorithm(op_name: str, algorithm) -> None:
   if algorithm not in ALGORITHMS:
     raise ValueError(f"jax_overlap.{op_name}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-  if algorithm in dtypes.GPU_ALGORITHMS and backend.current().platform is None:
+  if algorithm in formats.GPU_ALGORITHMS and backend.current().platform is None:
     raise ValueError(f"jax_overlap.{op_name}: algorithm={algorithm!r} needs the native GPU extension, and this "
                      f"installation has none ({native.build_info().get('note', '')}); use 'auto' or 'xla'")
 
@@ -81,58 +85,12 @@ def _check_arrays(op_name: str, x, w, bias) -> None:
   for name, v in (("x", x), ("w", w)) + ((("bias", bias),) if bias is not None else ()):
     if not hasattr(v, "shape") or not hasattr(v, "dtype"):
       raise TypeError(f"jax_overlap.{op_name}: {name} must be an array, got {type(v).__name__}")
-    if not dtypes.accepted(v.dtype):
-      raise TypeError(f"jax_overlap.{op_name}: {name} must have dtype {dtypes.described()}, got {v.dtype}")
+    if not formats.accepted(v.dtype):
+      raise TypeError(f"jax_overlap.{op_name}: {name} must have dtype {formats.described()}, got {v.dtype}")
   if x.ndim < 2:
     raise ValueError(f"jax_overlap.{op_name}: x must have rank >= 2 ([..., rows, K]), got shape {x.shape}")
   if w.ndim < 2:
     raise ValueError(f"jax_overlap.{op_name}: w must have rank >= 2, got shape {w.shape}")
-
-
-def _check_scale(op_name: str, name: str, scale, operand: str, dtype):
-  """A float8 operand's scale as a float32 scalar array (Python floats are taken; arrays of more dims are block
-  scales: _check_block_scales), or a TypeError."""
-  if scale is None:
-    raise TypeError(f"jax_overlap.{op_name}: {name} is required with float8 operands ({operand} is {dtype}): a "
-                    f"float32 scalar, {operand}'s value being {operand}.astype(float32) * {name}; got None")
-  if isinstance(scale, float):
-    return jnp.float32(scale)
-  if not hasattr(scale, "shape") or not hasattr(scale, "dtype"):
-    raise TypeError(f"jax_overlap.{op_name}: {name} must be a float32 scalar, got {type(scale).__name__}")
-  if scale.dtype != jnp.float32:
-    raise TypeError(f"jax_overlap.{op_name}: {name} must be a float32 scalar, got dtype {scale.dtype}")
-  return scale
-
-
-def _check_block_scales(op_name: str, x, w, x_scale, w_scale, w_kmajor: bool) -> tuple:
-  """Block scales (numerics.BLOCK): x_scale one per row of x and BLOCK elements of K, w_scale one per
-  BLOCK x BLOCK tile of w, float32 arrays laid out like their operands; or a TypeError / ValueError."""
-  b = numerics.BLOCK
-  if w.ndim != 2:
-    raise ValueError(f"jax_overlap.{op_name}: block scales take a 2-D w ([K, N], or [N, K] with w_kmajor), got w "
-                     f"of shape {w.shape}")
-  k = x.shape[-1]
-  n = w.shape[0] if w_kmajor else w.shape[1]
-  want_x = (*x.shape[:-1], k // b)
-  want_w = (n // b, k // b) if w_kmajor else (k // b, n // b)
-  shapes = [getattr(s, "shape", None) for s in (x_scale, w_scale)]
-  if any(shape is None or len(shape) == 0 for shape in shapes):
-    raise ValueError(f"jax_overlap.{op_name}: x_scale and w_scale must both be float32 scalars (shape ()), or "
-                     f"both block scales (x_scale {want_x}, w_scale {want_w}); got x_scale of shape {shapes[0]}, "
-                     f"w_scale of shape {shapes[1]}")
-  for name, scale in (("x_scale", x_scale), ("w_scale", w_scale)):
-    if scale.dtype != jnp.float32:
-      raise TypeError(f"jax_overlap.{op_name}: with block scales {name} must be a float32 array, got dtype "
-                      f"{scale.dtype}")
-  if k % b or n % b:
-    raise ValueError(f"jax_overlap.{op_name}: block scales need K and N multiples of {b} (blocks of {b} along "
-                     f"K, tiles of {b}x{b} of w), got K = {k}, N = {n}")
-  for name, scale, want, what in (("x_scale", x_scale, want_x, f"one per row of x and {b} of K"),
-                                  ("w_scale", w_scale, want_w, f"one per {b}x{b} tile of w")):
-    if tuple(scale.shape) != want:
-      raise ValueError(f"jax_overlap.{op_name}: block scales: {name} must have shape {want} ({what}), got "
-                       f"{tuple(scale.shape)}")
-  return x_scale, w_scale
 
 
 def _out_dtype_name(op_name: str, out_dtype) -> str | None:
@@ -145,10 +103,10 @@ def _out_dtype_name(op_name: str, out_dtype) -> str | None:
 
 
 def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype, w_kmajor: bool) -> tuple:
-  """(the scales (x_scale, w_scale): float32 scalars or block scales, or None for 16-bit operands; the result's
-  dtype name)."""
+  """(the Scales of float8 operands, checked (scaling.of), or None for 16-bit operands; the result's dtype
+  name)."""
   out_dtype = _out_dtype_name(op_name, out_dtype)
-  fp8 = dtypes.is_fp8(x.dtype), dtypes.is_fp8(w.dtype)
+  fp8 = formats.is_fp8(x.dtype), formats.is_fp8(w.dtype)
   if any(fp8) and not all(fp8):
     raise TypeError(f"jax_overlap.{op_name}: x and w must both be float8 or neither (a float8 call quantizes both "
                     f"operands), got x {x.dtype}, w {w.dtype}")
@@ -160,39 +118,36 @@ def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype, w_kmajo
       if scale is not None:
         raise TypeError(f"jax_overlap.{op_name}: {name} applies to float8 operands only, got {name} with x and w "
                         f"of dtype {x.dtype}")
-    if out_dtype is not None and out_dtype != dtypes.name(x.dtype):
+    if out_dtype is not None and out_dtype != formats.name(x.dtype):
       raise TypeError(f"jax_overlap.{op_name}: out_dtype must be None or x's dtype {x.dtype} for {x.dtype} "
                       f"operands (other out_dtypes are for float8 operands), got {out_dtype}")
-    return None, dtypes.name(x.dtype)
-  if dtypes.fp8_family(x.dtype) != dtypes.fp8_family(w.dtype):
+    return None, formats.name(x.dtype)
+  if formats.fp8_family(x.dtype) != formats.fp8_family(w.dtype):
     raise TypeError(f"jax_overlap.{op_name}: x and w must be float8 formats of one family, OCP (float8_e4m3fn, "
                     f"float8_e5m2) or fnuz (float8_e4m3fnuz, float8_e5m2fnuz): no GPU runs both; got x {x.dtype}, "
                     f"w {w.dtype}")
-  if dtypes.is_e5m2(x.dtype) and dtypes.is_e5m2(w.dtype):
+  if formats.is_e5m2(x.dtype) and formats.is_e5m2(w.dtype):
     raise TypeError(f"jax_overlap.{op_name}: x and w cannot both be e5m2 (the fp8 GEMMs take e5m2 on one side "
                     f"at most: gradients times e4m3 values), got x {x.dtype}, w {w.dtype}")
-  out_name = out_dtype or dtypes.FP8_DEFAULT_OUT
-  if out_name not in dtypes.OUT_DTYPES:
-    raise TypeError(f"jax_overlap.{op_name}: out_dtype must be one of {dtypes.OUT_DTYPES} (or None: "
-                    f"{dtypes.FP8_DEFAULT_OUT}) for float8 operands, got {out_name}")
-  if bias is not None and dtypes.name(bias.dtype) not in (out_name, "float32"):
+  out_name = out_dtype or formats.FP8_DEFAULT_OUT
+  if out_name not in formats.OUT_DTYPES:
+    raise TypeError(f"jax_overlap.{op_name}: out_dtype must be one of {formats.OUT_DTYPES} (or None: "
+                    f"{formats.FP8_DEFAULT_OUT}) for float8 operands, got {out_name}")
+  if bias is not None and formats.name(bias.dtype) not in (out_name, "float32"):
     raise TypeError(f"jax_overlap.{op_name}: bias must have out_dtype {out_name} or float32 with float8 operands, "
                     f"got {bias.dtype}")
-  if any(getattr(scale, "ndim", 0) > 0 for scale in (x_scale, w_scale)):
-    return _check_block_scales(op_name, x, w, x_scale, w_scale, bool(w_kmajor)), out_name
-  return (_check_scale(op_name, "x_scale", x_scale, "x", x.dtype),
-          _check_scale(op_name, "w_scale", w_scale, "w", w.dtype)), out_name
+  return scaling.of(op_name, x, w, x_scale, w_scale, bool(w_kmajor)), out_name
 
 
 def _check_gpu_dtype(op_name: str, algorithm: str, x, w) -> None:
   """An explicit GPU algorithm takes the operands' dtype on this process's GPUs, or a ValueError says why not."""
-  if algorithm not in dtypes.GPU_ALGORITHMS or not dtypes.is_fp8(x.dtype):
+  if algorithm not in formats.GPU_ALGORITHMS or not formats.is_fp8(x.dtype):
     return
-  if not dtypes.takes(algorithm, dtypes.name(x.dtype)):
+  if not formats.takes(algorithm, formats.name(x.dtype)):
     raise ValueError(f"jax_overlap.{op_name}: algorithm={algorithm!r} does not take float8 operands (the fused "
-                     f"kernels are 16-bit only; {algorithm!r} takes {', '.join(dtypes.dtypes_for(algorithm))}), got "
+                     f"kernels are 16-bit only; {algorithm!r} takes {', '.join(formats.dtypes_for(algorithm))}), got "
                      f"x {x.dtype}; use 'pipelined', 'auto' or 'xla'")
-  declined = primitives.fp8_declined(x.dtype, w.dtype)
+  declined = planning.fp8_declined(x.dtype, w.dtype)
   if declined:
     raise ValueError(f"jax_overlap.{op_name}: algorithm={algorithm!r} cannot run {declined}; use algorithm='auto' "
                      f"or 'xla' (the XLA path serves every float8 format)")
@@ -204,6 +159,21 @@ def _check_operands(op_name: str, x, w, bias, w_kmajor):
   if not isinstance(w_kmajor, (bool, np.bool_)):
     raise TypeError(f"jax_overlap.{op_name}: w_kmajor must be a bool, got {w_kmajor!r}")
   return OPS[op_name].check_operands(x, w, bias, bool(w_kmajor))
+
+
+_LOCAL_SHAPES = " (inside jax.shard_map the shapes are each rank's local blocks, not the global arrays')"
+
+
+@contextlib.contextmanager
+def _local_shapes(axis_name):
+  """Shape errors raised inside shard_map (axis_name given) say that the shapes they quote are per-shard shapes."""
+  if axis_name is None:
+    yield
+    return
+  try:
+    yield
+  except ValueError as e:
+    raise ValueError(f"{e}{_LOCAL_SHAPES}") from None
 
 
 def _check_axis(op: str, name: str, value, ndim: int, last: int) -> int:
@@ -265,21 +235,6 @@ def _group(op: str, axis_name) -> tuple[tuple, int]:
                      f"jax.shard_map over a mesh with that axis, or pass axis_name=None for global arrays "
                      f"under jit") from e
   return axes, size
-
-
-def _varying(axes, *values):
-  """Casts every operand to vary over the group's axes and every axis any operand varies over.
-
-  Then the custom VJPs' cotangents have their primal's type, and JAX's transpose
-  of each cast sums a gradient over the axes its operand was replicated on
-  (a bias replicated over the group, weights replicated over a data axis).
-  """
-  union = set(axes)
-  for v in values:
-    if v is not None:
-      union |= _compat.varying_axes(v)
-  ordered = tuple(axes) + tuple(sorted(union - set(axes)))
-  return tuple(None if v is None else _compat.make_varying(v, ordered) for v in values)
 
 
 def _constrain(out, out_sharding):
@@ -350,7 +305,7 @@ def _reverse_mode(x, w, bias, scales, call: Call):
   returned: forward mode is recognised from the operands' tracers first.
   """
   message = primitives.unsupported(call.op, "forward-mode differentiation (jax.jvp, jax.jacfwd)", call.algorithm)
-  if _compat.forward_mode(x, w, bias, *(scales or ())):
+  if _compat.forward_mode(x, w, bias, *(() if scales is None else scales.arrays())):
     raise TypeError(message)
   try:
     return _differentiable(x, w, bias, scales, call)
@@ -431,10 +386,18 @@ def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, w_
   Differentiable in reverse mode (any algorithm; float8 operands: see below) and vmappable. Results
   carry the checkpoint names "jax_overlap.ag_matmul", "jax_overlap.ag_matmul.gathered" and
   "jax_overlap.ag_matmul.gathered_scales" (jax_overlap.remat).
+
+  Example (the column-parallel half of a Megatron MLP; x's rows and w's columns sharded on "tp"):
+
+    mesh = jax.make_mesh((jax.device_count(),), ("tp",))
+    f = jax.shard_map(lambda x, w: jax_overlap.ag_matmul(x, w, axis_name="tp"), mesh=mesh,
+                      in_specs=(P("tp", None), P(None, "tp")), out_specs=P(None, "tp"))
+    y = jax.jit(f)(x, w)   # x [M, K], w [K, N] global; y [M, N], its columns on "tp"
   """
   _check_algorithm("ag_matmul", algorithm)
-  n = _check_operands("ag_matmul", x, w, bias, w_kmajor)
-  scales, out_name = _check_dtypes("ag_matmul", x, w, bias, x_scale, w_scale, out_dtype, w_kmajor)
+  with _local_shapes(axis_name):
+    n = _check_operands("ag_matmul", x, w, bias, w_kmajor)
+    scales, out_name = _check_dtypes("ag_matmul", x, w, bias, x_scale, w_scale, out_dtype, w_kmajor)
   _check_gpu_dtype("ag_matmul", algorithm, x, w)
   gather = _check_axis("ag_matmul", "gather_axis", gather_axis, x.ndim, -2)
   _check_out_sharding("ag_matmul", out_sharding, (*x.shape[:-1], *n), axis_name)
@@ -471,12 +434,10 @@ def _ag_empty(x, w, bias, scales, call: Call, n: tuple) -> tuple:
   y = _empty_result((*gathered_shape[:-1], *n), call.out_dtype, bias, call.axes)
   if scales is None:
     x_scales = ()
-  elif numerics.blocks(scales):  # gathered with x's rows
-    x_scales = (scales[0] if call.axes is None else
-                lax.all_gather(scales[0], call.axes, axis=scales[0].ndim + call.axis, tiled=True),)
+  elif call.axes is None:
+    x_scales = (scales.scaling.of_whole_x(scales.x),)
   else:
-    x_scales = (scales[0].reshape(1) if call.axes is None else
-                lax.all_gather(scales[0].reshape(1), call.axes, tiled=True),)
+    x_scales = (scales.scaling.gather(scales.x, call.axes, call.axis),)
   if 0 in x.shape:
     gathered = jnp.zeros(gathered_shape, x.dtype)
   elif call.axes is None:
@@ -520,10 +481,18 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, w_
   once, one rounding.
   Differentiable in reverse mode (any algorithm; float8 operands: see below) and vmappable. The
   result carries the checkpoint name "jax_overlap.matmul_rs" (jax_overlap.remat).
+
+  Example (the row-parallel half of a Megatron MLP; h's and w's contraction sharded on "tp"):
+
+    mesh = jax.make_mesh((jax.device_count(),), ("tp",))
+    f = jax.shard_map(lambda h, w: jax_overlap.matmul_rs(h, w, axis_name="tp"), mesh=mesh,
+                      in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None))
+    z = jax.jit(f)(h, w)   # h [M, F], w [F, N] global; z [M, N], its rows on "tp"
   """
   _check_algorithm("matmul_rs", algorithm)
-  n = _check_operands("matmul_rs", x, w, bias, w_kmajor)
-  scales, out_name = _check_dtypes("matmul_rs", x, w, bias, x_scale, w_scale, out_dtype, w_kmajor)
+  with _local_shapes(axis_name):
+    n = _check_operands("matmul_rs", x, w, bias, w_kmajor)
+    scales, out_name = _check_dtypes("matmul_rs", x, w, bias, x_scale, w_scale, out_dtype, w_kmajor)
   _check_gpu_dtype("matmul_rs", algorithm, x, w)
   out_shape = [*x.shape[:x.ndim - (w.ndim - 1)], n]
   scatter = None if scatter_axis is None else _check_axis("matmul_rs", "scatter_axis", scatter_axis,
@@ -538,7 +507,7 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, w_
     if out_shape[scatter] % size:
       what = "x's rows" if scatter == -2 else f"the output's dim {scatter}"
       raise ValueError(f"jax_overlap.matmul_rs: {what} ({out_shape[scatter]}) must be divisible by the size of "
-                       f"axis {axis_name!r} ({size})")
+                       f"axis {axis_name!r} ({size}){_LOCAL_SHAPES}")
     out_shape[scatter] //= size
     x, w, bias, scales = _varying_operands(axes, x, w, bias, scales)
     call = Call("matmul_rs", axes, size, algorithm, scatter, w_kmajor=bool(w_kmajor), out_dtype=out_name)
@@ -557,9 +526,11 @@ matmul_rs.__doc__ += _FP8_ARGS
 
 
 def _varying_operands(axes, x, w, bias, scales) -> tuple:
-  """_varying of (x, w, bias, scales): the scales too, each rank's own."""
-  x, w, bias, *rest = _varying(axes, x, w, bias, *(scales or ()))
-  return x, w, bias, (tuple(rest) if scales is not None else None)
+  """autodiff.varying of (x, w, bias, scales): the scales too, each rank's own."""
+  if scales is None:
+    return (*autodiff.varying(axes, x, w, bias), None)
+  x, w, bias, x_scale, w_scale = autodiff.varying(axes, x, w, bias, scales.x, scales.w)
+  return x, w, bias, dataclasses.replace(scales, x=x_scale, w=w_scale)
 
 
 def all_gather(x, *, axis_name):
@@ -567,9 +538,11 @@ def all_gather(x, *, axis_name):
 
   On a GPU build it runs on the symmetric workspace (it is how the runtime is
   tested end to end); elsewhere it is lax.all_gather.
+
+  Example (inside jax.shard_map over a mesh with axis "tp"): gathered = jax_overlap.all_gather(x, axis_name="tp")
   """
   if not hasattr(x, "ndim") or x.ndim < 2:
     raise ValueError(f"jax_overlap.all_gather: x must have rank >= 2, got {getattr(x, 'shape', x)}")
   axes, size = _group("all_gather", axis_name)
-  (x,) = _varying(axes, x)
+  (x,) = autodiff.varying(axes, x)
   return all_gather_op.bind(x, axis_name=axes, axis_size=size)

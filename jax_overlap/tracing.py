@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 
-from jax_overlap import backend, runtime
+from jax_overlap.runtime import backend, workspace
 
 # Mirrors csrc/kernels/params.h TraceEvent and TraceKind.
 EVENT_DTYPE = np.dtype([("start", "<u8"), ("end", "<u8"), ("block", "<u4"), ("kind", "<u4"), ("arg0", "<u4"),
@@ -29,10 +29,13 @@ def events(ordinal: int) -> tuple[np.ndarray, float]:
 
 
 def export(path: str) -> dict:
-  """Writes a Chrome trace (one process per GPU, one thread per workgroup); returns the time split in us."""
+  """Writes a Chrome trace (one process per GPU, one thread per workgroup); returns the time split in us.
+
+  Example (after jax_overlap.initialize(trace=True) and the calls to trace): jax_overlap.tracing.export("trace.json")
+  """
   trace_events = []
   split: dict[str, float] = {k: 0.0 for k in KINDS}
-  for dev in runtime.workspace_info()["devices"]:
+  for dev in workspace.workspace_info()["devices"]:
     ev, ticks_per_us = events(dev["ordinal"])
     if len(ev) == 0:
       continue

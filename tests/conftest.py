@@ -76,7 +76,7 @@ def pytest_collection_modifyitems(config, items):
   gpu_items = [item for item in items if "gpu" in item.keywords]
   if not gpu_items or _gpu_backend() is not None:
     return
-  skip = pytest.mark.skip(reason=f"needs a GPU (jax backends here: {jax.default_backend()}; "
+  skip = pytest.mark.skip(reason=f"needs an NVIDIA or AMD GPU (jax's backend here: {jax.default_backend()}; "
                                  f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r})")
   for item in gpu_items:
     item.add_marker(skip)

@@ -2,7 +2,7 @@
 
 The runtime, the planner and the lowering run unchanged (workspace set-up,
 peers, the key-value store, the measured figures, decisions, regions, sites) on
-a backend (jax_overlap/backend.py) whose native module is a FakeNative and
+a backend (jax_overlap/runtime/backend.py) whose native module is a FakeNative and
 whose GPUs are the CPU devices: memory it allocates is a count, copies and
 GEMMs take the times of a model GPU, and its failures are those of the real
 module (RuntimeError). Lowering for "cuda" then emits the custom calls a GPU
@@ -20,7 +20,7 @@ import socket
 
 import jax
 
-from jax_overlap import backend
+from jax_overlap.runtime import backend
 
 # The model GPU: the GEMM at 700 TFLOP/s (a chunk's share 5% slower than the whole), copies within a GPU at
 # 2 TB/s and between GPUs at 300 GB/s.
@@ -126,14 +126,6 @@ class FakeNative:
     self._maybe_fail("time_reduce", ordinal)
     itemsize = 4 if dtype_name == "float32" else 2
     return self.gemm_scale * (world + 1) * rows * n * itemsize / (2 * LOCAL_BYTES_PER_US)
-
-  def vendor_fp8_dtypes(self, arch) -> list:
-    """The rule of csrc/blas/*_api.h runs_fp8."""
-    if arch == "gfx942":
-      return ["float8_e4m3fnuz", "float8_e5m2fnuz"]
-    if arch == "gfx950" or (arch.startswith("sm_") and int(arch[3:]) >= 89):
-      return ["float8_e4m3fn", "float8_e5m2"]
-    return []
 
   def prepare_vendor_blas(self, ordinal):
     self._maybe_fail("prepare_vendor_blas", ordinal)

@@ -12,7 +12,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
-from jax_overlap import native
+from jax_overlap.runtime import native
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

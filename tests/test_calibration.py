@@ -2,9 +2,10 @@
 
 import pytest
 
-from jax_overlap import backend, runtime
+from jax_overlap.runtime import backend, workspace
 from jax_overlap.ops import ag_matmul, matmul_rs
 from jax_overlap.planning import figures
+from jax_overlap.runtime import errors
 
 
 class _Timings:
@@ -35,7 +36,7 @@ def timings(monkeypatch):
   machine = backend.Backend(fake, "cuda")
   machine.state.link_bytes_per_us, machine.state.local_bytes_per_us = 3e5, 2e6  # as initialize() measures them
   monkeypatch.setattr(backend, "_current", machine)
-  monkeypatch.setattr(runtime, "first_ordinal", lambda: 0)
+  monkeypatch.setattr(workspace, "first_ordinal", lambda: 0)
   return fake
 
 
@@ -64,6 +65,6 @@ def test_a_failed_measurement_is_a_setup_error_and_is_not_tried_again(timings):
   """With several processes every process must see the same outcome: the failure, kept like a figure."""
   timings.fail = True
   for _ in range(2):
-    with pytest.raises(runtime.SetupError, match=r"gemm/bfloat16/1024x4/256/512/0: time_gemms: out of memory"):
+    with pytest.raises(errors.SetupError, match=r"gemm/bfloat16/1024x4/256/512/0: time_gemms: out of memory"):
       figures.measure(ag_matmul, "bfloat16", 1024, 512, 256, 4, False)
   assert len(timings.gemms) == 1

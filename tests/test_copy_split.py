@@ -5,7 +5,7 @@ copies themselves are in tests/gpu/test_copy_paths.py.
 
 import pytest
 
-from jax_overlap import native
+from jax_overlap.runtime import native
 
 nat = native.module()
 pytestmark = pytest.mark.skipif(nat is None, reason="needs the native extension")

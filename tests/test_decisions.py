@@ -20,9 +20,12 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
-from jax_overlap import lowering, planning, processes, runtime
+from jax_overlap import planning
+from jax_overlap.runtime import processes
 from jax_overlap.ops import OPS
 from jax_overlap.planning import pipelined
+from jax_overlap.runtime import errors
+from jax_overlap.planning import agreement
 
 import fake_gpu
 from fake_gpu import FakeNative, install
@@ -140,10 +143,10 @@ def test_a_process_that_lowers_a_program_once_more_keeps_its_site_numbers(two_ho
 
 @pytest.fixture
 def gathered(monkeypatch):
-  """lowering._decided over proposals given per process (a stand-in for processes.gather)."""
+  """agreement._decided over proposals given per process (a stand-in for processes.gather)."""
   def decide(*proposals):
     monkeypatch.setattr(processes, "gather", lambda name, mine: list(proposals))
-    return lowering._decided("decide/x/final", proposals[0])
+    return agreement._decided("decide/x/final", proposals[0])
   return decide
 
 
@@ -160,9 +163,9 @@ def test_the_agreed_choice_is_one_every_process_proposed(gathered):
 
 def test_a_process_missing_at_a_step_fails_it_for_all(monkeypatch):
   def missing(name, mine):
-    raise runtime.SetupError("jax_overlap: not every process reached decide/x/final within 120 s")
+    raise errors.SetupError("jax_overlap: not every process reached decide/x/final within 120 s")
   monkeypatch.setattr(processes, "gather", missing)
-  choice, why = lowering._decided("decide/x/final", {"choice": ["pipelined"], "why": None})
+  choice, why = agreement._decided("decide/x/final", {"choice": ["pipelined"], "why": None})
   assert choice is None and "not every process reached" in why
 
 
@@ -223,7 +226,7 @@ def test_a_failed_set_up_is_not_tried_again_until_shutdown(fake, make_mesh):
   tries = sum(1 for name, _ in fake.calls if name == "allocate_workspace")
   assert _calls(_ag(mesh, "auto", name="again"), *_operands(mesh)) == []
   assert sum(1 for name, _ in fake.calls if name == "allocate_workspace") == tries
-  with pytest.raises(runtime.SetupError, match=r"out of memory .*call jax_overlap.shutdown\(\) on every process"):
+  with pytest.raises(errors.SetupError, match=r"out of memory .*call jax_overlap.shutdown\(\) on every process"):
     jax_overlap.initialize()
   fake.fail = set()
   jax_overlap.shutdown()

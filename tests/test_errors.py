@@ -504,3 +504,84 @@ def test_w_kmajor_shapes(op):
   with pytest.raises(ValueError, match=rf"{op}: w's last dim must equal x's last dim \([kK] = 16, w_kmajor=True\), "
                                        rf"got w of shape \(16, 8\)"):
     trace(op, spec((8, 16)), spec((16, 8)), w_kmajor=True)
+
+
+# --- mistakes caught where they are made -------------------------------------------------------------------------
+
+LAYERS = ["AgDotGeneral", "RsDotGeneral", "Fp8AgDotGeneral", "Fp8RsDotGeneral"]
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_layer_fields_are_checked_at_construction(layer):
+  cls = getattr(jax_overlap, layer)
+  allowed = r"\('auto', 'xla', 'pipelined'\)" if layer.startswith("Fp8") else r"\('auto', 'xla', 'fused', 'pipelined'\)"
+  with pytest.raises(ValueError, match=rf"^jax_overlap\.{layer}: algorithm must be one of {allowed}, got 'fast'$"):
+    cls(algorithm="fast")
+  with pytest.raises(TypeError, match=rf"^jax_overlap\.{layer}: axis_name must be None .* got 3$"):
+    cls(axis_name=3)
+  dim = "gather_axis" if "Ag" in layer else "scatter_axis"
+  with pytest.raises(TypeError, match=rf"^jax_overlap\.{layer}: {dim} must be an int.*, got 'rows'$"):
+    cls(**{dim: "rows"})
+
+
+@pytest.mark.parametrize("layer", ["Fp8AgDotGeneral", "Fp8RsDotGeneral"])
+def test_fp8_layer_family_and_scaling_are_checked_at_construction(layer):
+  cls = getattr(jax_overlap, layer)
+  with pytest.raises(ValueError, match=rf"^jax_overlap\.{layer}: family must be None \(the GPU's\), 'ocp' or "
+                                       r"'fnuz', got 'ocp2'$"):
+    cls(family="ocp2")
+  with pytest.raises(ValueError, match=rf"^jax_overlap\.{layer}: scaling must be one of \('tensor', 'block'\), "
+                                       r"got 'rowwise'$"):
+    cls(scaling="rowwise")
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_the_class_passed_for_an_instance_says_to_instantiate_it(layer):
+  """A layer library given the class as dot_general calls it with the dot's operands."""
+  cls = getattr(jax_overlap, layer)
+  x, w = jnp.ones((4, 8)), jnp.ones((8, 4))
+  with pytest.raises(TypeError, match=rf"jax_overlap\.{layer} is a class and was called as a dot_general: pass an "
+                                      rf"instance, dot_general=jax_overlap\.{layer}\(\)"):
+    cls(x, w, (((1,), (0,)), ((), ())), precision=None)
+  flax_linen = pytest.importorskip("flax.linen", reason="flax is not installed (pip install flax)")
+  with pytest.raises(TypeError, match=rf"pass an instance, dot_general=jax_overlap\.{layer}\(\)"):
+    flax_linen.Dense(4, dot_general=cls).init(jax.random.key(0), x)
+  assert cls() == cls() and hash(cls()) == hash(cls())  # an instance: frozen, hashable
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_shape_errors_inside_shard_map_say_the_shapes_are_local(op, make_mesh):
+  mesh = make_mesh((4,), ("tp",))
+  f = jax.shard_map(lambda x, w: getattr(jax_overlap, op)(x, w, axis_name="tp"), mesh=mesh,
+                    in_specs=(P("tp"), P(None, "tp")), out_specs=P("tp"))
+  with pytest.raises(ValueError, match=r"w's first dim must equal x's last dim \(.*\), got w of shape \(6, 2\) "
+                                       r"\(inside jax\.shard_map the shapes are each rank's local blocks"):
+    jax.eval_shape(f, spec((16, 8)), spec((6, 8)))
+
+
+@pytest.mark.parametrize("name,value,expected", [
+    ("JAX_OVERLAP_ON_TIMEOUT", "explode", "expected one of abort, raise"),
+    ("JAX_OVERLAP_WATCHDOG_SECONDS", "-5", "expected a positive number of seconds"),
+    ("JAX_OVERLAP_WORKSPACE_BYTES", "lots", "is not a number"),
+    ("JAX_OVERLAP_DISABLE", "maybe", "is not a switch"),
+    ("JAX_OVERLAP_PIPELINE_STAGES", "1,x", "expected stage sizes"),
+    ("JAX_OVERLAP_GEMM_SM_MARGIN", "-2", "expected a whole number of SMs"),
+    ("JAX_OVERLAP_ARCH_TRAITS", "gfx", "expected one of nvidia, amd"),
+])
+def test_a_bad_setting_is_an_error_on_every_backend(monkeypatch, name, value, expected):
+  from jax_overlap.runtime import settings
+  monkeypatch.setenv(name, value)
+  with pytest.raises(ValueError, match=rf"^jax_overlap: {name}={value!r}.*{expected}"):
+    settings.check_all()
+
+
+def test_a_bad_setting_fails_the_import():
+  """The settings are checked when jax_overlap is imported, on CPU too: JAX_OVERLAP_ON_TIMEOUT=explode is not
+  ignored until a GPU call."""
+  import os
+  import subprocess
+  import sys
+  env = {**os.environ, "JAX_OVERLAP_ON_TIMEOUT": "explode"}
+  done = subprocess.run([sys.executable, "-c", "import jax_overlap"], env=env, capture_output=True, text=True)
+  assert done.returncode != 0
+  assert "ValueError: jax_overlap: JAX_OVERLAP_ON_TIMEOUT='explode'; expected one of abort, raise" in done.stderr

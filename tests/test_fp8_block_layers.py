@@ -187,10 +187,10 @@ def test_multi_dim_kernel_is_flattened(normal, assert_close):
 def test_bad_inputs(cls):
   dot = getattr(jax_overlap, cls)
   x = jnp.ones((2, 128, 256), jnp.bfloat16) * 0.5
-  with pytest.raises(ValueError, match=r"scaling must be 'tensor' or 'block', got 'rows'"):
-    dot(scaling="rows")(x, jnp.ones((256, 256), jnp.bfloat16), DN)
-  with pytest.raises(ValueError, match=r"scaling='block' takes a kernel whose contraction K and output N are "
-                                       r"multiples of 128.*N=200"):
+  with pytest.raises(ValueError, match=rf"{cls}: scaling must be one of \('tensor', 'block'\), got 'rows'"):
+    dot(scaling="rows")  # at construction
+  with pytest.raises(ValueError, match=rf"{cls} \(scaling='block', each rank's kernel\): block scales need K and N "
+                                       r"multiples of 128.*N = 200"):
     dot(scaling="block")(x, jnp.ones((256, 200), jnp.bfloat16), DN)
   rows_100 = jnp.ones((100, 256), jnp.bfloat16)
   f = lambda x, w: jnp.sum(dot(scaling="block")(x, w, (((1,), (0,)), ((), ()))).astype(jnp.float32))

@@ -1,5 +1,5 @@
-"""The float8 cast primitive (jax_overlap/fp8_cast.py) on CPU: its value is numerics.quantize's (eager, jit, vmap
-with a shared scale or a scale per element), and where its GPU lowering takes the kernel, from the custom calls
+"""The float8 cast primitive (jax_overlap/ops/fp8_cast.py) on CPU: its value is quantization/numerics.quantize's
+(eager, jit, vmap with a shared scale or a scale per element), and where its GPU lowering takes the kernel, from the custom calls
 of a lowering for "cuda" on the stand-in runtime (tests/fake_gpu.py, an H200's sm_90): one device and each shard
 inside shard_map take it; global arrays over several devices, a partially manual shard_map, algorithm="xla",
 JAX_OVERLAP_DISABLE, a format of the other family and a float8 input keep XLA's form. The kernel's values against
@@ -14,7 +14,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_overlap
-from jax_overlap import fp8_cast, numerics
+from jax_overlap.ops import fp8_cast
+from jax_overlap.quantization import numerics
 
 from fake_gpu import FakeNative, custom_calls, cuda_text, install
 

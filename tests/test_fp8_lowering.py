@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_overlap
-from jax_overlap import backend
+from jax_overlap.runtime import backend
 
 from fake_gpu import custom_calls as _custom_calls, cuda_text as _lowered
 

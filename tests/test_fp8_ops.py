@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
-from jax_overlap import dtypes
+from jax_overlap.quantization import formats
 
 from fake_gpu import FakeNative, install
 
@@ -391,7 +391,7 @@ def gpus_of(monkeypatch):
 @pytest.mark.parametrize("arch,family", [("sm_89", "ocp"), ("sm_90", "ocp"), ("sm_100", "ocp"), ("sm_120", "ocp"),
                                          ("gfx950", "ocp"), ("gfx942", "fnuz"), ("sm_80", None), ("gfx90a", None)])
 def test_float8_family_of_each_arch(arch, family):
-  assert dtypes.fp8_family_of(arch) == family
+  assert formats.fp8_family_of(arch) == family
 
 
 def _shape_of(op, x_dtype, w_dtype, algorithm):

@@ -6,9 +6,11 @@ import dataclasses
 
 import pytest
 
-from jax_overlap import native, planning, runtime
+from jax_overlap import planning
+from jax_overlap.runtime import native, workspace
 from jax_overlap.ops import OPS, ag_matmul, matmul_rs
 from jax_overlap.planning import figures, pipelined
+from jax_overlap.quantization import scaling
 
 from fake_gpu import FakeNative, install
 
@@ -22,7 +24,7 @@ def fake(monkeypatch):
 
 def _problem(op, x="float8_e4m3fn", w="float8_e4m3fn", out="bfloat16", world=4, rows=4096, k=1024, n=1024):
   return planning.Problem(op, x, 1, rows, k, n, world, (tuple(range(world)),), True, out_dtype_name=out,
-                          w_dtype_name=w, scaled=True)
+                          w_dtype_name=w, scaling=scaling.TENSOR)
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -41,15 +43,15 @@ def test_pipelined_takes_the_float8_formats_the_device_runs(fake, op, x, w, refu
   if refused is None:
     assert why is None
   else:
-    assert why == (f"dtype {refused} on FakeNative GPU (sm_90): its vendor GEMM takes float8_e4m3fn, "
-                   f"float8_e5m2")
+    assert why == (f"{refused} on this device (FakeNative GPU, sm_90): FNUZ float8 formats run on gfx942")
 
 
 def test_a_device_without_float8_refuses_every_format(fake, monkeypatch):
   info = fake.device_info
   monkeypatch.setattr(fake, "device_info", lambda ordinal: dict(info(ordinal), arch="sm_80"))
   why = planning.eligible(_problem("ag_matmul"), ag_matmul, "pipelined")
-  assert why == "dtype float8_e4m3fn on FakeNative GPU (sm_80): its vendor GEMM takes no float8 format"
+  assert why == ("float8_e4m3fn on this device (FakeNative GPU, sm_80): OCP float8 formats run on sm_89+ or "
+                 "gfx950")
 
 
 def test_ag_matmul_float8_figures(fake):
@@ -84,7 +86,7 @@ def test_matmul_rs_float8_figures(fake, out, itemsize):
   timed = fake.time_reduce
   fake.time_reduce = lambda *args: calls.append(args) or timed(*args)
   f = figures.measure(matmul_rs, "float8_e4m3fn", 4096, 512, 1024, 4, True, types=("float8_e4m3fn", out))
-  assert calls == [(runtime.first_ordinal(), out, 4, 1024, 1024)]
+  assert calls == [(workspace.first_ordinal(), out, 4, 1024, 1024)]
   assert f.chunk_bytes == 1024 * 1024 * itemsize and f.stage_gemm_us is None
   assert f.split_share == 0.0
   assert figures.measure(matmul_rs, "bfloat16", 4096, 512, 1024, 4, False).split_share == 768 / 1024

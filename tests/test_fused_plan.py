@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jax_overlap import backend, native, planning
-from jax_overlap.backend import DeviceProps, GemmGeometry, TileShape
+from jax_overlap import planning
+from jax_overlap.runtime import backend, native
+from jax_overlap.runtime.backend import DeviceProps, GemmGeometry, TileShape
 from jax_overlap.ops import OPS
 from jax_overlap.planning import fused
 
@@ -282,8 +283,11 @@ def test_an_unknown_arch_traits_setting_names_the_variable(monkeypatch):
   tile = dataclasses.asdict(dataclasses.replace(_tile(0), arch="nvidia"))
   compiled = types.SimpleNamespace(tile_shapes=lambda: [tile])
   monkeypatch.setenv("JAX_OVERLAP_ARCH_TRAITS", "gfx")
-  with pytest.raises(ValueError, match=r"^jax_overlap: JAX_OVERLAP_ARCH_TRAITS='gfx': no compiled tiles for ArchTraits "
-                                       r"'gfx'; this build has \['nvidia'\]$"):
+  with pytest.raises(ValueError, match=r"^jax_overlap: JAX_OVERLAP_ARCH_TRAITS='gfx'; expected one of nvidia, amd$"):
+    backend.Backend(compiled, "cuda").tile_shapes()
+  monkeypatch.setenv("JAX_OVERLAP_ARCH_TRAITS", "amd")  # a name this build has no tiles of
+  with pytest.raises(ValueError, match=r"^jax_overlap: JAX_OVERLAP_ARCH_TRAITS='amd': no compiled tiles for ArchTraits "
+                                       r"'amd'; this build has \['nvidia'\]$"):
     backend.Backend(compiled, "cuda").tile_shapes()
 
 

@@ -14,7 +14,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
-from jax_overlap.sharding import spec_of
+from jax_overlap.integration.sharding import spec_of
 
 TP = 4
 
@@ -25,7 +25,7 @@ def reference(x, w, bias):
 
 def reduce_scatter(*block, dim: int = -2):
   """The compiled collective of the XLA path's reduce-scatter onto `block` (this rank's block of the output):
-  an all-to-all of the rounded partials, summed locally (numerics.py); XLA's CPU backend sends one buffer per
+  an all-to-all of the rounded partials, summed locally (ops/reference.py); XLA's CPU backend sends one buffer per
   peer, `block` with a unit dim for the group before the scattered dim."""
   shape = list(block)
   shape.insert(len(shape) + dim, 1)

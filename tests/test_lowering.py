@@ -14,7 +14,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_overlap
-from jax_overlap import backend, lowering, native, runtime
+from jax_overlap.runtime import backend
+from jax_overlap.runtime import native, settings, workspace
 
 from fake_gpu import FakeNative, custom_calls as _custom_calls, install
 
@@ -271,7 +272,7 @@ def test_xla_and_a_group_of_one_under_auto_set_nothing_up(monkeypatch, make_mesh
 
 @pytest.mark.parametrize("algorithm", ["fused", "pipelined", "auto"])
 def test_kill_switch_forces_the_xla_path(fake_gpu_runtime, monkeypatch, make_mesh, algorithm):
-  monkeypatch.setenv(lowering.KILL_SWITCH, "1")
+  monkeypatch.setenv(settings.DISABLE, "1")
   text = _lowered(_op_fn("ag_matmul", make_mesh((4,), ("tp",)), algorithm), *_operands("ag_matmul", 4, 16384, 8192, 8192))
   assert _custom_calls(text) == [] and "all_gather" in text
 
@@ -296,9 +297,9 @@ def test_call_sites_sharing_a_region_get_their_own_numbers(fake_gpu_runtime, mak
 def test_site_numbers_repeat_after_16_bits(fake_gpu_runtime):
   """A flag holds 16 bits of site: the 65536th call site of one region is number 1 again, never 0 (no check)."""
   key = ("ag_matmul/fused", ((0, 1),), (1, 64, 64, 64))
-  sites = [runtime.site(key, ("jit_f", i)) for i in range(1, 65538)]
+  sites = [workspace.site(key, ("jit_f", i)) for i in range(1, 65538)]
   assert sites[:2] == [1, 2] and sites[65534] == 65535 and sites[65535:] == [1, 2]
-  assert runtime.site(key, ("jit_f", 2)) == 2  # a site named again keeps its number
+  assert workspace.site(key, ("jit_f", 2)) == 2  # a site named again keeps its number
 
 
 def test_only_this_process_groups_must_be_reachable(fake_gpu_runtime, monkeypatch, make_mesh):

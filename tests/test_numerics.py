@@ -13,7 +13,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
-from jax_overlap import numerics
+from jax_overlap.ops import reference
+from jax_overlap.quantization import numerics
 
 
 def _name(d):
@@ -23,7 +24,7 @@ def _name(d):
 def partials(x, w, group: int):
   """Each rank's partial product in float32, rank r holding x's and w's r-th block of the contraction."""
   k = x.shape[-1] // group
-  product = jax.jit(lambda a, b: numerics.local_matmul(a, b))
+  product = jax.jit(lambda a, b: reference.local_matmul(a, b))
   return [np.asarray(product(x[..., r * k:(r + 1) * k], w[r * k:(r + 1) * k])) for r in range(group)]
 
 
@@ -99,3 +100,30 @@ def test_rank_order():
     got = _shard_map_rs(mesh, 0, -2, False)(x.astype(dtype), w.astype(dtype))
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.zeros((world, 3), np.float32))
   assert float(np.sum(x[0].astype(np.float64) * w[:, 0])) == 2.0
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"])
+@pytest.mark.parametrize("amax", [2.7e-36, 5.0e-35, 6.0e-34, 1.3e-30, 3.0e-3, 1.0, 448.0, 449.0, 6.0e4, 3.0e38])
+def test_fp8_scale_is_the_least_power_of_two_that_fits(fmt, amax):
+  """The least 2^e with amax <= max * 2^e, bounded to [2^-126, 2^127]; for an amax below max * 2^-126 (where
+  amax / max is a float32 subnormal, which XLA on CPU flushes to zero) 2^-126, not 1."""
+  dtype = jnp.dtype(fmt)
+  fmax = float(jnp.finfo(dtype).max)
+  got = float(jax.jit(numerics.fp8_scale, static_argnums=1)(jnp.float32(amax), dtype))
+  a32 = float(np.float32(amax))
+  e = int(np.ceil(np.log2(a32 / fmax)))
+  while a32 > fmax * 2.0 ** e:
+    e += 1
+  while e > -126 and a32 <= fmax * 2.0 ** (e - 1):
+    e -= 1
+  assert got == 2.0 ** min(max(e, -126), 127)
+
+
+def test_tiny_values_quantize_to_themselves_not_zero():
+  """Issue: a layer output of 0 instead of 2.7e-36 (the scale of a tiny amax flushed to 1)."""
+  x = jnp.asarray(np.random.default_rng(0).standard_normal(64) * 1e-36, jnp.float32)
+  q, scale = numerics.current_scaling(x, jnp.float8_e4m3fn)
+  back = np.asarray(q, np.float32) * float(scale)
+  assert float(scale) == 2.0 ** -126
+  np.testing.assert_allclose(back, np.asarray(x), rtol=2 ** -3, atol=2.0 ** -126)  # float32 subnormals flush
+  assert np.count_nonzero(back) > 48

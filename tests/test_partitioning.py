@@ -10,8 +10,9 @@ import types
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jax_overlap import partitioning, sharding
+from jax_overlap.integration import partitioning, sharding
 from jax_overlap.ops import ag_matmul, matmul_rs
+from jax_overlap.quantization import scaling
 
 MESH = types.SimpleNamespace(shape={"dp": 2, "tp": 4})
 DP, TP, BOTH = ("dp",), ("tp",), ("dp", "tp")
@@ -154,15 +155,15 @@ def test_spec_without_sharding_is_replicated():
 def test_ag_sharding_rule(has_bias, scaled, w_kmajor, w_ndim, expected):
   """The gathered dim is its own factor p in the results: propagation must not copy x's sharding of it onto y.
   A float8 call's gathered_scales are not among the partitioned results (x_scale is added after)."""
-  rule = partitioning.custom_partitioned(ag_matmul, 3, w_ndim, has_bias, scaled, w_kmajor, "auto", -2, None,
-                                         "bfloat16").sharding_rule
+  rule = partitioning.custom_partitioned(ag_matmul, 3, w_ndim, has_bias, scaling.TENSOR if scaled else None,
+                                         w_kmajor, "auto", -2, None, "bfloat16").sharding_rule
   assert rule.operand_mappings == expected
   n = tuple(f"n{i}" for i in range(w_ndim - 1))
   assert rule.result_mappings == (("b0", "p", *n), ("b0", "p", "k"))
 
 
 def test_ag_sharding_rule_gather_axis():
-  rule = partitioning.custom_partitioned(ag_matmul, 3, 2, False, False, False, "auto", -3, None,
+  rule = partitioning.custom_partitioned(ag_matmul, 3, 2, False, None, False, "auto", -3, None,
                                          "float32").sharding_rule
   assert rule.operand_mappings == (("g", "b1", "k"), ("k", "n0"))
   assert rule.result_mappings == (("p", "b1", "n0"), ("p", "b1", "k"))
@@ -174,8 +175,8 @@ def test_ag_sharding_rule_gather_axis():
     (2, True, (("b0", "b1", "k0"), ("k0", "n"), ("n",), (), ())),
 ])
 def test_rs_sharding_rule(w_ndim, scaled, expected):
-  rule = partitioning.custom_partitioned(matmul_rs, 3, w_ndim, True, scaled, False, "auto", None, None,
-                                         "float32").sharding_rule
+  rule = partitioning.custom_partitioned(matmul_rs, 3, w_ndim, True, scaling.TENSOR if scaled else None, False,
+                                         "auto", None, None, "float32").sharding_rule
   assert rule.operand_mappings == expected
   out_lead = expected[0][:3 - (w_ndim - 1)]
   assert rule.result_mappings == ((*out_lead, "n"),)

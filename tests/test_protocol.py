@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jax_overlap import native
+from jax_overlap.runtime import native
 
 pytestmark = pytest.mark.skipif(native.module() is None, reason="no native extension (pure-Python install)")
 

@@ -9,7 +9,8 @@ import jax
 import pytest
 
 import jax_overlap
-from jax_overlap import lowering, native, runtime, tracing
+from jax_overlap import tracing
+from jax_overlap.runtime import native, settings, workspace
 
 WORKSPACE_KEYS = {"active", "workspace_bytes", "used_bytes", "regions", "watchdog_seconds", "on_timeout",
                   "sync_after_launch", "trace", "devices", "reachable_devices", "link_gbps"}
@@ -41,10 +42,10 @@ def test_initialize_says_what_it_would_do(caplog, monkeypatch):
 
 def test_default_watchdog_is_minutes_and_has_one_source(monkeypatch):
   monkeypatch.delenv("JAX_OVERLAP_WATCHDOG_SECONDS", raising=False)
-  assert runtime.default_watchdog_seconds() >= 60
+  assert workspace.default_watchdog_seconds() >= 60
   if native.module() is not None:  # the native runtime's constant is the only one
-    assert runtime.default_watchdog_seconds() == native.module().DEFAULT_WATCHDOG_SECONDS
-  assert jax_overlap.workspace_info()["watchdog_seconds"] == runtime.default_watchdog_seconds()
+    assert workspace.default_watchdog_seconds() == native.module().DEFAULT_WATCHDOG_SECONDS
+  assert jax_overlap.workspace_info()["watchdog_seconds"] == workspace.default_watchdog_seconds()
 
 
 def test_infinite_watchdog_is_accepted():
@@ -88,11 +89,11 @@ def test_settings_read_from_the_environment(monkeypatch):
   assert jax_overlap.workspace_info()["watchdog_seconds"] == math.inf
   for text, on in (("1", True), ("TRUE", True), ("on", True), ("", False), ("0", False), ("False", False),
                    ("no", False)):
-    monkeypatch.setenv(lowering.KILL_SWITCH, text)
-    assert lowering.disabled() is on
-  monkeypatch.setenv(lowering.KILL_SWITCH, "disabled")
+    monkeypatch.setenv(settings.DISABLE, text)
+    assert settings.disabled() is on
+  monkeypatch.setenv(settings.DISABLE, "disabled")
   with pytest.raises(ValueError, match="jax_overlap: JAX_OVERLAP_DISABLE='disabled' is not a switch"):
-    lowering.disabled()
+    settings.disabled()
 
 
 def test_workspace_info():
@@ -136,4 +137,4 @@ def test_trace_export_without_gpus(tmp_path):
 def test_no_gpu_means_no_workspace():
   """The fused lowering's gate: without a GPU the runtime never becomes active."""
   jax_overlap.initialize()
-  assert runtime.is_active() is False
+  assert workspace.is_active() is False

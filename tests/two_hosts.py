@@ -31,7 +31,8 @@ sys.path[:0] = [os.path.dirname(_TESTS), _TESTS]  # this checkout's jax_overlap,
 import fake_gpu  # noqa: E402
 
 import jax_overlap as jo  # noqa: E402
-from jax_overlap import _compat, processes, runtime  # noqa: E402
+from jax_overlap import _compat  # noqa: E402
+from jax_overlap.runtime import processes, workspace  # noqa: E402
 
 # A bound on every wait for the other process (a stalled collective step shows as this long, or its error).
 KV_TIMEOUT_MS = 20_000
@@ -98,7 +99,7 @@ def scenario(name: str, rank: int, fake, meshes) -> dict:
     # The explicit call first: it measures the figures, whose measurement process 0 must not skip.
     _attempt(record, "pipelined", lambda: _lower("ag_matmul", local, "pipelined", name="explicit"))
     _attempt(record, "auto", lambda: _lower("ag_matmul", local, "auto"))
-  record["active"] = runtime.is_active()
+  record["active"] = workspace.is_active()
   return record
 
 
@@ -126,7 +127,7 @@ def main() -> None:
     t0 = time.monotonic()
     results[name] = scenario(name, args.rank, fake, meshes)
     results[name]["seconds"] = time.monotonic() - t0
-    results[name]["setup_failed"] = runtime.setup_failed() if hasattr(runtime, "setup_failed") else None
+    results[name]["setup_failed"] = workspace.setup_failed() if hasattr(workspace, "setup_failed") else None
     jo.shutdown()
     jax.clear_caches()
     fake.fail, fake.gemm_scale = set(), 1.0

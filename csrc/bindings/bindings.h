@@ -17,7 +17,7 @@ namespace jo::bindings {
 
 // The FFI targets and their registrations, the build (registrations.cc).
 void bind_registrations(pybind11::module_& m);
-// The runtime jax_overlap/runtime.py drives: devices, workspaces, peers, errors, faults (runtime.cc).
+// The runtime jax_overlap/runtime/workspace.py drives: devices, workspaces, peers, errors, faults (runtime.cc).
 void bind_runtime(pybind11::module_& m);
 // The flag protocol's value rules, as the kernels apply them, for the CPU tests (protocol.cc).
 void bind_protocol(pybind11::module_& m);

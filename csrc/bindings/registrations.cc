@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 
 #include "bindings/bindings.h"
+#include "core/block_scales.h"
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 #include "kernels/params.h"
@@ -37,6 +38,10 @@ void bind_registrations(py::module_& m) {
     return d;
   });
   m.attr("MAX_WORLD") = kMaxWorld;
+  // Block scales' layout (core/block_scales.h), which jax_overlap/quantization/scaling.py mirrors.
+  m.attr("SCALE_BLOCK") = kScaleBlock;
+  m.attr("SCALE_ROW_MULTIPLE") = kScaleRowMultiple;
+  m.attr("W_SCALE_ROW_ALIGN") = kWScaleRowAlign;
 
   m.def("targets", [] {
     py::dict d;

@@ -1,4 +1,4 @@
-// Bindings of the runtime (runtime/runtime.h) that jax_overlap/runtime.py
+// Bindings of the runtime (runtime/runtime.h) that jax_overlap/runtime/workspace.py
 // drives: devices, workspaces, peers, the copy path, errors, traces, faults.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

@@ -14,14 +14,20 @@
 
 namespace jo {
 
+// The Python side (jax_overlap/quantization/scaling.py) mirrors these three; the module exports them and a CPU test
+// compares (bindings/registrations.cc).
 inline constexpr int64_t kScaleBlock = 128;
 // The multiple a block-scaled GEMM's rows must be of.
 inline constexpr int64_t kScaleRowMultiple = 4;
+// w's scale rows are padded to a multiple of this many blocks of k.
+inline constexpr int64_t kWScaleRowAlign = 4;
 
 // Blocks of kScaleBlock along k: the x scales' leading dim.
 constexpr int64_t k_blocks(int64_t k) { return k / kScaleBlock; }
 // Floats from one 128-column block of w's scales to the next (kb_pad: k/128 rounded up to a multiple of 4).
-constexpr int64_t w_scale_row_stride(int64_t k) { return (k_blocks(k) + 3) / 4 * 4; }
+constexpr int64_t w_scale_row_stride(int64_t k) {
+  return (k_blocks(k) + kWScaleRowAlign - 1) / kWScaleRowAlign * kWScaleRowAlign;
+}
 // Floats of the x scales of `rows` rows and of w's scales.
 constexpr int64_t x_block_scales(int64_t rows, int64_t k) { return k_blocks(k) * rows; }
 constexpr int64_t w_block_scales(int64_t n, int64_t k) { return n / kScaleBlock * w_scale_row_stride(k); }

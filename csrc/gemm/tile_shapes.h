@@ -2,7 +2,7 @@
 // fused call's config): each built arch's tile list (gemm/arch_traits.h) in
 // turn, the build's own arch first. In a CUDA build, indices 0-1 are
 // NvidiaArch's and 2-3 the AMD data path on the mma.sync atom, which the
-// planner takes only when asked (jax_overlap/backend.py tiles_for_arch).
+// planner takes only when asked (jax_overlap/runtime/backend.py tiles_for_arch).
 #pragma once
 
 #include <utility>

@@ -1,4 +1,4 @@
-// The float8 cast of the fp8 layers' current scaling (jax_overlap/fp8_cast.py):
+// The float8 cast of the fp8 layers' current scaling (jax_overlap/ops/fp8_cast.py):
 // x / scale rounded to nearest even to a float8 format, in one pass over x at
 // HBM speed. XLA's own cast runs well below it (benchmarks/results/fp8_*.md).
 #pragma once

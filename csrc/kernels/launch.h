@@ -2,7 +2,7 @@
 // geometry functions here are the only place that decides a launch's grid,
 // co-resident workgroups, tiles and stream-K tail: the launchers use them, and
 // the planner reads the same figures through the Python module
-// (bindings/fused.cc gemm_geometry -> jax_overlap/backend.py GemmGeometry).
+// (bindings/fused.cc gemm_geometry -> jax_overlap/runtime/backend.py GemmGeometry).
 #pragma once
 
 #include <algorithm>

@@ -132,7 +132,7 @@ struct GemmOperands {
 
 // A persistent GEMM kernel's launch as the launcher makes it, computed by one
 // function per op (kernels/launch.h gemm_geometry) for the launch and, through
-// the Python module, for the planner (jax_overlap/backend.py GemmGeometry).
+// the Python module, for the planner (jax_overlap/runtime/backend.py GemmGeometry).
 struct GemmGeometry {
   int workgroups_per_sm;  // of this kernel, by its occupancy
   int co_resident;        // workgroups that run at once on this rank's share of the GPU

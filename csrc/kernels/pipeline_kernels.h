@@ -13,7 +13,7 @@ namespace jo {
 
 // A flag of the pipelined protocol: the low 32 bits of the epoch of the call
 // that released it (params.h EpochCounter) and that call's site
-// (jax_overlap/runtime.py numbers the call sites sharing a region, 1 to
+// (jax_overlap/runtime/workspace.py numbers the call sites sharing a region, 1 to
 // 65535). A release writes `epoch`, then `site`, each a stream write
 // preceded by a memory fence (or, for done flags, a system-scope release
 // store of the verify kernel); a reader acquires `epoch`, then `site`. The

@@ -16,7 +16,7 @@ inline constexpr uint64_t kRegionAlign = 256;
 JO_HOST_DEVICE uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 // A flag's value: the low 16 bits of the epoch of the call that released it
-// and that call's site above them (jax_overlap/runtime.py numbers the call
+// and that call's site above them (jax_overlap/runtime/workspace.py numbers the call
 // sites sharing a region from 1; at most 65535). 16 bits of epoch are exact:
 // every flag of a region is rewritten every call or two, so a value is never
 // more than two epochs old, never 65536 (params.h EpochCounter).

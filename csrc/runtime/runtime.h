@@ -10,7 +10,7 @@
 // receive Python objects, so they find this state through Runtime::instance()
 // by their device ordinal.
 //
-// Regions of the workspace are placed by jax_overlap/runtime.py at offsets
+// Regions of the workspace are placed by jax_overlap/runtime/workspace.py at offsets
 // every rank of a group agrees on; each region has a host-side call counter
 // (its epoch). shutdown() frees the workspaces and starts a new generation:
 // a compiled call lowered under another generation refuses to run.
@@ -34,7 +34,7 @@ namespace jo {
 
 // Default bound on every wait on a peer: minutes, like NCCL's, so that a peer
 // writing a checkpoint or waiting on its data loader is a straggler, not a
-// failure (jax_overlap/runtime.py reads it from here).
+// failure (jax_overlap/runtime/workspace.py reads it from here).
 inline constexpr double kDefaultWatchdogSeconds = 600.0;
 
 // The device state's header: [trace counter | abort flag | trace switch | trace events].

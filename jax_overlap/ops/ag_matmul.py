@@ -5,15 +5,16 @@ Shapes: x [..., m, K] (a rank's shard of the gathered dim), w [K, *n] (or
 [..., T*m, K] for a group of T. The primitive gathers x's rows (dim -2);
 another dim folds into the rows around it (on_shards).
 
-Float8 operands (scaled) add the float32 scalars x_scale and w_scale after the
-bias, and a third result: gathered_scales [T], each shard's x_scale in
-gathered order (the scale travels with its shard). y is then in out_dtype.
-Block scales (numerics.blocks: x_scale [..., m, K/128], w_scale of w's 128x128
-tiles) are gathered with x's rows: gathered_scales [..., T*m, K/128].
+Float8 operands add their scales after the bias (primitive param `scaling`:
+their Scaling), and a third result: gathered_scales, each shard's x_scale in
+gathered order (the scale travels with its shard): [T] for tensor scales;
+block scales (x_scale [..., m, K/128], w_scale of w's 128x128 tiles) are
+gathered with x's rows, [..., T*m, K/128]. y is then in out_dtype.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import NamedTuple
@@ -24,8 +25,12 @@ from jax import lax
 from jax.extend import core as jex_core
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jax_overlap import autodiff, numerics, primitives, remat, sharding
+from jax_overlap import remat
+from jax_overlap.integration import autodiff, primitives, sharding
+from jax_overlap.integration.operands import Operands, operands, split_operands
+from jax_overlap.ops import reference as ref
 from jax_overlap.planning import pipelined
+from jax_overlap.quantization.scaling import mode
 
 log = logging.getLogger("jax_overlap")
 
@@ -40,31 +45,31 @@ primitive.multiple_results = True
 
 
 def bind(x, w, bias, scales, *, axis_name, axis_size, algorithm, w_kmajor, out_dtype, out_specs=None):
-  """(y, gathered) of the primitive, and gathered_scales with scales (x_scale, w_scale): x's rows gathered over
-  axis_name (None: the local product, x itself and x_scale)."""
-  return tuple(primitive.bind(*primitives.operands(x, w, bias, scales), axis_name=axis_name, axis_size=axis_size,
+  """(y, gathered) of the primitive, and gathered_scales with Scales: x's rows gathered over axis_name (None: the
+  local product, x itself and x_scale)."""
+  return tuple(primitive.bind(*operands(x, w, bias, scales), axis_name=axis_name, axis_size=axis_size,
                               algorithm=algorithm, w_kmajor=w_kmajor, has_bias=bias is not None,
-                              scaled=scales is not None, out_dtype=out_dtype, out_specs=out_specs))
+                              scaling=mode(scales), out_dtype=out_dtype, out_specs=out_specs))
 
 
-def abstract_eval(x, w, *operands, axis_name, axis_size, algorithm, w_kmajor, has_bias, scaled, out_dtype,
-                  out_specs):
-  del algorithm, axis_name, has_bias
+def abstract_eval(*args, axis_name, axis_size, algorithm, w_kmajor, has_bias, scaling, out_dtype, out_specs):
+  del algorithm, axis_name
+  x, w, _, x_scale, _ = Operands.of(args, has_bias, scaling)
   *lead, m, k = x.shape
   n = w.shape[:-1] if w_kmajor else w.shape[1:]
   y_spec, g_spec, s_spec = primitives.result_specs(out_specs, 3)
+  gathered_shape = (*lead, axis_size * m, k)
   results = (primitives.result_aval(x, (*lead, axis_size * m, *n), y_spec, out_dtype),
-             primitives.result_aval(x, (*lead, axis_size * m, k), g_spec))
-  if not scaled:
+             primitives.result_aval(x, gathered_shape, g_spec))
+  if scaling is None:
     return results
-  x_scale = operands[-2]
-  shape = (*lead, axis_size * m, x_scale.shape[-1]) if x_scale.ndim else (axis_size,)
+  shape = scaling.gathered_shape(x_scale.shape, gathered_shape, axis_size)
   return results + (primitives.result_aval(x, shape, s_spec, jnp.float32),)
 
 
-def as_matrix(x, w, *operands, w_kmajor, has_bias, scaled, **params):
+def as_matrix(*args, w_kmajor, has_bias, scaling, **params):
   """The call with w viewed as a matrix [K, prod(n)] (row-major: free), y viewed back with w's dims."""
-  _, _, bias, scales = primitives.split_operands((x, w, *operands), has_bias, scaled)
+  x, w, bias, scales = split_operands(args, has_bias, scaling)
   n = w.shape[:-1] if w_kmajor else w.shape[1:]
   w2 = w.reshape(-1, w.shape[-1]) if w_kmajor else w.reshape(w.shape[0], -1)
   y, *rest = bind(x, w2, None if bias is None else bias.reshape(-1), scales, w_kmajor=w_kmajor, **params)
@@ -73,34 +78,32 @@ def as_matrix(x, w, *operands, w_kmajor, has_bias, scaled, **params):
 
 def reference(x, w, bias=None, scales=None, *, axis_name=None, w_kmajor: bool = False, gather: int = -2,
               out_dtype=None):
-  """The XLA decomposition: (all_gather(x, gather, tiled) @ w + bias, the gathered x), and with scales the
-  gathered x_scales (one per shard); axis_name None: the local product (and x, x_scale). out_dtype: the result's
-  dtype name (None: x's)."""
+  """The XLA decomposition: (all_gather(x, gather, tiled) @ w + bias, the gathered x), and with Scales the
+  gathered x scales (one per shard, or gathered with x's rows); axis_name None: the local product (and x, x's
+  scale). out_dtype: the result's dtype name (None: x's)."""
   gathered, x_scales = _gathered(x, scales, axis_name, gather)
   return _product(gathered, w, bias, x_scales, scales, w_kmajor=w_kmajor, gather=gather, out_dtype=out_dtype)
 
 
 def _gathered(x, scales, axis_name, gather: int) -> tuple:
-  """(x gathered along dim `gather` over axis_name, and with scales its shards' x_scales (T,), else None; block
-  scales gathered as x is)."""
+  """(x gathered along dim `gather` over axis_name, and with scales its shards' scales in gathered order (the
+  Scaling's gather), else None)."""
   gathered = x if axis_name is None else lax.all_gather(x, axis_name, axis=x.ndim + gather, tiled=True)
   if scales is None:
     return gathered, None
-  if numerics.blocks(scales):
-    x_scale = scales[0]
-    return gathered, (x_scale if axis_name is None else
-                      lax.all_gather(x_scale, axis_name, axis=x_scale.ndim + gather, tiled=True))
-  x_scales = scales[0].reshape(1)
-  return gathered, (x_scales if axis_name is None else lax.all_gather(x_scales, axis_name, tiled=True))
+  if axis_name is None:
+    return gathered, scales.scaling.of_whole_x(scales.x)
+  return gathered, scales.scaling.gather(scales.x, axis_name, gather)
 
 
 def _product(gathered, w, bias, x_scales, scales, *, w_kmajor: bool, gather: int, out_dtype) -> tuple:
-  """The reference's results from the gathered x (and its shards' x_scales)."""
+  """The reference's results from the gathered x (and its shards' scales)."""
   out_dtype = out_dtype or gathered.dtype
   if scales is None:
-    return numerics.finish(numerics.local_matmul(gathered, w, w_kmajor=w_kmajor), bias, out_dtype), gathered
-  acc = numerics.gathered_matmul(gathered, w, w_kmajor=w_kmajor, gather=gather, scales=(x_scales, scales[1]))
-  return numerics.finish(acc, bias, out_dtype), gathered, x_scales
+    return ref.finish(ref.local_matmul(gathered, w, w_kmajor=w_kmajor), bias, out_dtype), gathered
+  acc = ref.gathered_matmul(gathered, w, w_kmajor=w_kmajor, gather=gather,
+                            scales=dataclasses.replace(scales, x=x_scales))
+  return ref.finish(acc, bias, out_dtype), gathered, x_scales
 
 
 def results_of_one(y, x) -> list:
@@ -111,12 +114,12 @@ def results_of_one(y, x) -> list:
 
 def global_results(results, scales):
   """The results of a call on global arrays from the primitive's, a partitioned body's or the reference's: y and
-  the gathered x, which the custom partitioning carries (scales None); with scales, gathered_scales is x_scale,
-  the one scale of the whole of x, shape (1,) (block scales: x_scale, the whole of x's)."""
+  the gathered x, which the custom partitioning carries (scales None); with Scales, gathered_scales is the scale
+  of the whole of x (Scaling.of_whole_x: tensor scales (1,), block scales x_scale itself)."""
   y, gathered = results[:2]
   if scales is None:
     return y, gathered
-  return y, gathered, scales[0] if numerics.blocks(scales) else scales[0].reshape(1)
+  return y, gathered, scales.scaling.of_whole_x(scales.x)
 
 
 # --- one rank's shards ----------------------------------------------------------------
@@ -130,14 +133,14 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
   params = dict(axis_name=axes, axis_size=size, algorithm=algorithm, w_kmajor=w_kmajor, out_dtype=out_dtype)
   if axis == -2:
     return bind(x, w, bias, scales, **params)
-  blocks = numerics.blocks(scales)
-  if blocks:  # x_scale's rows fold as x's do
-    scales = (sharding.fold(scales[0], axis, -1), scales[1])
+  follows = scales is not None and scales.scaling.follows_x
+  if follows:  # x_scale's rows fold as x's do
+    scales = dataclasses.replace(scales, x=sharding.fold(scales.x, axis, -1))
   y, gathered, *rest = bind(sharding.fold(x, axis, -1), w, bias, scales, **params)
   mid = x.shape[x.ndim + axis + 1:-1]
   gathered_shape = (*x.shape[:x.ndim + axis], size * x.shape[axis], *mid)
   n_ndim = w.ndim - 1
-  if blocks:
+  if follows:
     rest = [rest[0].reshape(*gathered_shape, rest[0].shape[-1])]
   return (y.reshape(*gathered_shape, *y.shape[y.ndim - n_ndim:]),
           gathered.reshape(*gathered_shape, x.shape[-1]), *rest)
@@ -195,31 +198,28 @@ def sharding_plan(mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor: bool, gather
               P(*free, None), why)
 
 
-def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaled: bool, w_kmajor: bool, gather: int,
-                  blocks: bool = False) -> tuple[str, tuple]:
-  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim (scales: scalars, or
-  with blocks arrays of x's blocks, whose K and N dims are factors of their own, and of w's 128x128 tiles)."""
+def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaling, w_kmajor: bool, gather: int) -> tuple[str, tuple]:
+  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim (and with a Scaling,
+  its scales' factors: Scaling.shardy_factors)."""
   batch = sharding.factors("b", ndim - 1)
   x_f, out_f = list(batch), list(batch)
   x_f[ndim + gather], out_f[ndim + gather] = "g", "p"
   n = sharding.factors("n", w_ndim - 1)
   w_f = [*n, "k"] if w_kmajor else ["k", *n]
-  scale_f = ["", ""]
-  if blocks:
-    scale_f = [" ".join([*x_f, "kb"]), "nb kb" if w_kmajor else "kb nb"]
-  operands = [" ".join([*x_f, "k"]), " ".join(w_f)] + ([" ".join(n)] if has_bias else []) + scale_f * scaled
-  return f"{', '.join(operands)} -> {' '.join([*out_f, *n])}, {' '.join([*out_f, 'k'])}", ()
+  scale_f = [] if scaling is None else list(scaling.shardy_factors([*x_f, "k"], w_kmajor)[:2])
+  args = [" ".join([*x_f, "k"]), " ".join(w_f)] + ([" ".join(n)] if has_bias else []) + scale_f
+  return f"{', '.join(args)} -> {' '.join([*out_f, *n])}, {' '.join([*out_f, 'k'])}", ()
 
 
 def result_ndim(ndim: int, w_ndim: int) -> int:
   return ndim - 1 + w_ndim - 1
 
 
-def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis: int, has_bias: bool, scaled: bool,
+def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis: int, has_bias: bool, scaling,
                 out_dtype: str):
   """The partitioned body of a plan that gathers (plan.axes set)."""
   def gather_and_multiply(*args):
-    x, w, bias, scales = primitives.split_operands(args, has_bias, scaled)
+    x, w, bias, scales = split_operands(args, has_bias, scaling)
     return global_results(on_shards(x, w, bias, scales, axes=plan.axes, size=size, algorithm=algorithm,
                                     w_kmajor=w_kmajor, out_dtype=out_dtype, axis=axis), None)
   return gather_and_multiply
@@ -252,15 +252,15 @@ def plain(x, w, bias, scales, call) -> tuple:
     return global_results(reference(x, w, bias, scales, w_kmajor=call.w_kmajor, out_dtype=call.out_dtype), scales)
   p = sharding_plan(mesh, sharding.spec_of(jax.typeof(x).sharding, x.ndim),
                     sharding.spec_of(jax.typeof(w).sharding, w.ndim), x.shape, w.shape, call.w_kmajor, call.axis)
-  y = numerics.local_matmul(x, w, w_kmajor=call.w_kmajor, scales=scales, out_sharding=NamedSharding(mesh, p.y))
-  return global_results((numerics.finish(y, sharding.resharded(bias, mesh, p.bias), call.out_dtype), x), scales)
+  y = ref.local_matmul(x, w, w_kmajor=call.w_kmajor, scales=scales, out_sharding=NamedSharding(mesh, p.y))
+  return global_results((ref.finish(y, sharding.resharded(bias, mesh, p.bias), call.out_dtype), x), scales)
 
 
 # --- differentiation (the custom VJP: api.py) --------------------------------------------------
 
 def residual(x, results):
   """What the backward pass keeps of the forward besides w and bias: the gathered x (dW reads it). (Float8 calls
-  have no backward pass of their own: api.py; the fp8 layers keep the gathered fp8 x and its scales, linear.py.)"""
+  have no backward pass of their own: api.py; the fp8 layers keep the gathered fp8 x and its scales, layers/fp8.py.)"""
   return remat.tag(results[1], remat.AG_GATHERED)
 
 
@@ -272,7 +272,7 @@ def backward(call, residuals, cotangents, dual):
                                          autodiff.request(x_layout, gathered.ndim)))
   if rest:  # the gathered output's own cotangent: the transpose of the all-gather
     (dgathered,) = rest
-    dx = dx + (dgathered if call.axes is None else numerics.reduce_scatter(dgathered, call.axes, call.axis))
+    dx = dx + (dgathered if call.axes is None else ref.reduce_scatter(dgathered, call.axes, call.axis))
   return (autodiff.like(dx, x_layout), autodiff.weight_grad(gathered, dy, 1, w_layout, call.w_kmajor, w.dtype),
           autodiff.bias_grad(dy, bias, bias_layout))
 

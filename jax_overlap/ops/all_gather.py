@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax.extend import core as jex_core
 from jax.interpreters import mlir
 
-from jax_overlap import lowering, primitives
+from jax_overlap.integration import lowering, primitives
 
 NAME = "all_gather"
 

@@ -6,14 +6,15 @@ z [..., M/T, N] for a group of T. The primitive scatters the rows (dim -2);
 another output dim folds into the rows around it, and the columns (-1) take
 the XLA path (on_shards).
 
-Float8 operands (scaled) add the float32 scalars x_scale and w_scale after the
-bias: each rank's partial is its product scaled by its own scales, staged in
-out_dtype, and z is in out_dtype. Block scales (numerics.blocks: x_scale
+Float8 operands add their scales after the bias (primitive param `scaling`:
+their Scaling): each rank's partial is its product scaled by its own scales,
+staged in out_dtype, and z is in out_dtype. Block scales (x_scale
 [..., M, k/128] of the local k, w_scale of w's 128x128 tiles) scale it alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import NamedTuple
@@ -23,8 +24,11 @@ from jax import lax
 from jax.extend import core as jex_core
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jax_overlap import autodiff, numerics, primitives, sharding
+from jax_overlap.integration import autodiff, primitives, sharding
+from jax_overlap.integration.operands import operands, split_operands
+from jax_overlap.ops import reference as ref
 from jax_overlap.planning import pipelined
+from jax_overlap.quantization.scaling import mode
 
 log = logging.getLogger("jax_overlap")
 
@@ -39,14 +43,13 @@ primitive = jex_core.Primitive("jax_overlap_matmul_rs")
 
 def bind(x, w, bias, scales, *, axis_name, axis_size, algorithm, w_kmajor, out_dtype, out_specs=None):
   """z of the primitive: the rows scattered over axis_name (None: the local product)."""
-  return primitive.bind(*primitives.operands(x, w, bias, scales), axis_name=axis_name, axis_size=axis_size,
-                        algorithm=algorithm, w_kmajor=w_kmajor, has_bias=bias is not None, scaled=scales is not None,
+  return primitive.bind(*operands(x, w, bias, scales), axis_name=axis_name, axis_size=axis_size,
+                        algorithm=algorithm, w_kmajor=w_kmajor, has_bias=bias is not None, scaling=mode(scales),
                         out_dtype=out_dtype, out_specs=out_specs)
 
 
-def abstract_eval(x, w, *operands, axis_name, axis_size, algorithm, w_kmajor, has_bias, scaled, out_dtype,
-                  out_specs):
-  del algorithm, operands, axis_name, has_bias, scaled
+def abstract_eval(x, w, *rest, axis_name, axis_size, algorithm, w_kmajor, has_bias, scaling, out_dtype, out_specs):
+  del algorithm, rest, axis_name, has_bias, scaling
   contract = w.ndim - 1
   *lead, m = x.shape[:x.ndim - contract]
   n = w.shape[0] if w_kmajor else w.shape[-1]
@@ -54,9 +57,9 @@ def abstract_eval(x, w, *operands, axis_name, axis_size, algorithm, w_kmajor, ha
   return primitives.result_aval(x, (*lead, m // axis_size, n), z_spec, out_dtype)
 
 
-def as_matrix(x, w, *operands, w_kmajor, has_bias, scaled, **params):
+def as_matrix(*args, w_kmajor, has_bias, scaling, **params):
   """The call with w viewed as a matrix [prod(k), N] and x's trailing k dims as one (row-major: free)."""
-  _, _, bias, scales = primitives.split_operands((x, w, *operands), has_bias, scaled)
+  x, w, bias, scales = split_operands(args, has_bias, scaling)
   contract = w.ndim - 1
   k = math.prod(w.shape[1:] if w_kmajor else w.shape[:-1])
   w2 = w.reshape(w.shape[0], k) if w_kmajor else w.reshape(k, w.shape[-1])
@@ -67,24 +70,24 @@ def as_matrix(x, w, *operands, w_kmajor, has_bias, scaled, **params):
 def reference(x, w, bias=None, scales=None, *, axis_name=None, w_kmajor: bool = False, scatter: int = -2,
               out_dtype=None):
   """The XLA decomposition: psum_scatter(x @ w, scatter, tiled) + bias, summed as the GPU algorithms do
-  (numerics.py); scatter == -1 (the output columns) adds this rank's block of the bias. axis_name None: the
-  local product. scales: (x_scale, w_scale) of float8 operands, this rank's; out_dtype: the result's dtype name
+  (ops/reference.py); scatter == -1 (the output columns) adds this rank's block of the bias. axis_name None: the
+  local product. scales: the Scales of float8 operands, this rank's; out_dtype: the result's dtype name
   (None: x's), which the partials are staged in."""
   out_dtype = out_dtype or x.dtype
   contract = w.ndim - 1
-  acc = numerics.local_matmul(x, w, w_kmajor=w_kmajor, contract=contract, scales=scales)
+  acc = ref.local_matmul(x, w, w_kmajor=w_kmajor, contract=contract, scales=scales)
   if axis_name is None:
-    return numerics.finish(acc, bias, out_dtype)
+    return ref.finish(acc, bias, out_dtype)
   if scatter == -1 and bias is not None:
-    n = acc.shape[-1] // numerics.group_size(axis_name)
+    n = acc.shape[-1] // ref.group_size(axis_name)
     bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(axis_name) * n, n)
-  return numerics.reduce_scatter(acc.astype(out_dtype), axis_name, scatter, bias)
+  return ref.reduce_scatter(acc.astype(out_dtype), axis_name, scatter, bias)
 
 
 def reference_all_reduce(x, w, bias=None, scales=None, *, axis_name, w_kmajor: bool = False, out_dtype=None):
   """psum(x @ w) + bias: the reduction without the scatter, summed as reference's is."""
-  acc = numerics.local_matmul(x, w, w_kmajor=w_kmajor, contract=w.ndim - 1, scales=scales)
-  return numerics.all_reduce(acc.astype(out_dtype or x.dtype), axis_name, bias)
+  acc = ref.local_matmul(x, w, w_kmajor=w_kmajor, contract=w.ndim - 1, scales=scales)
+  return ref.all_reduce(acc.astype(out_dtype or x.dtype), axis_name, bias)
 
 
 def results_of_one(y, x) -> list:
@@ -113,8 +116,8 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
   if axis == -2:
     return bind(x, w, bias, scales, **params)
   out_lead = x.shape[:x.ndim - contract]
-  if numerics.blocks(scales):  # x_scale's rows fold as x's do (block scales: one contraction dim)
-    scales = (sharding.fold(scales[0], axis, -1), scales[1])
+  if scales is not None and scales.scaling.follows_x:  # x_scale's rows fold as x's do (one contraction dim)
+    scales = dataclasses.replace(scales, x=sharding.fold(scales.x, axis, -1))
   z = bind(sharding.fold(x, axis + 1 - contract, -contract), w, bias, scales, **params)
   start = len(out_lead) + axis + 1
   return z.reshape(*out_lead[:start], out_lead[start] // size, *out_lead[start + 1:], z.shape[-1])
@@ -191,37 +194,37 @@ def _scatter_dim(out, axes, scatter, request) -> int | None:
   return None
 
 
-def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaled: bool, w_kmajor: bool, scatter,
-                  blocks: bool = False) -> tuple[str, tuple]:
-  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim (scales: scalars, or
-  with blocks arrays of x's blocks, whose K and N dims are factors of their own, and of w's 128x128 tiles)."""
+def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaling, w_kmajor: bool, scatter) -> tuple[str, tuple]:
+  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim (and with a Scaling,
+  its scales' factors, Scaling.shardy_factors, the contraction's blocks reduced as the contraction is)."""
   del scatter
   contract = w_ndim - 1
   batch, k = sharding.factors("b", result_ndim(ndim, w_ndim) - 1), sharding.factors("k", contract)
   w_f = ["n", *k] if w_kmajor else [*k, "n"]
-  scale_f, reduced = ["", ""], tuple(k)
-  if blocks:
-    scale_f, reduced = [" ".join([*batch, "kb"]), "nb kb" if w_kmajor else "kb nb"], (*k, "kb")
-  operands = [" ".join([*batch, *k]), " ".join(w_f)] + (["n"] if has_bias else []) + scale_f * scaled
-  return f"{', '.join(operands)} -> {' '.join([*batch, 'n'])}", reduced
+  scale_f, reduced = [], tuple(k)
+  if scaling is not None:
+    x_scale_f, w_scale_f, k_blocks = scaling.shardy_factors([*batch, *k], w_kmajor)
+    scale_f, reduced = [x_scale_f, w_scale_f], (*k, *k_blocks)
+  args = [" ".join([*batch, *k]), " ".join(w_f)] + (["n"] if has_bias else []) + scale_f
+  return f"{', '.join(args)} -> {' '.join([*batch, 'n'])}", reduced
 
 
 def result_ndim(ndim: int, w_ndim: int) -> int:
   return ndim - (w_ndim - 1) + 1
 
 
-def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis, has_bias: bool, scaled: bool,
+def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis, has_bias: bool, scaling,
                 out_dtype: str):
   """The partitioned body of a plan that reduces (plan.axes set): scattered onto plan.scatter, or all-reduced."""
   del axis  # the plan's scatter dim, which the argument decided
   if plan.scatter is None:
     def multiply_and_reduce(*args):
-      x, w, bias, scales = primitives.split_operands(args, has_bias, scaled)
+      x, w, bias, scales = split_operands(args, has_bias, scaling)
       return reference_all_reduce(x, w, bias, scales, axis_name=plan.axes, w_kmajor=w_kmajor, out_dtype=out_dtype)
     return multiply_and_reduce
 
   def multiply_and_scatter(*args):
-    x, w, bias, scales = primitives.split_operands(args, has_bias, scaled)
+    x, w, bias, scales = split_operands(args, has_bias, scaling)
     return on_shards(x, w, bias, scales, axes=plan.axes, size=size, algorithm=algorithm, w_kmajor=w_kmajor,
                      out_dtype=out_dtype, axis=plan.scatter)
   return multiply_and_scatter
@@ -265,9 +268,9 @@ def plain(x, w, bias, scales, call):
   p = sharding_plan(mesh, sharding.spec_of(jax.typeof(x).sharding, x.ndim),
                     sharding.spec_of(jax.typeof(w).sharding, w.ndim), x.shape, w.shape, call.w_kmajor, call.axis,
                     call.request)
-  z = numerics.local_matmul(x, w, w_kmajor=call.w_kmajor, contract=w.ndim - 1, scales=scales,
+  z = ref.local_matmul(x, w, w_kmajor=call.w_kmajor, contract=w.ndim - 1, scales=scales,
                             out_sharding=NamedSharding(mesh, p.out))
-  return numerics.finish(z, sharding.resharded(bias, mesh, p.bias), call.out_dtype)
+  return ref.finish(z, sharding.resharded(bias, mesh, p.bias), call.out_dtype)
 
 
 # --- differentiation (the custom VJP: api.py) --------------------------------------------------

@@ -3,7 +3,9 @@
   planning/figures.py    what the models know of the machine (measured: GEMM and reduction times, copy rates)
   planning/pipelined.py  the pipelined algorithm's stage planner and cost model
   planning/fused.py      the fused kernels' tile and mover planner and cost model
-and here, decide(): an explicit algorithm's plan, or for "auto" the candidate
+  planning/agreement.py  choose(): the decision with the workspace it needs, and agreed between processes
+and here, eligibility (each GPU algorithm's, and the float8 formats this process's GPUs run) and decide(): an
+explicit algorithm's plan, or for "auto" the candidate
 the models predict fastest, taken only when it beats the XLA path by
 AUTO_MARGIN. Each algorithm's eligibility is judged once, before anything is
 measured; each candidate is planned once from the figures at hand. What is op
@@ -23,12 +25,12 @@ import dataclasses
 import functools
 import logging
 import math
-import os
 
 import numpy as np
 
-from jax_overlap import backend, dtypes, runtime
 from jax_overlap.planning import figures, fused, pipelined
+from jax_overlap.quantization import formats
+from jax_overlap.runtime import backend, settings, workspace
 
 log = logging.getLogger("jax_overlap")
 
@@ -43,9 +45,6 @@ MAX_WORLD = 8
 # the H200, benchmarks/results): the fused model's engine rate is the measured
 # vendor rate times this.
 FUSED_ENGINE_RATIO = 0.63
-# Pins the pipelined stage plan ("1,3": stage sizes in ring order) of the calls over a group of as many
-# ranks as its stages cover, in place of the cost model's choice (tuning, tests).
-PINNED_STAGES = "JAX_OVERLAP_PIPELINE_STAGES"
 
 
 class Declined(Exception):
@@ -55,7 +54,7 @@ class Declined(Exception):
 @dataclasses.dataclass(frozen=True)
 class Problem:
   """One call as the planner sees it. `m` is x's rows per batch element (ag_matmul: a shard's). A float8 call
-  (scaled) names its w's dtype and its output's; a 16-bit call's are x's."""
+  names its scales' Scaling, its w's dtype and its output's; a 16-bit call's are x's."""
 
   op: str
   dtype_name: str  # x's
@@ -68,8 +67,11 @@ class Problem:
   w_kmajor: bool  # as the GPU gets w (float8: always, csrc/blas/cublaslt_api.h)
   out_dtype_name: str | None = None
   w_dtype_name: str | None = None
-  scaled: bool = False
-  blocks: bool = False  # float8 block scales (numerics.blocks)
+  scaling: object = None  # the Scaling of a float8 call's scales (quantization/scaling.py), else None
+
+  @property
+  def scaled(self) -> bool:
+    return self.scaling is not None
 
   @property
   def rows(self) -> int:
@@ -107,51 +109,38 @@ def faster(est_us: float, est_xla_us: float) -> bool:
 
 def eligible(problem: Problem, op, algorithm: str) -> str | None:
   """None when `algorithm` ("pipelined" or "fused") can take the call, else why not."""
-  if not dtypes.takes(algorithm, problem.dtype_name):
+  if not formats.takes(algorithm, problem.dtype_name):
     return (f"dtype {problem.dtype_name} (the {algorithm} algorithm takes "
-            f"{', '.join(dtypes.dtypes_for(algorithm))})")
+            f"{', '.join(formats.dtypes_for(algorithm))})")
   if problem.world > MAX_WORLD:
     return f"group of {problem.world} ranks (at most {MAX_WORLD})"
-  vector = dtypes.vector_elems(problem.dtype_name)
+  vector = formats.vector_elems(problem.dtype_name)
   if problem.k % vector or problem.n % vector:
     return f"k={problem.k} and n={problem.n} must be multiples of {vector} (16-byte rows)"
   if problem.rows == 0 or problem.k == 0 or problem.n == 0:
     return "empty operand"
   if problem.scaled and algorithm == "pipelined":
-    why = _fp8_refused(problem) or (_blocks_refused(problem, op) if problem.blocks else None)
+    archs = tuple(sorted({arch for _, arch in workspace.local_gpus()}))
+    rows = problem.rows if problem.world == 1 else op.chunk_rows(problem.m, problem.world)
+    why = (fp8_declined(problem.dtype_name, problem.w_dtype)
+           or problem.scaling.gpu_refused(archs, rows, problem.batch, problem.world))
     if why:
       return why
   return op.eligible(problem.rows, problem.world)
 
 
-def _blocks_refused(problem: Problem, op) -> str | None:
-  """Why the vendor GEMM cannot take the call's block scales, or None. cuBLASLt runs 1x128 x 128x128 block
-  scales on Hopper (sm_90; its Blackwell GEMMs take MXFP8's instead); hipBLASLt's are not built. Each GEMM's
-  rows must be a multiple of 4, and with peers x has no leading batch dims (a GEMM's scales are contiguous)."""
-  machine = backend.current()
-  for device in machine.state.devices.values():
-    if not device.arch.startswith("sm_90"):
-      return (f"block scales on {device.name} ({device.arch}): the vendor GEMM path runs them on cuBLASLt on "
-              f"Hopper (sm_90) only")
-  if problem.world > 1 and problem.batch > 1:
-    return f"block scales with leading batch dims of x ({problem.batch} elements) in a group of {problem.world}"
-  rows = problem.rows if problem.world == 1 else op.chunk_rows(problem.m, problem.world)
-  if rows % 4:
-    return f"block scales with {rows} rows per GEMM (cuBLASLt takes multiples of 4)"
-  return None
-
-
-def _fp8_refused(problem: Problem) -> str | None:
-  """Why the vendor GEMM of this process's GPUs cannot run the call's float8 formats (OCP e4m3/e5m2 on sm_89+
-  and gfx950, the fnuz formats on gfx942), or None."""
-  runtime.local_ordinals()  # the GPUs' device states, with their architectures
-  machine = backend.current()
-  for device in machine.state.devices.values():
-    formats = list(machine.native.vendor_fp8_dtypes(device.arch))
-    for name in dict.fromkeys((problem.dtype_name, problem.w_dtype)):
-      if name not in formats:
-        return (f"dtype {name} on {device.name} ({device.arch}): its vendor GEMM takes "
-                f"{', '.join(formats) or 'no float8 format'}")
+def fp8_declined(*operand_dtypes) -> str | None:
+  """Why this process's GPUs cannot run these float8 operands (the dtype and the device, in words), or None:
+  they can, or no operand is float8, or no GPU is known here. The formats each GPU runs are its float8 family's
+  (formats.fp8_family_of; the native module's vendor GEMM agrees: tests/test_formats.py)."""
+  families = {formats.fp8_family(d): formats.name(d) for d in operand_dtypes if formats.is_fp8(d)}
+  if not families:
+    return None
+  for name, arch in workspace.local_gpus():
+    for family, dtype_name in families.items():
+      if formats.fp8_family_of(arch) != family:
+        return (f"{dtype_name} on this device ({name}, {arch}): {family.upper()} float8 formats run on "
+                f"{formats.fp8_devices(family)}")
   return None
 
 
@@ -159,7 +148,7 @@ def _vendor_blas() -> None:
   """Loads the vendor BLAS on every local GPU now, at lowering: never during a command buffer's capture; and
   checks, once per GPU, that its GEMM replays right from a captured graph (csrc/blas/capture_check.h)."""
   try:
-    for ordinal in runtime.local_ordinals():
+    for ordinal in workspace.local_ordinals():
       check = backend.current().native.prepare_vendor_blas(ordinal)
       if check["checked_now"] and not check["graph_safe"]:
         log.info("jax_overlap: the vendor GEMM on GPU %d failed its graph-capture check (%s): pipelined calls of a "
@@ -171,15 +160,15 @@ def _vendor_blas() -> None:
 def _measured(problem: Problem, op) -> figures.Figures:
   return figures.measure(op, problem.dtype_name, problem.rows, problem.k, problem.n, problem.world,
                          problem.w_kmajor, types=(problem.w_dtype, problem.out_dtype) if problem.scaled else None,
-                         blocks=problem.blocks)
+                         scaling=problem.scaling)
 
 
 def _pinned_stages(op, world: int) -> tuple | None:
-  pinned = os.environ.get(PINNED_STAGES)
+  pinned = settings.pipeline_stages()
   try:
     return pipelined.parse_stages(pinned, op, world) if pinned else None
   except ValueError as e:
-    raise ValueError(f"jax_overlap: {PINNED_STAGES}: {e}") from None
+    raise ValueError(f"jax_overlap: {settings.PIPELINE_STAGES}: {e}") from None
 
 
 def _plan_pipelined(problem: Problem, op, auto: bool) -> Choice:
@@ -193,7 +182,8 @@ def _plan_pipelined(problem: Problem, op, auto: bool) -> Choice:
   f = _measured(problem, op)
   _vendor_blas()
   plan = pipelined.plan(op, problem.world, f, _pinned_stages(op, problem.world))
-  sizes = (dtypes.itemsize(problem.dtype_name), dtypes.itemsize(problem.out_dtype), problem.scaled, problem.blocks)
+  sizes = (formats.itemsize(problem.dtype_name), formats.itemsize(problem.out_dtype), problem.scaled,
+           problem.scaled and problem.scaling.blocks)
   nbytes = backend.current().native.pipelined_region_bytes(
       op.NAME, problem.world, problem.batch, problem.m, problem.k, problem.n, *sizes)
   # Calls of one key share a region: its bytes follow the element sizes (and a float8 shard's scale header) as
@@ -208,7 +198,7 @@ def _plan_fused(problem: Problem, op, auto: bool) -> Choice:
   if why:
     raise Declined(why)
   f = _measured(problem, op) if auto else None
-  device = runtime.device_props()
+  device = workspace.device_props()
   if f is not None:
     chunk_rows = op.chunk_rows(problem.rows, problem.world)
     vendor = 2.0 * problem.world * chunk_rows * problem.k * problem.n / f.gemm_us[-1]
@@ -225,7 +215,7 @@ def _plan_fused(problem: Problem, op, auto: bool) -> Choice:
   if problem.world == 1:
     return Choice("fused", plan)
   key = (f"{op.NAME}/fused", problem.groups, (problem.batch, problem.m, problem.k, problem.n,
-                                              dtypes.itemsize(problem.dtype_name), plan.tile, plan.chunk_k))
+                                              formats.itemsize(problem.dtype_name), plan.tile, plan.chunk_k))
   return Choice("fused", plan, (key, plan.region_bytes))
 
 
@@ -233,7 +223,7 @@ def _plan_all_gather(problem: Problem, op, auto: bool) -> Choice:
   """The runtime's all-gather of x's rows (tests): any dtype, rows of whole 16-byte vectors."""
   del op, auto
   row_bytes = problem.k * np.dtype(problem.dtype_name).itemsize
-  if problem.world < 2 or row_bytes % dtypes.VECTOR_BYTES:
+  if problem.world < 2 or row_bytes % formats.VECTOR_BYTES:
     raise Declined("a group of one, or rows not 16-byte multiples")
   nbytes = backend.current().native.all_gather_region_bytes(problem.world, problem.rows, row_bytes)
   return Choice("all_gather", None, (("all_gather", problem.groups, (problem.rows, problem.k, problem.dtype_name)),
@@ -259,9 +249,9 @@ def decide(problem: Problem, op, requested: str, *, again: str | None = None) ->
     # A float8 group of one is the vendor's fp8 GEMM: XLA's fp8 forms ran 1.1x (16384 rows) to 3.1x (2048 rows)
     # slower than cuBLASLt's on the H200 (jax 0.11.2, through torch._scaled_mm; benchmarks/bench_fp8.py times both).
     return _plan_pipelined(problem, op, auto=True)
-  if problem.blocks:
-    # No fp8 GEMM of XLA's takes block scales: its form is a float32 dot (benchmarks/bench_fp8.py times it), which
-    # the model's XLA path (the vendor's fp8 rate) would flatter.
+  if problem.scaled and not problem.scaling.xla_gemm:
+    # No fp8 GEMM of XLA's takes these scales (block scales): its form is a float32 dot (benchmarks/bench_fp8.py
+    # times it), which the model's XLA path (the vendor's fp8 rate) would flatter.
     return _plan_pipelined(problem, op, auto=True)
   if again is not None:
     choice = _PLANNERS[again](problem, op, auto=True)

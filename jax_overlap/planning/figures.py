@@ -7,7 +7,7 @@
 - The reduction of an op that reduces (matmul_rs): its kernel timed on one
   block of each rank count and shape, once, like the GEMMs.
 - The peer link and the local copy rate: copy-engine copies timed when
-  initialize() maps the peers (runtime._measure_copies). Before that, the
+  initialize() maps the peers (workspace._measure_copies). Before that, the
   decision whether to set the workspace up at all guesses the link at a
   quarter of the local copy rate (H200: about 0.5 of 2 TB/s, near NVLink's
   450 GB/s per direction; MI300X: about 0.4 TB/s, near its 7 xGMI links): the
@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from jax_overlap import backend, dtypes, processes, runtime
 from jax_overlap.planning import pipelined
+from jax_overlap.quantization import formats
+from jax_overlap.runtime import backend, processes, workspace
 
 LINK_GUESS_FRACTION = 0.25
 # GEMMs run back to back for this long before the GEMM times are taken: a GPU idle before a timing
@@ -62,49 +63,50 @@ def _native():
 def _local_copy_bytes_per_us() -> float:
   """A copy-engine copy within this GPU, before any workspace exists."""
   probe = _LOCAL_COPY_PROBE_BYTES
-  return processes.agree("local_copy", lambda: probe / _native().time_copy(runtime.first_ordinal(), 0, probe))
+  return processes.agree("local_copy", lambda: probe / _native().time_copy(workspace.first_ordinal(), 0, probe))
 
 
 def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmajor: bool,
-            types: tuple | None = None, blocks: bool = False) -> tuple:
+            types: tuple | None = None, scaling=None) -> tuple:
   """The vendor GEMM's time (us) over s chunks of `chunk_rows` rows, s = 1 .. world. types: a float8 call's
-  (w dtype, out dtype), its x of dtype_name; blocks: with block scales."""
+  (w dtype, out dtype), its x of dtype_name, and scaling its scales' Scaling."""
   rows = [chunk_rows * s for s in range(1, world + 1)]
-  name = dtype_name if types is None else f"{dtype_name}x{types[0]}->{types[1]}{'/blocks' if blocks else ''}"
+  name = dtype_name if types is None else f"{dtype_name}x{types[0]}->{types[1]}/{scaling}"
   extra = {} if types is None else {"w_dtype": types[0], "out_dtype": types[1]}
-  if blocks:
+  if scaling is not None and scaling.blocks:
     extra["blocks"] = True
   return tuple(processes.agree(f"gemm/{name}/{chunk_rows}x{world}/{n}/{k}/{int(w_kmajor)}", lambda: list(
-      _native().time_gemms(runtime.first_ordinal(), dtype_name, rows, n, k, w_kmajor, warmup_ms=GEMM_WARMUP_MS,
+      _native().time_gemms(workspace.first_ordinal(), dtype_name, rows, n, k, w_kmajor, warmup_ms=GEMM_WARMUP_MS,
                            **extra))))
 
 
 def reduce_us(dtype_name: str, block_rows: int, world: int, n: int) -> float:
   """The reduction (us) of `world` partials of [block_rows, n] of `dtype_name` into one."""
   return processes.agree(f"reduce/{dtype_name}/{block_rows}x{world}/{n}", lambda: _native().time_reduce(
-      runtime.first_ordinal(), dtype_name, world, block_rows, n))
+      workspace.first_ordinal(), dtype_name, world, block_rows, n))
 
 
 def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor: bool,
-            types: tuple | None = None, blocks: bool = False) -> Figures:
+            types: tuple | None = None, scaling=None) -> Figures:
   """The figures for one call of `op` (an op module, ops/) with x of `dtype_name` (types: a float8 call's
-  (w dtype, out dtype); None: x's dtype throughout; blocks: with block scales): measured link and copy rates
+  (w dtype, out dtype); None: x's dtype throughout; scaling: a float8 call's Scaling): measured link and copy rates
   once the workspace exists, else the local copy rate and the link guessed from it (see the module docstring).
   SetupError when a measurement failed.
 
   An op that reduces moves partial products (in the output's dtype) and reduces them; one that gathers moves
   x, and with float8 x one GEMM per shard (each shard's own x scale); with block scales either op runs one GEMM
   per chunk (its scales contiguous)."""
-  link, local = runtime.link_bytes_per_us(), runtime.local_bytes_per_us()
+  blocks = scaling is not None and scaling.blocks
+  link, local = workspace.link_bytes_per_us(), workspace.local_bytes_per_us()
   if link is None:
     local = _local_copy_bytes_per_us()
     link = LINK_GUESS_FRACTION * local
   out_dtype = dtype_name if types is None else types[1]
   chunk_rows = op.chunk_rows(rows, world)
-  gemm = gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor, types, blocks)
+  gemm = gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor, types, scaling)
   moved = out_dtype if op.REDUCES else dtype_name
   per_shard = (types is not None and not op.REDUCES) or blocks
-  return Figures(gemm_us=gemm, chunk_bytes=op.chunk_bytes(rows, k, n, world, dtypes.itemsize(moved)),
+  return Figures(gemm_us=gemm, chunk_bytes=op.chunk_bytes(rows, k, n, world, formats.itemsize(moved)),
                  link_bytes_per_us=link, local_bytes_per_us=local,
                  reduce_us=reduce_us(out_dtype, chunk_rows, world, n) if op.REDUCES else None,
                  stage_gemm_us=tuple(s * gemm[0] for s in range(1, world + 1)) if per_shard else None,

@@ -19,8 +19,8 @@ import math
 
 import numpy as np
 
-from jax_overlap import dtypes
-from jax_overlap.backend import DeviceProps, GemmGeometry, TileShape
+from jax_overlap.quantization import formats
+from jax_overlap.runtime.backend import DeviceProps, GemmGeometry, TileShape
 
 # Fetchers/reducers are sized to move their bytes within this share of the
 # GEMM's time: a GEMM workgroup that reaches data not yet moved idles, and on
@@ -112,7 +112,7 @@ def plan(op, *, dtype_name: str, rows: int, k: int, n: int, world: int, device: 
   tiles = fitting_tiles(tiles, device)
   if not tiles:
     return None, f"no compiled tile fits {device.smem_per_block} bytes of shared memory per workgroup"
-  moved_bytes, pull_bytes, flops = op.fused_traffic(rows, k, n, world, dtypes.itemsize(dtype_name))
+  moved_bytes, pull_bytes, flops = op.fused_traffic(rows, k, n, world, formats.itemsize(dtype_name))
   tile, movers = _plan_tile(tiles, world, moved_bytes, flops, device, geometry)
   if tile is None:
     return None, f"no GEMM workgroup left beside the {op.MOVERS}"

@@ -12,7 +12,7 @@ import jax_overlap
 
 
 requires_gpu = pytest.mark.skipif(not jax_overlap.gpu_available(),
-                                  reason="needs a GPU and a GPU build of jax_overlap (runs on the device machine)")
+                                  reason="needs an NVIDIA or AMD GPU and a GPU build of jax_overlap")
 
 
 def random(rng: np.random.Generator, shape, dtype, scale: float = 1.0) -> np.ndarray:

@@ -22,7 +22,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 import jax_overlap as jo
 from gpu_util import random, requires_gpu
 from tolerance import assert_close, rms
-from jax_overlap import backend, native
+from jax_overlap.runtime import backend, native
 import test_sim_group
 from test_multiprocess import failed_under_mps, requires_mps
 

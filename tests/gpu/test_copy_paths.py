@@ -29,7 +29,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 import jax_overlap as jo
 from gpu_util import random, requires_gpu, vendor_gemm_runs
 from tolerance import assert_close
-from jax_overlap import native
+from jax_overlap.runtime import native
 
 nat = native.module()
 

@@ -1,4 +1,4 @@
-"""The float8 cast kernel (jax_overlap/fp8_cast.py, csrc/kernels/fp8_cast.cu) against XLA's form of the same cast,
+"""The float8 cast kernel (jax_overlap/ops/fp8_cast.py, csrc/kernels/fp8_cast.cu) against XLA's form of the same cast,
 bit for bit: each input dtype and OCP format, sizes with and without a tail past the last 8-element vector, values
 over many binades (so that some round into the format's subnormals or to zero, of either sign), the scale current
 scaling gives and an arbitrary power of two, NaN inputs. Every element is compared, so an element the kernel left
@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import jax_overlap
-from jax_overlap import fp8_cast, numerics
+from jax_overlap.ops import fp8_cast
+from jax_overlap.quantization import numerics
 from gpu_util import requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]

@@ -24,7 +24,7 @@ import pytest
 
 from gpu_util import on_gpu as _dev, pointer as _ptr, poisoned as _poisoned, random, requires_gpu
 from tolerance import assert_close
-from jax_overlap import native
+from jax_overlap.runtime import native
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -110,7 +110,7 @@ def test_loopback_fp8_schedule(op, world, formats, out_dtype):
 
 def test_loopback_refuses_a_float32_bias_the_gemm_epilogue_cannot_add():
   """cuBLASLt's float8 epilogue takes a bias in the 16-bit output's dtype only: the call fails naming it (the
-  lowering never makes such a call: it adds such a bias itself, jax_overlap/lowering.py _bias_by_xla)."""
+  lowering never makes such a call: it adds such a bias itself, jax_overlap/integration/operands.py bias_by_xla)."""
   rng = np.random.default_rng(5)
   x, w = random(rng, (1, 64, 256), E4M3), random(rng, (256, 256), E4M3)
   one = _dev(np.ones((1,), np.float32))

@@ -1,8 +1,8 @@
 """Float8 calls of a group of one through JAX (the public API, algorithm="pipelined"): the vendor float8 GEMM as
 an FFI call, against float64 of the dequantized operands (x.astype(float64) * x_scale): every format pair the
 H200 runs, each output dtype, no bias, a bias in the output's dtype (the GEMM's epilogue adds it) or in float32
-(XLA adds it after a float32 GEMM: jax_overlap/lowering.py _bias_by_xla), batch dims, odd rows, w given [K, N]
-(transposed by the lowering: Hopper's float8 GEMM takes K-major operands only) or K-major. Tolerances as in
+(XLA adds it after a float32 GEMM: jax_overlap/integration/operands.py bias_by_xla), batch dims, odd rows, w given
+[K, N] (transposed by the lowering: Hopper's float8 GEMM takes K-major operands only) or K-major. Tolerances as in
 test_fp8_pipelined.py (float16's for a float32 output).
 
   python -m pytest -q tests/gpu/test_fp8_world1.py     (about two minutes on the H200: one compile per case)

@@ -15,7 +15,8 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_overlap as jo
-from jax_overlap import dtypes, primitives
+from jax_overlap.quantization import formats
+from jax_overlap.runtime import workspace
 from gpu_util import requires_gpu
 from test_fp8_layers import ag_layer_reference, rs_layer_reference
 from tolerance import assert_close
@@ -25,11 +26,11 @@ pytestmark = [pytest.mark.gpu, requires_gpu]
 
 def _formats():
   """(e4m3, e5m2) of this GPU's family; skip where it runs none."""
-  (_, arch), *_ = primitives.local_gpus() or ((None, ""),)
-  family = dtypes.fp8_family_of(arch)
+  (_, arch), *_ = workspace.local_gpus() or ((None, ""),)
+  family = formats.fp8_family_of(arch)
   if family is None:
     pytest.skip(f"this GPU ({arch}) runs no float8 format")
-  return dtypes.fp8_formats(family)
+  return formats.fp8_formats(family)
 
 
 def _fp8_gemms(compiled: str) -> list:

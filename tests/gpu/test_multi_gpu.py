@@ -18,7 +18,7 @@ from tolerance import assert_close, rms
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not jo.gpu_available() or len(jax.devices()) < 2,
-                                 reason="needs 2 or more GPUs in this process (multi-GPU device machine)")]
+                                 reason="needs 2 or more GPUs visible to this process")]
 
 
 def _mesh():

@@ -45,7 +45,7 @@ def test_two_processes_one_gpu():
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is None or multiprocess._gpu_count() < 2,
-                    reason="needs 2 or more GPUs (multi-GPU device machine)")
+                    reason="needs 2 or more GPUs on this machine")
 def test_one_process_per_gpu():
   results = multiprocess.run_world(multiprocess._gpu_count(), dict(os.environ, NCCL_NVLS_ENABLE="0"), per_gpu=True,
                                    timeout=300)

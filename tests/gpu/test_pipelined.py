@@ -23,7 +23,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 import jax_overlap as jo
 from gpu_util import random, requires_gpu, vendor_gemm_runs
 from tolerance import assert_close, rms
-from jax_overlap import native
+from jax_overlap.runtime import native
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 

@@ -16,7 +16,7 @@ import pytest
 
 from gpu_util import random, requires_gpu
 from tolerance import assert_close
-from jax_overlap import backend, native
+from jax_overlap.runtime import backend, native
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 

@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_overlap as jo
-from jax_overlap import backend
+from jax_overlap.runtime import backend
 from gpu_util import random, requires_gpu
 from tolerance import assert_close, rms, tolerances
 
@@ -144,7 +144,7 @@ os.environ.update(JAX_OVERLAP_WATCHDOG_SECONDS="2e-5", JAX_OVERLAP_ON_TIMEOUT="r
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 import jax_overlap as jo
-from jax_overlap import native
+from jax_overlap.runtime import native
 
 mesh = Mesh(np.array(jax.devices()[:1]), ("tp",))
 f = jax.jit(jax.shard_map(lambda x, w: jo.ag_matmul(x, w, axis_name="tp", algorithm="fused"), mesh=mesh,

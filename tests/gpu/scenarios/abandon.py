@@ -92,7 +92,7 @@ def run(ctx: Ctx) -> None:
   import jax
 
   import jax_overlap as jo
-  from jax_overlap import native
+  from jax_overlap.runtime import native
 
   jo.initialize()
   for op in OPS:

@@ -49,7 +49,7 @@ def run(ctx: Ctx) -> None:
   from jax.sharding import PartitionSpec as P
 
   import jax_overlap as jo
-  from jax_overlap import native
+  from jax_overlap.runtime import native
 
   nat = native.module()
   rank, world, rng, shard, local, check = ctx.rank, ctx.world, ctx.rng, ctx.shard, ctx.local, ctx.check

@@ -68,7 +68,7 @@ def run(ctx: Ctx) -> None:
   import jax
 
   import jax_overlap as jo
-  from jax_overlap import native
+  from jax_overlap.runtime import native
 
   for op in OPS:
     jo.initialize(watchdog_seconds=WATCHDOG_SECONDS)

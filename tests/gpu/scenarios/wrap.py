@@ -72,7 +72,7 @@ def _case(ctx: Ctx, algorithm: str, op: str):
 
 def run(ctx: Ctx) -> None:
   import jax_overlap as jo
-  from jax_overlap import native
+  from jax_overlap.runtime import native
 
   jo.initialize()
   cases = {case: _case(ctx, *case) for case in CASES}

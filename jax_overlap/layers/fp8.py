@@ -1,30 +1,11 @@
-"""dot_general-compatible callables, so layer libraries run their linear layers on jax_overlap.
-
-Pass one as a layer's dot_general (or the class as dot_general_cls):
-
-  flax.linen   Dense / DenseGeneral(dot_general=...), MultiHeadDotProductAttention(qkv_dot_general=AgDotGeneral(),
-               out_dot_general=RsDotGeneral())
-  flax.nnx     Linear / LinearGeneral(dot_general=...), MultiHeadAttention(qkv_dot_general=..., out_dot_general=...)
-
-AgDotGeneral is the column-parallel layer (ag_matmul): it contracts x's last dim
-with the kernel's first, kernels [K, *n] ([embed, heads, head_dim] for QKV,
-[embed, 2, ffn] for a gated MLP). RsDotGeneral is the row-parallel layer
-(matmul_rs): it contracts x's trailing dims with the kernel's leading ones,
-kernels [*k, N] ([heads, head_dim, embed] for the attention output, [ffn, embed]).
-The layer adds its bias after the call (not fused). Inputs take any leading dims.
-
-With axis_name=None (global arrays under jit) the result is x @ kernel, and the
-shardings decide the collectives; inside shard_map (axis_name given) the result
-is the op's: rows gathered (AgDotGeneral) or reduce-scattered (RsDotGeneral).
-`precision` is accepted and not used (the products accumulate in float32);
-preferred_element_type may be None or the inputs' dtype; out_sharding is passed on.
+"""The float8 layers: AgDotGeneral and RsDotGeneral (layers/dot_general.py) in float8, for training.
 
 Fp8AgDotGeneral and Fp8RsDotGeneral are the same layers in float8, for
 training: they take bfloat16/float16/float32 inputs and kernels and quantize
 both on every call (current scaling: the amax of the local shard, a
 power-of-two scale, a cast to e4m3), the kernel straight into the K-major
 layout Hopper's fp8 GEMM takes, in the same pass. Casts with no transpose in
-them run on fp8_cast.py's primitive (the project's cast kernel where it takes
+them run on ops/fp8_cast.py's primitive (the project's cast kernel where it takes
 the call, XLA's cast of the same values otherwise). Their custom VJP quantizes
 the cotangent to e5m2 the same way, so that the data gradient (the dual op)
 and the weight gradient run in float8 too, and keeps float8 residuals in
@@ -34,7 +15,7 @@ Fp8RsDotGeneral its quantized x. Where the weight gradient contracts rows that
 carry per-shard scales (the gathered x; the gathered cotangent of matmul_rs),
 the scales fold into the e5m2 operand's quantization, so it stays one GEMM of
 one scale per operand: exact up to that quantization's rounding (power-of-two
-scales shift values exactly, numerics.py). That GEMM contracts the rows, the
+scales shift values exactly, quantization/numerics.py). That GEMM contracts the rows, the
 outer dim of both operands, so both are transposed for it (Hopper's fp8 GEMM
 takes K-major operands only): the cotangent within its quantizing pass, the
 float8 residual in a pass of its own.
@@ -53,81 +34,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_overlap import api, autodiff, dtypes, fp8_cast, numerics, ops, primitives, remat
+from jax_overlap import api, remat
+from jax_overlap.integration import autodiff
+from jax_overlap.layers.dot_general import Layer, check_column_parallel, check_dim, check_row_parallel
+from jax_overlap.ops import OPS, fp8_cast
+from jax_overlap.quantization import formats, numerics, scaling
+from jax_overlap.quantization.scaling import BLOCK, BLOCK_SIZE, Scales
+from jax_overlap.runtime import workspace
 
 
-def _dims(dimension_numbers):
-  (lhs_c, rhs_c), (lhs_b, rhs_b) = dimension_numbers
-  return tuple(lhs_c), tuple(rhs_c), tuple(lhs_b), tuple(rhs_b)
-
-
-def _check(op: str, lhs, rhs, dimension_numbers, preferred_element_type, contract: int, expected: str) -> None:
-  if not hasattr(lhs, "ndim") or not hasattr(rhs, "ndim"):
-    return  # the op names the argument that is not an array
-  lhs_c, rhs_c, lhs_b, rhs_b = _dims(dimension_numbers)
-  lhs_c = tuple(d % lhs.ndim for d in lhs_c)
-  rhs_c = tuple(d % rhs.ndim for d in rhs_c)
-  want_lhs = tuple(range(lhs.ndim - contract, lhs.ndim))
-  if lhs_b or rhs_b or lhs_c != want_lhs or rhs_c != tuple(range(contract)):
-    want = ((want_lhs, tuple(range(contract))), ((), ()))
-    raise ValueError(f"jax_overlap.{op}: dimension_numbers must contract {expected} with no batch dims, i.e. "
-                     f"{want} for x of shape {lhs.shape} and kernel of shape {rhs.shape}, got {dimension_numbers}")
-  if preferred_element_type is not None and np.dtype(preferred_element_type) != np.dtype(lhs.dtype):
-    raise ValueError(f"jax_overlap.{op}: preferred_element_type must be None or the inputs' dtype "
-                     f"{np.dtype(lhs.dtype).name}, got {np.dtype(preferred_element_type).name}")
-
-
-def _check_row_parallel(layer: str, lhs, rhs, dimension_numbers, preferred_element_type) -> int:
-  """_check of a row-parallel layer (kernel [*k, N]): returns how many dims it contracts."""
-  if getattr(rhs, "ndim", 0) < 2:
-    raise ValueError(f"jax_overlap.{layer}: the kernel must have rank >= 2 ([*k, N]), got shape "
-                     f"{getattr(rhs, 'shape', rhs)}")
-  contract = rhs.ndim - 1
-  _check(layer, lhs, rhs, dimension_numbers, preferred_element_type, contract,
-         f"x's last {contract} dims with the kernel's first {contract}")
-  return contract
-
-
-@dataclasses.dataclass(frozen=True)
-class AgDotGeneral:
-  """lax.dot_general's signature on ag_matmul: kernel [K, *n], x [..., K].
-
-  algorithm: "auto", "pipelined", "fused" or "xla", as jax_overlap.ag_matmul takes it.
-  """
-
-  axis_name: str | tuple | None = None
-  algorithm: str = "auto"
-  gather_axis: int = -2
-
-  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
-    del precision
-    _check("AgDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type, 1,
-           "x's last dim with the kernel's first")
-    return api.ag_matmul(lhs, rhs, axis_name=self.axis_name, algorithm=self.algorithm,
-                         gather_axis=self.gather_axis, out_sharding=out_sharding)
-
-
-@dataclasses.dataclass(frozen=True)
-class RsDotGeneral:
-  """lax.dot_general's signature on matmul_rs: kernel [*k, N], x [..., *k].
-
-  algorithm: "auto", "pipelined", "fused" or "xla", as jax_overlap.matmul_rs takes it.
-  """
-
-  axis_name: str | tuple | None = None
-  algorithm: str = "auto"
-  scatter_axis: int | None = None
-
-  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
-    del precision
-    _check_row_parallel("RsDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
-    return api.matmul_rs(lhs, rhs, axis_name=self.axis_name, algorithm=self.algorithm,
-                         scatter_axis=self.scatter_axis, out_sharding=out_sharding)
-
-
-# --- float8 layers ----------------------------------------------------------------------
-
-_INPUT_DTYPES = ("bfloat16", "float16", "float32")
+# What the layers quantize: the cast's inputs.
+_INPUT_DTYPES = fp8_cast.INPUT_DTYPES
+FAMILIES = ("ocp", "fnuz")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,29 +60,40 @@ class _Fp8Call:
   e5m2: str  # the cotangent's format
   x_dtype: str
   w_dtype: str
-  scaling: str = "tensor"  # "tensor": one scale per operand; "block": 1x128 blocks, 128x128 tiles of the kernel
+  scaling: scaling.Scaling = scaling.TENSOR  # TENSOR: one scale per operand; BLOCK: 1x128 blocks, 128x128 tiles
 
   @property
   def out_dtype(self) -> str:
     return np.dtype(jnp.promote_types(self.x_dtype, self.w_dtype)).name
 
 
-SCALINGS = ("tensor", "block")
+class Fp8Layer(Layer):
+  """What the float8 layers share: their fields checked at construction (Layer's, and family and scaling)."""
 
+  ALGORITHMS = tuple(a for a in api.ALGORITHMS if formats.takes(a, "float8_e4m3fn") or a in ("auto", "xla"))
 
-def _fp8_call(layer: str, lhs, rhs, family, **fields) -> _Fp8Call:
-  if fields.get("scaling") not in SCALINGS:
-    raise ValueError(f"jax_overlap.{layer}: scaling must be 'tensor' or 'block', got {fields.get('scaling')!r}")
-  for name, v in (("x", lhs), ("kernel", rhs)):
-    if dtypes.name(v.dtype) not in _INPUT_DTYPES:
-      raise TypeError(f"jax_overlap.{layer}: {name} must have dtype {', '.join(_INPUT_DTYPES)} (the layer "
-                      f"quantizes it), got {v.dtype}")
-  if family is None:
-    family = "fnuz" if any(dtypes.fp8_family_of(arch) == "fnuz" for _, arch in primitives.local_gpus()) else "ocp"
-  elif family not in ("ocp", "fnuz"):
-    raise ValueError(f"jax_overlap.{layer}: family must be None, 'ocp' or 'fnuz', got {family!r}")
-  e4m3, e5m2 = dtypes.fp8_formats(family)
-  return _Fp8Call(e4m3=e4m3, e5m2=e5m2, x_dtype=dtypes.name(lhs.dtype), w_dtype=dtypes.name(rhs.dtype), **fields)
+  def __post_init__(self):
+    super().__post_init__()
+    name = type(self).__name__
+    if self.family is not None and self.family not in FAMILIES:
+      raise ValueError(f"jax_overlap.{name}: family must be None (the GPU's), 'ocp' or 'fnuz', got {self.family!r}")
+    if self.scaling not in scaling.MODES:
+      raise ValueError(f"jax_overlap.{name}: scaling must be one of {tuple(scaling.MODES)}, got {self.scaling!r}")
+
+  def _call(self, lhs, rhs, **fields) -> _Fp8Call:
+    """This call's _Fp8Call, after the checks of its inputs' dtypes."""
+    layer = type(self).__name__
+    for name, v in (("x", lhs), ("kernel", rhs)):
+      if formats.name(v.dtype) not in _INPUT_DTYPES:
+        raise TypeError(f"jax_overlap.{layer}: {name} must have dtype {', '.join(_INPUT_DTYPES)} (the layer "
+                        f"quantizes it), got {v.dtype}")
+    family = self.family
+    if family is None:
+      family = "fnuz" if any(formats.fp8_family_of(arch) == "fnuz" for _, arch in workspace.local_gpus()) else "ocp"
+    e4m3, e5m2 = formats.fp8_formats(family)
+    return _Fp8Call(axis_name=self.axis_name, algorithm=self.algorithm, e4m3=e4m3, e5m2=e5m2,
+                    x_dtype=formats.name(lhs.dtype), w_dtype=formats.name(rhs.dtype),
+                    scaling=scaling.MODES[self.scaling], **fields)
 
 
 def _axes(call: _Fp8Call) -> tuple:
@@ -172,10 +101,10 @@ def _axes(call: _Fp8Call) -> tuple:
 
 
 def _varying_in(call: _Fp8Call, x, w) -> tuple:
-  """x and w made varying over the group (api._varying: JAX's transpose of that cast sums dW over replicas)."""
+  """x and w made varying over the group (autodiff.varying: JAX's transpose of that cast sums dW over replicas)."""
   if call.axis_name is None:
     return x, w
-  return api._varying(_axes(call), x, w)
+  return autodiff.varying(_axes(call), x, w)
 
 
 def _negative(axis, ndim: int):
@@ -210,7 +139,7 @@ def _custom_vjp(forward, backward):
 
 def _cast_algorithm(call: _Fp8Call) -> str:
   """How the layer casts to float8 where no transpose comes with the cast: the project's kernel where it takes the
-  call (fp8_cast.py; the same values as XLA's cast), XLA's with algorithm="xla"."""
+  call (ops/fp8_cast.py; the same values as XLA's cast), XLA's with algorithm="xla"."""
   return "xla" if call.algorithm == "xla" else "auto"
 
 
@@ -218,7 +147,7 @@ def _quantized(x, w, call: _Fp8Call, kmajor) -> tuple:
   """(x8, x_scale, w8, w_scale): x and the kernel quantized to e4m3, the kernel in the K-major layout kmajor(w)
   gives. Current scaling: the transpose and the cast are one pass over w. Block scaling (w 2-D): x per 1x128
   block, the kernel per 128x128 tile."""
-  if call.scaling == "block":
+  if call.scaling is BLOCK:
     return (*numerics.block_scaling(x, call.e4m3), *numerics.tile_scaling(kmajor(w), call.e4m3))
   x8, x_scale = fp8_cast.current_scaling(x, call.e4m3, algorithm=_cast_algorithm(call))
   w_scale = numerics.fp8_scale(jnp.max(jnp.abs(w)), call.e4m3)
@@ -227,7 +156,7 @@ def _quantized(x, w, call: _Fp8Call, kmajor) -> tuple:
 
 def _cotangent(d, call: _Fp8Call) -> tuple:
   """(d quantized to e5m2, its scale): current scaling, or per 1x128 block of its last dim."""
-  if call.scaling == "block":
+  if call.scaling is BLOCK:
     return numerics.block_scaling(d, call.e5m2)
   return fp8_cast.current_scaling(d, call.e5m2, algorithm=_cast_algorithm(call))
 
@@ -236,7 +165,7 @@ def _dual_kernel(w, w_scale, call: _Fp8Call) -> tuple:
   """(the kernel quantized again in its own layout, whose last dim is the dual op's contraction, with the
   forward's scale; that scale as the dual op takes it): the same float8 values as the forward's K-major kernel.
   Block scaling: the forward's tiles, transposed."""
-  if call.scaling == "block":
+  if call.scaling is BLOCK:
     return numerics.tile_scaling(w, call.e4m3, w_scale.T)[0], w_scale.T
   return fp8_cast.cast(w, w_scale, call.e4m3, algorithm=_cast_algorithm(call)), w_scale
 
@@ -256,14 +185,14 @@ def _weight_grad(at8, a_scale, bt8, b_scale, w, w_layout, call: _Fp8Call):
     dw = api.matmul_rs(at8, bt8, x_scale=a_scale, w_scale=b_scale, out_dtype=call.w_dtype, w_kmajor=True,
                        algorithm=algorithm)
   else:  # the local product on this rank's operands
-    at8, bt8, a_scale, b_scale = api._varying(_axes(call), at8, bt8, a_scale, b_scale)
-    dw = ops.OPS["matmul_rs"].bind(at8, bt8, None, (a_scale, b_scale), axis_name=None, axis_size=1,
-                                   algorithm=algorithm, w_kmajor=True, out_dtype=call.w_dtype)
+    at8, bt8, a_scale, b_scale = autodiff.varying(_axes(call), at8, bt8, a_scale, b_scale)
+    dw = OPS["matmul_rs"].bind(at8, bt8, None, Scales(a_scale, b_scale, call.scaling), axis_name=None,
+                               axis_size=1, algorithm=algorithm, w_kmajor=True, out_dtype=call.w_dtype)
   return autodiff.like(dw.reshape(w.shape), w_layout)
 
 
 @dataclasses.dataclass(frozen=True)
-class Fp8AgDotGeneral:
+class Fp8AgDotGeneral(Fp8Layer):
   """AgDotGeneral in float8, for training: kernel [K, *n], x [..., K], both bf16/f16/f32.
 
   Each call quantizes x (the amax of the local shard inside shard_map, of the whole array on
@@ -273,13 +202,18 @@ class Fp8AgDotGeneral:
   as one float8 GEMM, with the gathered shards' scales folded into dy's quantization.
   Residuals: the gathered float8 x and its per-shard scales (jax_overlap.remat names them).
 
-  algorithm: "auto", "pipelined" or "xla", as jax_overlap.ag_matmul takes it for float8
-  operands ("fused" is 16-bit only); dW's GEMM, which has no communication, is the vendor's fp8
-  GEMM where it takes the call and XLA's dot otherwise, and XLA's with "xla". family: the float8
-  formats, "ocp" (float8_e4m3fn and float8_e5m2) or "fnuz" (float8_e4m3fnuz and float8_e5m2fnuz);
-  None: fnuz on gfx942, OCP elsewhere. scaling: "tensor" (one scale per operand: the local shard's amax)
-  or "block" (a scale per 1x128 block of x and of the cotangent, per 128x128 tile of the kernel; K and N
-  multiples of 128, see "block scaling" below).
+  axis_name, gather_axis: as AgDotGeneral's. algorithm: "auto", "pipelined" or "xla", as
+  jax_overlap.ag_matmul takes it for float8 operands ("fused" is 16-bit only); dW's GEMM, which has
+  no communication, is the vendor's fp8 GEMM where it takes the call and XLA's dot otherwise, and
+  XLA's with "xla". family: the float8 formats, "ocp" (float8_e4m3fn and float8_e5m2) or "fnuz"
+  (float8_e4m3fnuz and float8_e5m2fnuz); None: fnuz on gfx942, OCP elsewhere. scaling: "tensor" (one
+  scale per operand: the local shard's amax) or "block" (a scale per 1x128 block of x and of the
+  cotangent, per 128x128 tile of the kernel; K and N multiples of 128, see "block scaling" below).
+
+  Example (flax.nnx, bf16 in and out):
+
+    layer = nnx.Linear(512, 2048, dot_general=jax_overlap.Fp8AgDotGeneral(), param_dtype=jnp.bfloat16,
+                       dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
   """
 
   axis_name: str | tuple | None = None
@@ -288,18 +222,20 @@ class Fp8AgDotGeneral:
   family: str | None = None
   scaling: str = "tensor"
 
+  def __post_init__(self):
+    super().__post_init__()
+    check_dim("Fp8AgDotGeneral", "gather_axis", self.gather_axis, optional=False)
+
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
     del precision
-    _check("Fp8AgDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type, 1,
-           "x's last dim with the kernel's first")
-    call = _fp8_call("Fp8AgDotGeneral", lhs, rhs, self.family, axis_name=self.axis_name, algorithm=self.algorithm,
-                     axis=_negative(self.gather_axis, lhs.ndim), out_sharding=out_sharding, scaling=self.scaling)
+    check_column_parallel("Fp8AgDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
+    call = self._call(lhs, rhs, axis=_negative(self.gather_axis, lhs.ndim), out_sharding=out_sharding)
     x, w = _varying_in(call, lhs, rhs)
-    if call.scaling == "tensor":
+    if call.scaling is scaling.TENSOR:
       return _fp8_ag(x, w, call)
     # Block scales take a 2-D kernel: [K, *n] as [K, N], and back.
     w2 = w.reshape(w.shape[0], -1)
-    _check_blocks("Fp8AgDotGeneral", *w2.shape)
+    BLOCK.check_dims("Fp8AgDotGeneral (scaling='block', each rank's kernel)", *w2.shape)
     y = _fp8_ag(x, w2, call)
     return y.reshape(*y.shape[:-1], *w.shape[1:])
 
@@ -322,7 +258,7 @@ def _fp8_ag_bwd(call: _Fp8Call, residuals, dy):
   dx = api.matmul_rs(dy8, w8, x_scale=dy_scale, w_scale=dual_scale, out_dtype=call.x_dtype, w_kmajor=True,
                      axis_name=call.axis_name, algorithm=call.algorithm, scatter_axis=scatter,
                      **_dual_layout(x_layout))
-  if call.scaling == "block":
+  if call.scaling is BLOCK:
     return autodiff.like(dx, x_layout), _block_weight_grad(gathered, scales, dy, w, w_layout, call, "Fp8AgDotGeneral")
   # dW = gathered^T @ dy over rows whose shards carry scales of their own: dy's rows times their shard's scale,
   # quantized with one scale (transposed in that pass). With one shard that is dy8 itself (power-of-two scales:
@@ -341,7 +277,7 @@ _fp8_ag = _custom_vjp(_ag_forward, _fp8_ag_bwd)
 
 
 @dataclasses.dataclass(frozen=True)
-class Fp8RsDotGeneral:
+class Fp8RsDotGeneral(Fp8Layer):
   """RsDotGeneral in float8, for training: kernel [*k, N], x [..., *k], both bf16/f16/f32.
 
   Each call quantizes x (the amax of the local shard inside shard_map, of the whole array on
@@ -352,8 +288,14 @@ class Fp8RsDotGeneral:
   scales folded into AG(dz) by exact power-of-two shifts. Residuals: the quantized x and its
   scale (jax_overlap.remat names them).
 
-  algorithm, family, scaling: as Fp8AgDotGeneral's. scatter_axis: as RsDotGeneral's, but not the
-  columns (-1) inside shard_map, where the dual op would gather the contraction.
+  axis_name: as RsDotGeneral's. algorithm, family, scaling: as Fp8AgDotGeneral's. scatter_axis: as
+  RsDotGeneral's, but not the columns (-1) inside shard_map, where the dual op would gather the
+  contraction.
+
+  Example (flax.nnx, bf16 in and out):
+
+    layer = nnx.Linear(2048, 512, dot_general=jax_overlap.Fp8RsDotGeneral(), param_dtype=jnp.bfloat16,
+                       dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
   """
 
   axis_name: str | tuple | None = None
@@ -362,22 +304,29 @@ class Fp8RsDotGeneral:
   family: str | None = None
   scaling: str = "tensor"
 
+  def __post_init__(self):
+    super().__post_init__()
+    check_dim("Fp8RsDotGeneral", "scatter_axis", self.scatter_axis, optional=True)
+    if self.axis_name is not None and self.scatter_axis == -1:
+      raise ValueError(f"jax_overlap.Fp8RsDotGeneral: scatter_axis={self.scatter_axis} (the output columns) is not "
+                       f"supported inside shard_map (its data gradient would gather the contraction); use "
+                       f"RsDotGeneral, or scatter another dim")
+
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
     del precision
-    contract = _check_row_parallel("Fp8RsDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
+    contract = check_row_parallel("Fp8RsDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
     scatter = _negative(self.scatter_axis, lhs.ndim - contract + 1)
     if self.axis_name is not None and scatter == -1:
       raise ValueError(f"jax_overlap.Fp8RsDotGeneral: scatter_axis={self.scatter_axis} (the output columns) is not "
                        f"supported inside shard_map (its data gradient would gather the contraction); use "
                        f"RsDotGeneral, or scatter another dim")
-    call = _fp8_call("Fp8RsDotGeneral", lhs, rhs, self.family, axis_name=self.axis_name, algorithm=self.algorithm,
-                     axis=scatter, out_sharding=out_sharding, scaling=self.scaling)
+    call = self._call(lhs, rhs, axis=scatter, out_sharding=out_sharding)
     x, w = _varying_in(call, lhs, rhs)
-    if call.scaling == "tensor":
+    if call.scaling is scaling.TENSOR:
       return _fp8_rs(x, w, call)
     # Block scales take a 2-D kernel: [*k, N] as [K, N], x [..., *k] as [..., K].
     w2 = w.reshape(-1, w.shape[-1])
-    _check_blocks("Fp8RsDotGeneral", *w2.shape)
+    BLOCK.check_dims("Fp8RsDotGeneral (scaling='block', each rank's kernel)", *w2.shape)
     return _fp8_rs(x.reshape(*x.shape[:x.ndim - contract], -1), w2, call)
 
 
@@ -401,7 +350,7 @@ def _fp8_rs_bwd(call: _Fp8Call, residuals, dz):
       dz8, w8, x_scale=dz_scale, w_scale=dual_scale, out_dtype=call.x_dtype, w_kmajor=True,
       axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True, gather_axis=gather,
       **_dual_layout(x_layout))
-  if call.scaling == "block":
+  if call.scaling is BLOCK:
     # the gathered cotangent's value from its float8 blocks (exact), blocked along the rows again
     dw = _block_weight_grad(x8, x_scale, numerics.dequantized(dz_gathered, dz_scales), w, w_layout, call,
                             "Fp8RsDotGeneral")
@@ -427,20 +376,14 @@ _fp8_rs = _custom_vjp(_rs_forward, _fp8_rs_bwd)
 # (K and N multiples of 128 on each rank) quantize as the whole array does, so the result does not depend on the
 # sharding but through the ops' reductions.
 
-def _check_blocks(layer: str, k: int, n: int) -> None:
-  if k % numerics.BLOCK or n % numerics.BLOCK:
-    raise ValueError(f"jax_overlap.{layer}: scaling='block' takes a kernel whose contraction K and output N are "
-                     f"multiples of {numerics.BLOCK} (on each rank inside shard_map), got K={k}, N={n}")
-
-
 def _rows_last(a, layer: str):
   """a [..., c] as [c, R], R the product of its leading dims (the weight gradient's contraction), which block
   scaling needs whole 128-row blocks of."""
   rows = math.prod(a.shape[:-1])
-  if rows % numerics.BLOCK:
+  if rows % BLOCK_SIZE:
     raise ValueError(f"jax_overlap.{layer}: the weight gradient of scaling='block' contracts the rows (the product "
                      f"of x's leading dims{', gathered' if layer == 'Fp8AgDotGeneral' else ''}), which must be a "
-                     f"multiple of {numerics.BLOCK}, got {rows}")
+                     f"multiple of {BLOCK_SIZE}, got {rows}")
   return a.reshape(rows, a.shape[-1]).T
 
 

@@ -44,8 +44,8 @@ record, and `check_errors()` raises it as `PeerTimeoutError`, until
 `clear_errors()` (collective) puts every rank back in step. JAX_OVERLAP_SYNC=1
 makes the failing call itself raise (it waits for each call: debugging).
 
-Settings (environment variables, or initialize()'s arguments); a value that
-is not one of those expected raises a ValueError naming the variable:
+Settings (environment variables, read and checked by settings.py, or
+initialize()'s arguments):
   JAX_OVERLAP_WORKSPACE_BYTES  workspace per GPU (default 1 GiB)
   JAX_OVERLAP_WATCHDOG_SECONDS bound on every wait on a peer (default 600; inf: none)
   JAX_OVERLAP_ON_TIMEOUT       "abort" (default) or "raise"
@@ -58,21 +58,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 
 import jax
 
-from jax_overlap import backend, processes
-from jax_overlap.errors import PeerTimeoutError, SetupError, WorkspaceFullError
+from jax_overlap.runtime import backend, processes, settings
+from jax_overlap.runtime.errors import PeerTimeoutError, SetupError, WorkspaceFullError
 
 log = logging.getLogger("jax_overlap")
 
-DEFAULT_WORKSPACE_BYTES = 1 << 30
-ON_TIMEOUT = ("abort", "raise")
+ON_TIMEOUT = settings.ON_TIMEOUT_CHOICES
 _SITES = 0xFFFF
 _REGION_ALIGN = 4096
-_FLAG_TRUE = ("1", "true", "yes", "on")
-_FLAG_FALSE = ("", "0", "false", "no", "off")
 
 
 def _state() -> backend.State:
@@ -93,69 +89,23 @@ def default_watchdog_seconds() -> float:
   return float(nat.DEFAULT_WATCHDOG_SECONDS) if nat is not None else 600.0
 
 
-# --- settings from the environment ------------------------------------------------
-
-def env_flag(name: str) -> bool:
-  """A switch read from the environment: 1/true/yes/on or 0/false/no/off (unset: off)."""
-  text = os.environ.get(name, "")
-  if text.strip().lower() in _FLAG_TRUE:
-    return True
-  if text.strip().lower() in _FLAG_FALSE:
-    return False
-  raise ValueError(f"jax_overlap: {name}={text!r} is not a switch; expected 1 or 0 (or true/false, yes/no, on/off)")
-
-
-def _env_number(name: str, default, parse, expected: str):
-  text = os.environ.get(name)
-  if text is None:
-    return default
-  try:
-    return parse(text)
-  except ValueError:
-    raise ValueError(f"jax_overlap: {name}={text!r} is not a number; expected {expected}") from None
-
-
-def _env_choice(name: str, default: str, choices: tuple) -> str:
-  text = os.environ.get(name, default)
-  if text not in choices:
-    raise ValueError(f"jax_overlap: {name}={text!r}; expected one of {', '.join(choices)}")
-  return text
-
-
-_WATCHDOG_ENV = "JAX_OVERLAP_WATCHDOG_SECONDS"
-_WORKSPACE_ENV = "JAX_OVERLAP_WORKSPACE_BYTES"
-
-
 def _options(watchdog_seconds, on_timeout, sync_after_launch, trace) -> tuple:
   """The options, each from its argument, else the current setting once prepared, else the environment."""
   state = _state()
-  if watchdog_seconds is None and state.prepared:
-    watchdog_seconds = state.watchdog_seconds
-  elif watchdog_seconds is None:
-    watchdog_seconds = _env_number(_WATCHDOG_ENV, default_watchdog_seconds(), float,
-                                   "a positive number of seconds (inf for none)")
-    if not watchdog_seconds > 0:
-      raise ValueError(f"jax_overlap: {_WATCHDOG_ENV}={os.environ[_WATCHDOG_ENV]!r}; expected a positive number of "
-                       f"seconds (inf for none)")
+  if watchdog_seconds is None:
+    watchdog_seconds = state.watchdog_seconds if state.prepared else settings.watchdog_seconds(
+        default_watchdog_seconds())
   if not watchdog_seconds > 0:
     raise ValueError(f"initialize: watchdog_seconds must be positive (math.inf for none), got {watchdog_seconds}")
   if on_timeout is None:
-    on_timeout = state.on_timeout if state.prepared else _env_choice("JAX_OVERLAP_ON_TIMEOUT", "abort", ON_TIMEOUT)
+    on_timeout = state.on_timeout if state.prepared else settings.on_timeout()
   if on_timeout not in ON_TIMEOUT:
     raise ValueError(f"initialize: on_timeout must be one of {ON_TIMEOUT}, got {on_timeout!r}")
   if sync_after_launch is None:
-    sync_after_launch = state.sync_after_launch if state.prepared else env_flag("JAX_OVERLAP_SYNC")
+    sync_after_launch = state.sync_after_launch if state.prepared else settings.flag(settings.SYNC)
   if trace is None:
-    trace = state.trace if state.prepared else env_flag("JAX_OVERLAP_TRACE")
+    trace = state.trace if state.prepared else settings.flag(settings.TRACE)
   return float(watchdog_seconds), on_timeout, bool(sync_after_launch), bool(trace)
-
-
-def _workspace_bytes_from_env() -> int:
-  expected = "a positive number of bytes, such as 1073741824"
-  workspace_bytes = _env_number(_WORKSPACE_ENV, DEFAULT_WORKSPACE_BYTES, int, expected)
-  if workspace_bytes <= 0:
-    raise ValueError(f"jax_overlap: {_WORKSPACE_ENV}={os.environ[_WORKSPACE_ENV]!r}; expected {expected}")
-  return workspace_bytes
 
 
 # --- lifecycle ------------------------------------------------------------------
@@ -186,6 +136,19 @@ def prepare_devices() -> bool:
     return True
 
 
+def local_gpus() -> tuple:
+  """(name, arch) of each kind of GPU this process has, e.g. ("NVIDIA H200", "sm_90"); () where none is known
+  (no GPU, no native build, or its device state could not be made)."""
+  if backend.current().platform is None:
+    return ()
+  try:
+    if not prepare_devices():
+      return ()
+  except SetupError:
+    return ()
+  return tuple(sorted({(d.name, d.arch) for d in _state().devices.values()}))
+
+
 def initialize(*, workspace_bytes: int | None = None, watchdog_seconds: float | None = None,
                on_timeout: str | None = None, sync_after_launch: bool | None = None,
                trace: bool | None = None) -> dict:
@@ -211,6 +174,10 @@ def initialize(*, workspace_bytes: int | None = None, watchdog_seconds: float | 
   changes only the options it is given. Raises SetupError when the set-up
   failed on any process (then on every process, and again on every later call
   until shutdown()).
+
+  Example (a 2 GiB workspace, and calls that raise rather than end the process on a timeout):
+
+    jax_overlap.initialize(workspace_bytes=2 << 30, on_timeout="raise")
   """
   state = _state()
   options = _options(watchdog_seconds, on_timeout, sync_after_launch, trace)
@@ -225,7 +192,7 @@ def initialize(*, workspace_bytes: int | None = None, watchdog_seconds: float | 
       raise SetupError(f"{state.setup_failed} (call jax_overlap.shutdown() on every process before "
                        f"initialize() again)")
     if workspace_bytes is None:
-      workspace_bytes = _workspace_bytes_from_env()
+      workspace_bytes = settings.workspace_bytes()
     if workspace_bytes <= 0:
       raise ValueError(f"initialize: workspace_bytes must be positive, got {workspace_bytes}")
     if not prepare_devices():
@@ -377,7 +344,10 @@ def setup_failed() -> str | None:
 
 
 def workspace_info() -> dict:
-  """The workspace as this process sees it."""
+  """The workspace as this process sees it: whether it is set up, its size and use, the options, the GPUs.
+
+  Example: print(jax_overlap.workspace_info()["used_bytes"])
+  """
   state = _state()
   return {
       "active": state.active,
@@ -518,7 +488,15 @@ def generation() -> int:
 
 
 def check_errors() -> None:
-  """Raises PeerTimeoutError if a kernel on a local GPU timed out waiting for a peer."""
+  """Raises PeerTimeoutError if a kernel on a local GPU timed out waiting for a peer (on_timeout="raise").
+
+  Example:
+
+    try:
+      jax_overlap.check_errors()
+    except jax_overlap.PeerTimeoutError as e:
+      print(e.record["op"], e.record["peer"])
+  """
   state = _state()
   for d in state.devices.values():
     record = _native().error_record(d.ordinal)
@@ -533,6 +511,8 @@ def clear_errors() -> None:
   barrier it zeroes its workspaces' flags and epochs and forgets the error;
   after a second barrier every process may call again, all ranks from epoch 1.
   Calls lowered before keep working.
+
+  Example (on every process, after a PeerTimeoutError): jax_overlap.clear_errors()
   """
   state = _state()
   with _lock():
@@ -562,6 +542,11 @@ def shutdown() -> None:
   workspaces): trace and compile them again. With several processes it is
   collective: each finishes its GPUs' work, and none frees its workspace
   before every peer has stopped reading it.
+
+  Example (a larger workspace, on every process):
+
+    jax_overlap.shutdown()
+    jax_overlap.initialize(workspace_bytes=4 << 30)
   """
   state = _state()
   with _lock():

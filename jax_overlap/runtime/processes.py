@@ -18,8 +18,9 @@ import json
 
 import jax
 
-from jax_overlap import _compat, backend
-from jax_overlap.errors import SetupError
+from jax_overlap import _compat
+from jax_overlap.runtime import backend
+from jax_overlap.runtime.errors import SetupError
 
 # Bound on every wait for another process in the key-value store (a handle, a figure, a barrier): far
 # longer than any lowering or set-up takes, far shorter than the watchdog.

@@ -12,17 +12,20 @@ adds the rules every GEMM op shares:
              fused, or the reference decomposition) and emits its custom call,
              weights of other ranks than 2 reshaped to a matrix first; on every
              other platform, the reference decomposition
-Operands of every GEMM op: x, w, [bias], [x_scale, w_scale] (float32
-scalars, or block scales shaped like x's and w's blocks, with float8 x and w). Params: axis_name (tuple of mesh axes, or None
-for the local product), axis_size (the group size), algorithm, w_kmajor (w
-stored with the contraction last), has_bias, scaled (the scales are there),
-out_dtype (the result's dtype name: x's for 16-bit operands) and out_specs (the
-Explicit-mesh output types of a global-array call, else None). Every rule runs
-on operand types without Explicit shardings (sharding.py says why).
+Operands of every GEMM op: x, w, [bias], [x_scale, w_scale] (Operands names
+them; the scales of float8 x and w, as their Scaling lays them out). Params:
+axis_name (tuple of mesh axes, or None for the local product), axis_size (the
+group size), algorithm, w_kmajor (w stored with the contraction last),
+has_bias, scaling (the Scaling of float8 operands' scales, None for 16-bit
+ones), out_dtype (the result's dtype name: x's for 16-bit operands) and
+out_specs (the Explicit-mesh output types of a global-array call, else None).
+Every rule runs on operand types without Explicit shardings (sharding.py says
+why).
 
-A float8 format the GPU cannot run (dtypes.py) takes the XLA path under "auto"
-and is an error for an explicit GPU algorithm (api.py says so at trace time,
-naming the device; the lowering again, for a device it had not seen).
+A float8 format the GPU cannot run (quantization/formats.py) takes the XLA
+path under "auto" and is an error for an explicit GPU algorithm (api.py says
+so at trace time, naming the device; the lowering again, for a device it had
+not seen).
 """
 
 from __future__ import annotations
@@ -36,24 +39,12 @@ import numpy as np
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import PartitionSpec as P
 
-from jax_overlap import _compat, backend, dtypes, lowering, runtime, sharding
-from jax_overlap.errors import SetupError
+from jax_overlap import _compat, planning
+from jax_overlap.integration import lowering, sharding
+from jax_overlap.integration.operands import split_operands
+from jax_overlap.quantization import formats
 
 log = logging.getLogger("jax_overlap")
-
-
-# --- operands ------------------------------------------------------------------
-
-def operands(x, w, bias, scales) -> tuple:
-  """The primitive's operands: x, w, [bias], [x_scale, w_scale]."""
-  return (x, w, *(() if bias is None else (bias,)), *(() if scales is None else scales))
-
-
-def split_operands(args, has_bias: bool, scaled: bool) -> tuple:
-  """(x, w, bias or None, (x_scale, w_scale) or None) from the primitive's operands."""
-  x, w, *rest = args
-  bias = rest[0] if has_bias else None
-  return x, w, bias, (tuple(rest[has_bias:has_bias + 2]) if scaled else None)
 
 
 # --- abstract evaluation ----------------------------------------------------
@@ -83,28 +74,32 @@ def result_specs(out_specs, count: int) -> tuple:
 
 # --- batching ---------------------------------------------------------------
 
+def along_x(has_bias: bool, scaling) -> tuple:
+  """The operand indices that a batch can fold into x's leading dims: x, and x_scale where it follows x."""
+  return (0, 2 + has_bias) if scaling is not None and scaling.follows_x else (0,)
+
+
 def _batch_rule(op, args, dims, **params):
-  # x's own leading dims take the batch: x batched (and block scales, shaped like x, batched alike), the
-  # weights not.
-  blocks = params["scaled"] and args[-1].ndim - (dims[-1] is not None) > 0
-  along_x = (0, len(args) - 2) if blocks else (0,)
-  if any(dims[i] is not None for i in along_x) and all(d is None for i, d in enumerate(dims) if i not in along_x):
+  # x's own leading dims take the batch: x batched (and scales that follow x batched alike), the weights not.
+  blocks = params["scaling"] is not None and params["scaling"].follows_x
+  along = along_x(params["has_bias"], params["scaling"])
+  if any(dims[i] is not None for i in along) and all(d is None for i, d in enumerate(dims) if i not in along):
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     args = [(jnp.broadcast_to(a, (size, *a.shape)) if dims[i] is None else jnp.moveaxis(a, dims[i], 0))
-            if i in along_x else a for i, a in enumerate(args)]
+            if i in along else a for i, a in enumerate(args)]
     out = op.primitive.bind(*args, **params)
     if not op.primitive.multiple_results:
       return out, 0
-    # ag_matmul's gathered_scales belong to the shards, not to an element of the batch (block scales: to x's rows)
+    # ag_matmul's gathered_scales belong to the shards, not to an element of the batch (unless they follow x)
     return out, (0, 0, 0 if blocks else None)[:len(out)]
   out = jax.vmap(functools.partial(_reference_call, op, **params), in_axes=tuple(dims))(*args)
   return out, jax.tree.map(lambda _: 0, out)
 
 
-def _reference_call(op, *args, axis_name, axis_size, algorithm, w_kmajor, has_bias, scaled, out_dtype,
+def _reference_call(op, *args, axis_name, axis_size, algorithm, w_kmajor, has_bias, scaling, out_dtype,
                     out_specs=None):
   del axis_size, algorithm, out_specs
-  x, w, bias, scales = split_operands(args, has_bias, scaled)
+  x, w, bias, scales = split_operands(args, has_bias, scaling)
   return op.reference(x, w, bias, scales, axis_name=axis_name, w_kmajor=w_kmajor, out_dtype=out_dtype)
 
 
@@ -146,7 +141,7 @@ def lower_reference(ctx, *args, op, **params):
 
 def _default_lowering(ctx, *args, op, **params):
   platforms = ", ".join(ctx.module_context.platforms)
-  if params["algorithm"] in dtypes.GPU_ALGORITHMS:
+  if params["algorithm"] in formats.GPU_ALGORITHMS:
     raise ValueError(f"jax_overlap.{op.NAME}: algorithm={params['algorithm']!r} runs on GPU, but this computation "
                      f"is lowered for {platforms}; use algorithm='auto' or 'xla'")
   log.debug("jax_overlap.%s: XLA path (lowered for %s)", op.NAME, platforms)
@@ -156,13 +151,13 @@ def _default_lowering(ctx, *args, op, **params):
 def _gpu_lowering(ctx, *args, op, out_specs, **params):
   """The GPU lowering, which takes w as a matrix: other weights are reshaped around it (row-major views, free)."""
   del out_specs  # types only the global-array trace, never a lowered (local) call
-  dtype_name = dtypes.name(ctx.avals_in[0].dtype)
-  if params["algorithm"] == "auto" and not dtypes.gpu_capable(dtype_name):
+  dtype_name = formats.name(ctx.avals_in[0].dtype)
+  if params["algorithm"] == "auto" and not formats.gpu_capable(dtype_name):
     # Such dtypes serve checks on the XLA path; the GPU algorithms' planning has no figures for them.
     log.debug("jax_overlap.%s: XLA path (%s; the GPU algorithms take %s)", op.NAME, dtype_name,
-              ", ".join(dtypes.dtypes_for("pipelined")))
+              ", ".join(formats.dtypes_for("pipelined")))
     return lower_reference(ctx, *args, op=op, **params)
-  declined = fp8_declined(ctx.avals_in[0].dtype, ctx.avals_in[1].dtype)
+  declined = planning.fp8_declined(ctx.avals_in[0].dtype, ctx.avals_in[1].dtype)
   if declined and params["algorithm"] != "xla":
     if params["algorithm"] != "auto":
       raise ValueError(f"jax_overlap.{op.NAME}: algorithm={params['algorithm']!r} cannot run {declined}; use "
@@ -176,35 +171,7 @@ def _gpu_lowering(ctx, *args, op, out_specs, **params):
                         multiple_results=op.primitive.multiple_results)(ctx, *args)
 
 
-# --- float8 formats and the device ---------------------------------------------
-
-def local_gpus() -> tuple:
-  """(name, arch) of each kind of GPU this process has, e.g. ("NVIDIA H200", "sm_90"); () where none is known
-  (no GPU, no native build, or its device state could not be made)."""
-  machine = backend.current()
-  if machine.platform is None:
-    return ()
-  try:
-    if not runtime.prepare_devices():
-      return ()
-  except SetupError:
-    return ()
-  return tuple(sorted({(d.name, d.arch) for d in machine.state.devices.values()}))
-
-
-def fp8_declined(*operand_dtypes) -> str | None:
-  """Why this process's GPUs cannot run these float8 operands (the dtype and the device, in words), or None:
-  they can, or no operand is float8, or no GPU is known here."""
-  families = {dtypes.fp8_family(d): dtypes.name(d) for d in operand_dtypes if dtypes.is_fp8(d)}
-  if not families:
-    return None
-  for name, arch in local_gpus():
-    for family, dtype_name in families.items():
-      if dtypes.fp8_family_of(arch) != family:
-        return (f"{dtype_name} on this device ({name}, {arch}): {family.upper()} float8 formats run on "
-                f"{dtypes.fp8_devices(family)}")
-  return None
-
+# --- registration ---------------------------------------------------------------
 
 def register_rules(prim, abstract_eval, batch_rule, default_lowering, gpu_lowering) -> None:
   """Registers a primitive's eager implementation (JAX's dispatch), abstract evaluation, batching rule and

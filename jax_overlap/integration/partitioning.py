@@ -6,11 +6,11 @@ or reduces, and a local product otherwise, so the answer is right either way.
 The op's sharding_rule gives Shardy the factors; an op whose plan reads the
 requested output layout (matmul_rs's scatter dim) gets the `request` argument,
 or what propagation settled on (a constraint or jit's out_shardings downstream).
-Float8 scales are scalars, one per array, replicated; block scales are laid
-out as their operands are (the plan is made even for them too: a dim of blocks
-is a 128th of its operand's). The partitioned results are the plan's
-(op.global_results(..., None)), and ag_matmul's gathered_scales is x_scale
-itself, added after the partitioning.
+Float8 scales are laid out as their Scaling says (partition_specs): tensor
+scales replicated, block scales as their operands are (the plan is made even
+for them too: a dim of blocks is a 128th of its operand's). The partitioned
+results are the plan's (op.global_results(..., None)), and ag_matmul's
+gathered_scales is x_scale itself, added after the partitioning.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
-from jax_overlap import numerics, primitives, sharding
+from jax_overlap.integration import primitives, sharding
+from jax_overlap.integration.operands import Operands, operands, split_operands
 
 log = logging.getLogger("jax_overlap")
 
@@ -45,7 +46,7 @@ def _body(fn):
   a collective's reducer). The body is per-shard code: it has no global types.
   JAX lowers a collective's reducer later, when it lowers the body, so the body
   holds no reducer of JAX's: its reductions are all-to-alls and local sums
-  (numerics.py), and the primitives' lowerings set the axes Auto themselves.
+  (ops/reference.py), and the primitives' lowerings set the axes Auto themselves.
   """
   @functools.wraps(fn)
   def traced(*args):
@@ -55,37 +56,37 @@ def _body(fn):
 
 
 @functools.cache
-def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaled: bool, w_kmajor: bool, algorithm: str,
-                       axis, request, out_dtype: str, blocks: bool = False):
-  """The custom_partitioning of `op` for operands of these ranks (and with scales, two scalars after them, or
-  with blocks two arrays of blocks laid out as x and w are). `axis`: the op's gather / scatter dim argument;
-  `request`: the output spec asked for (aligned to the end: vmap adds leading dims), or None."""
+def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_kmajor: bool, algorithm: str,
+                       axis, request, out_dtype: str):
+  """The custom_partitioning of `op` for operands of these ranks (and with a Scaling, the two scales after them).
+  `axis`: the op's gather / scatter dim argument; `request`: the output spec asked for (aligned to the end: vmap
+  adds leading dims), or None."""
   out_ndim = op.result_ndim(ndim, w_ndim)
   multiple = op.primitive.multiple_results
   if request is not None:
     request = (None,) * (out_ndim - len(request)) + tuple(request)
 
-  def plan(mesh, x, w, asked, scale_shapes=None):
-    # Block scales shard as their operands: the plan is made even for their shapes (a 128th of the operands'
-    # dims along K and N), which makes it even for the operands too.
-    x_shape, w_shape = scale_shapes or (x.shape, w.shape)
-    return op.sharding_plan(mesh, sharding.spec_of(x.sharding, ndim), sharding.spec_of(w.sharding, w_ndim), x_shape,
-                            w_shape, w_kmajor, axis, asked)
-
-  def scale_shapes(args):
-    return (args[-2].shape, args[-1].shape) if blocks else None
+  def plan(mesh, args, asked):
+    # The plan is made even for the shapes the scales need (Scaling.plan_shapes), which makes it even for the
+    # operands too.
+    o = Operands.of(args, has_bias, scaling)
+    x_shape, w_shape = o.x.shape, o.w.shape
+    if scaling is not None:
+      x_shape, w_shape = scaling.plan_shapes((o.x_scale.shape, o.w_scale.shape), x_shape, w_shape)
+    return op.sharding_plan(mesh, sharding.spec_of(o.x.sharding, ndim), sharding.spec_of(o.w.sharding, w_ndim),
+                            x_shape, w_shape, w_kmajor, axis, asked)
 
   def product(*args, out_specs=None):
-    x, w, bias, scales = primitives.split_operands(args, has_bias, scaled)
+    x, w, bias, scales = split_operands(args, has_bias, scaling)
     return op.global_results(op.bind(x, w, bias, scales, axis_name=None, axis_size=1, algorithm=algorithm,
                                      w_kmajor=w_kmajor, out_dtype=out_dtype, out_specs=out_specs), None)
 
-  def traced(x, w, *operands):
-    mesh = sharding.explicit_mesh(jax.typeof(x))
+  def traced(*args):
+    mesh = sharding.explicit_mesh(jax.typeof(args[0]))
     specs = None
     if mesh is not None:
-      specs = plan(mesh, jax.typeof(x), jax.typeof(w), request, scale_shapes(operands)).results
-    return product(x, w, *operands, out_specs=specs)
+      specs = plan(mesh, [jax.typeof(a) for a in args], request).results
+    return product(*args, out_specs=specs)
 
   fn = custom_partitioning(traced)
 
@@ -102,21 +103,21 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaled: bool,
     return sharding.spec_of(first.sharding, out_ndim)
 
   def infer(mesh, arg_shapes, result_shape):
-    return result_shardings(mesh, plan(mesh, *arg_shapes[:2], request, scale_shapes(arg_shapes)))
+    return result_shardings(mesh, plan(mesh, arg_shapes, request))
 
   def partition(mesh, arg_shapes, result_shape):
-    p = plan(mesh, *arg_shapes[:2], asked(result_shape), scale_shapes(arg_shapes))
+    p = plan(mesh, arg_shapes, asked(result_shape))
     log.debug("jax_overlap.%s: global arrays, %s", op.NAME, p.why if p.axes else f"plain partitioning ({p.why})")
-    scale_sh = ((p.x, p.w) if blocks else (P(), P())) if scaled else ()
+    scale_sh = () if scaling is None else scaling.partition_specs(p.x, p.w)
     arg_sh = _named(mesh, p.x, p.w, *((p.bias,) if has_bias else ()), *scale_sh)
     if p.axes is None:
       return mesh, _body(product), result_shardings(mesh, p), arg_sh
     size = math.prod(mesh.shape[a] for a in p.axes)
     body = op.partitioned(p, size=size, algorithm=algorithm, w_kmajor=w_kmajor, axis=axis, has_bias=has_bias,
-                          scaled=scaled, out_dtype=out_dtype)
+                          scaling=scaling, out_dtype=out_dtype)
     return mesh, _body(body), result_shardings(mesh, p), arg_sh
 
-  rule, reductions = op.sharding_rule(ndim, w_ndim, has_bias, scaled, w_kmajor, axis, blocks)
+  rule, reductions = op.sharding_rule(ndim, w_ndim, has_bias, scaling, w_kmajor, axis)
   fn.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                    reduction_factors=reductions)
   return fn
@@ -128,19 +129,19 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaled: bool,
 # so that an enclosing vmap reaches this rule too; batched weights or bias go to
 # the reference product.
 
-def _vmap_rule(op, fn, has_bias: bool, scaled: bool, w_kmajor: bool, out_dtype: str, blocks: bool):
-  def rule(axis_size, in_batched, x, w, *operands):
+def _vmap_rule(op, fn, has_bias: bool, scaling, w_kmajor: bool, out_dtype: str):
+  def rule(axis_size, in_batched, *args):
     def batched(i, a):
       return a if in_batched[i] else jnp.broadcast_to(a, (axis_size, *a.shape))
-    # x's own leading dims: x batched (and block scales, shaped like x, batched alike), the weights not.
-    along_x = (0, len(in_batched) - 2) if blocks else (0,)
+    # x's own leading dims: x batched (and scales that follow x batched alike), the weights not.
+    along_x = primitives.along_x(has_bias, scaling)
     if any(in_batched[i] for i in along_x) and not any(b for i, b in enumerate(in_batched) if i not in along_x):
-      out = fn(*(batched(i, a) if i in along_x else a for i, a in enumerate((x, w, *operands))))
+      out = fn(*(batched(i, a) if i in along_x else a for i, a in enumerate(args)))
       return out, jax.tree.map(lambda _: True, out)
-    args = [batched(i, a) for i, a in enumerate((x, w, *operands))]
+    args = [batched(i, a) for i, a in enumerate(args)]
 
     def product(*args):
-      x, w, bias, scales = primitives.split_operands(args, has_bias, scaled)
+      x, w, bias, scales = split_operands(args, has_bias, scaling)
       return op.global_results(op.reference(x, w, bias, scales, axis_name=None, w_kmajor=w_kmajor,
                                             out_dtype=out_dtype), None)
     out = jax.vmap(product)(*args)
@@ -149,14 +150,13 @@ def _vmap_rule(op, fn, has_bias: bool, scaled: bool, w_kmajor: bool, out_dtype: 
 
 
 @functools.cache
-def _vmappable(op, has_bias: bool, scaled: bool, w_kmajor: bool, algorithm: str, axis, request, out_dtype: str,
-               blocks: bool):
+def _vmappable(op, has_bias: bool, scaling, w_kmajor: bool, algorithm: str, axis, request, out_dtype: str):
   @jax.custom_batching.custom_vmap
-  def fn(x, w, *operands):
-    return custom_partitioned(op, x.ndim, w.ndim, has_bias, scaled, w_kmajor, algorithm, axis, request,
-                              out_dtype, blocks)(x, w, *operands)
+  def fn(x, w, *rest):
+    return custom_partitioned(op, x.ndim, w.ndim, has_bias, scaling, w_kmajor, algorithm, axis, request,
+                              out_dtype)(x, w, *rest)
 
-  fn.def_vmap(_vmap_rule(op, fn, has_bias, scaled, w_kmajor, out_dtype, blocks))
+  fn.def_vmap(_vmap_rule(op, fn, has_bias, scaling, w_kmajor, out_dtype))
   return fn
 
 
@@ -168,10 +168,10 @@ _NO_DERIVATIVE = "Differentiation rule for 'custom_partitioning' not implemented
 def call(op, x, w, bias, scales, *, algorithm: str, w_kmajor: bool, axis, out_dtype: str, request=None):
   """The op's results on global arrays, partitioned from their shardings (`axis`: the op's gather / scatter dim
   argument, None for the plan's; `request`: the asked output spec, a tuple per dim, or None)."""
-  fn = _vmappable(op, bias is not None, scales is not None, w_kmajor, algorithm, axis, request, out_dtype,
-                  numerics.blocks(scales))
+  fn = _vmappable(op, bias is not None, None if scales is None else scales.scaling, w_kmajor, algorithm, axis,
+                  request, out_dtype)
   try:
-    outs = fn(*primitives.operands(x, w, bias, scales))
+    outs = fn(*operands(x, w, bias, scales))
   except NotImplementedError as e:
     if not str(e).startswith(_NO_DERIVATIVE):
       raise

@@ -1,8 +1,8 @@
-"""The dtypes the ops take, and which paths run each: one table, so a new dtype is an entry here.
+"""The number formats (dtypes) the ops take, and which paths run each: one table, so a new dtype is an entry here.
 
 Every accepted dtype runs on the XLA path. The GPU algorithms ("pipelined",
 "fused") take the dtypes whose entry names them; their element size sets the
-bytes a chunk, a row or a region holds (planning.py, lowering.py) and the
+bytes a chunk, a row or a region holds (planning/, integration/lowering.py) and the
 16-byte vectors rows and columns move in. float64 is accepted for checks in
 float64, as JAX's own tests run them.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
 
 GPU_ALGORITHMS = ("fused", "pipelined")
@@ -48,6 +49,11 @@ TABLE = {d.name: d for d in (
     DType("float32", 4, ()),
     DType("float64", 8, ()),
 )}
+
+
+def accumulator(dtype):
+  """The type products and sums of `dtype` accumulate in: float32, or float64 for float64 operands."""
+  return jnp.promote_types(dtype, jnp.float32)
 
 
 def name(dtype) -> str:

@@ -1,6 +1,6 @@
 """The float8 cast of the fp8 layers' current scaling, x / scale rounded to a float8 format, as one primitive.
 
-Its value is XLA's form, numerics.quantize: `(x.astype(float32) * (1 / scale)).astype(dtype)`,
+Its value is XLA's form, quantization/numerics.quantize: `(x.astype(float32) * (1 / scale)).astype(dtype)`,
 kept as float8. On "cuda"/"rocm" it lowers to the project's kernel
 (csrc/kernels/fp8_cast.cu: one pass at HBM speed, where XLA's loop fusion runs
 at about half of it) when the kernel takes the call, and to XLA's form otherwise,
@@ -21,7 +21,10 @@ import jax.numpy as jnp
 from jax.extend import core as jex_core
 from jax.interpreters import mlir
 
-from jax_overlap import _compat, backend, dtypes, lowering, numerics, planning, primitives
+from jax_overlap import _compat, planning
+from jax_overlap.integration import lowering, primitives
+from jax_overlap.quantization import formats, numerics
+from jax_overlap.runtime import backend, workspace
 
 log = logging.getLogger("jax_overlap")
 
@@ -37,7 +40,7 @@ def cast(x, scale, dtype, *, algorithm: str = "auto"):
   axes = tuple(sorted(_compat.varying_axes(x) | _compat.varying_axes(scale), key=str))
   if axes:
     x, scale = _compat.make_varying(x, axes), _compat.make_varying(scale, axes)
-  return primitive.bind(x, scale, dtype=dtypes.name(dtype), algorithm=algorithm)
+  return primitive.bind(x, scale, dtype=formats.name(dtype), algorithm=algorithm)
 
 
 def current_scaling(x, dtype, *, algorithm: str = "auto"):
@@ -50,7 +53,7 @@ def _abstract_eval(x, scale, *, dtype, algorithm):
   del algorithm
   if scale.shape != () or scale.dtype != jnp.float32:
     raise TypeError(f"jax_overlap.fp8_cast: scale must be a float32 scalar, got {scale.dtype}{list(scale.shape)}")
-  if not dtypes.is_fp8(dtype):
+  if not formats.is_fp8(dtype):
     raise TypeError(f"jax_overlap.fp8_cast: dtype must be a float8 format, got {dtype}")
   return x.update(dtype=jnp.dtype(dtype), weak_type=False)
 
@@ -73,17 +76,17 @@ def _declined(ctx, dtype: str, algorithm: str) -> str | None:
   """Why the kernel does not take the call, or None."""
   if algorithm == "xla":
     return "algorithm='xla'"
-  x_dtype = dtypes.name(ctx.avals_in[0].dtype)
+  x_dtype = formats.name(ctx.avals_in[0].dtype)
   if x_dtype not in INPUT_DTYPES:
     return f"x is {x_dtype}; the kernel takes {', '.join(INPUT_DTYPES)}"
   try:
     lowering.native_ready(ctx)
   except planning.Declined as e:
     return str(e)
-  gpus = primitives.local_gpus()
+  gpus = workspace.local_gpus()
   if not gpus:
     return "no GPU is known to this process"
-  if (declined := primitives.fp8_declined(dtype)) is not None:
+  if (declined := planning.fp8_declined(dtype)) is not None:
     return declined
   axis_ctx = ctx.module_context.axis_context
   if isinstance(axis_ctx, _compat.spmd_axis_context_type()):
@@ -102,5 +105,6 @@ def _gpu_lowering(ctx, x, scale, *, dtype, algorithm):
   return jax.ffi.ffi_lowering(backend.current().target("fp8_cast"))(ctx, x, scale)
 
 
-primitives.register_rules(primitive, _abstract_eval, _batch_rule, primitives.untyped_lowering(_reference_lowering),
-                          primitives.untyped_lowering(_gpu_lowering))
+def register() -> None:
+  primitives.register_rules(primitive, _abstract_eval, _batch_rule, primitives.untyped_lowering(_reference_lowering),
+                            primitives.untyped_lowering(_gpu_lowering))

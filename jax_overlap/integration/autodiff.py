@@ -9,7 +9,8 @@ so the fused kernels serve the backward pass too; W^T is never materialized
 (the kernels read w in either layout, w_kmajor). Here: the weight and bias
 gradients, and the layouts gradients of global arrays come back in (their
 primal's: resharded to its type on an Explicit mesh, tied to it with
-shard_alike on an Auto mesh).
+shard_alike on an Auto mesh), and the cast that makes shard_map operands
+vary alike (varying), whose transpose sums the gradients of replicated ones.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import jax
 from jax import lax
 from jax.sharding import NamedSharding
 
-from jax_overlap import _compat, numerics, sharding
+from jax_overlap import _compat
+from jax_overlap.integration import sharding
+from jax_overlap.quantization import formats
 
 
 @jax.tree_util.register_static
@@ -29,6 +32,21 @@ class Layout:
   """A primal's sharding on an Explicit mesh, kept as a residual (static: no array)."""
 
   sharding: NamedSharding
+
+
+def varying(axes, *values):
+  """Casts every operand to vary over the group's axes and every axis any operand varies over.
+
+  Then the custom VJPs' cotangents have their primal's type, and JAX's transpose
+  of each cast sums a gradient over the axes its operand was replicated on
+  (a bias replicated over the group, weights replicated over a data axis).
+  """
+  union = set(axes)
+  for v in values:
+    if v is not None:
+      union |= _compat.varying_axes(v)
+  ordered = tuple(axes) + tuple(sorted(union - set(axes)))
+  return tuple(None if v is None else _compat.make_varying(v, ordered) for v in values)
 
 
 def explicit_sharding(v):
@@ -65,18 +83,19 @@ def request(primal_layout, ndim: int):
 def weight_grad(a, b, a_free: int, w_layout, w_kmajor: bool, dtype):
   """dW for out = a @ W: a^T @ b over every dim but a's last a_free and b's own, in `dtype`, laid out like w.
 
-  w_kmajor stores W with the contraction last, so the product runs b^T @ a. (The fp8 layers' own: linear.py.)
+  w_kmajor stores W with the contraction last, so the product runs b^T @ a. (The fp8 layers have their own:
+  layers/fp8.py.)
   """
   lead = tuple(range(a.ndim - a_free))
   first, second = (b, a) if w_kmajor else (a, b)
   out_sharding = w_layout.sharding if isinstance(w_layout, Layout) else None
   dw = lax.dot_general(first, second, ((lead, lead), ((), ())),
-                       preferred_element_type=numerics.accumulator(a.dtype), out_sharding=out_sharding)
+                       preferred_element_type=formats.accumulator(a.dtype), out_sharding=out_sharding)
   return like(dw.astype(dtype), w_layout)
 
 
 def bias_grad(dy, bias, bias_layout):
   if bias is None:
     return None
-  db = dy.astype(numerics.accumulator(dy.dtype)).sum(axis=tuple(range(dy.ndim - bias.ndim))).astype(bias.dtype)
+  db = dy.astype(formats.accumulator(dy.dtype)).sum(axis=tuple(range(dy.ndim - bias.ndim))).astype(bias.dtype)
   return like(db, bias_layout)

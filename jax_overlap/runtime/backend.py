@@ -3,7 +3,7 @@
 Everything the runtime, the planner and the lowering ask of the machine goes
 through `current()`: the native module's functions (set-up, measurements,
 sizes, launch geometry, FFI targets), this process's GPUs and host name, and the
-runtime's state on them (runtime.py). Tests put another Backend in its place,
+runtime's state on them (runtime/workspace.py). Tests put another Backend in its place,
 such as one over a stand-in native module that takes CPU devices for GPUs
 (tests/fake_gpu.py): the real runtime, planner and lowering then run on it,
 from a fresh state.
@@ -16,19 +16,16 @@ properties.
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 import threading
 from typing import Callable
 
 import jax
 
-from jax_overlap import native
+from jax_overlap.runtime import native, settings
 
 # jax platform names of the GPU backends, and XLA's names for the same.
 _XLA_PLATFORM = {"cuda": "CUDA", "rocm": "ROCM"}
-# Selects the compiled tiles of another ArchTraits (debug: "amd" runs the AMD data path on a CUDA build).
-ARCH_TRAITS = "JAX_OVERLAP_ARCH_TRAITS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +114,7 @@ class LocalDevice:
 
 @dataclasses.dataclass
 class State:
-  """What the runtime has set up on the machine (runtime.py keeps it; shutdown() clears all but `agreed`)."""
+  """What the runtime has set up on the machine (runtime/workspace.py keeps it; shutdown() clears all but `agreed`)."""
 
   prepared: bool = False  # device states made
   active: bool = False    # workspaces allocated and peers mapped
@@ -151,7 +148,7 @@ class Backend:
     self.native = native_module
     self.platform = platform
     self.state = State()
-    self.lock = threading.RLock()  # held by every change of the state (runtime.py, processes.py)
+    self.lock = threading.RLock()  # held by every change of the state (workspace.py, processes.py)
     self._gpus = gpus
     self._host = host
     self._registered = False
@@ -204,11 +201,11 @@ class Backend:
     compiled = self.compiled_tile_shapes()
     if not compiled:
       return ()
-    arch = os.environ.get(ARCH_TRAITS) or None
+    arch = settings.arch_traits()
     try:
       return tiles_for_arch(compiled, arch)
     except ValueError as e:
-      raise ValueError(f"jax_overlap: {ARCH_TRAITS}={arch!r}: {e}") from None
+      raise ValueError(f"jax_overlap: {settings.ARCH_TRAITS}={arch!r}: {e}") from None
 
   def gemm_geometry(self, op: str, tile: TileShape, comm_workgroups: int, chunk_k: int, *, dtype_name: str,
                     w_kmajor: bool, world: int, batch: int, m: int, k: int, n: int, device: DeviceProps,

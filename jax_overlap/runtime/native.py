@@ -14,6 +14,8 @@ import pathlib
 
 import jax
 
+from jax_overlap._version import __version__
+
 try:
   from jax_overlap import _native  # type: ignore[attr-defined]
   _IMPORT_ERROR = None
@@ -35,15 +37,18 @@ def platform() -> str | None:
 
 
 def build_info() -> dict:
-  """What this installation is (platform, archs, compiler, FFI API, fused kernels, JAX version) and what runs here.
+  """What this installation is (its version, platform, archs, compiler, FFI API, fused kernels, JAX version) and
+  what runs here.
 
   "runs" says which path calls take in this process. A GPU build with its GPUs: algorithm="auto" gives a group of
   two or more the pipelined algorithm where the cost model predicts a gain over XLA, and a group of one XLA's dot;
   the fused kernels run when asked for. A GPU build on a machine without its GPUs runs the XLA path, like a
   pure-Python install.
+
+  Example: python -c "import jax_overlap; print(jax_overlap.build_info()['runs'])"  (outside the repository root)
   """
-  info = {"jax": jax.__version__, "platform": None, "archs": None, "compiler": None, "ffi_api": None,
-          "fused_kernels": False}
+  info = {"version": __version__, "jax": jax.__version__, "platform": None, "archs": None, "compiler": None,
+          "ffi_api": None, "fused_kernels": False}
   if _native is None:
     why = "no native extension in this installation" if _IMPORT_ERROR is None else \
         f"the native extension failed to load: {_IMPORT_ERROR}"
@@ -66,7 +71,7 @@ def build_info() -> dict:
   return info
 
 
-_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parents[1]  # jax_overlap/, this file being in runtime/
 
 
 def _shadowed_install() -> str | None:
@@ -84,7 +89,10 @@ def _shadowed_install() -> str | None:
 
 def gpu_available() -> bool:
   """True when this build's GPU algorithms (pipelined, fused) can run here: built for a GPU platform this process
-  has."""
+  has.
+
+  Example: algorithm = "pipelined" if jax_overlap.gpu_available() else "xla"
+  """
   if _native is None:
     return False
   try:

@@ -1,0 +1,10 @@
+"""The JAX integration of the ops: how their primitives are defined to JAX, lowered, partitioned and differentiated.
+
+  primitives.py    the rules every GEMM op's primitive shares (impl, batching, refusals, lowering per platform)
+  lowering.py      the GPU lowering: the custom call a call lowers to, once planning has chosen
+  operands.py      the custom calls' operands: float8 w K-major, scales in the vendor GEMM's layouts, bias placement
+  partitioning.py  global arrays under jit: custom partitioning with Shardy rules
+  sharding.py      specs, the pieces of a plan, meshes with Explicit axes
+  autodiff.py      what the ops' backward passes share (layouts of gradients, weight and bias gradients)
+Nothing here names an op: each takes the op module (ops/) it serves.
+"""

@@ -1,0 +1,221 @@
+"""The GPU lowering of the ops: the custom call a call lowers to, once planning has chosen its algorithm.
+
+For each call on "cuda"/"rocm" (primitives.py and ops/all_gather.py register these rules):
+  1. The XLA reference decomposition when the user asked for it, when
+     JAX_OVERLAP_DISABLE is set, when the native module is not built for this
+     platform, or when no algorithm can take the call (an explicit "fused" or
+     "pipelined" request then raises, saying why; "auto" falls back, and says
+     why at DEBUG level).
+  2. planning/agreement.choose: the algorithm and its plan (planning.decide),
+     with the workspace and region it needs set up, agreed between processes:
+     "pipelined" (csrc/pipelined/: the vendor GEMM per stage of chunks with
+     copy-engine transfers; a group of one is the vendor GEMM alone), "fused"
+     (csrc/kernels/: one persistent kernel of movers and GEMM tiles), or for
+     "auto" the XLA path for a 16-bit group of one (nothing to overlap),
+     otherwise whichever the cost models predict fastest, taken only when it
+     beats the XLA path by their margin.
+  3. The custom call of that choice, its operands in the forms its target
+     takes (operands.py), its call site numbered (the number travels in every
+     flag: docs/protocol.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import weakref
+
+import jax
+import numpy as np
+from jax.interpreters import mlir
+
+from jax_overlap import _compat
+from jax_overlap.integration import operands
+from jax_overlap.planning import Choice, Declined, Problem
+from jax_overlap.planning.agreement import DECLINED, choose
+from jax_overlap.quantization import formats
+from jax_overlap.runtime import backend, settings, workspace
+from jax_overlap.runtime.errors import WorkspaceFullError
+
+log = logging.getLogger("jax_overlap")
+
+
+def group_ids(ctx, axis_name) -> tuple:
+  """Global device ids of every group of `axis_name`, each in rank order (axis_index order)."""
+  axis_ctx = ctx.module_context.axis_context
+  if not isinstance(axis_ctx, _compat.spmd_axis_context_type()):
+    raise Declined("not inside shard_map or a custom partitioning")
+  mesh = axis_ctx.mesh
+  devices = getattr(mesh, "devices", None)
+  if devices is None:
+    raise Declined("the mesh has no concrete devices at lowering")
+  auto = [a for a in mesh.axis_names if a not in axis_ctx.manual_axes and mesh.shape[a] > 1]
+  if auto:
+    raise Declined(f"mesh axes {auto} are not manual here (partially manual shard_map)")
+  names = list(mesh.axis_names)
+  ids = np.vectorize(lambda d: d.id, otypes=[np.int64])(np.asarray(devices))
+  group_axes = [names.index(a) for a in axis_name]
+  other_axes = [i for i in range(len(names)) if i not in group_axes]
+  size = math.prod(mesh.shape[a] for a in axis_name)
+  ids = ids.transpose(other_axes + group_axes).reshape(-1, size)
+  return tuple(tuple(int(i) for i in g) for g in ids)
+
+
+def native_ready(ctx) -> None:
+  """Declined unless this lowering can use the native module: the kill switch unset, a build for the platform
+  lowered for; then its FFI targets are registered with XLA."""
+  machine = backend.current()
+  if settings.disabled():
+    raise Declined(f"{settings.DISABLE} is set")
+  if machine.platform is None:
+    raise Declined("the native extension is not built")
+  if ctx.module_context.platforms != (machine.platform,):
+    raise Declined(f"the extension is built for {machine.platform}")
+  machine.register_targets()
+
+
+# --- call sites --------------------------------------------------------------------
+# The module being lowered -> {region key: its calls lowered so far}: a call site's name is its module and its
+# place among that module's calls of the region (workspace.site).
+_lowered_sites = weakref.WeakKeyDictionary()
+
+
+def _site(ctx, region_key: tuple) -> int:
+  module = ctx.module_context.module
+  seen = _lowered_sites.setdefault(module, collections.Counter())
+  seen[region_key] += 1
+  attributes = module.operation.attributes
+  module_name = mlir.ir.StringAttr(attributes["sym_name"]).value if "sym_name" in attributes else ""
+  return workspace.site(region_key, (module_name, seen[region_key]))
+
+
+# --- emitting the custom calls ---------------------------------------------------
+
+def _u8(nbytes: int):
+  return jax.core.ShapedArray((int(nbytes),), np.uint8)
+
+
+def _groups_attribute(problem: Problem):
+  """Every group's global device ids, flattened: the custom calls' `groups` attribute."""
+  return np.array([i for g in problem.groups for i in g], np.int64)
+
+
+def _emit_fused(ctx, problem: Problem, op, choice: Choice, call: operands.GemmCall):
+  machine, plan = backend.current(), choice.plan
+  args, avals_in = operands.fused_operands(call)
+  site = _site(ctx, choice.region[0]) if problem.world > 1 else 0
+  attrs = plan.attribute(w_kmajor=problem.w_kmajor, region_offset=choice.offset, site=site,
+                         generation=workspace.generation())
+  log.debug("jax_overlap.%s: fused (world %d, tile %d, comm workgroups %d, chunk_k %d; model %.0f us vs xla %.0f us)",
+            op.NAME, problem.world, plan.tile, plan.comm_workgroups, plan.chunk_k, plan.est_us, plan.est_xla_us)
+  if problem.world == 1:
+    # No protocol, but the GPU's device state, which shutdown() frees: a target XLA dispatches each run (no
+    # command buffer), whose handler checks the generation. The second result is the stream-K tail's scratch
+    # (FusedPlan.tail_slots).
+    sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[ctx.avals_out[0], _u8(plan.tail_scratch_bytes)])
+    y = jax.ffi.ffi_lowering(machine.target(op.NAME + "_local"))(sub_ctx, *args, config=attrs)[0]
+    return op.results_of_one(y, call.values.x)
+  sub_ctx = ctx.replace(avals_in=avals_in, avals_out=list(ctx.avals_out))
+  return jax.ffi.ffi_lowering(machine.target(op.NAME))(
+      sub_ctx, *args, config=attrs, groups=_groups_attribute(problem), world=np.int64(problem.world))
+
+
+def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: operands.GemmCall):
+  machine, plan = backend.current(), choice.plan
+  bias_after = operands.bias_by_xla(call, op.REDUCES and problem.world > 1)
+  x_groups = 1 if problem.world == 1 else problem.m // op.chunk_rows(problem.m, problem.world)
+  args, avals_in = operands.gemm_operands(ctx, call, bias_after, x_groups)
+  y_aval = ctx.avals_out[0].update(dtype=np.dtype(np.float32) if bias_after else call.out_dtype)
+  scratch = _u8(machine.native.pipelined_scratch_bytes(op.NAME, problem.world, problem.batch, problem.m, problem.n,
+                                                       formats.itemsize(problem.out_dtype)))
+  if problem.world == 1:
+    log.debug("jax_overlap.%s: pipelined, a group of one: the vendor GEMM", op.NAME)
+    sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, scratch])
+    # In XLA's command buffers only where the vendor GEMM passed its capture check (planning._vendor_blas).
+    target = machine.target("vendor_gemm" if machine.native.vendor_gemm_graph_safe() else "vendor_gemm_no_graph")
+    y = jax.ffi.ffi_lowering(target)(sub_ctx, *args, w_kmajor=np.int64(problem.w_kmajor))[0]
+    results = list(op.results_of_one(operands.finished(ctx, call, y, y_aval, bias_after), call.values.x))
+    if len(results) < len(ctx.avals_out):  # a float8 call's gathered_scales: x's own
+      results.append(operands.own_gathered_scales(ctx, call, ctx.avals_out[len(results)]))
+    return results
+  region_key, region_bytes = choice.region
+  log.debug("jax_overlap.%s: pipelined (world %d, stages %s; model %.0f us vs xla %.0f us)", op.NAME, problem.world,
+            plan.stages, plan.est_us, plan.est_xla_us)
+  # A call that gathers x (results y and the gathered x) also returns the gathered scales, flat as the GEMMs read
+  # them (f32[0] when unscaled).
+  gathers = len(ctx.avals_out) > 1
+  results_out = list(ctx.avals_out[1:])
+  if gathers:
+    if call.scaled:
+      results_out[1] = operands.flat_scales_aval(results_out[1])
+    else:
+      results_out.append(jax.core.ShapedArray((0,), np.float32))
+  sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, *results_out, scratch])
+  config_attr = {"w_kmajor": np.int64(problem.w_kmajor), "region_offset": np.int64(choice.offset),
+                 "region_bytes": np.int64(region_bytes), "site": np.int64(_site(ctx, region_key)),
+                 "generation": np.int64(workspace.generation())}
+  y, *rest = jax.ffi.ffi_lowering(machine.target(op.NAME + "_pipelined"))(
+      sub_ctx, *args, config=config_attr, groups=_groups_attribute(problem), world=np.int64(problem.world),
+      stages=np.array(plan.stages, np.int64))
+  rest = rest[:len(ctx.avals_out) - 1]
+  if gathers and call.scaled:
+    rest[1] = operands.gathered_scales(ctx, call, rest[1], problem.world, ctx.avals_out[2])
+  return [operands.finished(ctx, call, y, y_aval, bias_after), *rest]
+
+
+_EMITTERS = {"pipelined": _emit_pipelined, "fused": _emit_fused}
+
+
+def _fallback(op_name: str, algorithm: str, error: Exception) -> None:
+  """Raises for an explicit algorithm; for "auto", says why the call takes the XLA path (DEBUG)."""
+  if algorithm != "auto":
+    raise ValueError(f"jax_overlap.{op_name}: algorithm={algorithm!r} cannot take this call: {error}") from error
+  if isinstance(error, WorkspaceFullError):
+    workspace.note_workspace_full(error)
+  log.debug("jax_overlap.%s: XLA path (%s)", op_name, error)
+
+
+def gpu_rule(ctx, *args, op, axis_name, axis_size, algorithm, w_kmajor, has_bias: bool, scaling, out_dtype: str):
+  """The lowering of a GEMM op's primitive on a GPU platform (see the module docstring): its custom call's
+  results, or None where the call takes the XLA path. args: the primitive's operands (operands.Operands)."""
+  if algorithm == "xla" or settings.disabled():
+    if algorithm != "xla":
+      log.debug("jax_overlap.%s: XLA path (%s is set)", op.NAME, settings.DISABLE)
+    return None
+  call = operands.gemm_call(ctx, args, has_bias=has_bias, scaling=scaling, out_dtype=out_dtype, w_kmajor=w_kmajor)
+  x_aval, w_aval = call.avals.x, call.avals.w
+  *lead, m, k = x_aval.shape
+  try:
+    native_ready(ctx)
+    groups = () if axis_name is None else group_ids(ctx, axis_name)
+    # A float8 w reaches the GPU K-major whatever its layout here (operands.gemm_operands).
+    problem = Problem(op.NAME, formats.name(x_aval.dtype), math.prod(lead), m, k,
+                      w_aval.shape[0 if w_kmajor else 1], axis_size if axis_name is not None else 1, groups,
+                      bool(w_kmajor) or call.scaled, out_dtype_name=call.out_dtype.name,
+                      w_dtype_name=formats.name(w_aval.dtype), scaling=scaling)
+    choice = choose(problem, op, algorithm)
+  except DECLINED as e:
+    _fallback(op.NAME, algorithm, e)
+    return None
+  return _EMITTERS[choice.algorithm](ctx, problem, op, choice, call)
+
+
+def gather_rule(ctx, x, *, axis_name, axis_size):
+  """The runtime's all-gather on the symmetric workspace (tests): its custom call's result, or None where XLA's
+  all_gather takes the call."""
+  x_aval = ctx.avals_in[0]
+  try:
+    native_ready(ctx)
+    groups = group_ids(ctx, axis_name)
+    problem = Problem("all_gather", formats.name(x_aval.dtype), 1, math.prod(x_aval.shape[:-1]), x_aval.shape[-1],
+                      0, axis_size, groups, False)
+    choice = choose(problem, None, "all_gather")
+  except DECLINED as e:
+    log.debug("jax_overlap.all_gather: XLA path (%s)", e)
+    return None
+  region_key, region_bytes = choice.region
+  return jax.ffi.ffi_lowering(backend.current().target("all_gather"))(
+      ctx, x, config={"region_offset": np.int64(choice.offset), "region_bytes": np.int64(region_bytes),
+                      "site": np.int64(_site(ctx, region_key)), "generation": np.int64(workspace.generation())},
+      groups=_groups_attribute(problem), world=np.int64(axis_size))

@@ -1,0 +1,160 @@
+"""dot_general-compatible callables, so layer libraries run their linear layers on jax_overlap.
+
+Pass one as a layer's dot_general (or the class as dot_general_cls):
+
+  flax.linen   Dense / DenseGeneral(dot_general=...), MultiHeadDotProductAttention(qkv_dot_general=AgDotGeneral(),
+               out_dot_general=RsDotGeneral())
+  flax.nnx     Linear / LinearGeneral(dot_general=...), MultiHeadAttention(qkv_dot_general=..., out_dot_general=...)
+
+AgDotGeneral is the column-parallel layer (ag_matmul): it contracts x's last dim
+with the kernel's first, kernels [K, *n] ([embed, heads, head_dim] for QKV,
+[embed, 2, ffn] for a gated MLP). RsDotGeneral is the row-parallel layer
+(matmul_rs): it contracts x's trailing dims with the kernel's leading ones,
+kernels [*k, N] ([heads, head_dim, embed] for the attention output, [ffn, embed]).
+The layer adds its bias after the call (not fused). Inputs take any leading dims.
+
+With axis_name=None (global arrays under jit) the result is x @ kernel, and the
+shardings decide the collectives; inside shard_map (axis_name given) the result
+is the op's: rows gathered (AgDotGeneral) or reduce-scattered (RsDotGeneral).
+`precision` is accepted and not used (the products accumulate in float32);
+preferred_element_type may be None or the inputs' dtype; out_sharding is passed on.
+
+The layers are frozen dataclasses (layers hold and hash them) whose fields are
+checked when one is made, and the class itself passed where an instance
+belongs (dot_general=AgDotGeneral) is an error that says to instantiate it.
+The float8 layers are layers/fp8.py's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jax_overlap import api
+
+
+class Layer:
+  """What the layers share: their fields checked at construction, and a clear error for the class passed where an
+  instance belongs (a library then calls the class with the dot's operands)."""
+
+  ALGORITHMS: tuple = api.ALGORITHMS
+
+  def __new__(cls, *args, **kwargs):
+    if any(hasattr(a, "shape") for a in args) or {"precision", "preferred_element_type",
+                                                   "dimension_numbers"} & set(kwargs):
+      raise TypeError(f"jax_overlap.{cls.__name__} is a class and was called as a dot_general: pass an instance, "
+                      f"dot_general=jax_overlap.{cls.__name__}() (or the class as dot_general_cls=, which the layer "
+                      f"instantiates)")
+    return super().__new__(cls)
+
+  def __post_init__(self):
+    name = type(self).__name__
+    axis_name = self.axis_name
+    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    if axis_name is not None and not (names and all(isinstance(a, str) for a in names)):
+      raise TypeError(f"jax_overlap.{name}: axis_name must be None (global arrays under jit), a mesh axis name or a "
+                      f"tuple of them, got {axis_name!r}")
+    if self.algorithm not in self.ALGORITHMS:
+      raise ValueError(f"jax_overlap.{name}: algorithm must be one of {self.ALGORITHMS}, got {self.algorithm!r}")
+
+
+def check_dim(layer: str, name: str, value, optional: bool) -> None:
+  """An int dim index (or None where `optional`), or a TypeError naming the field."""
+  if (value is None and optional) or (isinstance(value, (int, np.integer)) and not isinstance(value, bool)):
+    return
+  raise TypeError(f"jax_overlap.{layer}: {name} must be an int{' or None' if optional else ''}, got {value!r}")
+
+
+def _dims(dimension_numbers):
+  (lhs_c, rhs_c), (lhs_b, rhs_b) = dimension_numbers
+  return tuple(lhs_c), tuple(rhs_c), tuple(lhs_b), tuple(rhs_b)
+
+
+def check_dot(op: str, lhs, rhs, dimension_numbers, preferred_element_type, contract: int, expected: str) -> None:
+  """The dot_general arguments a layer takes: x's last `contract` dims with the kernel's first, no batch dims."""
+  if not hasattr(lhs, "ndim") or not hasattr(rhs, "ndim"):
+    return  # the op names the argument that is not an array
+  lhs_c, rhs_c, lhs_b, rhs_b = _dims(dimension_numbers)
+  lhs_c = tuple(d % lhs.ndim for d in lhs_c)
+  rhs_c = tuple(d % rhs.ndim for d in rhs_c)
+  want_lhs = tuple(range(lhs.ndim - contract, lhs.ndim))
+  if lhs_b or rhs_b or lhs_c != want_lhs or rhs_c != tuple(range(contract)):
+    want = ((want_lhs, tuple(range(contract))), ((), ()))
+    raise ValueError(f"jax_overlap.{op}: dimension_numbers must contract {expected} with no batch dims, i.e. "
+                     f"{want} for x of shape {lhs.shape} and kernel of shape {rhs.shape}, got {dimension_numbers}")
+  if preferred_element_type is not None and np.dtype(preferred_element_type) != np.dtype(lhs.dtype):
+    raise ValueError(f"jax_overlap.{op}: preferred_element_type must be None or the inputs' dtype "
+                     f"{np.dtype(lhs.dtype).name}, got {np.dtype(preferred_element_type).name}")
+
+
+def check_column_parallel(layer: str, lhs, rhs, dimension_numbers, preferred_element_type) -> None:
+  check_dot(layer, lhs, rhs, dimension_numbers, preferred_element_type, 1, "x's last dim with the kernel's first")
+
+
+def check_row_parallel(layer: str, lhs, rhs, dimension_numbers, preferred_element_type) -> int:
+  """check_dot of a row-parallel layer (kernel [*k, N]): returns how many dims it contracts."""
+  if getattr(rhs, "ndim", 0) < 2:
+    raise ValueError(f"jax_overlap.{layer}: the kernel must have rank >= 2 ([*k, N]), got shape "
+                     f"{getattr(rhs, 'shape', rhs)}")
+  contract = rhs.ndim - 1
+  check_dot(layer, lhs, rhs, dimension_numbers, preferred_element_type, contract,
+            f"x's last {contract} dims with the kernel's first {contract}")
+  return contract
+
+
+@dataclasses.dataclass(frozen=True)
+class AgDotGeneral(Layer):
+  """lax.dot_general's signature on ag_matmul: the column-parallel layer, kernel [K, *n], x [..., K].
+
+  axis_name: None for global arrays under jit (the shardings decide), or the mesh axis (or axes) the rows are
+  gathered over inside shard_map. algorithm: "auto", "pipelined", "fused" or "xla", as jax_overlap.ag_matmul
+  takes it. gather_axis: x's gathered dim inside shard_map (default the rows, -2).
+
+  Example (flax.nnx; with x's rows and the kernel's columns sharded on one axis):
+
+    layer = nnx.Linear(512, 2048, dot_general=jax_overlap.AgDotGeneral(), rngs=nnx.Rngs(0))
+  """
+
+  axis_name: str | tuple | None = None
+  algorithm: str = "auto"
+  gather_axis: int = -2
+
+  def __post_init__(self):
+    super().__post_init__()
+    check_dim("AgDotGeneral", "gather_axis", self.gather_axis, optional=False)
+
+  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
+    del precision
+    check_column_parallel("AgDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
+    return api.ag_matmul(lhs, rhs, axis_name=self.axis_name, algorithm=self.algorithm,
+                         gather_axis=self.gather_axis, out_sharding=out_sharding)
+
+
+@dataclasses.dataclass(frozen=True)
+class RsDotGeneral(Layer):
+  """lax.dot_general's signature on matmul_rs: the row-parallel layer, kernel [*k, N], x [..., *k].
+
+  axis_name: None for global arrays under jit (the shardings decide), or the mesh axis (or axes) the product is
+  reduce-scattered over inside shard_map. algorithm: "auto", "pipelined", "fused" or "xla", as
+  jax_overlap.matmul_rs takes it. scatter_axis: the output dim the reduction scatters onto (None: the rows inside
+  shard_map; on global arrays the plan's).
+
+  Example (flax.nnx; with x's and the kernel's contraction sharded on one axis):
+
+    layer = nnx.Linear(2048, 512, dot_general=jax_overlap.RsDotGeneral(), rngs=nnx.Rngs(0))
+  """
+
+  axis_name: str | tuple | None = None
+  algorithm: str = "auto"
+  scatter_axis: int | None = None
+
+  def __post_init__(self):
+    super().__post_init__()
+    check_dim("RsDotGeneral", "scatter_axis", self.scatter_axis, optional=True)
+
+  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
+    del precision
+    check_row_parallel("RsDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
+    return api.matmul_rs(lhs, rhs, axis_name=self.axis_name, algorithm=self.algorithm,
+                         scatter_axis=self.scatter_axis, out_sharding=out_sharding)

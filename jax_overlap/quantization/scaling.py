@@ -1,0 +1,286 @@
+"""How a float8 call's operands are scaled: the scaling modes, one type the primitives carry.
+
+A float8 operand's value is x8.astype(float32) times its scale, each element
+taking the scale of its block (numerics.dequantized: the same formula for every
+mode). What differs between modes is written once, here, as a Scaling:
+  its scales' shapes, and the checks of what a caller passes (check);
+  how the scales travel with their operand: ag_matmul gathers x's with x's
+  rows (gather, gathered_shape, of_whole_x), x's dims fold and vmap batches
+  them with x where they follow x (follows_x), global arrays shard them with their operands' dims
+  (shardy_factors, partition_specs, plan_shapes);
+  how the GPU path takes them: which GPUs and GEMMs the vendor GEMM runs them
+  on (gpu_refused), the flat layout it reads (gemm_forms, gathered_from_gemm),
+  whether its epilogue adds a bias (bias_epilogue);
+  whether XLA has an fp8 GEMM for them (xla_gemm: auto's cost model compares
+  with it).
+Scales (the pair of arrays and their mode, a pytree) is how scales travel
+through the Python code: by name, never by position.
+
+  TENSOR  one float32 scalar per operand (inside shard_map each rank's own)
+  BLOCK   DeepSeek-V3's recipe: one float32 per 1 x BLOCK_SIZE block of x (a
+          row, BLOCK_SIZE elements of K) and one per BLOCK_SIZE x BLOCK_SIZE
+          tile of w; cuBLASLt runs it on Hopper
+Rowwise scales and MXFP8 would be modes of their own (docs/architecture.md,
+"add a scaling mode"). The block layouts mirror csrc/core/block_scales.h, whose
+constants the native module exports (a test compares them with these).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+# Block scales' block: BLOCK_SIZE elements of K per scale of x, BLOCK_SIZE x BLOCK_SIZE elements per scale of w
+# (kScaleBlock). cuBLASLt's block-scaled GEMM takes rows in multiples of BLOCK_ROW_MULTIPLE (kScaleRowMultiple; 130
+# rows had no algorithm on the H200) and reads w's scales in rows padded to a multiple of W_SCALE_ROW_ALIGN
+# (kWScaleRowAlign: k/128 = 5 read a row stride of 8).
+BLOCK_SIZE = 128
+BLOCK_ROW_MULTIPLE = 4
+W_SCALE_ROW_ALIGN = 4
+
+
+class Scaling:
+  """A scaling mode (TENSOR, BLOCK): immutable and hashable, so primitives carry it as a parameter."""
+
+  name: str = ""
+  xla_gemm: bool = True  # XLA rewrites the dot of operands dequantized this way into its fp8 GEMM
+  bias_epilogue: bool = True  # the vendor's GEMM with these scales adds a bias in its epilogue
+  follows_x: bool = False  # x_scale has x's leading dims: batch dims fold and vmap batches it with x
+  blocks: bool = False  # the native side's block scales (csrc/core/gemm_problem.h GemmTypes::blocks)
+
+  def __repr__(self) -> str:
+    return self.name
+
+  def __eq__(self, other) -> bool:
+    return type(other) is type(self)
+
+  def __hash__(self) -> int:
+    return hash(self.name)
+
+  # --- what a caller passes (api.py) ---
+
+  def check(self, op: str, x, w, x_scale, w_scale, w_kmajor: bool) -> Scales:
+    """The scales of float8 x and w, or a TypeError / ValueError naming the argument."""
+    raise NotImplementedError
+
+  # --- how the scales travel with x ---
+
+  def gathered_shape(self, x_scale_shape: tuple, gathered_x_shape: tuple, size: int) -> tuple:
+    """ag_matmul's gathered_scales shape, for x_scale of x_scale_shape gathered from `size` shards."""
+    raise NotImplementedError
+
+  def gather(self, x_scale, axis_name, gather: int):
+    """ag_matmul's gathered_scales inside shard_map: every shard's x_scale in gathered order."""
+    raise NotImplementedError
+
+  def of_whole_x(self, x_scale):
+    """gathered_scales where nothing is gathered (a group of one, global arrays): x's own scale."""
+    raise NotImplementedError
+
+  # --- global arrays (integration/partitioning.py) ---
+
+  def shardy_factors(self, x_factors: list, w_kmajor: bool) -> tuple:
+    """(x_scale's factors, w_scale's factors, the factors of the contraction's blocks) in a Shardy rule where x has
+    `x_factors` (the contraction last) and w is 2-D."""
+    raise NotImplementedError
+
+  def partition_specs(self, x_spec: P, w_spec: P) -> tuple:
+    """(x_scale's, w_scale's) PartitionSpecs in a partitioning that lays x and w out so."""
+    raise NotImplementedError
+
+  def plan_shapes(self, scales_shapes: tuple, x_shape: tuple, w_shape: tuple) -> tuple:
+    """The (x, w) shapes a sharding plan must divide evenly: the operands', or their scales' where coarser."""
+    return x_shape, w_shape
+
+  # --- the GPU path ---
+
+  def gpu_refused(self, archs: tuple, gemm_rows: int, batch: int, world: int) -> str | None:
+    """Why the vendor GEMM cannot take these scales on GPUs of `archs` for GEMMs of `gemm_rows` rows, `batch`
+    elements of x in a group of `world`; None where it can."""
+    return None
+
+  def gemm_forms(self, x_groups: int, w_kmajor: bool) -> tuple:
+    """(x_scale -> its flat form, w_scale -> its flat form) as the vendor GEMMs read them, x's rows in `x_groups`
+    groups of consecutive rows (one GEMM's each)."""
+    raise NotImplementedError
+
+  def gathered_from_gemm(self, flat, world: int, shape: tuple):
+    """ag_matmul's gathered_scales of `shape` from the flat form its custom call returns (gemm_forms's, per
+    shard)."""
+    return flat
+
+
+class TensorScaling(Scaling):
+  """One float32 scalar per operand."""
+
+  name = "tensor"
+
+  def check(self, op, x, w, x_scale, w_scale, w_kmajor):
+    del w_kmajor
+    return Scales(_scalar(op, "x_scale", x_scale, "x", x.dtype), _scalar(op, "w_scale", w_scale, "w", w.dtype), self)
+
+  def gathered_shape(self, x_scale_shape, gathered_x_shape, size):
+    del x_scale_shape, gathered_x_shape
+    return (size,)
+
+  def gather(self, x_scale, axis_name, gather):
+    del gather
+    return lax.all_gather(x_scale.reshape(1), axis_name, tiled=True)
+
+  def of_whole_x(self, x_scale):
+    return x_scale.reshape(1)
+
+  def shardy_factors(self, x_factors, w_kmajor):
+    del x_factors, w_kmajor
+    return "", "", ()
+
+  def partition_specs(self, x_spec, w_spec):
+    del x_spec, w_spec
+    return P(), P()
+
+  def gemm_forms(self, x_groups, w_kmajor):
+    del x_groups, w_kmajor
+    return (lambda s: s.reshape(1),) * 2
+
+
+class BlockScaling(Scaling):
+  """One float32 per 1 x BLOCK_SIZE block of x and per BLOCK_SIZE x BLOCK_SIZE tile of w (w 2-D)."""
+
+  name = "block"
+  xla_gemm = False  # XLA's form is a float32 dot of the dequantized operands
+  bias_epilogue = False  # cuBLASLt has no algorithm for one (H200, cuBLASLt 13.1)
+  follows_x = True
+  blocks = True
+
+  def shapes(self, x_shape: tuple, w_shape: tuple, w_kmajor: bool) -> tuple:
+    """(x_scale's, w_scale's) shapes for x and w of these shapes."""
+    b, k = BLOCK_SIZE, x_shape[-1]
+    n = w_shape[0] if w_kmajor else w_shape[1]
+    return (*x_shape[:-1], k // b), ((n // b, k // b) if w_kmajor else (k // b, n // b))
+
+  def check_dims(self, where: str, k: int, n: int) -> None:
+    """The contraction K and the output N whole blocks, or a ValueError (`where` names the op or layer)."""
+    if k % BLOCK_SIZE or n % BLOCK_SIZE:
+      raise ValueError(f"jax_overlap.{where}: block scales need K and N multiples of {BLOCK_SIZE} (blocks of "
+                       f"{BLOCK_SIZE} along the contraction K, tiles of {BLOCK_SIZE}x{BLOCK_SIZE} of w), got "
+                       f"K = {k}, N = {n}")
+
+  def check(self, op, x, w, x_scale, w_scale, w_kmajor):
+    b = BLOCK_SIZE
+    if w.ndim != 2:
+      raise ValueError(f"jax_overlap.{op}: block scales take a 2-D w ([K, N], or [N, K] with w_kmajor), got w "
+                       f"of shape {w.shape}")
+    want_x, want_w = self.shapes(x.shape, w.shape, w_kmajor)
+    shapes = [getattr(s, "shape", None) for s in (x_scale, w_scale)]
+    if any(shape is None or len(shape) == 0 for shape in shapes):
+      raise ValueError(f"jax_overlap.{op}: x_scale and w_scale must both be float32 scalars (shape ()), or "
+                       f"both block scales (x_scale {want_x}, w_scale {want_w}); got x_scale of shape {shapes[0]}, "
+                       f"w_scale of shape {shapes[1]}")
+    for name, scale in (("x_scale", x_scale), ("w_scale", w_scale)):
+      if scale.dtype != jnp.float32:
+        raise TypeError(f"jax_overlap.{op}: with block scales {name} must be a float32 array, got dtype "
+                        f"{scale.dtype}")
+    self.check_dims(op, x.shape[-1], w.shape[0] if w_kmajor else w.shape[1])
+    for name, scale, want, what in (("x_scale", x_scale, want_x, f"one per row of x and {b} of K"),
+                                    ("w_scale", w_scale, want_w, f"one per {b}x{b} tile of w")):
+      if tuple(scale.shape) != want:
+        raise ValueError(f"jax_overlap.{op}: block scales: {name} must have shape {want} ({what}), got "
+                         f"{tuple(scale.shape)}")
+    return Scales(x_scale, w_scale, self)
+
+  def gathered_shape(self, x_scale_shape, gathered_x_shape, size):
+    del size
+    return (*gathered_x_shape[:-1], x_scale_shape[-1])
+
+  def gather(self, x_scale, axis_name, gather):
+    return lax.all_gather(x_scale, axis_name, axis=x_scale.ndim + gather, tiled=True)
+
+  def of_whole_x(self, x_scale):
+    return x_scale
+
+  def shardy_factors(self, x_factors, w_kmajor):
+    # x's blocks [..rows, kb] follow x's dims but K, whose blocks are a factor of their own (a 128th of K); w's
+    # tiles are [kb, nb] (or [nb, kb]).
+    return " ".join([*x_factors[:-1], "kb"]), "nb kb" if w_kmajor else "kb nb", ("kb",)
+
+  def partition_specs(self, x_spec, w_spec):
+    return x_spec, w_spec
+
+  def plan_shapes(self, scales_shapes, x_shape, w_shape):
+    # A dim of blocks is a 128th of its operand's: a plan even for the scales' shapes is even for the operands'.
+    del x_shape, w_shape
+    return scales_shapes
+
+  def gpu_refused(self, archs, gemm_rows, batch, world):
+    for arch in archs:
+      if not arch.startswith("sm_90"):
+        return (f"block scales on {arch}: the vendor GEMM path runs them on cuBLASLt on Hopper (sm_90) only "
+                f"(hipBLASLt's and Blackwell's block-scaled GEMMs are not built)")
+    if world > 1 and batch > 1:
+      return f"block scales with leading batch dims of x ({batch} elements) in a group of {world}"
+    if gemm_rows % BLOCK_ROW_MULTIPLE:
+      return f"block scales with {gemm_rows} rows per GEMM (cuBLASLt takes multiples of {BLOCK_ROW_MULTIPLE})"
+    return None
+
+  def gemm_forms(self, x_groups, w_kmajor):
+    def x_form(x_scale):  # [..., rows, k/128] -> [groups][k/128][rows / groups]
+      kb = x_scale.shape[-1]
+      return x_scale.reshape(x_groups, -1, kb).transpose(0, 2, 1).reshape(-1)
+
+    def w_form(w_scale):  # [n/128][k/128 padded] of w's K-major form
+      s = w_scale if w_kmajor else w_scale.T
+      return jnp.pad(s, ((0, 0), (0, -s.shape[1] % W_SCALE_ROW_ALIGN))).reshape(-1)
+    return x_form, w_form
+
+  def gathered_from_gemm(self, flat, world, shape):
+    kb = shape[-1]
+    return flat.reshape(world, kb, -1).transpose(0, 2, 1).reshape(shape)
+
+
+TENSOR = TensorScaling()
+BLOCK = BlockScaling()
+MODES = {s.name: s for s in (TENSOR, BLOCK)}
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["x", "w"], meta_fields=["scaling"])
+@dataclasses.dataclass(frozen=True)
+class Scales:
+  """A float8 call's scales: x's and w's, and their mode."""
+
+  x: Any
+  w: Any
+  scaling: Scaling
+
+  def arrays(self) -> tuple:
+    return self.x, self.w
+
+
+def of(op: str, x, w, x_scale, w_scale, w_kmajor: bool) -> Scales:
+  """The scales a caller passed for float8 x and w, checked: arrays of more than zero dims are block scales."""
+  blocks = any(getattr(s, "ndim", 0) > 0 for s in (x_scale, w_scale))
+  return (BLOCK if blocks else TENSOR).check(op, x, w, x_scale, w_scale, w_kmajor)
+
+
+def mode(scales: Scales | None) -> Scaling | None:
+  """The mode of scales, None for 16-bit operands."""
+  return None if scales is None else scales.scaling
+
+
+def _scalar(op: str, name: str, scale, operand: str, dtype):
+  """A float8 operand's scale as a float32 scalar array (Python floats are taken), or a TypeError."""
+  if scale is None:
+    raise TypeError(f"jax_overlap.{op}: {name} is required with float8 operands ({operand} is {dtype}): a "
+                    f"float32 scalar, {operand}'s value being {operand}.astype(float32) * {name}; got None")
+  if isinstance(scale, float):
+    return jnp.float32(scale)
+  if not hasattr(scale, "shape") or not hasattr(scale, "dtype"):
+    raise TypeError(f"jax_overlap.{op}: {name} must be a float32 scalar, got {type(scale).__name__}")
+  if scale.dtype != jnp.float32:
+    raise TypeError(f"jax_overlap.{op}: {name} must be a float32 scalar, got dtype {scale.dtype}")
+  return scale

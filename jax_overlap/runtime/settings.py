@@ -1,0 +1,125 @@
+"""The settings jax_overlap reads from the environment: each one's name, default and check, in one place.
+
+Every setting is checked when jax_overlap is imported (check_all), on every
+backend, so a value a setting does not take raises a ValueError naming the
+variable, the value and what it expects, on a CPU-only machine too; and again
+where it is read (the runtime reads its options when it first prepares a GPU,
+the planner its pins at lowering), since the environment may change in
+between. Switches take 1/0, true/false, yes/no, on/off (unset: off).
+
+The native module reads JAX_OVERLAP_GEMM_SM_MARGIN itself, once per process;
+its value is checked here all the same. JAX_OVERLAP_FAULTS (fault injection,
+tests only) is the native module's alone.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+WORKSPACE_BYTES = "JAX_OVERLAP_WORKSPACE_BYTES"
+WATCHDOG_SECONDS = "JAX_OVERLAP_WATCHDOG_SECONDS"
+ON_TIMEOUT = "JAX_OVERLAP_ON_TIMEOUT"
+SYNC = "JAX_OVERLAP_SYNC"
+TRACE = "JAX_OVERLAP_TRACE"
+DISABLE = "JAX_OVERLAP_DISABLE"
+PIPELINE_STAGES = "JAX_OVERLAP_PIPELINE_STAGES"
+ARCH_TRAITS = "JAX_OVERLAP_ARCH_TRAITS"
+GEMM_SM_MARGIN = "JAX_OVERLAP_GEMM_SM_MARGIN"
+
+DEFAULT_WORKSPACE_BYTES = 1 << 30
+ON_TIMEOUT_CHOICES = ("abort", "raise")
+ARCH_TRAITS_CHOICES = ("nvidia", "amd")
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def _text(name: str) -> str | None:
+  return os.environ.get(name)
+
+
+def flag(name: str) -> bool:
+  """A switch: 1/true/yes/on or 0/false/no/off (unset: off)."""
+  text = _text(name) or ""
+  if text.strip().lower() in _TRUE:
+    return True
+  if text.strip().lower() in _FALSE:
+    return False
+  raise ValueError(f"jax_overlap: {name}={text!r} is not a switch; expected 1 or 0 (or true/false, yes/no, on/off)")
+
+
+def _number(name: str, default, parse, expected: str, valid):
+  text = _text(name)
+  if text is None:
+    return default
+  try:
+    value = parse(text)
+  except ValueError:
+    raise ValueError(f"jax_overlap: {name}={text!r} is not a number; expected {expected}") from None
+  if not valid(value):
+    raise ValueError(f"jax_overlap: {name}={text!r}; expected {expected}")
+  return value
+
+
+def _choice(name: str, default: str, choices: tuple) -> str:
+  text = _text(name)
+  if text is None or text == "":
+    return default
+  if text not in choices:
+    raise ValueError(f"jax_overlap: {name}={text!r}; expected one of {', '.join(choices)}")
+  return text
+
+
+def workspace_bytes() -> int:
+  return _number(WORKSPACE_BYTES, DEFAULT_WORKSPACE_BYTES, int, "a positive number of bytes, such as 1073741824",
+                 lambda v: v > 0)
+
+
+def watchdog_seconds(default: float) -> float:
+  return _number(WATCHDOG_SECONDS, default, float, "a positive number of seconds (inf for none)",
+                 lambda v: v > 0 and not math.isnan(v))
+
+
+def on_timeout() -> str:
+  return _choice(ON_TIMEOUT, "abort", ON_TIMEOUT_CHOICES)
+
+
+def disabled() -> bool:
+  """The kill switch: every call takes the XLA path."""
+  return flag(DISABLE)
+
+
+def pipeline_stages() -> str | None:
+  """The pinned stage plan as written ("1,3"), or None (planning/pipelined.parse_stages reads it)."""
+  return _text(PIPELINE_STAGES) or None
+
+
+def arch_traits() -> str | None:
+  """The ArchTraits whose compiled tiles the fused planner takes (debug: "amd" on a CUDA build), or None."""
+  text = _text(ARCH_TRAITS)
+  return _choice(ARCH_TRAITS, "", ARCH_TRAITS_CHOICES) if text else None
+
+
+def gemm_sm_margin() -> int:
+  return _number(GEMM_SM_MARGIN, 0, int, "a whole number of SMs, 0 or more", lambda v: v >= 0)
+
+
+def plan_settings() -> tuple:
+  """The settings that change a call's plan, as written: part of the name of each decision (planning/agreement)."""
+  return tuple(os.environ.get(name, "") for name in (PIPELINE_STAGES, ARCH_TRAITS))
+
+
+def check_all() -> None:
+  """Checks every setting the environment has, on any backend: a ValueError names the first bad one."""
+  workspace_bytes()
+  watchdog_seconds(math.inf)
+  on_timeout()
+  for name in (SYNC, TRACE, DISABLE):
+    flag(name)
+  arch_traits()
+  gemm_sm_margin()
+  stages = pipeline_stages()
+  if stages is not None and not all(s.strip().isdigit() and int(s) > 0 for s in stages.split(",")):
+    raise ValueError(f"jax_overlap: {PIPELINE_STAGES}={stages!r}; expected stage sizes of at least one chunk "
+                     f"separated by commas, such as 1,3")

@@ -1,0 +1,82 @@
+"""The scaling modes (quantization/scaling.py): their constants against the native module's, the float8 formats
+each GPU runs against the vendor GEMM's, and what each mode says of its scales."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_overlap.quantization import formats, scaling
+from jax_overlap.runtime import native
+
+needs_native = pytest.mark.skipif(native.module() is None, reason="needs jax_overlap's native module (a pure-Python "
+                                                                 "install has none)")
+
+
+@needs_native
+def test_block_layout_constants_match_the_native_module():
+  nat = native.module()
+  assert (scaling.BLOCK_SIZE, scaling.BLOCK_ROW_MULTIPLE, scaling.W_SCALE_ROW_ALIGN) == (
+      nat.SCALE_BLOCK, nat.SCALE_ROW_MULTIPLE, nat.W_SCALE_ROW_ALIGN)
+
+
+@needs_native
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "gfx90a", "gfx942", "gfx950"])
+def test_the_float8_formats_of_each_gpu_match_the_vendor_gemm(arch):
+  """One rule per language: formats.fp8_family_of (Python) and the vendor GEMM's runs_fp8 (csrc/blas/*_api.h)
+  agree on every arch of the build's vendor."""
+  nat = native.module()
+  ours = native.platform() == "cuda" and arch.startswith("sm_") or native.platform() == "rocm" and arch.startswith(
+      "gfx")
+  if not ours:
+    pytest.skip(f"{arch} is not a {native.platform()} architecture")
+  family = formats.fp8_family_of(arch)
+  want = [] if family is None else list(formats.fp8_formats(family))
+  assert sorted(nat.vendor_fp8_dtypes(arch)) == sorted(want)
+
+
+def test_modes_are_values():
+  """A mode is a hashable value a primitive carries as a parameter, equal to itself across instances."""
+  assert scaling.BlockScaling() == scaling.BLOCK and hash(scaling.BlockScaling()) == hash(scaling.BLOCK)
+  assert scaling.TENSOR != scaling.BLOCK and repr(scaling.BLOCK) == "block"
+  assert set(scaling.MODES) == {"tensor", "block"}
+
+
+def test_scales_travel_as_a_pytree():
+  s = scaling.Scales(jnp.float32(2.0), jnp.float32(0.5), scaling.TENSOR)
+  leaves, tree = jax.tree.flatten(s)
+  assert len(leaves) == 2 and jax.tree.unflatten(tree, leaves).scaling is scaling.TENSOR
+
+
+def test_of_tells_the_mode_from_the_scales():
+  x, w = jnp.zeros((4, 256), jnp.float8_e4m3fn), jnp.zeros((256, 128), jnp.float8_e4m3fn)
+  assert scaling.of("op", x, w, jnp.float32(1), 1.0, False).scaling is scaling.TENSOR
+  blocks = scaling.of("op", x, w, jnp.ones((4, 2), jnp.float32), jnp.ones((2, 1), jnp.float32), False)
+  assert blocks.scaling is scaling.BLOCK
+  with pytest.raises(ValueError, match=r"op: block scales: x_scale must have shape \(4, 2\)"):
+    scaling.of("op", x, w, jnp.ones((4, 3), jnp.float32), jnp.ones((2, 1), jnp.float32), False)
+
+
+def test_block_gemm_forms_lay_scales_out_as_cublaslt_reads_them():
+  """x's [rows, k/128] as [groups][k/128][rows/groups]; w's [k/128, n/128] as its K-major [n/128][k/128 padded]."""
+  rng = np.random.default_rng(0)
+  xs, ws = rng.standard_normal((8, 5)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32)
+  x_form, w_form = scaling.BLOCK.gemm_forms(2, w_kmajor=False)
+  np.testing.assert_array_equal(np.asarray(x_form(xs)), xs.reshape(2, 4, 5).transpose(0, 2, 1).reshape(-1))
+  padded = np.zeros((3, 8), np.float32)
+  padded[:, :5] = ws.T
+  np.testing.assert_array_equal(np.asarray(w_form(ws)), padded.reshape(-1))
+  flat = x_form(xs)
+  np.testing.assert_array_equal(np.asarray(scaling.BLOCK.gathered_from_gemm(flat, 2, (8, 5))), xs)
+
+
+@pytest.mark.parametrize("archs,rows,batch,world,why", [
+    (("sm_90",), 256, 1, 4, None),
+    (("gfx942",), 256, 1, 4, "block scales on gfx942"),
+    (("sm_90",), 130, 1, 1, "130 rows per GEMM"),
+    (("sm_90",), 256, 2, 4, "leading batch dims of x (2 elements) in a group of 4"),
+])
+def test_block_gpu_eligibility(archs, rows, batch, world, why):
+  got = scaling.BLOCK.gpu_refused(archs, rows, batch, world)
+  assert got is None if why is None else why in got
+  assert scaling.TENSOR.gpu_refused(archs, rows, batch, world) is None
