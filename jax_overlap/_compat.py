@@ -55,6 +55,22 @@ def spmd_axis_context_type():
   return sharding_impls.SPMDAxisContext
 
 
+def named_spec(s, mesh, ndim: int):
+  """The PartitionSpec on `mesh` of a sharding custom partitioning hands over undecoded (decode_shardings=False: a
+  GSPMDSharding of an HloSharding), or None where no PartitionSpec of the mesh gives it (Shardy splits an axis into
+  sub-axes through reshapes, e.g. 2 blocks of a block scale on an axis of 4; JAX's decoding then raises)."""
+  from jax._src import sharding_impls  # the decoding custom partitioning applies (not exported)
+  hlo = getattr(s, "_hlo_sharding", None)
+  if hlo is None:
+    return None
+  try:
+    (spec,) = sharding_impls.parse_flatten_op_sharding(hlo, mesh)
+  except (ValueError, KeyError, StopIteration, NotImplementedError, AssertionError):
+    return None
+  # its parse of an unusual device order may name another layout: only one that gives the same shards counts
+  return spec if s.is_equivalent_to(jax.sharding.NamedSharding(mesh, spec), ndim) else None
+
+
 def kv_client():
   """The jax.distributed coordination service's key-value client, or None before jax.distributed.initialize()."""
   from jax._src import distributed  # not exported

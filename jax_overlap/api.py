@@ -39,8 +39,8 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_overlap import _compat, planning, remat
+from jax_overlap._sharding import spec_of
 from jax_overlap.integration import autodiff, partitioning, primitives
-from jax_overlap.integration.sharding import spec_of
 from jax_overlap.ops import OPS
 from jax_overlap.ops import all_gather as all_gather_op
 from jax_overlap.quantization import formats, scaling
@@ -60,7 +60,7 @@ class Call:
   size: int  # the group's size (1 for global arrays)
   algorithm: str
   axis: int | None  # ag_matmul: x's gather dim; matmul_rs: the output's scatter dim (negative; None: the plan's)
-  request: tuple | None = None  # global matmul_rs: the output spec asked for (sharding.spec_of form)
+  request: tuple | None = None  # global matmul_rs: the output spec asked for (_sharding.spec_of form)
   w_kmajor: bool = False  # w stored with the contraction last (w_kmajor=True, and the backward passes' calls)
   outputs: int = 1  # how many of the op's results the caller takes (ag_matmul: 2 with its gathered x, 3 with scales)
   out_dtype: str = ""  # the result's dtype name (x's for 16-bit operands)

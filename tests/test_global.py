@@ -14,7 +14,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
-from jax_overlap.integration.sharding import spec_of
+from jax_overlap._sharding import spec_of
 
 TP = 4
 

@@ -1,7 +1,7 @@
-"""Global-mode partition decisions (each op's sharding_plan, sharding.spec_of) and the Shardy rules, with no
+"""Global-mode partition decisions (each op's sharding_plan, _sharding.spec_of) and the Shardy rules, with no
 devices.
 
-Specs are what sharding.spec_of makes of a sharding: one entry per dim,
+Specs are what _sharding.spec_of makes of a sharding: one entry per dim,
 a tuple of mesh axes or None. The mesh is a stand-in with a .shape.
 """
 
@@ -10,7 +10,9 @@ import types
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jax_overlap.integration import partitioning, sharding
+from jax_overlap.integration import partitioning
+
+from jax_overlap import _sharding
 from jax_overlap.ops import ag_matmul, matmul_rs
 from jax_overlap.quantization import scaling
 
@@ -138,12 +140,12 @@ def test_rs_plan(name, x_spec, w_spec, x_shape, w_shape, scatter, asked, expecte
     (P((), "tp"), 2, [None, TP]),
 ], ids=["plain", "tuple_padded", "padded", "replicated", "empty_tuple"])
 def test_spec_normalization(spec, ndim, expected):
-  assert sharding.spec_of(types.SimpleNamespace(spec=spec), ndim) == expected
-  assert sharding.spec_of(spec, ndim) == expected
+  assert _sharding.spec_of(types.SimpleNamespace(spec=spec), ndim) == expected
+  assert _sharding.spec_of(spec, ndim) == expected
 
 
 def test_spec_without_sharding_is_replicated():
-  assert sharding.spec_of(None, 3) == [None, None, None]
+  assert _sharding.spec_of(None, 3) == [None, None, None]
 
 
 @pytest.mark.parametrize("has_bias,scaled,w_kmajor,w_ndim,expected", [

@@ -4,7 +4,7 @@
   lowering.py      the GPU lowering: the custom call a call lowers to, once planning has chosen
   operands.py      the custom calls' operands: float8 w K-major, scales in the vendor GEMM's layouts, bias placement
   partitioning.py  global arrays under jit: custom partitioning with Shardy rules
-  sharding.py      specs, the pieces of a plan, meshes with Explicit axes
   autodiff.py      what the ops' backward passes share (layouts of gradients, weight and bias gradients)
-Nothing here names an op: each takes the op module (ops/) it serves.
+Nothing here names an op: each takes the op module (ops/) it serves. Specs, plan pieces and meshes with
+Explicit axes are ../_sharding.py's, below every layer.
 """

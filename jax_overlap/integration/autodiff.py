@@ -21,8 +21,7 @@ import jax
 from jax import lax
 from jax.sharding import NamedSharding
 
-from jax_overlap import _compat
-from jax_overlap.integration import sharding
+from jax_overlap import _compat, _sharding
 from jax_overlap.quantization import formats
 
 
@@ -52,7 +51,7 @@ def varying(axes, *values):
 def explicit_sharding(v):
   """v's sharding when its type carries one of a mesh with Explicit axes, else None."""
   aval = jax.typeof(v)
-  return aval.sharding if sharding.explicit_mesh(aval) is not None else None
+  return aval.sharding if _sharding.explicit_mesh(aval) is not None else None
 
 
 def layout(v, axes):
@@ -76,8 +75,8 @@ def like(ct, primal_layout):
 
 
 def request(primal_layout, ndim: int):
-  """The output spec (sharding.spec_of form) a dual call is asked for, so its result lands in the layout."""
-  return tuple(sharding.spec_of(primal_layout.sharding, ndim)) if isinstance(primal_layout, Layout) else None
+  """The output spec (_sharding.spec_of form) a dual call is asked for, so its result lands in the layout."""
+  return tuple(_sharding.spec_of(primal_layout.sharding, ndim)) if isinstance(primal_layout, Layout) else None
 
 
 def weight_grad(a, b, a_free: int, w_layout, w_kmajor: bool, dtype):

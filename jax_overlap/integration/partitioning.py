@@ -26,7 +26,9 @@ from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding
 
-from jax_overlap.integration import primitives, sharding
+from jax_overlap.integration import primitives
+
+from jax_overlap import _sharding
 from jax_overlap.integration.operands import Operands, operands, split_operands
 
 log = logging.getLogger("jax_overlap")
@@ -50,7 +52,7 @@ def _body(fn):
   """
   @functools.wraps(fn)
   def traced(*args):
-    with sharding.auto_axes():
+    with _sharding.auto_axes():
       return fn(*args)
   return traced
 
@@ -73,8 +75,8 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_km
     x_shape, w_shape = o.x.shape, o.w.shape
     if scaling is not None:
       x_shape, w_shape = scaling.plan_shapes((o.x_scale.shape, o.w_scale.shape), x_shape, w_shape)
-    return op.sharding_plan(mesh, sharding.spec_of(o.x.sharding, ndim), sharding.spec_of(o.w.sharding, w_ndim),
-                            x_shape, w_shape, w_kmajor, axis, asked)
+    return op.sharding_plan(mesh, _spec(mesh, o.x, ndim, "x"), _spec(mesh, o.w, w_ndim, "w"), x_shape, w_shape,
+                            w_kmajor, axis, asked)
 
   def product(*args, out_specs=None):
     x, w, bias, scales = split_operands(args, has_bias, scaling)
@@ -82,7 +84,7 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_km
                                      w_kmajor=w_kmajor, out_dtype=out_dtype, out_specs=out_specs), None)
 
   def traced(*args):
-    mesh = sharding.explicit_mesh(jax.typeof(args[0]))
+    mesh = _sharding.explicit_mesh(jax.typeof(args[0]))
     specs = None
     if mesh is not None:
       specs = plan(mesh, [jax.typeof(a) for a in args], request).results
@@ -94,19 +96,19 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_km
     named = _named(mesh, *p.results)
     return named if multiple else named[0]
 
-  def asked(result_shape):
+  def asked(mesh, result_shape):
     # Auto meshes: the output sharding propagation settled on (a downstream
     # constraint's); Explicit meshes: the type traced() gave, which asks for itself.
     if request is not None:
       return request
     first = result_shape[0] if multiple else result_shape
-    return sharding.spec_of(first.sharding, out_ndim)
+    return _spec(mesh, first, out_ndim, "the result")
 
   def infer(mesh, arg_shapes, result_shape):
     return result_shardings(mesh, plan(mesh, arg_shapes, request))
 
   def partition(mesh, arg_shapes, result_shape):
-    p = plan(mesh, arg_shapes, asked(result_shape))
+    p = plan(mesh, arg_shapes, asked(mesh, result_shape))
     log.debug("jax_overlap.%s: global arrays, %s", op.NAME, p.why if p.axes else f"plain partitioning ({p.why})")
     scale_sh = () if scaling is None else scaling.partition_specs(p.x, p.w)
     arg_sh = _named(mesh, p.x, p.w, *((p.bias,) if has_bias else ()), *scale_sh)
@@ -118,9 +120,24 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_km
     return mesh, _body(body), result_shardings(mesh, p), arg_sh
 
   rule, reductions = op.sharding_rule(ndim, w_ndim, has_bias, scaling, w_kmajor, axis)
+  # decode_shardings=False: JAX's decoding of the operands' shardings into NamedShardings raises on a sub-axis
+  # (IndivisibleError, KeyError) before partition runs; _spec decodes the ones the plan reads (x's, w's, the
+  # result's), and the scales' and the bias's are never read: they are laid out as the plan says.
   fn.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
-                   reduction_factors=reductions)
+                   reduction_factors=reductions, decode_shardings=False)
   return fn
+
+
+def _spec(mesh, aval, ndim: int, what: str) -> list:
+  """The spec (_sharding.spec_of form) of an operand or result of a custom partitioning; one that no PartitionSpec
+  of the mesh names (a sub-axis: propagation through a reshape upstream, such as the block views of an operand
+  that quantizing it makes) reads as unsharded, and the plan's layouts then reshard it."""
+  spec = _sharding.spec_on(mesh, aval.sharding, ndim)
+  if spec is None:
+    log.debug("jax_overlap: %s's sharding %s has no PartitionSpec on the mesh %s: planned as unsharded", what,
+              aval.sharding, dict(mesh.shape))
+    return [None] * ndim
+  return spec
 
 
 # vmap: custom_partitioning has no batching rule, so each global op is a

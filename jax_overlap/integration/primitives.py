@@ -19,7 +19,7 @@ group size), algorithm, w_kmajor (w stored with the contraction last),
 has_bias, scaling (the Scaling of float8 operands' scales, None for 16-bit
 ones), out_dtype (the result's dtype name: x's for 16-bit operands) and
 out_specs (the Explicit-mesh output types of a global-array call, else None).
-Every rule runs on operand types without Explicit shardings (sharding.py says
+Every rule runs on operand types without Explicit shardings (_sharding.py says
 why).
 
 A float8 format the GPU cannot run (quantization/formats.py) takes the XLA
@@ -39,8 +39,8 @@ import numpy as np
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import PartitionSpec as P
 
-from jax_overlap import _compat, planning
-from jax_overlap.integration import lowering, sharding
+from jax_overlap import _compat, _sharding, planning
+from jax_overlap.integration import lowering
 from jax_overlap.integration.operands import split_operands
 from jax_overlap.quantization import formats
 
@@ -61,7 +61,7 @@ def result_aval(x, shape, spec, dtype=None):
   x_sharding = getattr(x, "sharding", None)
   if x_sharding is None:
     return x.update(shape=shape, dtype=dtype)
-  if spec is None or sharding.explicit_mesh(x) is None:
+  if spec is None or _sharding.explicit_mesh(x) is None:
     spec = P(*([None] * len(shape)))
   return x.update(shape=shape, dtype=dtype, sharding=x_sharding.update(spec=spec))
 
@@ -125,11 +125,11 @@ def _no_jvp(op_name, primals, tangents, *, algorithm, **params):
 # --- lowering ---------------------------------------------------------------
 
 def untyped_lowering(rule):
-  """rule, run on operand and result types without Explicit shardings (sharding.py)."""
+  """rule, run on operand and result types without Explicit shardings (_sharding.py)."""
   def lower(ctx, *args, **params):
-    ctx = ctx.replace(avals_in=[sharding.untyped(a) for a in ctx.avals_in],
-                      avals_out=[sharding.untyped(a) for a in ctx.avals_out])
-    with sharding.auto_axes():
+    ctx = ctx.replace(avals_in=[_sharding.untyped(a) for a in ctx.avals_in],
+                      avals_out=[_sharding.untyped(a) for a in ctx.avals_out])
+    with _sharding.auto_axes():
       return rule(ctx, *args, **params)
   return lower
 

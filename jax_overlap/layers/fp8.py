@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_overlap import api, remat
+from jax_overlap import _sharding, api, remat
 from jax_overlap.integration import autodiff
 from jax_overlap.layers.dot_general import Layer, check_column_parallel, check_dim, check_row_parallel
 from jax_overlap.ops import OPS, fp8_cast
@@ -171,13 +171,16 @@ def _dual_kernel(w, w_scale, call: _Fp8Call) -> tuple:
 
 
 def _lead_last(v, lead: int):
-  """v [*l, *f] as the matrix [prod(f), prod(l)]: its first `lead` dims (a weight gradient's contraction) last."""
-  return v.reshape(math.prod(v.shape[:lead]), -1).T
+  """v [*l, *f] as [prod(f), *l]: its first `lead` dims (a weight gradient's contraction) last, kept as dims of their
+  own for the op to contract (rows of several dims, sharded on a minor one, have no merged layout without moving
+  them)."""
+  v = jnp.transpose(v, (*range(lead, v.ndim), *range(lead)))
+  return _sharding.reshape(v, (-1, *v.shape[v.ndim - lead:]))
 
 
 def _weight_grad(at8, a_scale, bt8, b_scale, w, w_layout, call: _Fp8Call):
   """dW = a^T @ b as one float8 GEMM of the op's group of one (the vendor's fp8 GEMM where it takes the call:
-  algorithm "auto", which falls back to XLA's dot; "xla" stays XLA's): at8 [Ka, L] and bt8 [Nb, L], both with
+  algorithm "auto", which falls back to XLA's dot; "xla" stays XLA's): at8 [Ka, *l] and bt8 [Nb, *l], both with
   the contraction last, the layout Hopper's fp8 GEMM takes (_lead_last, done in the quantizing passes where there
   is one). The result in w's dtype, shape and layout."""
   algorithm = "xla" if call.algorithm == "xla" else "auto"
@@ -188,7 +191,7 @@ def _weight_grad(at8, a_scale, bt8, b_scale, w, w_layout, call: _Fp8Call):
     at8, bt8, a_scale, b_scale = autodiff.varying(_axes(call), at8, bt8, a_scale, b_scale)
     dw = OPS["matmul_rs"].bind(at8, bt8, None, Scales(a_scale, b_scale, call.scaling), axis_name=None,
                                axis_size=1, algorithm=algorithm, w_kmajor=True, out_dtype=call.w_dtype)
-  return autodiff.like(dw.reshape(w.shape), w_layout)
+  return autodiff.like(_sharding.reshape(dw, w.shape), w_layout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,10 +237,10 @@ class Fp8AgDotGeneral(Fp8Layer):
     if call.scaling is scaling.TENSOR:
       return _fp8_ag(x, w, call)
     # Block scales take a 2-D kernel: [K, *n] as [K, N], and back.
-    w2 = w.reshape(w.shape[0], -1)
+    w2 = _sharding.reshape(w, (w.shape[0], -1))
     BLOCK.check_dims("Fp8AgDotGeneral (scaling='block', each rank's kernel)", *w2.shape)
     y = _fp8_ag(x, w2, call)
-    return y.reshape(*y.shape[:-1], *w.shape[1:])
+    return _sharding.reshape(y, (*y.shape[:-1], *w.shape[1:]))
 
 
 def _ag_forward(x, w, call: _Fp8Call):
@@ -261,15 +264,15 @@ def _fp8_ag_bwd(call: _Fp8Call, residuals, dy):
   if call.scaling is BLOCK:
     return autodiff.like(dx, x_layout), _block_weight_grad(gathered, scales, dy, w, w_layout, call, "Fp8AgDotGeneral")
   # dW = gathered^T @ dy over rows whose shards carry scales of their own: dy's rows times their shard's scale,
-  # quantized with one scale (transposed in that pass). With one shard that is dy8 itself (power-of-two scales:
-  # exactly), transposed.
+  # quantized with one scale (transposed in that pass). With one shard that is dy8 itself, transposed, and the
+  # shard's scale stays the gathered x's (the product of the two scales may underflow float32 where dW does not).
   lead = functools.partial(_lead_last, lead=gathered.ndim - 1)
   if scales.shape[0] == 1:
-    dyt8, dyt_scale = lead(dy8), dy_scale * scales[0]
+    dyt8, dyt_scale, gathered_scale = lead(dy8), dy_scale, scales[0]
   else:
     rows = numerics.rows_times(dy, scales, gathered.ndim + call.axis)
-    dyt8, dyt_scale = numerics.current_scaling(rows, call.e5m2, lead)
-  dw = _weight_grad(lead(gathered), jnp.float32(1), dyt8, dyt_scale, w, w_layout, call)
+    (dyt8, dyt_scale), gathered_scale = numerics.current_scaling(rows, call.e5m2, lead), jnp.float32(1)
+  dw = _weight_grad(lead(gathered), gathered_scale, dyt8, dyt_scale, w, w_layout, call)
   return autodiff.like(dx, x_layout), dw
 
 
@@ -325,9 +328,9 @@ class Fp8RsDotGeneral(Fp8Layer):
     if call.scaling is scaling.TENSOR:
       return _fp8_rs(x, w, call)
     # Block scales take a 2-D kernel: [*k, N] as [K, N], x [..., *k] as [..., K].
-    w2 = w.reshape(-1, w.shape[-1])
+    w2 = _sharding.reshape(w, (-1, w.shape[-1]))
     BLOCK.check_dims("Fp8RsDotGeneral (scaling='block', each rank's kernel)", *w2.shape)
-    return _fp8_rs(x.reshape(*x.shape[:x.ndim - contract], -1), w2, call)
+    return _fp8_rs(_sharding.reshape(x, (*x.shape[:x.ndim - contract], -1)), w2, call)
 
 
 def _rs_forward(x, w, call: _Fp8Call):
@@ -384,7 +387,7 @@ def _rows_last(a, layer: str):
     raise ValueError(f"jax_overlap.{layer}: the weight gradient of scaling='block' contracts the rows (the product "
                      f"of x's leading dims{', gathered' if layer == 'Fp8AgDotGeneral' else ''}), which must be a "
                      f"multiple of {BLOCK_SIZE}, got {rows}")
-  return a.reshape(rows, a.shape[-1]).T
+  return _sharding.reshape(a, (rows, a.shape[-1])).T
 
 
 def _block_weight_grad(x, x_scale, dy, w, w_layout, call: _Fp8Call, layer: str):

@@ -25,8 +25,8 @@ from jax import lax
 from jax.extend import core as jex_core
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jax_overlap import remat
-from jax_overlap.integration import autodiff, primitives, sharding
+from jax_overlap import _sharding, remat
+from jax_overlap.integration import autodiff, primitives
 from jax_overlap.integration.operands import Operands, operands, split_operands
 from jax_overlap.ops import reference as ref
 from jax_overlap.planning import pipelined
@@ -135,8 +135,8 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
     return bind(x, w, bias, scales, **params)
   follows = scales is not None and scales.scaling.follows_x
   if follows:  # x_scale's rows fold as x's do
-    scales = dataclasses.replace(scales, x=sharding.fold(scales.x, axis, -1))
-  y, gathered, *rest = bind(sharding.fold(x, axis, -1), w, bias, scales, **params)
+    scales = dataclasses.replace(scales, x=_sharding.fold(scales.x, axis, -1))
+  y, gathered, *rest = bind(_sharding.fold(x, axis, -1), w, bias, scales, **params)
   mid = x.shape[x.ndim + axis + 1:-1]
   gathered_shape = (*x.shape[:x.ndim + axis], size * x.shape[axis], *mid)
   n_ndim = w.ndim - 1
@@ -174,10 +174,9 @@ class Plan(NamedTuple):
 
 
 def sharding_plan(mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor: bool, gather: int = -2, request=None) -> Plan:
-  """The partitioning of a call on global arrays from its operands' specs (sharding.spec_of) and shapes; the
-  requested output spec does not change it."""
-  del request
-  x_spec, w_spec = sharding.even(mesh, x_spec, x_shape), sharding.even(mesh, w_spec, w_shape)
+  """The partitioning of a call on global arrays from its operands' specs (_sharding.spec_of) and shapes; the
+  requested output spec (y's) settles which of x's batch dims and w's output dims keeps an axis they share."""
+  x_spec, w_spec = _sharding.even(mesh, x_spec, x_shape), _sharding.even(mesh, w_spec, w_shape)
   free = x_spec[:-1]
   g = len(x_spec) + gather
   n_specs = w_spec[:-1] if w_kmajor else w_spec[1:]
@@ -191,23 +190,23 @@ def sharding_plan(mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor: bool, gather
       kept[g] = rows[:len(rows) - len(axes)] or None
       n_out = list(n_none)
       n_out[i] = axes
-      return Plan(axes, P(*free, None), sharding.w_spec([None], n_out, w_kmajor), P(*n_out), P(*kept, *n_out),
+      return Plan(axes, P(*free, None), _sharding.w_spec([None], n_out, w_kmajor), P(*n_out), P(*kept, *n_out),
                   P(*kept, None), f"gather dim {gather} over {axes}")
     why = f"x's dim {gather} is sharded on {rows or 'nothing'}, not ending with w's output axes {axes}"
   else:
     why = "none of w's output dims is sharded" if not sharded else "more than one of w's output dims is sharded"
-  n_kept = sharding.disjoint(n_specs, sharding.axes_in(free))
-  return Plan(None, P(*free, None), sharding.w_spec([None], n_kept, w_kmajor), P(*n_kept), P(*free, *n_kept),
+  free, n_kept = _sharding.settle(free, n_specs, request)
+  return Plan(None, P(*free, None), _sharding.w_spec([None], n_kept, w_kmajor), P(*n_kept), P(*free, *n_kept),
               P(*free, None), why)
 
 
 def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaling, w_kmajor: bool, gather: int) -> tuple[str, tuple]:
   """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim (and with a Scaling,
   its scales' factors: Scaling.shardy_factors)."""
-  batch = sharding.factors("b", ndim - 1)
+  batch = _sharding.factors("b", ndim - 1)
   x_f, out_f = list(batch), list(batch)
   x_f[ndim + gather], out_f[ndim + gather] = "g", "p"
-  n = sharding.factors("n", w_ndim - 1)
+  n = _sharding.factors("n", w_ndim - 1)
   w_f = [*n, "k"] if w_kmajor else ["k", *n]
   scale_f = [] if scaling is None else list(scaling.shardy_factors([*x_f, "k"], w_kmajor)[:2])
   args = [" ".join([*x_f, "k"]), " ".join(w_f)] + ([" ".join(n)] if has_bias else []) + scale_f
@@ -250,13 +249,13 @@ def plain(x, w, bias, scales, call) -> tuple:
     gathered, x_scales = _gathered(x, scales, call.axes, call.axis)
     return _product(remat.tag(gathered, remat.AG_GATHERED), w, bias, x_scales, scales, w_kmajor=call.w_kmajor,
                     gather=call.axis, out_dtype=call.out_dtype)
-  mesh = sharding.explicit_mesh(jax.typeof(x))
+  mesh = _sharding.explicit_mesh(jax.typeof(x))
   if mesh is None:
     return global_results(reference(x, w, bias, scales, w_kmajor=call.w_kmajor, out_dtype=call.out_dtype), scales)
-  p = sharding_plan(mesh, sharding.spec_of(jax.typeof(x).sharding, x.ndim),
-                    sharding.spec_of(jax.typeof(w).sharding, w.ndim), x.shape, w.shape, call.w_kmajor, call.axis)
+  p = sharding_plan(mesh, _sharding.spec_of(jax.typeof(x).sharding, x.ndim),
+                    _sharding.spec_of(jax.typeof(w).sharding, w.ndim), x.shape, w.shape, call.w_kmajor, call.axis)
   y = ref.local_matmul(x, w, w_kmajor=call.w_kmajor, scales=scales, out_sharding=NamedSharding(mesh, p.y))
-  return global_results((ref.finish(y, sharding.resharded(bias, mesh, p.bias), call.out_dtype), x), scales)
+  return global_results((ref.finish(y, _sharding.resharded(bias, mesh, p.bias), call.out_dtype), x), scales)
 
 
 # --- differentiation (the custom VJP: api.py) --------------------------------------------------

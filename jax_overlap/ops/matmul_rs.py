@@ -24,7 +24,9 @@ from jax import lax
 from jax.extend import core as jex_core
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jax_overlap.integration import autodiff, primitives, sharding
+from jax_overlap.integration import autodiff, primitives
+
+from jax_overlap import _sharding
 from jax_overlap.integration.operands import operands, split_operands
 from jax_overlap.ops import reference as ref
 from jax_overlap.planning import pipelined
@@ -117,8 +119,8 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
     return bind(x, w, bias, scales, **params)
   out_lead = x.shape[:x.ndim - contract]
   if scales is not None and scales.scaling.follows_x:  # x_scale's rows fold as x's do (one contraction dim)
-    scales = dataclasses.replace(scales, x=sharding.fold(scales.x, axis, -1))
-  z = bind(sharding.fold(x, axis + 1 - contract, -contract), w, bias, scales, **params)
+    scales = dataclasses.replace(scales, x=_sharding.fold(scales.x, axis, -1))
+  z = bind(_sharding.fold(x, axis + 1 - contract, -contract), w, bias, scales, **params)
   start = len(out_lead) + axis + 1
   return z.reshape(*out_lead[:start], out_lead[start] // size, *out_lead[start + 1:], z.shape[-1])
 
@@ -152,28 +154,28 @@ class Plan(NamedTuple):
 
 def sharding_plan(mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor: bool, scatter: int | None = None,
                   request=None) -> Plan:
-  """The partitioning of a call on global arrays from its operands' specs (sharding.spec_of) and shapes.
+  """The partitioning of a call on global arrays from its operands' specs (_sharding.spec_of) and shapes.
   `scatter`: the output dim asked for (negative), or None; `request`: a requested output spec, or None."""
-  x_spec, w_spec = sharding.even(mesh, x_spec, x_shape), sharding.even(mesh, w_spec, w_shape)
+  x_spec, w_spec = _sharding.even(mesh, x_spec, x_shape), _sharding.even(mesh, w_spec, w_shape)
   contract = len(w_shape) - 1
   free, xk = x_spec[:len(x_spec) - contract], x_spec[len(x_spec) - contract:]
   wk, n_spec = (w_spec[1:], w_spec[0]) if w_kmajor else (w_spec[:-1], w_spec[-1])
-  (n_kept,) = sharding.disjoint([n_spec], sharding.axes_in(free))
+  free, (n_kept,) = _sharding.settle(free, [n_spec], request)
   axes = tuple(a for s in xk for a in (s or ()))
   if not axes or xk != wk:
     none_k = [None] * contract
     why = "the contraction is not sharded" if not axes else f"x's contraction dims {xk} and w's {wk} differ"
-    return Plan(None, None, P(*free, *none_k), sharding.w_spec(none_k, [n_kept], w_kmajor), P(n_kept),
+    return Plan(None, None, P(*free, *none_k), _sharding.w_spec(none_k, [n_kept], w_kmajor), P(n_kept),
                 P(*free, n_kept), why)
   out = [*free, n_kept]
-  x_sh, w_sh = P(*free, *xk), sharding.w_spec(wk, [n_kept], w_kmajor)
+  x_sh, w_sh = P(*free, *xk), _sharding.w_spec(wk, [n_kept], w_kmajor)
   dim = _scatter_dim(out, axes, scatter, request)
   if dim is None:
     return Plan(axes, None, x_sh, w_sh, P(n_kept), P(*out), f"all-reduce over {axes}: the requested output "
                 f"sharding {request} does not shard over them")
   out_shape = (*x_shape[:len(x_shape) - contract], w_shape[0] if w_kmajor else w_shape[-1])
   on_dim = (*(out[dim] or ()), *axes)
-  if out_shape[dim] % sharding.size(mesh, on_dim):
+  if out_shape[dim] % _sharding.size(mesh, on_dim):
     return Plan(axes, None, x_sh, w_sh, P(n_kept), P(*out), f"all-reduce over {axes}: output dim "
                 f"{dim - len(out)} ({out_shape[dim]}) is not a multiple of the size of {on_dim}")
   out[dim] = on_dim
@@ -199,7 +201,7 @@ def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaling, w_kmajor: boo
   its scales' factors, Scaling.shardy_factors, the contraction's blocks reduced as the contraction is)."""
   del scatter
   contract = w_ndim - 1
-  batch, k = sharding.factors("b", result_ndim(ndim, w_ndim) - 1), sharding.factors("k", contract)
+  batch, k = _sharding.factors("b", result_ndim(ndim, w_ndim) - 1), _sharding.factors("k", contract)
   w_f = ["n", *k] if w_kmajor else [*k, "n"]
   scale_f, reduced = [], tuple(k)
   if scaling is not None:
@@ -262,15 +264,15 @@ def plain(x, w, bias, scales, call):
   params = dict(w_kmajor=call.w_kmajor, out_dtype=call.out_dtype)
   if call.axes is not None:
     return reference(x, w, bias, scales, axis_name=call.axes, scatter=call.axis, **params)
-  mesh = sharding.explicit_mesh(jax.typeof(x))
+  mesh = _sharding.explicit_mesh(jax.typeof(x))
   if mesh is None:
     return reference(x, w, bias, scales, **params)
-  p = sharding_plan(mesh, sharding.spec_of(jax.typeof(x).sharding, x.ndim),
-                    sharding.spec_of(jax.typeof(w).sharding, w.ndim), x.shape, w.shape, call.w_kmajor, call.axis,
+  p = sharding_plan(mesh, _sharding.spec_of(jax.typeof(x).sharding, x.ndim),
+                    _sharding.spec_of(jax.typeof(w).sharding, w.ndim), x.shape, w.shape, call.w_kmajor, call.axis,
                     call.request)
   z = ref.local_matmul(x, w, w_kmajor=call.w_kmajor, contract=w.ndim - 1, scales=scales,
                             out_sharding=NamedSharding(mesh, p.out))
-  return ref.finish(z, sharding.resharded(bias, mesh, p.bias), call.out_dtype)
+  return ref.finish(z, _sharding.resharded(bias, mesh, p.bias), call.out_dtype)
 
 
 # --- differentiation (the custom VJP: api.py) --------------------------------------------------

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_overlap import _sharding
 from jax_overlap.quantization.scaling import BLOCK_SIZE
 
 
@@ -29,6 +30,8 @@ def dequantized(x, scale):
   has each dim x's or a whole fraction of it: each element takes the scale of its block."""
   if scale is None:
     return x
+  if scale.ndim:  # laid out as x is, where x's type is Explicit (scales laid out otherwise cannot multiply it)
+    scale = _sharding.blocks_like(scale, x)
   for d in range(scale.ndim):
     if scale.shape[d] != x.shape[d]:
       scale = jnp.repeat(scale, x.shape[d] // scale.shape[d], axis=d)
@@ -48,7 +51,8 @@ def fp8_scale(amax, dtype):
 
   The exponent comes from the amax itself: amax = m * 2^a and max = m_max * 2^b (frexp, m in [0.5, 1)) give
   e = a - b + (m > m_max). The ratio amax / max would be a float32 subnormal for an amax below max * 2^-126
-  (5.3e-35 for e4m3), which XLA on CPU flushes to zero: every element would then quantize to zero."""
+  (5.3e-36 for e4m3, 6.7e-34 for e5m2), which XLA on CPU flushes to zero: every element would then quantize to
+  zero."""
   m_max, b = np.frexp(fp8_max(dtype))
   mantissa, exponent = jnp.frexp(amax.astype(jnp.float32))
   # Float arithmetic only: integer arithmetic on the exponent fails jax 0.12's varying-axes check when
@@ -84,8 +88,9 @@ def rows_times(a, scales, axis: int):
   """a in float32, each of its len(scales) blocks along dim `axis` (non-negative) times its scale: rows of
   shards that carry scales of their own (gathered order)."""
   shards = scales.shape[0]
-  blocks = a.astype(jnp.float32).reshape(*a.shape[:axis], shards, a.shape[axis] // shards, *a.shape[axis + 1:])
-  return (blocks * scales.reshape(shards, *([1] * (a.ndim - axis)))).reshape(a.shape)
+  blocks = _sharding.reshape(a.astype(jnp.float32), (*a.shape[:axis], shards, a.shape[axis] // shards,
+                                                     *a.shape[axis + 1:]))
+  return _sharding.reshape(blocks * scales.reshape(shards, *([1] * (a.ndim - axis))), a.shape, like=a)
 
 
 def rescaled_rows(a8, scales, axis: int, layout=lambda v: v) -> tuple:
@@ -104,16 +109,16 @@ def rescaled_rows(a8, scales, axis: int, layout=lambda v: v) -> tuple:
 def block_scaling(x, dtype):
   """(x quantized to `dtype`, its float32 scales [..., n/BLOCK_SIZE]): a power-of-two scale per BLOCK_SIZE
   consecutive elements of the last dim (1x128 blocks: x's BLOCK scales), from each block's amax."""
-  blocks = x.reshape(*x.shape[:-1], x.shape[-1] // BLOCK_SIZE, BLOCK_SIZE).astype(jnp.float32)
+  blocks = _sharding.reshape(x, (*x.shape[:-1], x.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)).astype(jnp.float32)
   scale = fp8_scale(jnp.max(jnp.abs(blocks), axis=-1), dtype)
-  return to_fp8((blocks * (1 / scale)[..., None]).reshape(x.shape), dtype), scale
+  return to_fp8(_sharding.reshape(blocks * (1 / scale)[..., None], x.shape, like=x), dtype), scale
 
 
 def tile_scaling(w, dtype, scale=None):
   """(w [a, b] quantized to `dtype`, its float32 scales [a/BLOCK_SIZE, b/BLOCK_SIZE]): a power-of-two scale per
   BLOCK_SIZE x BLOCK_SIZE tile (w's BLOCK scales), from each tile's amax, or `scale` where given."""
   a, b = w.shape
-  tiles = w.reshape(a // BLOCK_SIZE, BLOCK_SIZE, b // BLOCK_SIZE, BLOCK_SIZE).astype(jnp.float32)
+  tiles = _sharding.reshape(w, (a // BLOCK_SIZE, BLOCK_SIZE, b // BLOCK_SIZE, BLOCK_SIZE)).astype(jnp.float32)
   if scale is None:
     scale = fp8_scale(jnp.max(jnp.abs(tiles), axis=(1, 3)), dtype)
-  return to_fp8((tiles * (1 / scale)[:, None, :, None]).reshape(a, b), dtype), scale
+  return to_fp8(_sharding.reshape(tiles * (1 / scale)[:, None, :, None], (a, b), like=w), dtype), scale

@@ -1,0 +1,201 @@
+"""Shardings every layer reads: specs, the pieces of the ops' global-array plans, and meshes with Explicit axes.
+
+Specs are lists with one entry per dim: a tuple of mesh axes, or None. A dim
+whose size is not a multiple of its axes' size is treated as unsharded (XLA
+pads uneven shards with values that must not reach a product or a gather), so
+every plan partitions evenly. Each op's plan is its own module's
+(ops/<op>.py sharding_plan); integration/partitioning.py applies it. Below
+every layer (like _compat.py): the quantization's block views of an operand
+keep its type on Explicit meshes through reshape() here.
+
+Explicit axes. A lowering or a partitioned body is per-shard code, which must
+not be typed by the caller's mesh: a call on a one-device mesh is inlined by
+JAX with its global operand types (x's rows and w's columns on one axis make
+the local dot_general an illegal sharding), and a custom partitioning's body
+is lowered under the caller's mesh, where the reducer of a collective would be
+typed too (XLA's CPU collectives accept only a plain binary reducer). So they
+run with that mesh's Explicit axes Auto: auto_axes(), untyped().
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import jax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+from jax_overlap import _compat
+
+
+def spec_of(sharding, ndim: int) -> list:
+  """Per-dim mesh axes (a tuple, or None) of a sharding or a PartitionSpec."""
+  spec = list(sharding if isinstance(sharding, P) else getattr(sharding, "spec", ()))
+  spec += [None] * (ndim - len(spec))
+  out = []
+  for s in spec[:ndim]:
+    if s is None or s == ():
+      out.append(None)
+    else:
+      out.append(tuple(s) if isinstance(s, (tuple, list)) else (s,))
+  return out
+
+
+def spec_on(mesh, s, ndim: int) -> list | None:
+  """spec_of a sharding that custom partitioning hands over undecoded (integration/partitioning.py), on `mesh`;
+  None where no PartitionSpec of the mesh names it (a dim split over part of an axis: Shardy makes such sub-axes
+  through reshapes, e.g. a dim of 2 blocks that was a dim of 256 on an axis of 4)."""
+  if isinstance(s, (NamedSharding, P)):
+    return spec_of(s, ndim)
+  spec = _compat.named_spec(s, mesh, ndim)
+  return None if spec is None else spec_of(spec, ndim)
+
+
+def size(mesh, axes) -> int:
+  return math.prod(mesh.shape[a] for a in axes or ())
+
+
+def even(mesh, spec, shape) -> list:
+  """spec with every dim that its axes do not divide evenly unsharded."""
+  return [s if s and n % size(mesh, s) == 0 else None for s, n in zip(spec, shape)]
+
+
+def axes_in(specs) -> set:
+  return {a for s in specs if s for a in s}
+
+
+def disjoint(specs, taken: set) -> list:
+  """specs, each left unsharded where its axes collide with `taken` or with an earlier kept spec."""
+  out, used = [], set(taken)
+  for s in specs:
+    keep = s if s and not set(s) & used else None
+    used |= set(keep or ())
+    out.append(keep)
+  return out
+
+
+def settle(free, n_specs, request) -> tuple[list, list]:
+  """(free, n_specs): x's batch dims' specs and w's output dims', with no axis in both (the product's batch and
+  output dims cannot share one). The output dims keep theirs where the requested output spec has them (on an Auto
+  mesh what propagation settled on: partitioning to it spares XLA a reshard of the result that its SPMD
+  partitioner can only do by replicating it, "Involuntary full rematerialization"); else the batch dims do."""
+  n_specs = list(n_specs)
+  if request is not None and axes_in(free) & axes_in(n_specs):
+    asked = list(request[len(request) - len(n_specs):])
+    if all(not s or tuple(s) == tuple(a or ()) for s, a in zip(n_specs, asked)):
+      return disjoint(free, axes_in(n_specs)), n_specs
+  return list(free), disjoint(n_specs, axes_in(free))
+
+
+def w_spec(k_specs, n_specs, w_kmajor: bool) -> P:
+  """w's spec from its contraction dims' and output dims' ([K.., N..], or [N.., K..] when w_kmajor)."""
+  return P(*n_specs, *k_specs) if w_kmajor else P(*k_specs, *n_specs)
+
+
+def factors(prefix: str, count: int) -> list:
+  """Names of `count` factors of a Shardy sharding rule."""
+  return [f"{prefix}{i}" for i in range(count)]
+
+
+def fold(a, axis: int, end: int):
+  """a with dims axis..end-1 (negative, end exclusive) merged into one: a tiled gather or scatter along `axis`
+  moves whole blocks of everything after it, so on row-major arrays it is one along the merged dim (free)."""
+  shape = a.shape
+  start, stop = a.ndim + axis, a.ndim + end
+  return a.reshape(*shape[:start], math.prod(shape[start:stop]), *shape[stop:])
+
+
+def reshape(a, shape, like=None):
+  """a.reshape(shape), typed on a mesh with Explicit axes, where JAX's own rule for reshapes takes one split or
+  merge of a dim whose major part is sharded and refuses the rest (tiles [a, b] -> [a/128, 128, b/128, 128] are
+  two splits; [B, S, K] -> [B*S, K] with S sharded merges a sharded minor dim). `like`: an array whose layout the
+  result takes (a reshape back to it). Otherwise dims merged into one keep all their axes on it, in order, and a dim
+  split into several puts its axes on the first of them where they divide it (whole blocks of its shards), else on
+  the first they divide, else nowhere; data moves where the result's shards are not the operand's."""
+  if -1 in shape:
+    rest = math.prod(d for d in shape if d != -1)
+    shape = tuple(math.prod(a.shape) // rest if d == -1 else d for d in shape)
+  aval = jax.typeof(a)
+  if explicit_mesh(aval) is None or 0 in a.shape:
+    return a.reshape(shape)
+  if like is not None:
+    out = spec_of(jax.typeof(like).sharding, len(shape))
+  else:
+    out = _reshaped_spec(aval.sharding.mesh, tuple(a.shape), spec_of(aval.sharding, a.ndim), tuple(shape))
+  return jax.lax.reshape(a, tuple(shape), out_sharding=aval.sharding.update(spec=P(*out)))
+
+
+def _reshaped_spec(mesh, old: tuple, spec: list, new: tuple) -> list:
+  """reshape's layout of the result: old's dims and new's in groups of equal products, in order."""
+  out, i, j = [None] * len(new), 0, 0
+  while i < len(old) and j < len(new):
+    olds, news, po, pn = [i], [j], old[i], new[j]
+    i, j = i + 1, j + 1
+    while po != pn:
+      if po < pn:
+        olds.append(i)
+        po, i = po * old[i], i + 1
+      else:
+        news.append(j)
+        pn, j = pn * new[j], j + 1
+    axes = tuple(a for d in olds for a in (spec[d] or ()))
+    if not axes or (len(olds) > 1 and len(news) > 1):  # unsharded, or neither a split nor a merge: gathered
+      continue
+    if len(olds) > 1:  # a merge
+      out[news[0]] = axes
+      continue
+    first = next((d for d in news if new[d] > 1), news[0])
+    fits = [d for d in news if new[d] % size(mesh, axes) == 0]
+    if fits:
+      out[first if first in fits else fits[0]] = axes
+  return out
+
+
+def resharded(v, mesh, spec):
+  """v (None passes) in the layout `spec` of `mesh`, resharded only when its type has another."""
+  if v is None or spec_of(jax.typeof(v).sharding, v.ndim) == spec_of(spec, v.ndim):
+    return v
+  return jax.sharding.reshard(v, NamedSharding(mesh, spec))
+
+
+def blocks_like(scale, x):
+  """A block scale (x's rank, each dim x's or a whole fraction of it) in its operand x's layout on a mesh with
+  Explicit axes, as the plans lay it out on global arrays: each dim with x's axes where they divide it, else none. A
+  scale laid out otherwise is resharded (small: a 128th of x or less); its product with x would be an illegal
+  layout."""
+  aval = jax.typeof(x)
+  mesh = explicit_mesh(aval)
+  if mesh is None:
+    return scale
+  return resharded(scale, mesh, P(*even(mesh, spec_of(aval.sharding, x.ndim), scale.shape)))
+
+
+# --- meshes with Explicit axes --------------------------------------------------
+
+def explicit_mesh(aval):
+  """The mesh of an aval typed with a sharding on a mesh with Explicit axes, else None."""
+  mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
+  types = getattr(mesh, "axis_types", ())
+  return mesh if any(t == AxisType.Explicit for t in types) else None
+
+
+def _auto_axes(mesh):
+  explicit = {name: AxisType.Auto for name, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit}
+  return mesh.update_axis_types(explicit) if explicit else mesh
+
+
+def untyped(aval):
+  """aval without an Explicit sharding in its type."""
+  mesh = explicit_mesh(aval)
+  if mesh is None:
+    return aval
+  return aval.update(sharding=aval.sharding.update(mesh=_auto_axes(mesh), spec=P()))
+
+
+@contextlib.contextmanager
+def auto_axes():
+  """The current abstract mesh with its Explicit axes Auto: ops traced inside carry no sharding in their types."""
+  mesh = jax.sharding.get_abstract_mesh()
+  with jax.sharding.use_abstract_mesh(_auto_axes(mesh)):
+    yield
+
