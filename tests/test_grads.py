@@ -253,10 +253,11 @@ LAYOUTS = [("ag", *c) for c in AG_SHARDINGS] + [("rs", *c) for c in RS_SHARDINGS
 @pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
 @pytest.mark.parametrize("op,name,x_shape,x_spec,w_spec,b_spec", LAYOUTS, ids=[f"{c[0]}-{c[1]}" for c in LAYOUTS])
 def test_global_grads_dp_tp(op, name, x_shape, x_spec, w_spec, b_spec, axis_type, context, normal, make_mesh,
-                            assert_close):
+                            assert_close, capfd):
   """Also compiled under jax.set_mesh (issue 24, item 13): on an Explicit mesh the partitioned bodies were traced
   with the mesh's types, so a collective's reducer held sharding annotations, which XLA's CPU backend rejects
-  ("Unsupported reduction computation", jax >= 0.11); compiled, no sharding annotation is left anywhere."""
+  ("Unsupported reduction computation", jax >= 0.11); compiled, no sharding annotation is left anywhere. And
+  XLA reshards no result of a call by replicating it (no_involuntary_rematerialization)."""
   mesh = make_mesh((2, WORLD), ("dp", "tp"), getattr(jax.sharding.AxisType, axis_type))
   x, w, bias = normal(x_shape, np.float32), normal((16, 24), np.float32), normal((24,), np.float32)
   fn = jax_overlap.ag_matmul if op == "ag" else jax_overlap.matmul_rs
@@ -276,6 +277,33 @@ def test_global_grads_dp_tp(op, name, x_shape, x_spec, w_spec, b_spec, axis_type
     assert_close(g, r, np.float32, int(np.prod(x_shape[:-1])), what=what)
     if axis_type == "Explicit":
       assert same_layout(g.sharding, a.sharding.spec), what
+  no_involuntary_rematerialization(capfd)
+
+
+# XLA's SPMD partitioner, when it cannot reshard a value from the sharding one op gives it to the one its user
+# needs, replicates it on every device and slices it again, and says so on stderr (C++ logging, not Python's):
+# the values stay right, the time and memory are lost. A call's results must come in the shardings its Shardy rule
+# promised (issue 39, item 6: the gathered result of matmul_rs's backward, an ag_matmul, did not).
+INVOLUNTARY = "Involuntary full rematerialization"
+
+
+def no_involuntary_rematerialization(capfd):
+  err = capfd.readouterr().err
+  assert INVOLUNTARY not in err, err[err.index(INVOLUNTARY) - 200:][:1200]
+
+
+@pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
+@pytest.mark.parametrize("op,name,x_shape,x_spec,w_spec,b_spec", LAYOUTS, ids=[f"{c[0]}-{c[1]}" for c in LAYOUTS])
+def test_gradients_on_a_2x2_mesh_reshard_nothing_by_replication(op, name, x_shape, x_spec, w_spec, b_spec,
+                                                                axis_type, normal, make_mesh, capfd):
+  """The layouts of test_global_grads_dp_tp on dp 2 x tp 2, compiled (their values are checked on 2 x 4)."""
+  mesh = make_mesh((2, 2), ("dp", "tp"), getattr(jax.sharding.AxisType, axis_type))
+  x, w, bias = normal(x_shape, np.float32), normal((16, 24), np.float32), normal((24,), np.float32)
+  fn = jax_overlap.ag_matmul if op == "ag" else jax_overlap.matmul_rs
+  args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in ((x, x_spec), (w, w_spec), (bias, b_spec))]
+  capfd.readouterr()
+  jax.jit(jax.grad(lambda x, w, b: jnp.sum(jnp.sin(fn(x, w, b))), argnums=(0, 1, 2))).lower(*args).compile()
+  no_involuntary_rematerialization(capfd)
 
 
 def test_global_ag_grad_uneven_columns(normal, make_mesh, assert_close):

@@ -153,20 +153,22 @@ def test_spec_without_sharding_is_replicated():
     (True, True, True, 2, (("b0", "g", "k"), ("n0", "k"), ("n0",), (), ())),  # float8: the scales are scalars
 ])
 def test_ag_sharding_rule(has_bias, scaled, w_kmajor, w_ndim, expected):
-  """The gathered dim is its own factor p in the results: propagation must not copy x's sharding of it onto y.
-  A float8 call's gathered_scales are not among the partitioned results (x_scale is added after)."""
+  """The gathered dim is its own factor p in the results: propagation must not copy x's sharding of it onto y;
+  the gathered x's K dim is q, not k: it comes whole, whatever w's K is sharded on (tests/test_grads.py
+  no_involuntary_rematerialization). A float8 call's gathered_scales are not among the partitioned results (x_scale
+  is added after)."""
   rule = partitioning.custom_partitioned(ag_matmul, 3, w_ndim, has_bias, scaling.TENSOR if scaled else None,
                                          w_kmajor, "auto", -2, None, "bfloat16").sharding_rule
   assert rule.operand_mappings == expected
   n = tuple(f"n{i}" for i in range(w_ndim - 1))
-  assert rule.result_mappings == (("b0", "p", *n), ("b0", "p", "k"))
+  assert rule.result_mappings == (("b0", "p", *n), ("b0", "p", "q"))
 
 
 def test_ag_sharding_rule_gather_axis():
   rule = partitioning.custom_partitioned(ag_matmul, 3, 2, False, None, False, "auto", -3, None,
                                          "float32").sharding_rule
   assert rule.operand_mappings == (("g", "b1", "k"), ("k", "n0"))
-  assert rule.result_mappings == (("p", "b1", "n0"), ("p", "b1", "k"))
+  assert rule.result_mappings == (("p", "b1", "n0"), ("p", "b1", "q"))
 
 
 @pytest.mark.parametrize("w_ndim,scaled,expected", [

@@ -152,9 +152,12 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
 #           (*others, *A): gather x over A; y keeps `others` on that dim and A on w's sharded dim.
 #   plain   x keeps its sharding but K, w its n dims' sharding where it does not collide with x's;
 #           y is the local product.
-# Axes on x's other dims pass through as batch. The Shardy rule "b.. g k, k n.. -> b.. p n.., b.. p k" gives
+# Axes on x's other dims pass through as batch. The Shardy rule "b.. g k, k n.. -> b.. p n.., b.. p q" gives
 # the gathered dim a factor of its own in the results (p), so propagation does not copy x's gathered sharding
-# onto y (the fused result is sharded on w's n dim instead).
+# onto y (the fused result is sharded on w's n dim instead); and the gathered result's K dim one too (q): no plan
+# shards K (it comes whole with the gathered x), so a K sharded like w's would be a promise the partitioned
+# result breaks, which XLA mends by replicating the result and slicing it again (its "Involuntary full
+# rematerialization": matmul_rs's gradient on rows sharded over tp, issue 39, item 6).
 
 class Plan(NamedTuple):
   axes: tuple | None  # mesh axes x is gathered over; None: a plain partitioning
@@ -208,7 +211,7 @@ def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaling, w_kmajor: boo
   w_f = [*n, "k"] if w_kmajor else ["k", *n]
   scale_f = [] if scaling is None else list(scaling.shardy_factors([*x_f, "k"], w_kmajor)[:2])
   args = [" ".join([*x_f, "k"]), " ".join(w_f)] + ([" ".join(n)] if has_bias else []) + scale_f
-  return f"{', '.join(args)} -> {' '.join([*out_f, *n])}, {' '.join([*out_f, 'k'])}", ()
+  return f"{', '.join(args)} -> {' '.join([*out_f, *n])}, {' '.join([*out_f, 'q'])}", ()
 
 
 def result_ndim(ndim: int, w_ndim: int) -> int:
