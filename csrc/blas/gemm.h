@@ -106,6 +106,9 @@ class GemmPlan {
   Algo algo_{};
   AlgoSource source_ = AlgoSource::kHeuristic;
   int index_ = 0;
+  // What tune() found (TuneResult), for a later tune() of the problem to report.
+  int candidates_ = 0;
+  double us_ = 0, first_us_ = 0;
   // The bias and scale pointers are attributes of the shared descriptor: set
   // and used under this lock (uncontended: one thread enqueues a device's
   // calls), and written only when they change (XLA's buffers keep their

@@ -315,6 +315,9 @@ Status DeviceBlas::tune(const GemmProblem& s, const TuningOptions& o, TuneResult
     r->choice = to_hex(&p.algo_, sizeof(p.algo_));
     r->source = p.source_;
     r->index = p.index_;
+    r->candidates = p.candidates_;
+    r->us = p.us_;
+    r->first_us = p.first_us_;
   };
   if (o.candidates <= 1) {
     const GemmPlan* p = nullptr;
@@ -379,6 +382,9 @@ Status DeviceBlas::tune(const GemmProblem& s, const TuningOptions& o, TuneResult
   p->algo_ = found[r->index].algo;
   p->index_ = r->index;
   p->source_ = r->source;
+  p->candidates_ = r->candidates;
+  p->us_ = r->us;
+  p->first_us_ = r->first_us;
   r->choice = to_hex(&p->algo_, sizeof(p->algo_));
   if (r->source == AlgoSource::kTimed && !path.empty()) {
     // Merged with the file as it is now (other processes may have added to it), then written whole.
