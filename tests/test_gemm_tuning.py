@@ -1,7 +1,7 @@
 """The vendor GEMM's algorithms chosen by measurement (issue 39; planning/tuning.py, csrc/blas/gemm.h): which
 problems a call tunes, with which settings, where the choice is installed; the problems' ids and the tuning
 cache's file as the native module writes and reads them (host code, no GPU). The timing itself, the cache
-between processes and the faults run on the GPU (tests/gpu/test_gemm_tuning.py)."""
+between processes and the faults run on the GPU (tests/gpu/test_vendor_gemm.py)."""
 
 import os
 

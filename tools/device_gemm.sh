@@ -49,7 +49,7 @@ for step in "${STEPS[@]}"; do
       # The new tests whole; of the changed paths, the group of one (command buffers included), the loopback, the
       # timings the model is fed with, bits across ranks, the capture check's fallback.
       run tests 150 python3 -m pytest -q -rfEs --tb=short -o faulthandler_timeout=120 \
-        tests/gpu/test_gemm_tuning.py \
+        tests/gpu/test_vendor_gemm.py \
         "tests/gpu/test_pipelined.py::test_group_of_one_is_the_vendor_gemm" \
         "tests/gpu/test_pipelined.py::test_vendor_gemm_calls_sit_in_a_command_buffer_and_replay_right" \
         "tests/gpu/test_pipelined.py::test_loopback_schedule_computes_the_op" \

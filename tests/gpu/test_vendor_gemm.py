@@ -4,7 +4,7 @@ one's per-call path (no plan lookup after its first call, no descriptor write wh
 schedule's cross-stream edges per call, and the fallbacks under fault injection: a tuning that cannot time
 (the heuristic's first), a corrupt cache (ignored), a BLAS handle that cannot be made (the call declined).
 
-  python -m pytest -q tests/gpu/test_gemm_tuning.py     (about a minute on the H200)
+  python -m pytest -q tests/gpu/test_vendor_gemm.py     (about a minute on the H200)
 """
 
 from __future__ import annotations
