@@ -144,8 +144,8 @@ def gemm_row(m: int, n: int, k: int, fp8: bool) -> dict:
   if fp8:
     row["best_ratio"] = row["torch_us"] / op_gpu if row.get("torch_us") else None
   else:
-    cublas = min(v for v in (row.get("torch_us"), row.get("torch_tuned_us"), row.get("tuned_us")) if v)
-    row["best_ratio"] = min(cublas, row.get("xla_gpu_us") or row["xla_us"]) / op_gpu
+    best = [v for v in (row.get("torch_us"), row.get("torch_tuned_us"), row.get("tuned_us")) if v]
+    row["best_ratio"] = min(best + [row.get("xla_gpu_us") or row["xla_us"]]) / op_gpu
   row["tflops"] = _harness.tflops(m, n, k, op_gpu)
   return row
 
