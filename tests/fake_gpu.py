@@ -48,6 +48,10 @@ class FakeNative:
     self.workspaces = {}  # ordinal -> bytes
     self.calls = []  # (function, args) of the set-up functions, in order
     self.timed_gemms = []  # (x dtype, w dtype, out dtype, w_kmajor) of each time_gemms, in order (None: x's)
+    self.gemm_tuning = []  # the tuning options (candidates, margin, cache_dir) of each time_gemms
+    self.tuned = []  # (ordinal, problem id, candidates, cache_dir) of each tune_gemm
+    self.installed = []  # (ordinal, problem id, choice) of each install_gemm_algo
+    self.choice_salt = 0  # makes tune_gemm's choices this process's own (tests of the agreement between processes)
 
   def _maybe_fail(self, name: str, *args) -> None:
     self.calls.append((name, args))
@@ -114,10 +118,11 @@ class FakeNative:
     return nbytes / (LOCAL_BYTES_PER_US if own else self.link_bytes_per_us)
 
   def time_gemms(self, ordinal, dtype_name, rows, n, k, w_kmajor, warmup_ms, w_dtype=None, out_dtype=None,
-                 blocks=False) -> list:
+                 blocks=False, candidates=1, margin=0.02, cache_dir="") -> list:
     del blocks
     self._maybe_fail("time_gemms", ordinal)
     self.timed_gemms.append((dtype_name, w_dtype, out_dtype, w_kmajor))
+    self.gemm_tuning.append((candidates, margin, cache_dir))
     whole = rows[-1]
     rate = GEMM_FLOPS_PER_US * (2 if w_dtype is not None else 1)  # float8 at twice the 16-bit rate
     return [self.gemm_scale * 2.0 * r * n * k / rate * (1.05 if r < whole else 1.0) for r in rows]
@@ -132,6 +137,29 @@ class FakeNative:
     return {"checked_now": False, "graph_safe": True, "detail": ""}
 
   def vendor_gemm_graph_safe(self) -> bool:
+    return True
+
+  def gemm_problems(self, op, world, call, sm_count) -> list:
+    """One problem per distinct stage size (the native module's also cover each rank's wrapped ranges)."""
+    del sm_count
+    rows = call["m"] if op == "ag_matmul" or world == 1 else call["m"] // world
+    return [f"{op};{call['dtype']};rows:{call['batch'] * rows * s if world == 1 else rows * s};k:{call['k']};"
+            f"n:{call['n']};bias:{int(call['bias'])}" for s in sorted(set(call["stages"]))]
+
+  def tune_gemm(self, ordinal, id, candidates, margin, cache_dir=""):
+    del margin
+    self._maybe_fail("tune_gemm", ordinal)
+    self.tuned.append((ordinal, id, candidates, cache_dir))
+    timed = candidates > 1
+    return {"choice": f"{(len(id) + self.choice_salt) % 256:02x}" * 64, "source": "timed" if timed else "heuristic",
+            "index": int(timed),
+            "candidates": candidates, "timed": candidates if timed else 0, "dropped": 0, "us": 1.0,
+            "first_us": 1.1 if timed else 0.0, "detail": "" if timed else "tuning is off (one candidate)"}
+
+  def install_gemm_algo(self, ordinal, id, choice, candidates) -> bool:
+    del candidates
+    self._maybe_fail("install_gemm_algo", ordinal)
+    self.installed.append((ordinal, id, choice))
     return True
 
   def choose_copy_path(self, ordinal):

@@ -4,7 +4,7 @@ import pytest
 
 from jax_overlap.runtime import backend, workspace
 from jax_overlap.ops import ag_matmul, matmul_rs
-from jax_overlap.planning import figures
+from jax_overlap.planning import figures, tuning
 from jax_overlap.runtime import errors
 
 
@@ -18,8 +18,9 @@ class _Timings:
   def generation(self):
     return 1
 
-  def time_gemms(self, ordinal, dtype, rows, n, k, w_kmajor, warmup_ms):
+  def time_gemms(self, ordinal, dtype, rows, n, k, w_kmajor, warmup_ms, candidates, margin, cache_dir):
     assert warmup_ms == figures.GEMM_WARMUP_MS
+    assert (candidates, margin, cache_dir) == tuple(tuning.options().values())  # timed as the calls will run
     self.gemms.append(tuple(rows))
     if self.fail:
       raise RuntimeError("time_gemms: out of memory")

@@ -130,6 +130,19 @@ def test_a_step_that_fails_on_one_process_sends_every_process_to_xla(two_hosts, 
     assert all("out of memory" in record["setup_failed"] for record in _scenario(two_hosts, failure))
 
 
+def test_every_process_runs_process_0s_gemm_algorithms(two_hosts):
+  """Issue 39: the GEMMs' algorithms are timed on process 0's first GPU alone and installed on every GPU of both
+  processes (process 1, left to itself, would choose others: FakeNative.choice_salt)."""
+  first, second = _scenario(two_hosts, "tuning")
+  assert first["errors"] == second["errors"] == {} and len(first["calls"]["auto"]) == 1
+  assert second["tuned"] == [] and {ordinal for ordinal, *_ in first["tuned"]} == {0}
+  chosen = {pid: choice for _, pid, choice in first["installed"]}
+  assert chosen and len(chosen) == len(first["tuned"])
+  for record in (first, second):
+    assert sorted({ordinal for ordinal, *_ in record["installed"]}) == [0, 1, 2, 3]
+    assert all(chosen[pid] == choice for _, pid, choice in record["installed"])
+
+
 def test_a_process_that_lowers_a_program_once_more_keeps_its_site_numbers(two_hosts):
   first, second = _scenario(two_hosts, "inspect")  # process 0 lowered "layer" an extra time first
   assert first["errors"] == second["errors"] == {}

@@ -99,11 +99,16 @@ def scenario(name: str, rank: int, fake, meshes) -> dict:
     # The explicit call first: it measures the figures, whose measurement process 0 must not skip.
     _attempt(record, "pipelined", lambda: _lower("ag_matmul", local, "pipelined", name="explicit"))
     _attempt(record, "auto", lambda: _lower("ag_matmul", local, "auto"))
+  elif name == "tuning":  # each process would choose its own GEMM algorithms: both run process 0's
+    fake.choice_salt = rank
+    fake.tuned, fake.installed = [], []
+    _attempt(record, "auto", lambda: _lower("ag_matmul", local, "auto"))
+    record["tuned"], record["installed"] = fake.tuned, fake.installed
   record["active"] = workspace.is_active()
   return record
 
 
-SCENARIOS = ("hosts", "figures", "inspect", "blas", "blas_leader", "oom", "oom_leader")
+SCENARIOS = ("hosts", "figures", "inspect", "blas", "blas_leader", "oom", "oom_leader", "tuning")
 
 
 def main() -> None:

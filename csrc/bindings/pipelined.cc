@@ -12,10 +12,12 @@
 #include "bindings/bindings.h"
 #include "blas/capture_check.h"
 #include "blas/gemm.h"
+#include "blas/tuning.h"
 #include "ffi/handlers.h"
 #include "pipelined/copy.h"
 #include "pipelined/measure.h"
 #include "pipelined/schedule.h"
+#include "pipelined/streams.h"
 #include "runtime/runtime.h"
 
 namespace py = pybind11;
@@ -69,6 +71,20 @@ pipelined::CopyPath copy_path_of(int ordinal, const std::optional<std::string>& 
   return path;
 }
 
+// The problem a problem id names; ValueError for text that is not one.
+GemmProblem problem_arg(const std::string& id) {
+  GemmProblem p{};
+  if (!blas::parse_problem_id(id, &p))
+    throw std::invalid_argument("jax_overlap: not a GEMM problem id (blas/gemm.h problem_id): " + id);
+  return p;
+}
+
+py::dict tune_dict(const blas::TuneResult& r) {
+  return py::dict("choice"_a = r.choice, "source"_a = blas::algo_source_name(r.source), "index"_a = r.index,
+                  "candidates"_a = r.candidates, "timed"_a = r.timed, "dropped"_a = r.dropped, "us"_a = r.us,
+                  "first_us"_a = r.first_us, "detail"_a = r.detail);
+}
+
 }  // namespace
 
 void bind_pipelined(py::module_& m) {
@@ -103,13 +119,15 @@ void bind_pipelined(py::module_& m) {
         return names;
       },
       py::arg("arch"));
-  // Loads the vendor BLAS on GPU `ordinal` and runs its capture check (blas/capture_check.h) once.
+  // Loads the vendor BLAS on GPU `ordinal`, makes its handles (the side streams' too) and runs its capture check
+  // (blas/capture_check.h) once.
   m.def("prepare_vendor_blas", [](int ordinal) {
     blas::CaptureCheck check;
     {
       py::gil_scoped_release release;
       blas::DeviceBlas* blas = nullptr;
-      throw_if_error(blas::DeviceBlas::get(ordinal, &blas));
+      throw_if_error(blas::DeviceBlas::prepare(ordinal, &blas));
+      throw_if_error(pipelined::attach_side_stream_blas(ordinal));
       throw_if_error(blas::check_graph_capture(ordinal, &check));
     }
     return py::dict("graph_safe"_a = check.graph_safe, "detail"_a = check.detail,
@@ -120,24 +138,144 @@ void bind_pipelined(py::module_& m) {
     const VendorGemmRuns r = vendor_gemm_runs();
     return py::dict("runs"_a = r.runs, "captured"_a = r.captured);
   });
+  m.def("count_vendor_gemm_runs", &count_vendor_gemm_runs, py::arg("on"));
+  m.def("blas_counters", [] {
+    const blas::BlasCounters c = blas::blas_counters();
+    return py::dict("plans_made"_a = c.plans_made, "plan_lookups"_a = c.plan_lookups,
+                    "descriptor_writes"_a = c.descriptor_writes, "tuned"_a = c.tuned,
+                    "installs_refused"_a = c.installs_refused, "shared_handles"_a = c.shared_handles);
+  });
+  // The GEMM problems (blas/gemm.h problem_id) a call of the op runs on any rank of `world` (pipelined::gemm_problems:
+  // host work only). call: "dtype" (and "w_dtype", "out_dtype", "blocks": gemm_types_arg), "batch", "m", "k", "n",
+  // "w_kmajor", "bias" (bool), "stages", optionally "overlap_reduction".
+  m.def(
+      "gemm_problems",
+      [](const std::string& op, int world, py::dict c, int sm_count) {
+        pipelined::Operands shape{};
+        shape.gemm = GemmProblem::dense(gemm_types_arg(c, kTakes), c["batch"].cast<int64_t>(), c["m"].cast<int64_t>(),
+                                        c["k"].cast<int64_t>(), c["n"].cast<int64_t>(), c["w_kmajor"].cast<bool>(),
+                                        c["bias"].cast<bool>());
+        const std::vector<int64_t> stages = c["stages"].cast<std::vector<int64_t>>();
+        shape.stages = stages.data();
+        shape.stage_count = static_cast<int>(stages.size());
+        shape.overlap_reduction = c.contains("overlap_reduction") ? c["overlap_reduction"].cast<bool>()
+                                                                  : pipelined::overlaps_reduction(shape.gemm.types);
+        std::vector<GemmProblem> problems;
+        throw_if_error(pipelined::gemm_problems(gemm_op_arg(op), shape, world, sm_count, &problems));
+        std::vector<std::string> ids;
+        for (const GemmProblem& p : problems) ids.push_back(blas::problem_id(p));
+        return ids;
+      },
+      py::arg("op"), py::arg("world"), py::arg("call"), py::arg("sm_count"));
+  // The GEMM problems of one loopback call (a time_loopback call dict), with its own pointers.
+  m.def(
+      "loopback_gemm_problems",
+      [](int ordinal, const std::string& op, int world, py::dict call) {
+        std::vector<int64_t> stages;
+        const pipelined::Operands o = loopback_operands(call, &stages);
+        int sm_count = 0;
+        if (hipDeviceGetAttribute(&sm_count, hipDeviceAttributeMultiprocessorCount, ordinal) != hipSuccess)
+          throw std::runtime_error("jax_overlap: cannot read GPU " + std::to_string(ordinal) + "'s SM count");
+        std::vector<GemmProblem> problems;
+        throw_if_error(pipelined::loopback_problems(gemm_op_arg(op), o, world, sm_count, &problems));
+        std::vector<std::string> ids;
+        for (const GemmProblem& p : problems) ids.push_back(blas::problem_id(p));
+        return ids;
+      },
+      py::arg("ordinal"), py::arg("op"), py::arg("world"), py::arg("call"));
+  // A problem id's fields (ValueError for text that is not one), and in words.
+  m.def("describe_gemm_problem", [](const std::string& id) { return blas::describe(problem_arg(id)); });
+  m.def("gemm_problem_fields", [](const std::string& id) {
+    const GemmProblem p = problem_arg(id);
+    return py::dict("x"_a = dtype_name(p.types.x), "w"_a = dtype_name(p.types.w), "out"_a = dtype_name(p.types.out),
+                    "bias_type"_a = dtype_name(p.types.bias), "scaled"_a = p.types.scaled,
+                    "blocks"_a = p.types.blocks, "rows"_a = p.rows, "n"_a = p.n, "k"_a = p.k, "batch"_a = p.batch,
+                    "ldx"_a = p.ldx, "ldy"_a = p.ldy, "ldw"_a = p.ldw, "x_stride"_a = p.x_batch_stride,
+                    "y_stride"_a = p.y_batch_stride, "w_kmajor"_a = p.w_kmajor, "bias"_a = p.bias,
+                    "alignment"_a = p.alignment, "sm_count"_a = p.sm_count, "id"_a = blas::problem_id(p));
+  });
+  // Chooses the algorithm of a problem on GPU `ordinal` (blas::DeviceBlas::tune): candidates 1 takes the
+  // heuristic's first; cache_dir "" reads and writes no tuning cache.
+  m.def(
+      "tune_gemm",
+      [](int ordinal, const std::string& id, int candidates, double margin, const std::string& cache_dir) {
+        const GemmProblem p = problem_arg(id);
+        blas::TuneResult r;
+        {
+          py::gil_scoped_release release;
+          blas::DeviceBlas* blas = nullptr;
+          throw_if_error(blas::DeviceBlas::prepare(ordinal, &blas));
+          throw_if_error(blas->tune(p, blas::TuningOptions{candidates, margin, cache_dir}, &r));
+        }
+        return tune_dict(r);
+      },
+      py::arg("ordinal"), py::arg("id"), py::arg("candidates"), py::arg("margin"), py::arg("cache_dir") = "");
+  // Makes another GPU's or process's choice (tune_gemm's "choice") this GPU's, where its heuristic lists it.
+  m.def(
+      "install_gemm_algo",
+      [](int ordinal, const std::string& id, const std::string& choice, int candidates) {
+        const GemmProblem p = problem_arg(id);
+        bool accepted = false;
+        py::gil_scoped_release release;
+        blas::DeviceBlas* blas = nullptr;
+        throw_if_error(blas::DeviceBlas::prepare(ordinal, &blas));
+        throw_if_error(blas->install(p, choice, candidates, &accepted));
+        return accepted;
+      },
+      py::arg("ordinal"), py::arg("id"), py::arg("choice"), py::arg("candidates"));
+  // The plan a call of the problem runs on GPU `ordinal` (made with the heuristic's first if none was).
+  m.def("gemm_plan", [](int ordinal, const std::string& id) {
+    const GemmProblem p = problem_arg(id);
+    const blas::GemmPlan* plan = nullptr;
+    {
+      py::gil_scoped_release release;
+      blas::DeviceBlas* blas = nullptr;
+      throw_if_error(blas::DeviceBlas::prepare(ordinal, &blas));
+      throw_if_error(blas->plan(p, &plan));
+    }
+    return py::dict("source"_a = blas::algo_source_name(plan->source()), "index"_a = plan->index(),
+                    "choice"_a = blas::to_hex(&plan->algo(), sizeof(blas::Algo)));
+  });
+  // The tuning cache's file format (blas/tuning.h), for the CPU tests: entries as {id: (algo, index, us,
+  // first_us)}; reading returns (entries, why they were ignored: "" when they were not).
+  m.def("read_gemm_cache", [](const std::string& path, const std::string& header) {
+    std::string ignored;
+    py::dict out;
+    for (const auto& [id, e] : blas::read_cache(path, header, &ignored))
+      out[py::str(id)] = py::make_tuple(e.algo, e.index, e.us, e.first_us);
+    return py::make_tuple(out, ignored);
+  });
+  m.def("write_gemm_cache", [](const std::string& path, const std::string& header, py::dict entries) {
+    blas::CacheEntries written;
+    for (auto item : entries) {
+      const auto t = item.second.cast<py::tuple>();
+      written[item.first.cast<std::string>()] = blas::CacheEntry{t[0].cast<std::string>(), t[1].cast<int>(),
+                                                                 t[2].cast<double>(), t[3].cast<double>()};
+    }
+    throw_if_error(blas::write_cache(path, header, written));
+  });
+  m.def("gemm_cache_path", &blas::cache_path, py::arg("dir"), py::arg("header"));
+  m.attr("GEMM_ALGO_HEX_DIGITS") = 2 * sizeof(blas::Algo);
   // dtype: x's; w_dtype: x's when None; out_dtype: x's when None, required with float8 x.
   m.def(
       "time_gemms",
       [](int ordinal, const std::string& dtype, std::vector<int64_t> rows, int64_t n, int64_t k, bool w_kmajor,
          int repeats, double warmup_ms, std::optional<std::string> w_dtype, std::optional<std::string> out_dtype,
-         bool blocks) {
+         bool blocks, int candidates, double margin, const std::string& cache_dir) {
         py::dict names("dtype"_a = dtype, "blocks"_a = blocks);
         if (w_dtype) names["w_dtype"] = *w_dtype;
         if (out_dtype) names["out_dtype"] = *out_dtype;
         const GemmTypes types = gemm_types_arg(names, kTakes);
         std::vector<double> us;
         py::gil_scoped_release release;
-        throw_if_error(pipelined::time_gemms(ordinal, types, rows, n, k, w_kmajor, repeats, warmup_ms, &us));
+        throw_if_error(pipelined::time_gemms(ordinal, types, rows, n, k, w_kmajor, repeats, warmup_ms,
+                                             blas::TuningOptions{candidates, margin, cache_dir}, &us));
         return us;
       },
       py::arg("ordinal"), py::arg("dtype"), py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("w_kmajor") = false,
       py::arg("repeats") = 5, py::arg("warmup_ms") = 0.0, py::arg("w_dtype") = py::none(),
-      py::arg("out_dtype") = py::none(), py::arg("blocks") = false);
+      py::arg("out_dtype") = py::none(), py::arg("blocks") = false, py::arg("candidates") = 1,
+      py::arg("margin") = 0.02, py::arg("cache_dir") = "");
   // piece_bytes 0: the cap in force (pipelined::max_copy_bytes); path None: copy_path_of.
   m.def(
       "time_copy",
@@ -209,6 +347,21 @@ void bind_pipelined(py::module_& m) {
       },
       py::arg("ordinal"), py::arg("op"), py::arg("world"), py::arg("call"), py::arg("repeats") = 10,
       py::arg("path") = py::none());
+  // The cross-stream edges one loopback call enqueues (pipelined/streams.h): {"records": n, "waits": n}.
+  m.def(
+      "loopback_edges",
+      [](int ordinal, const std::string& op, int world, py::dict call, std::optional<std::string> path) {
+        std::vector<int64_t> stages;
+        const pipelined::Operands o = loopback_operands(call, &stages);
+        const pipelined::CopyPath p = copy_path_of(ordinal, path);
+        pipelined::StreamEdges edges;
+        {
+          py::gil_scoped_release release;
+          throw_if_error(pipelined::loopback_edges(ordinal, gemm_op_arg(op), o, world, p, &edges));
+        }
+        return py::dict("records"_a = edges.records, "waits"_a = edges.waits);
+      },
+      py::arg("ordinal"), py::arg("op"), py::arg("world"), py::arg("call"), py::arg("path") = py::none());
 }
 
 }  // namespace jo::bindings

@@ -34,6 +34,7 @@ struct HeuristicResult {
 
 struct Api {
   LtStatus (*create)(Handle*);
+  LtStatus (*destroy)(Handle);
   LtStatus (*matmul_desc_create)(MatmulDesc*, int compute_type, int scale_type);
   LtStatus (*matmul_desc_destroy)(MatmulDesc);
   LtStatus (*matmul_desc_set_attribute)(MatmulDesc, int attr, const void* value, size_t size);

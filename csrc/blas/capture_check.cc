@@ -73,7 +73,8 @@ struct Resources {
 // Runs the check; `out` says whether the graph replayed right.
 Status run_check(int ordinal, CaptureCheck* out) {
   DeviceBlas* blas = nullptr;
-  JO_RETURN_IF_ERROR(DeviceBlas::get(ordinal, &blas));
+  JO_RETURN_IF_ERROR(DeviceBlas::prepare(ordinal, &blas));
+  std::lock_guard<std::mutex> tool(blas->tool_mu());  // its GEMMs run on the tools' handle
   DeviceScope scope(ordinal);  // restored after r's release
   JO_RETURN_IF_HIP_ERROR(scope.status());
   Resources r;
@@ -98,7 +99,7 @@ Status run_check(int ordinal, CaptureCheck* out) {
   const auto gemm = [&]() -> Status {
     const GemmPlan* plan = nullptr;
     JO_RETURN_IF_ERROR(blas->plan(shape, &plan));
-    return blas->run(*plan, GemmPointers{x, w, bias, nullptr, nullptr, y}, workspace, r.stream);
+    return blas->run(*plan, GemmPointers{x, w, bias, nullptr, nullptr, y}, workspace, r.stream, blas->tool_handle());
   };
   const auto poison = [&]() -> Status {  // NaN, so that an output left unwritten shows
     JO_RETURN_IF_HIP_ERROR(hipMemsetAsync(y, 0xFF, kYBytes, r.stream));

@@ -91,9 +91,17 @@ struct Algo {
   uint64_t data[8];
 };
 
+// Optional entry points (the library loads without them): the library's version, for the tuning cache's
+// header (blas/tuning.cc). size_t cublasLtGetVersion(void).
+inline constexpr const char* kVersionSymbol = "cublasLtGetVersion";
+inline int64_t library_version(void* fn, void* /*handle*/) {
+  return fn != nullptr ? static_cast<int64_t>(reinterpret_cast<size_t (*)()>(fn)()) : 0;
+}
+
 // The entry points blas/api.h's Api holds, in its order.
 inline constexpr const char* kApiSymbols[] = {
     "cublasLtCreate",
+    "cublasLtDestroy",
     "cublasLtMatmulDescCreate",
     "cublasLtMatmulDescDestroy",
     "cublasLtMatmulDescSetAttribute",

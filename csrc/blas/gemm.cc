@@ -1,21 +1,22 @@
 #include "blas/gemm.h"
 
+#include <cstdlib>
 #include <string>
 
+#include "blas/internal.h"
 #include "blas/library.h"
 #include "core/block_scales.h"
 #include "platform/device_scope.h"
+#include "runtime/faults.h"
 
 namespace jo::blas {
-namespace {
 
-#define JO_RETURN_IF_BLAS_ERROR(expr)                                                                    \
-  do {                                                                                                   \
-    const LtStatus jo_blas_status_ = (expr);                                                               \
-    if (jo_blas_status_ != kSuccess)                                                                     \
-      return ::jo::Status{std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " #expr " failed: " + \
-                          kLibraryName + " status " + std::to_string(jo_blas_status_)};                  \
-  } while (0)
+Counts& counts() {
+  static Counts c;
+  return c;
+}
+
+namespace {
 
 constexpr int kMaxDevices = 64;
 
@@ -34,12 +35,6 @@ bool data_type(DType t, int* out) {
 }
 
 template <typename V>
-Status set_desc(const Api& api, MatmulDesc desc, int attr, V value) {
-  JO_RETURN_IF_BLAS_ERROR(api.matmul_desc_set_attribute(desc, attr, &value, sizeof(value)));
-  return {};
-}
-
-template <typename V>
 Status set_layout(const Api& api, Layout layout, int attr, V value) {
   JO_RETURN_IF_BLAS_ERROR(api.layout_set_attribute(layout, attr, &value, sizeof(value)));
   return {};
@@ -50,17 +45,6 @@ Status batched(const Api& api, Layout layout, int64_t count, int64_t stride) {
   if (count == 1) return {};
   JO_RETURN_IF_ERROR(set_layout(api, layout, kLayoutBatchCount, static_cast<int32_t>(count)));
   return set_layout(api, layout, kLayoutBatchStride, stride);
-}
-
-std::string describe(const GemmProblem& s) {
-  const GemmTypes& t = s.types;
-  const std::string types = t.scaled ? std::string(dtype_name(t.x)) + " x " + dtype_name(t.w) + " -> " +
-                                           dtype_name(t.out) + (t.blocks ? " (block scales)" : " (scaled)")
-                                     : dtype_name(t.x);
-  return types + " [" + std::to_string(s.batch) + " x " + std::to_string(s.rows) + ", " + std::to_string(s.k) +
-         "] @ " + (s.w_kmajor ? "[n, k]" : "[k, n]") + " n=" + std::to_string(s.n) +
-         (s.bias ? std::string(" + ") + dtype_name(t.bias) + " bias" : "") + ", " + std::to_string(s.alignment) +
-         "-byte aligned";
 }
 
 Status refused(const GemmProblem& s, const std::string& why) {
@@ -102,6 +86,10 @@ Status vendor_types(const GemmProblem& s, VendorTypes* out) {
   return {};
 }
 
+Status no_algorithm(const GemmProblem& s) {
+  return Status{std::string("jax_overlap: ") + kLibraryName + " has no algorithm for " + describe(s)};
+}
+
 }  // namespace
 
 bool takes_fp8(DType t, const std::string& arch) { return runs_fp8(t, arch); }
@@ -113,6 +101,92 @@ int alignment_of(std::initializer_list<const void*> pointers) {
   return static_cast<int>(bits & (~bits + 1));  // lowest set bit, at most 256
 }
 
+std::string describe(const GemmProblem& s) {
+  const GemmTypes& t = s.types;
+  const std::string types = t.scaled ? std::string(dtype_name(t.x)) + " x " + dtype_name(t.w) + " -> " +
+                                           dtype_name(t.out) + (t.blocks ? " (block scales)" : " (scaled)")
+                                     : dtype_name(t.x);
+  return types + " [" + std::to_string(s.batch) + " x " + std::to_string(s.rows) + ", " + std::to_string(s.k) +
+         "] @ " + (s.w_kmajor ? "[n, k]" : "[k, n]") + " n=" + std::to_string(s.n) +
+         (s.bias ? std::string(" + ") + dtype_name(t.bias) + " bias" : "") + ", " + std::to_string(s.alignment) +
+         "-byte aligned";
+}
+
+const char* algo_source_name(AlgoSource source) {
+  switch (source) {
+    case AlgoSource::kHeuristic: return "heuristic";
+    case AlgoSource::kTimed: return "timed";
+    case AlgoSource::kDiskCache: return "disk_cache";
+    case AlgoSource::kInstalled: return "installed";
+  }
+  return "unknown";
+}
+
+// name:value fields separated by ';', in this order, dtypes by name: one token (no space), readable in the
+// tuning cache's lines.
+std::string problem_id(const GemmProblem& s) {
+  const GemmTypes& t = s.types;
+  const auto i = [](int64_t v) { return std::to_string(v); };
+  return std::string("x:") + dtype_name(t.x) + ";w:" + dtype_name(t.w) + ";out:" + dtype_name(t.out) +
+         ";bias_type:" + dtype_name(t.bias) + ";scaled:" + i(t.scaled) + ";blocks:" + i(t.blocks) + ";rows:" +
+         i(s.rows) + ";n:" + i(s.n) + ";k:" + i(s.k) + ";batch:" + i(s.batch) + ";ldx:" + i(s.ldx) + ";ldy:" +
+         i(s.ldy) + ";ldw:" + i(s.ldw) + ";x_stride:" + i(s.x_batch_stride) + ";y_stride:" + i(s.y_batch_stride) +
+         ";w_kmajor:" + i(s.w_kmajor) + ";bias:" + i(s.bias) + ";align:" + i(s.alignment) + ";sms:" + i(s.sm_count);
+}
+
+bool parse_problem_id(const std::string& text, GemmProblem* out) {
+  static const char* const kNames[] = {"x",    "w",   "out", "bias_type", "scaled", "blocks",   "rows",
+                                       "n",    "k",   "batch", "ldx",     "ldy",    "ldw",      "x_stride",
+                                       "y_stride", "w_kmajor", "bias", "align", "sms"};
+  constexpr size_t kFields = sizeof(kNames) / sizeof(kNames[0]);
+  std::string values[kFields];
+  size_t start = 0;
+  for (size_t f = 0; f < kFields; ++f) {
+    const size_t end = f + 1 < kFields ? text.find(';', start) : text.size();
+    if (end == std::string::npos) return false;
+    const std::string field = text.substr(start, end - start);
+    const std::string name = std::string(kNames[f]) + ":";
+    if (field.compare(0, name.size(), name) != 0 || field.size() == name.size()) return false;
+    values[f] = field.substr(name.size());
+    start = end + 1;
+  }
+  GemmProblem p{};
+  DType* types[] = {&p.types.x, &p.types.w, &p.types.out, &p.types.bias};
+  for (int f = 0; f < 4; ++f)
+    if (!dtype_from_name(values[f], types[f])) return false;
+  int64_t ints[kFields - 4];
+  for (size_t f = 4; f < kFields; ++f) {
+    char* end = nullptr;
+    ints[f - 4] = std::strtoll(values[f].c_str(), &end, 10);
+    if (end == nullptr || *end != '\0') return false;
+  }
+  p.types.scaled = ints[0] != 0;
+  p.types.blocks = ints[1] != 0;
+  p.rows = ints[2];
+  p.n = ints[3];
+  p.k = ints[4];
+  p.batch = ints[5];
+  p.ldx = ints[6];
+  p.ldy = ints[7];
+  p.ldw = ints[8];
+  p.x_batch_stride = ints[9];
+  p.y_batch_stride = ints[10];
+  p.w_kmajor = ints[11] != 0;
+  p.bias = ints[12] != 0;
+  p.alignment = static_cast<int>(ints[13]);
+  p.sm_count = static_cast<int>(ints[14]);
+  if (p.rows < 1 || p.n < 1 || p.k < 1 || p.batch < 1 || p.alignment < 1) return false;
+  *out = p;
+  return true;
+}
+
+BlasCounters blas_counters() {
+  const Counts& c = counts();
+  const auto load = [](const std::atomic<int64_t>& v) { return v.load(std::memory_order_relaxed); };
+  return BlasCounters{load(c.plans_made), load(c.plan_lookups), load(c.descriptor_writes), load(c.tuned),
+                      load(c.installs_refused), load(c.shared_handles)};
+}
+
 GemmPlan::~GemmPlan() {
   // Teardown at process exit: errors have nowhere to go.
   if (api_ == nullptr) return;
@@ -121,48 +195,103 @@ GemmPlan::~GemmPlan() {
   if (desc_ != nullptr) (void)api_->matmul_desc_destroy(desc_);
 }
 
-Status DeviceBlas::get(int ordinal, DeviceBlas** out) {
-  static std::mutex mu;
-  static DeviceBlas* devices[kMaxDevices] = {};  // never freed: handlers may run during interpreter exit
-  if (ordinal < 0 || ordinal >= kMaxDevices) return Status{"jax_overlap: device ordinal out of range"};
-  std::lock_guard<std::mutex> lock(mu);
-  if (devices[ordinal] == nullptr) {
-    std::string error;
-    const Api* api = vendor_api(&error);
-    if (api == nullptr) return Status{error};
-    DeviceScope scope(ordinal);
-    JO_RETURN_IF_HIP_ERROR(scope.status());
-    Handle handle = nullptr;
-    const ::jo::Status created = api->create(&handle) == kSuccess
-                               ? Status{}
-                               : Status{std::string("jax_overlap: creating a ") + kLibraryName + " handle failed"};
-    JO_RETURN_IF_ERROR(scope.restore());
-    JO_RETURN_IF_ERROR(created);
-    auto* d = new DeviceBlas();
-    d->api_ = api;
-    d->handle_ = handle;
-    devices[ordinal] = d;
-  }
-  *out = devices[ordinal];
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  DeviceBlas* devices[kMaxDevices] = {};  // never freed: handlers may run during interpreter exit
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();
+  return *r;
+}
+
+Status ordinal_in_range(int ordinal) {
+  if (ordinal < 0 || ordinal >= kMaxDevices)
+    return Status{"jax_overlap: device ordinal " + std::to_string(ordinal) + " out of range [0, " +
+                  std::to_string(kMaxDevices) + ")"};
   return {};
 }
 
-Status DeviceBlas::plan(const GemmProblem& s, const GemmPlan** out) {
+}  // namespace
+
+Status DeviceBlas::prepare(int ordinal, DeviceBlas** out) {
+  JO_RETURN_IF_ERROR(ordinal_in_range(ordinal));
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (r.devices[ordinal] == nullptr) {
+    std::string error;
+    const Api* api = vendor_api(&error);
+    if (api == nullptr) return Status{error};
+    std::unique_ptr<DeviceBlas> d(new DeviceBlas());
+    d->ordinal_ = ordinal;
+    d->api_ = api;
+    DeviceScope scope(ordinal);
+    JO_RETURN_IF_HIP_ERROR(scope.status());
+    Status made = d->create_handle(&d->tool_handle_);
+    for (Handle& h : d->origin_handles_)
+      if (made.ok()) made = d->create_handle(&h);
+    if (!made.ok()) {  // none of them is kept: the next prepare tries again from nothing
+      for (Handle h : d->origin_handles_) d->destroy_handle(h);
+      d->destroy_handle(d->tool_handle_);
+    }
+    JO_RETURN_IF_ERROR(scope.restore());
+    JO_RETURN_IF_ERROR(made);
+    r.devices[ordinal] = d.release();
+  }
+  *out = r.devices[ordinal];
+  return {};
+}
+
+Status DeviceBlas::get(int ordinal, DeviceBlas** out) {
+  JO_RETURN_IF_ERROR(ordinal_in_range(ordinal));
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (r.devices[ordinal] == nullptr)
+    return Status{std::string("jax_overlap: the vendor BLAS (") + kLibraryName + ") is not prepared on GPU " +
+                  std::to_string(ordinal) + ": jax_overlap prepares it when it lowers a pipelined call"};
+  *out = r.devices[ordinal];
+  return {};
+}
+
+Status DeviceBlas::create_handle(Handle* out) const {
+  // Fault blas_handle_fails: the library cannot make a handle (as when it cannot allocate its own memory).
+  if (faults::enabled("blas_handle_fails"))
+    return Status{std::string("jax_overlap: fault blas_handle_fails: creating a ") + kLibraryName + " handle failed"};
+  Handle h = nullptr;
+  const LtStatus created = api_->create(&h);
+  if (created != kSuccess)
+    return Status{std::string("jax_overlap: creating a ") + kLibraryName + " handle on GPU " +
+                  std::to_string(ordinal_) + " failed: status " + std::to_string(created)};
+  *out = h;
+  return {};
+}
+
+void DeviceBlas::destroy_handle(Handle handle) const {
+  if (handle != nullptr) (void)api_->destroy(handle);  // teardown: errors have nowhere to go
+}
+
+Handle DeviceBlas::stream_handle(hipStream_t stream) {
+  for (int i = 0; i < kOriginHandles; ++i) {
+    hipStream_t bound = origin_streams_[i].load(std::memory_order_acquire);
+    if (bound == stream) return origin_handles_[i];
+    // A free slot: bind it to this stream (another thread may take it first: then look on).
+    if (bound == nullptr && origin_streams_[i].compare_exchange_strong(bound, stream, std::memory_order_acq_rel))
+      return origin_handles_[i];
+    if (bound == stream) return origin_handles_[i];
+  }
+  counts().shared_handles.fetch_add(1, std::memory_order_relaxed);
+  return origin_handles_[kOriginHandles - 1];
+}
+
+Status DeviceBlas::describe_plan(const GemmProblem& s, std::unique_ptr<GemmPlan>* out) const {
   VendorTypes type{};
   JO_RETURN_IF_ERROR(vendor_types(s, &type));
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = plans_.find(s);
-  if (it != plans_.end()) {
-    *out = it->second.get();
-    // A shape the heuristic had nothing for is remembered: callers that fall back ask once.
-    return *out != nullptr ? Status{} : Status{std::string("jax_overlap: ") + kLibraryName + " has no algorithm for " +
-                                               describe(s)};
-  }
   const Api& api = *api_;
   std::unique_ptr<GemmPlan> p(new GemmPlan());
+  p->problem_ = s;
   p->api_ = api_;
-  p->bias_ = s.bias;
-  p->scaled_ = s.types.scaled;
   // Column-major view of the row-major product: y^T [n, rows] = w^T [n, k] @ x^T [k, rows],
   // so the vendor's A is w (transposed when w is [n, k]) and its B is x.
   JO_RETURN_IF_BLAS_ERROR(api.matmul_desc_create(&p->desc_, kComputeF32, kDataF32));
@@ -171,13 +300,15 @@ Status DeviceBlas::plan(const GemmProblem& s, const GemmPlan** out) {
   JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescEpilogue, s.bias ? kEpilogueBias : kEpilogueDefault));
   // The heuristic reads the bias and scale pointers' presence and alignment, not their data (and finds
   // nothing for an epilogue or scaling whose pointer is unset on hipBLASLt): stand-ins with exactly the
-  // plan's alignment.
+  // plan's alignment. run() writes the call's own before the first GEMM (set_* start out null).
   const void* stand_in = reinterpret_cast<const void*>(static_cast<uintptr_t>(s.alignment));
   if (s.bias) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBiasPointer, stand_in));
   if (s.types.scaled) {
     JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescAScalePointer, stand_in));
     JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBScalePointer, stand_in));
     if (s.bias) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBiasDataType, static_cast<int32_t>(type.bias)));
+    // Fast accumulation stays off: the accumulator is promoted to full fp32 as the K loop goes (the numerics
+    // torch._scaled_mm has by default).
     if constexpr (kDescFastAccum >= 0) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescFastAccum, int8_t{0}));
   }
   if (s.types.blocks) {  // cuBLASLt only (vendor_types)
@@ -194,12 +325,18 @@ Status DeviceBlas::plan(const GemmProblem& s, const GemmPlan** out) {
   JO_RETURN_IF_ERROR(batched(api, p->a_, s.batch, 0));
   JO_RETURN_IF_ERROR(batched(api, p->b_, s.batch, s.x_batch_stride));
   JO_RETURN_IF_ERROR(batched(api, p->d_, s.batch, s.y_batch_stride));
+  *out = std::move(p);
+  return {};
+}
 
+Status DeviceBlas::heuristic(const GemmPlan& p, int count, std::vector<HeuristicResult>* out) const {
+  const Api& api = *api_;
+  const GemmProblem& s = p.problem_;
   Preference pref = nullptr;
   JO_RETURN_IF_BLAS_ERROR(api.preference_create(&pref));
-  HeuristicResult result{};
+  std::vector<HeuristicResult> results(static_cast<size_t>(count < 1 ? 1 : count));
   int returned = 0;
-  Status heuristic = [&]() -> Status {
+  const Status asked = [&]() -> Status {
     JO_RETURN_IF_BLAS_ERROR(api.preference_set_attribute(pref, kPrefMaxWorkspaceBytes, &kWorkspaceBytes,
                                                          sizeof(uint64_t)));
     if constexpr (kHasAlignmentPreferences) {
@@ -207,41 +344,81 @@ Status DeviceBlas::plan(const GemmProblem& s, const GemmPlan** out) {
       for (int i = 0; i < 4; ++i)  // A, B, C, D
         JO_RETURN_IF_BLAS_ERROR(api.preference_set_attribute(pref, kPrefMinAlignmentA + i, &align, sizeof(align)));
     }
-    JO_RETURN_IF_BLAS_ERROR(
-        api.algo_get_heuristic(handle_, p->desc_, p->a_, p->b_, p->d_, p->d_, pref, 1, &result, &returned));
+    // Any handle of this GPU's: the heuristic reads the device, not the handle's stream.
+    JO_RETURN_IF_BLAS_ERROR(api.algo_get_heuristic(tool_handle_, p.desc_, p.a_, p.b_, p.d_, p.d_, pref,
+                                                   static_cast<int>(results.size()), results.data(), &returned));
     return {};
   }();
   (void)api.preference_destroy(pref);
-  JO_RETURN_IF_ERROR(heuristic);
-  if (returned < 1 || result.state != kSuccess) {
-    plans_.emplace(s, nullptr);
-    return Status{std::string("jax_overlap: ") + kLibraryName + " has no algorithm for " + describe(s)};
+  JO_RETURN_IF_ERROR(asked);
+  out->clear();
+  for (int i = 0; i < returned && i < static_cast<int>(results.size()); ++i)
+    if (results[i].state == kSuccess) out->push_back(results[i]);
+  return {};
+}
+
+const GemmPlan* DeviceBlas::replace(std::unique_ptr<GemmPlan> plan) {
+  const GemmPlan* made = plan.get();
+  std::unique_ptr<GemmPlan>& slot = plans_[plan->problem_];
+  if (slot) retired_.push_back(std::move(slot));
+  slot = std::move(plan);
+  plans_version_.fetch_add(1, std::memory_order_acq_rel);
+  return made;
+}
+
+Status DeviceBlas::plan(const GemmProblem& s, const GemmPlan** out) {
+  counts().plan_lookups.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = plans_.find(s);
+  if (it != plans_.end()) {
+    *out = it->second.get();
+    // A shape the heuristic had nothing for is remembered: callers that fall back ask once.
+    return *out != nullptr ? Status{} : no_algorithm(s);
   }
-  p->algo_ = result.algo;
+  std::unique_ptr<GemmPlan> p;
+  JO_RETURN_IF_ERROR(describe_plan(s, &p));
+  std::vector<HeuristicResult> found;
+  JO_RETURN_IF_ERROR(heuristic(*p, 1, &found));
+  counts().plans_made.fetch_add(1, std::memory_order_relaxed);
+  if (found.empty()) {
+    plans_.emplace(s, nullptr);
+    return no_algorithm(s);
+  }
+  p->algo_ = found[0].algo;
   *out = p.get();
   plans_.emplace(s, std::move(p));
   return {};
 }
 
-Status DeviceBlas::run(const GemmPlan& p, const GemmPointers& g, void* workspace, hipStream_t stream) const {
+Status DeviceBlas::run(const GemmPlan& p, const GemmPointers& g, void* workspace, hipStream_t stream,
+                       Handle handle) const {
   // alpha 1: with scales, the vendor multiplies the product by A's and B's scale (w's and x's) itself.
   static const float kOne = 1.f, kZero = 0.f;
   const Api& api = *api_;
+  const GemmProblem& s = p.problem_;
   auto matmul = [&]() -> Status {
-    JO_RETURN_IF_BLAS_ERROR(api.matmul(handle_, p.desc_, &kOne, g.w, p.a_, g.x, p.b_, &kZero, g.y, p.d_, g.y, p.d_,
+    JO_RETURN_IF_BLAS_ERROR(api.matmul(handle, p.desc_, &kOne, g.w, p.a_, g.x, p.b_, &kZero, g.y, p.d_, g.y, p.d_,
                                        &p.algo_, workspace, kWorkspaceBytes, stream));
     return {};
   };
-  if (!p.bias_ && !p.scaled_) return matmul();
-  std::lock_guard<std::mutex> lock(p.pointers_mu_);
-  if (p.bias_) JO_RETURN_IF_ERROR(set_desc(api, p.desc_, kDescBiasPointer, g.bias));
-  if (p.scaled_) {
+  if (!s.bias && !s.types.scaled) return matmul();
+  if (s.types.scaled)
     for (const float* scale : {g.w_scale, g.x_scale})
       if (reinterpret_cast<uintptr_t>(scale) % kScaleAlign != 0)
         return Status{"jax_overlap: a float8 GEMM's scales must be " + std::to_string(kScaleAlign) +
                       "-byte aligned (" + kLibraryName + " refuses others)"};
-    JO_RETURN_IF_ERROR(set_desc(api, p.desc_, kDescAScalePointer, static_cast<const void*>(g.w_scale)));
-    JO_RETURN_IF_ERROR(set_desc(api, p.desc_, kDescBScalePointer, static_cast<const void*>(g.x_scale)));
+  std::lock_guard<std::mutex> lock(p.pointers_mu_);
+  const auto write = [&](int attr, const void* value, const void** set) -> Status {
+    if (*set == value) return {};
+    JO_RETURN_IF_ERROR(set_desc(api, p.desc_, attr, value));
+    *set = value;
+    counts().descriptor_writes.fetch_add(1, std::memory_order_relaxed);
+    return {};
+  };
+  if (s.bias) JO_RETURN_IF_ERROR(write(kDescBiasPointer, g.bias, &p.set_bias_));
+  if (s.types.scaled) {
+    JO_RETURN_IF_ERROR(write(kDescAScalePointer, g.w_scale, &p.set_a_scale_));
+    JO_RETURN_IF_ERROR(write(kDescBScalePointer, g.x_scale, &p.set_b_scale_));
   }
   return matmul();
 }

@@ -85,9 +85,19 @@ struct Algo {
   size_t max_workspace_bytes;
 };
 
+// Optional entry points (the library loads without them): the library's version, for the tuning cache's
+// header (blas/tuning.cc). hipblasStatus_t hipblasLtGetVersion(hipblasLtHandle_t, int*).
+inline constexpr const char* kVersionSymbol = "hipblasLtGetVersion";
+inline int64_t library_version(void* fn, void* handle) {
+  int version = 0;
+  if (fn == nullptr || reinterpret_cast<LtStatus (*)(void*, int*)>(fn)(handle, &version) != kSuccess) return 0;
+  return version;
+}
+
 // The entry points blas/api.h's Api holds, in its order.
 inline constexpr const char* kApiSymbols[] = {
     "hipblasLtCreate",
+    "hipblasLtDestroy",
     "hipblasLtMatmulDescCreate",
     "hipblasLtMatmulDescDestroy",
     "hipblasLtMatmulDescSetAttribute",

@@ -2,13 +2,14 @@
 
 #include <dlfcn.h>
 
-
 namespace jo::blas {
 namespace {
 
 struct Loaded {
   Api api{};
   std::string error;  // empty: api is complete
+  void* version = nullptr;  // kVersionSymbol, optional
+  std::string file;         // the library's file, as the dynamic loader found it
 };
 
 void* open_library(std::string* tried) {
@@ -40,18 +41,31 @@ Loaded load() {
       return out;
     }
   }
+  out.version = dlsym(lib, kVersionSymbol);
+  Dl_info info{};
+  if (dladdr(slots[0], &info) != 0 && info.dli_fname != nullptr) out.file = info.dli_fname;
   return out;
+}
+
+const Loaded& loaded() {
+  static const Loaded once = load();  // thread-safe, once per process
+  return once;
 }
 
 }  // namespace
 
 const Api* vendor_api(std::string* error) {
-  static const Loaded loaded = load();  // thread-safe, once per process
-  if (!loaded.error.empty()) {
-    *error = loaded.error;
+  const Loaded& l = loaded();
+  if (!l.error.empty()) {
+    *error = l.error;
     return nullptr;
   }
-  return &loaded.api;
+  return &l.api;
+}
+
+LibraryIdentity library_identity(void* handle) {
+  const Loaded& l = loaded();
+  return LibraryIdentity{l.file, library_version(l.version, handle)};
 }
 
 }  // namespace jo::blas

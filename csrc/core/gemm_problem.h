@@ -60,6 +60,7 @@ struct GemmProblem {
                            bias, alignment, sm_count);
   }
   bool operator<(const GemmProblem& o) const { return key() < o.key(); }
+  bool operator==(const GemmProblem& o) const { return key() == o.key(); }
 };
 
 }  // namespace jo

@@ -32,6 +32,9 @@ struct VendorGemmRuns {
   int64_t runs, captured;
 };
 VendorGemmRuns vendor_gemm_runs();
+// Whether the vendor_gemm targets count their executions (tests: off by default, the capture query costs host
+// time on every call).
+void count_vendor_gemm_runs(bool on);
 
 struct FfiTarget {
   const char* op;      // what jax_overlap calls it

@@ -179,6 +179,37 @@ __global__ void fill_random_fp8_kernel(uint8_t* p, uint64_t elems, uint32_t seed
   }
 }
 
+constexpr int kCompareThreads = 256;
+
+template <typename T>
+__global__ void sum_abs_kernel(const T* want, uint64_t elems, CompareStats* stats) {
+  __shared__ double partial[kCompareThreads];
+  double sum = 0;
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < elems; i += step)
+    sum += fabs(static_cast<double>(gpu::to_float(want[i])));
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int half = kCompareThreads / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) atomicAdd(&stats->sum_abs, partial[0]);
+}
+
+template <typename T>
+__global__ void mismatch_kernel(const T* got, const T* want, uint64_t elems, float rel, CompareStats* stats) {
+  const float mean_abs = static_cast<float>(stats->sum_abs / static_cast<double>(elems));
+  unsigned long long wrong = 0;
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < elems; i += step) {
+    const float g = gpu::to_float(got[i]), w = gpu::to_float(want[i]);
+    // Written so that NaN fails it.
+    if (!(fabsf(g - w) <= rel * (fabsf(w) + mean_abs))) ++wrong;
+  }
+  if (wrong != 0) atomicAdd(&stats->mismatches, wrong);
+}
+
 // The reduction is bound by its loads in flight: each thread issues its loads
 // of every partial before the first add. On the H200 that reaches 3.3-4.0
 // TB/s of HBM traffic (bench_pipelined); side by side in a lab run, loading
@@ -300,6 +331,20 @@ hipError_t launch_fill_random(void* p, uint64_t elems, DType dtype, uint32_t see
     fill_random_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<T*>(p), elems, seed);
   }) || with_fp8_bits(dtype, [&](int mantissa_bits, int bias) {
     fill_random_fp8_kernel<<<grid, kThreads, 0, stream>>>(static_cast<uint8_t*>(p), elems, seed, mantissa_bits, bias);
+  });
+  return compiled ? hipGetLastError() : hipErrorInvalidValue;
+}
+
+hipError_t launch_compare(const void* got, const void* want, uint64_t elems, DType dtype, float rel,
+                          CompareStats* stats, hipStream_t stream) {
+  const uint64_t blocks = (elems + kCompareThreads - 1) / kCompareThreads;
+  const int grid = static_cast<int>(blocks < 1024 ? blocks : 1024);
+  if (grid < 1) return hipSuccess;
+  const bool compiled = with_value_type(dtype, [&](auto type) {
+    using T = typename decltype(type)::type;
+    sum_abs_kernel<T><<<grid, kCompareThreads, 0, stream>>>(static_cast<const T*>(want), elems, stats);
+    mismatch_kernel<T><<<grid, kCompareThreads, 0, stream>>>(static_cast<const T*>(got), static_cast<const T*>(want),
+                                                             elems, rel, stats);
   });
   return compiled ? hipGetLastError() : hipErrorInvalidValue;
 }

@@ -155,6 +155,17 @@ hipError_t launch_pause(uint64_t ticks, hipStream_t stream);
 // [2^(1 - exponent bias), 1), never zero, NaN or infinite.
 hipError_t launch_fill_random(void* p, uint64_t elems, DType dtype, uint32_t seed, hipStream_t stream);
 
+// How far `elems` values of `dtype` (bfloat16, float16 or float32) in `got` are from those in `want`, on the
+// GPU (blas/tuning.cc checks each candidate algorithm's product against the heuristic's first): `mismatches`
+// counts the values farther than rel * (|want| + mean |want|) from want's, NaN included. The caller zeroes the
+// stats before the launch and reads them after it.
+struct CompareStats {
+  double sum_abs;  // of want's values
+  unsigned long long mismatches;
+};
+hipError_t launch_compare(const void* got, const void* want, uint64_t elems, DType dtype, float rel,
+                          CompareStats* stats, hipStream_t stream);
+
 // matmul_rs's reduction of one rank's row block, columns [col_first,
 // col_first + cols) of rows of n:
 //   out[b][i][j] = round(sum_{q = 0 .. count-1} partial_q[b][i][j] + bias[j])

@@ -161,7 +161,7 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     const char* src = ctx.loopback ? c.x.base : c.region.slot(ctx.peers.regions[shard], parity);
     JO_RETURN_IF_ERROR(copy_rows(ctx.copy_path, c.gathered.at(shard * m), c.gathered.batch_stride(), src,
                                  c.x.batch_stride(), op.gemm.batch, m, op.gemm.k, c.x.elem_bytes, s.copy));
-    JO_RETURN_IF_HIP_ERROR(hipEventRecord(s.arrived[i], s.copy));
+    JO_RETURN_IF_ERROR(s.record(s.arrived[i], s.copy));
   }
   if (!ctx.loopback) {
     // One check of every peer's pub flag after all pulls, then the done flags (their writers need them
@@ -177,12 +177,12 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
   // Compute streams: each stage once its last shard arrived.
   for (int j = 1, position = 1; j < op.stage_count; position += static_cast<int>(op.stages[j]), ++j) {
     const int size = static_cast<int>(op.stages[j]);
-    JO_RETURN_IF_HIP_ERROR(hipStreamWaitEvent(s.compute[j % 2], s.arrived[position + size - 1], 0));
+    JO_RETURN_IF_ERROR(s.wait(s.compute[j % 2], s.arrived[position + size - 1]));
     const UnitRanges units = stage_units(rank, position, size, world);
     JO_RETURN_IF_ERROR(stage_gemms(op, ctx, c.gathered, c.y, m, units, /*bias=*/true, c.shard_scales(op), j % 2));
   }
-  JO_RETURN_IF_ERROR(s.join_into(origin));
-  progress->forked = false;
+  JO_RETURN_IF_ERROR(s.join_into(origin, progress->forked));
+  progress->forked = 0;
   if (ctx.wd.abort != nullptr) {
     const GemmTypes& t = op.gemm.types;
     const PoisonArea areas[] = {

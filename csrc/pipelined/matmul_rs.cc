@@ -68,13 +68,13 @@ Status stage(const Operands& op, const Context& ctx, const RsCall& c, int j, int
       stage_gemms(op, ctx, c.x, c.partial, c.block_rows, all_but_last(units), false, c.block_scales, s, enqueue));
   if (enqueue) JO_RETURN_IF_ERROR(release());
   const int64_t mine = rank * c.block_rows;
-  const hipStream_t stream = ctx.streams->compute[s];
+  const hipStream_t stream = enqueue ? ctx.streams->compute[s] : nullptr;  // none while only planning
   JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, c.x, mine, c.partial, mine, c.block_rows,
                                 ChunkPart{false, c.x_scale(op, rank), 0, c.split}, s, enqueue));
-  if (enqueue) JO_RETURN_IF_HIP_ERROR(hipEventRecord(ctx.streams->staged[0], stream));
+  if (enqueue) JO_RETURN_IF_ERROR(ctx.streams->record(ctx.streams->staged[0], stream));
   JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, c.x, mine, c.partial, mine, c.block_rows,
                                 ChunkPart{false, c.x_scale(op, rank), c.split, -1}, s, enqueue));
-  if (enqueue) JO_RETURN_IF_HIP_ERROR(hipEventRecord(ctx.streams->staged[1], stream));
+  if (enqueue) JO_RETURN_IF_ERROR(ctx.streams->record(ctx.streams->staged[1], stream));
   return {};
 }
 
@@ -113,6 +113,11 @@ uint64_t receive_bytes(int world, int64_t batch, int64_t m, int64_t n, int out_b
   uint64_t bytes = (world - 1) * block;  // the peers' partials of my block
   if (loopback) bytes += static_cast<uint64_t>(batch) * m * n * out_bytes;  // stand-in staging
   return bytes;
+}
+
+StreamSet streams_used(const Operands& op) {
+  const bool split = op.overlap_reduction && reduce_split_columns(op.gemm.n) > 0;
+  return kCopy | kCompute0 | (op.stage_count > 1 || split ? kCompute1 : 0);
 }
 
 Status make_plans(const Operands& op, const Context& ctx) {
@@ -203,21 +208,21 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
   }
 
   if (c.split == 0) {
-    JO_RETURN_IF_ERROR(s.join_into(origin));
-    progress->forked = false;
+    JO_RETURN_IF_ERROR(s.join_into(origin, progress->forked));
+    progress->forked = 0;
     return reduce(op, ctx, c, 0, n, origin);
   }
   // The first columns on the compute stream the last stage leaves free, once they are staged and every
   // peer's partial is pulled and checked (so a failed check poisons them), under the GEMM of the rest.
   const hipStream_t free = s.compute[op.stage_count % 2];
-  JO_RETURN_IF_HIP_ERROR(hipEventRecord(s.pulled, s.copy));
-  JO_RETURN_IF_HIP_ERROR(hipStreamWaitEvent(free, s.pulled, 0));
-  JO_RETURN_IF_HIP_ERROR(hipStreamWaitEvent(free, s.staged[0], 0));
+  JO_RETURN_IF_ERROR(s.record(s.pulled, s.copy));
+  JO_RETURN_IF_ERROR(s.wait(free, s.pulled));
+  JO_RETURN_IF_ERROR(s.wait(free, s.staged[0]));
   JO_RETURN_IF_ERROR(reduce(op, ctx, c, 0, c.split, free));
-  JO_RETURN_IF_HIP_ERROR(hipStreamWaitEvent(free, s.staged[1], 0));
+  JO_RETURN_IF_ERROR(s.wait(free, s.staged[1]));
   JO_RETURN_IF_ERROR(reduce(op, ctx, c, c.split, n - c.split, free));
-  JO_RETURN_IF_ERROR(s.join_into(origin));
-  progress->forked = false;
+  JO_RETURN_IF_ERROR(s.join_into(origin, progress->forked));
+  progress->forked = 0;
   return {};
 }
 

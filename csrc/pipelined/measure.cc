@@ -75,11 +75,12 @@ struct TimingStream {
 }  // namespace
 
 Status time_gemms(int ordinal, const GemmTypes& types, const std::vector<int64_t>& rows, int64_t n, int64_t k,
-                  bool w_kmajor, int repeats, double warmup_ms, std::vector<double>* us) {
+                  bool w_kmajor, int repeats, double warmup_ms, const blas::TuningOptions& tuning,
+                  std::vector<double>* us) {
   DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   blas::DeviceBlas* blas = nullptr;
-  JO_RETURN_IF_ERROR(blas::DeviceBlas::get(ordinal, &blas));
+  JO_RETURN_IF_ERROR(blas::DeviceBlas::prepare(ordinal, &blas));
   const int64_t max_rows = rows.empty() ? 0 : *std::max_element(rows.begin(), rows.end());
   DeviceBuffer x, w, y, workspace, scales;
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&x.p, max_rows * k * element_bytes(types.x)));
@@ -101,7 +102,7 @@ Status time_gemms(int ordinal, const GemmTypes& types, const std::vector<int64_t
   // Random operands: on constant data (as on zeros) the GEMM runs up to ~15% faster than on real data.
   JO_RETURN_IF_HIP_ERROR(launch_fill_random(x.p, static_cast<uint64_t>(max_rows * k), types.x, 1, stream));
   JO_RETURN_IF_HIP_ERROR(launch_fill_random(w.p, static_cast<uint64_t>(k * n), types.w, 2, stream));
-  const auto gemm = [&](int64_t r) {
+  const auto operands = [&](int64_t r) {
     Operands op{};
     op.gemm = GemmProblem::dense(types, /*batch=*/1, r, k, n, w_kmajor, /*bias=*/false);
     op.x = x.p;
@@ -110,7 +111,16 @@ Status time_gemms(int ordinal, const GemmTypes& types, const std::vector<int64_t
     op.w_scale = types.scaled ? static_cast<const float*>(scales.p) + x_scales : nullptr;
     op.out = y.p;
     op.scratch = workspace.p;
-    return [op, blas](hipStream_t s) { return enqueue_local_gemm(op, *blas, s); };
+    return op;
+  };
+  for (int64_t r : rows) {  // each problem's algorithm chosen before any is timed
+    blas::TuneResult tuned;
+    JO_RETURN_IF_ERROR(blas->tune(local_problem(operands(r)), tuning, &tuned));
+  }
+  const blas::Handle handle = blas->tool_handle();
+  std::lock_guard<std::mutex> tool(blas->tool_mu());
+  const auto gemm = [&](int64_t r) {
+    return [op = operands(r), blas, handle](hipStream_t s) { return enqueue_local_gemm(op, *blas, s, handle); };
   };
   Status status = rows.empty() ? Status{} : warm_up(stream, gemm(max_rows), warmup_ms);
   us->clear();
@@ -187,16 +197,17 @@ Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n,
       us);
 }
 
-Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world, int repeats, CopyPath path,
-                     double* us) {
-  DeviceScope scope(ordinal);
-  JO_RETURN_IF_HIP_ERROR(scope.status());
+namespace {
+
+// A loopback call's context as rank 0 of `world`, on side streams of its own (`streams`).
+Status loopback_context(int ordinal, OpKind op, const Operands& operands, int world, CopyPath path,
+                        std::unique_ptr<SideStreams>* streams, Context* out) {
   JO_RETURN_IF_ERROR(check_stages(op, world, operands.stages, operands.stage_count));
-  std::unique_ptr<SideStreams> streams;
-  JO_RETURN_IF_ERROR(SideStreams::create(ordinal, &streams));
+  JO_RETURN_IF_ERROR(SideStreams::create(ordinal, streams));
   Context ctx{};
-  ctx.streams = streams.get();
-  JO_RETURN_IF_ERROR(blas::DeviceBlas::get(ordinal, &ctx.blas));
+  ctx.streams = streams->get();
+  JO_RETURN_IF_ERROR(blas::DeviceBlas::prepare(ordinal, &ctx.blas));
+  JO_RETURN_IF_ERROR(ctx.streams->attach_blas(*ctx.blas));
   ctx.peers.world = world;
   ctx.peers.rank = 0;
   ctx.epoch = 1;
@@ -207,11 +218,38 @@ Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world
   ctx.gemm_sms = gemm_sm_count(sm_count);
   ctx.loopback = true;
   ctx.copy_path = path;
+  *out = ctx;
+  return {};
+}
+
+}  // namespace
+
+Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world, int repeats, CopyPath path,
+                     double* us) {
+  DeviceScope scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
+  std::unique_ptr<SideStreams> streams;
+  Context ctx{};
+  JO_RETURN_IF_ERROR(loopback_context(ordinal, op, operands, world, path, &streams, &ctx));
   TimingStream timing;
   JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
   return median_us(
       timing.s, repeats,
       [&](hipStream_t s) { return enqueue(op, operands, ctx, s); }, us);
+}
+
+Status loopback_edges(int ordinal, OpKind op, const Operands& operands, int world, CopyPath path, StreamEdges* out) {
+  DeviceScope scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
+  std::unique_ptr<SideStreams> streams;
+  Context ctx{};
+  JO_RETURN_IF_ERROR(loopback_context(ordinal, op, operands, world, path, &streams, &ctx));
+  TimingStream timing;
+  JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
+  JO_RETURN_IF_ERROR(enqueue(op, operands, ctx, timing.s));
+  JO_RETURN_IF_HIP_ERROR(hipStreamSynchronize(timing.s));
+  *out = streams->edges;
+  return {};
 }
 
 }  // namespace jo::pipelined

@@ -16,9 +16,11 @@ namespace jo::pipelined {
 // Median time (us) of one vendor GEMM [rows, k] @ w (+ nothing) of `types`
 // (scaled: with scales) for each entry of `rows`, on data that is neither
 // zeros nor ones, after about `warmup_ms` of the largest of them back to back
-// (measure.cc warm_up).
+// (measure.cc warm_up). Each GEMM's algorithm is tuned first (blas::DeviceBlas::tune
+// with `tuning`), so the times are those of the algorithms the calls run.
 Status time_gemms(int ordinal, const GemmTypes& types, const std::vector<int64_t>& rows, int64_t n, int64_t k,
-                  bool w_kmajor, int repeats, double warmup_ms, std::vector<double>* us);
+                  bool w_kmajor, int repeats, double warmup_ms, const blas::TuningOptions& tuning,
+                  std::vector<double>* us);
 
 // Median time (us) of a copy of `bytes` on `path` (copy.h), in pieces of at
 // most `max_piece_bytes`, from `src` (a peer's workspace, or this GPU's
@@ -42,5 +44,8 @@ Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n,
 // call, with this GPU's data standing in for the peers'.
 Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world, int repeats, CopyPath path,
                      double* us);
+
+// The cross-stream edges (event records and waits: streams.h) one loopback call of the op enqueues.
+Status loopback_edges(int ordinal, OpKind op, const Operands& operands, int world, CopyPath path, StreamEdges* out);
 
 }  // namespace jo::pipelined

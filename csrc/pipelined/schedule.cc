@@ -55,8 +55,9 @@ Status make_plans(OpKind kind, const Operands& op, const Context& ctx) {
 }
 
 Status enqueue_op(OpKind kind, const Operands& op, const Context& ctx, Progress* progress, hipStream_t origin) {
-  JO_RETURN_IF_ERROR(ctx.streams->fork_from(origin));
-  progress->forked = true;
+  const StreamSet used = streams_used(kind, op);
+  JO_RETURN_IF_ERROR(ctx.streams->fork_from(origin, used));
+  progress->forked = used;
   switch (kind) {
     case OpKind::kAgMatmul: return ag_matmul::enqueue(op, ctx, progress, origin);
     case OpKind::kMatmulRs: return matmul_rs::enqueue(op, ctx, progress, origin);
@@ -68,7 +69,7 @@ Status enqueue_op(OpKind kind, const Operands& op, const Context& ctx, Progress*
 // Ends ctx's epoch for the peers after this rank failed to run its part (pipeline_kernels.h
 // FlagAbandon): on `origin`, after whatever the call enqueued (joined back first).
 Status abandon(OpKind kind, const Operands& op, const Context& ctx, const Progress& progress, hipStream_t origin) {
-  if (progress.forked) JO_RETURN_IF_ERROR(ctx.streams->join_into(origin));
+  if (progress.forked) JO_RETURN_IF_ERROR(ctx.streams->join_into(origin, progress.forked));
   FlagAbandon a{};
   switch (kind) {
     case OpKind::kAgMatmul: ag_matmul::abandon_flags(op, ctx, progress, &a); break;
@@ -85,6 +86,20 @@ Status abandoned(const Status& failed, const Status& abandoning) {
   if (abandoning.ok()) return failed;
   return Status{failed.message + "; abandoning the call's epoch failed too (the peers wait for their watchdog): " +
                 abandoning.message};
+}
+
+// The plan of `problem`: the next of ctx.plans once run_call's make_plans filled it (a problem other than the
+// listed one, as a batched GEMM's per-element fallback, is looked up), else looked up (and listed while filling).
+Status plan_of(const Context& ctx, const GemmProblem& problem, const blas::GemmPlan** out) {
+  PlanList* list = ctx.plans;
+  if (list != nullptr && !list->filling && list->next < list->plans.size() &&
+      list->plans[list->next]->problem() == problem) {
+    *out = list->plans[list->next++];
+    return {};
+  }
+  JO_RETURN_IF_ERROR(ctx.blas->plan(problem, out));
+  if (list != nullptr && list->filling) list->plans.push_back(*out);
+  return {};
 }
 
 }  // namespace
@@ -177,30 +192,37 @@ Status chunk_gemm(const Operands& op, const Context& ctx, const RowRange& x, int
                       : nullptr;
   void* workspace = static_cast<char*>(op.scratch) + stream_index * blas::kWorkspaceBytes;
   const hipStream_t stream = enqueue ? ctx.streams->compute[stream_index] : nullptr;
+  const blas::Handle handle = enqueue ? ctx.streams->blas[stream_index] : nullptr;
   GemmProblem problem = g;
   problem.rows = rows;
   problem.n = cols;
   problem.ldx = x.cols;
   problem.ldy = out.cols;
-  problem.x_batch_stride = x.batch_stride();
-  problem.y_batch_stride = out.batch_stride();
+  // Strides only where a batch uses them: one problem (one plan, one tuning) per GEMM however its rows are reached.
+  problem.x_batch_stride = g.batch > 1 ? x.batch_stride() : 0;
+  problem.y_batch_stride = g.batch > 1 ? out.batch_stride() : 0;
   problem.bias = b != nullptr;
   problem.alignment = blas::alignment_of({a, d, w, b});
   problem.sm_count = ctx.gemm_sms;
+  if (ctx.collect != nullptr) {  // gemm_problems: the batched problem (the one a call plans first)
+    ctx.collect->push_back(problem);
+    return {};
+  }
   const auto pointers = [&](const char* xe, char* ye) {
     return blas::GemmPointers{xe, w, b, part.x_scale, w_scale, ye};
   };
   const blas::GemmPlan* plan = nullptr;
-  const Status batched = ctx.blas->plan(problem, &plan);
-  if (batched.ok()) return enqueue ? ctx.blas->run(*plan, pointers(a, d), workspace, stream) : Status{};
+  const Status batched = plan_of(ctx, problem, &plan);
+  if (batched.ok()) return enqueue ? ctx.blas->run(*plan, pointers(a, d), workspace, stream, handle) : Status{};
   if (g.batch == 1) return batched;
   problem.batch = 1;
+  problem.x_batch_stride = problem.y_batch_stride = 0;
   for (int64_t e = 0; e < g.batch; ++e) {
     const char* ae = a + e * x.batch_stride() * x.elem_bytes;
     char* de = d + e * out.batch_stride() * out.elem_bytes;
     problem.alignment = blas::alignment_of({ae, de, w, b});
-    JO_RETURN_IF_ERROR(ctx.blas->plan(problem, &plan));
-    if (enqueue) JO_RETURN_IF_ERROR(ctx.blas->run(*plan, pointers(ae, de), workspace, stream));
+    JO_RETURN_IF_ERROR(plan_of(ctx, problem, &plan));
+    if (enqueue) JO_RETURN_IF_ERROR(ctx.blas->run(*plan, pointers(ae, de), workspace, stream, handle));
   }
   return {};
 }
@@ -324,7 +346,10 @@ Status check_block_scales(OpKind op, int world, const GemmProblem& g) {
 Status run_call(OpKind kind, const Operands& op, Context ctx, EpochCounter& epochs, hipStream_t origin) {
   std::lock_guard<std::mutex> lock(ctx.streams->mu);
   ctx.epoch = epochs.count + 1;  // the epoch the call takes: its plans use its parity's slot
+  PlanList plans;
+  ctx.plans = &plans;
   const Status planned = make_plans(kind, op, ctx);
+  plans.filling = false;
   ctx.epoch = epochs.next();
   ctx.slot_used = epochs.slot_used(ctx.epoch);
   Progress progress;
@@ -349,17 +374,112 @@ Status enqueue(OpKind kind, const Operands& op, const Context& ctx, hipStream_t 
   return enqueue_op(kind, op, ctx, &progress, origin);
 }
 
-Status enqueue_local_gemm(const Operands& op, blas::DeviceBlas& blas, hipStream_t stream) {
-  JO_RETURN_IF_ERROR(check_block_scales(OpKind::kAgMatmul, /*world=*/1, op.gemm));
+GemmProblem local_problem(const Operands& op) {
   // Leading batch dims fold into the rows: x and y are dense (block scales: x's [k/128][batch * m]).
   GemmProblem problem = op.gemm;
   problem.rows = op.gemm.batch * op.gemm.rows;
   problem.batch = 1;
+  problem.ldx = op.gemm.k;
+  problem.ldy = op.gemm.n;
+  problem.x_batch_stride = problem.y_batch_stride = 0;
   problem.bias = op.bias != nullptr;
   problem.alignment = blas::alignment_of({op.x, op.w, op.bias, op.out});
-  const blas::GemmPlan* plan = nullptr;
-  JO_RETURN_IF_ERROR(blas.plan(problem, &plan));
-  return blas.run(*plan, blas::GemmPointers{op.x, op.w, op.bias, op.x_scale, op.w_scale, op.out}, op.scratch, stream);
+  return problem;
+}
+
+Status enqueue_local_gemm(const Operands& op, blas::DeviceBlas& blas, hipStream_t stream, blas::Handle handle,
+                          const blas::GemmPlan* plan) {
+  if (plan == nullptr) {
+    JO_RETURN_IF_ERROR(check_block_scales(OpKind::kAgMatmul, /*world=*/1, op.gemm));
+    JO_RETURN_IF_ERROR(blas.plan(local_problem(op), &plan));
+  }
+  return blas.run(*plan, blas::GemmPointers{op.x, op.w, op.bias, op.x_scale, op.w_scale, op.out}, op.scratch, stream,
+                  handle);
+}
+
+StreamSet streams_used(OpKind kind, const Operands& op) {
+  switch (kind) {
+    case OpKind::kAgMatmul: return kCopy | kCompute0 | kCompute1;  // stage 0 alone, then at least one more
+    case OpKind::kMatmulRs: return matmul_rs::streams_used(op);
+    case OpKind::kAllGather: break;
+  }
+  return 0;
+}
+
+namespace {
+
+// make_plans of the op on ctx (ctx.collect set: recording the problems).
+Status op_plans(OpKind kind, const Operands& op, const Context& ctx) {
+  switch (kind) {
+    case OpKind::kAgMatmul: return ag_matmul::make_plans(op, ctx);
+    case OpKind::kMatmulRs: return matmul_rs::make_plans(op, ctx);
+    case OpKind::kAllGather: break;
+  }
+  return no_schedule(kind);
+}
+
+// `found` without repeats, in first-seen order, appended to `out`.
+void append_unique(const std::vector<GemmProblem>& found, std::vector<GemmProblem>* out) {
+  for (const GemmProblem& p : found)
+    if (std::find(out->begin(), out->end(), p) == out->end()) out->push_back(p);
+}
+
+}  // namespace
+
+Status gemm_problems(OpKind kind, const Operands& shape, int world, int sm_count, std::vector<GemmProblem>* out) {
+  out->clear();
+  // Stand-ins for XLA's buffers and the workspace's regions, each far apart and 2^32-byte aligned: every
+  // pointer a GEMM gets has the alignment its offset gives it in a 256-byte aligned buffer.
+  const auto at = [](uintptr_t slot) { return reinterpret_cast<char*>(slot << 32); };
+  Operands op = shape;
+  op.x = at(1);
+  op.w = at(2);
+  op.bias = op.gemm.bias ? at(3) : nullptr;
+  op.x_scale = op.gemm.types.scaled ? reinterpret_cast<const float*>(at(4)) : nullptr;
+  op.w_scale = op.gemm.types.scaled ? reinterpret_cast<const float*>(at(5)) : nullptr;
+  op.out = at(6);
+  op.gathered = at(7);
+  op.gathered_scales = op.gemm.types.scaled ? reinterpret_cast<float*>(at(8)) : nullptr;
+  op.scratch = at(9);
+  if (world <= 1) {
+    out->push_back(local_problem(op));
+    return {};
+  }
+  JO_RETURN_IF_ERROR(check_stages(kind, world, op.stages, op.stage_count));
+  JO_RETURN_IF_ERROR(check_block_scales(kind, world, op.gemm));
+  std::vector<GemmProblem> found;
+  Context ctx{};
+  ctx.peers.world = world;
+  for (int r = 0; r < world; ++r) ctx.peers.regions[r] = at(16 + r);
+  ctx.gemm_sms = gemm_sm_count(sm_count);
+  ctx.sm_count = sm_count;
+  ctx.collect = &found;
+  for (int rank = 0; rank < world; ++rank)
+    for (uint64_t epoch : {1, 2}) {  // both parities' slots
+      ctx.peers.rank = rank;
+      ctx.epoch = epoch;
+      found.clear();
+      JO_RETURN_IF_ERROR(op_plans(kind, op, ctx));
+      append_unique(found, out);
+    }
+  return {};
+}
+
+Status loopback_problems(OpKind kind, const Operands& op, int world, int sm_count, std::vector<GemmProblem>* out) {
+  out->clear();
+  JO_RETURN_IF_ERROR(check_stages(kind, world, op.stages, op.stage_count));
+  JO_RETURN_IF_ERROR(check_block_scales(kind, world, op.gemm));
+  std::vector<GemmProblem> found;
+  Context ctx{};
+  ctx.peers.world = world;
+  ctx.epoch = 1;
+  ctx.loopback = true;
+  ctx.gemm_sms = gemm_sm_count(sm_count);
+  ctx.sm_count = sm_count;
+  ctx.collect = &found;
+  JO_RETURN_IF_ERROR(op_plans(kind, op, ctx));
+  append_unique(found, out);
+  return {};
 }
 
 }  // namespace jo::pipelined

@@ -53,6 +53,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "blas/gemm.h"
 #include "core/gemm_problem.h"
@@ -64,6 +65,15 @@
 #include "platform/status.h"
 
 namespace jo::pipelined {
+
+// The plans of one call's GEMMs in the order its enqueue runs them: make_plans
+// fills the list, the enqueue takes them in turn (one plan lookup per GEMM per
+// call, not two).
+struct PlanList {
+  std::vector<const blas::GemmPlan*> plans;
+  size_t next = 0;
+  bool filling = true;
+};
 
 // Where and how one rank runs a call.
 struct Context {
@@ -78,6 +88,9 @@ struct Context {
   int gemm_sms;     // SMs each GEMM of the schedule may take (gemm_sm_count), 0: all
   bool loopback;
   CopyPath copy_path = CopyPath::kEngine;  // how the copy stream moves bytes: the GPU's verified path (copy.h)
+  PlanList* plans = nullptr;  // run_call's (else each GEMM looks its plan up)
+  // Set: make_plans records each GEMM's problem here instead of planning it (gemm_problems).
+  std::vector<GemmProblem>* collect = nullptr;
 };
 
 struct Operands {
@@ -158,8 +171,23 @@ Status abandon_call(OpKind kind, const Operands& op, Context ctx, EpochCounter& 
 // one-GPU loopback of the benchmarks (pipelined/measure.h).
 Status enqueue(OpKind kind, const Operands& op, const Context& ctx, hipStream_t origin);
 
-// A group of one: y = x @ w + bias, the vendor GEMM alone on `stream`
-// (scratch: one vendor workspace).
-Status enqueue_local_gemm(const Operands& op, blas::DeviceBlas& blas, hipStream_t stream);
+// A group of one: y = x @ w + bias, the vendor GEMM alone on `stream` with
+// that stream's BLAS handle (scratch: one vendor workspace): the problem
+// local_problem() gives, its plan `plan` when the caller has it (else looked up).
+GemmProblem local_problem(const Operands& op);
+Status enqueue_local_gemm(const Operands& op, blas::DeviceBlas& blas, hipStream_t stream, blas::Handle handle,
+                          const blas::GemmPlan* plan = nullptr);
+
+// The side streams a call of the op gives work (pipelined/streams.h): it forks and joins those only.
+StreamSet streams_used(OpKind kind, const Operands& op);
+
+// Every GEMM problem a call of the op with `shape` (its gemm, stages and
+// overlap_reduction; pointers unused) runs on any rank of `world` (each rank's
+// stages cover other units, and epochs alternate between two slots), on
+// buffers as XLA gives them (256-byte aligned) and a GPU of `sm_count` SMs: the
+// problems jax_overlap tunes at lowering. A group of one's is local_problem's.
+Status gemm_problems(OpKind kind, const Operands& shape, int world, int sm_count, std::vector<GemmProblem>* out);
+// The GEMM problems of one loopback call (measure.h time_loopback) with its own pointers.
+Status loopback_problems(OpKind kind, const Operands& op, int world, int sm_count, std::vector<GemmProblem>* out);
 
 }  // namespace jo::pipelined

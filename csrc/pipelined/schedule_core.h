@@ -44,7 +44,7 @@ inline RingPlace ring_place(const Context& ctx) {
 
 // What a call's enqueue has put on its streams so far, for abandon().
 struct Progress {
-  bool forked = false;    // the side streams wait on the origin stream
+  StreamSet forked = 0;   // the side streams that wait on the origin stream (joined back by abandon)
   uint32_t released = 0;  // bit i: this rank's flag i (ag: the pub flag; rs: the ready flag of block i) released
   bool verified = false;  // the check after the pulls is enqueued: it releases the done flags
 };
@@ -153,6 +153,8 @@ namespace matmul_rs {
 uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t n, int out_bytes);
 // The scratch beyond the compute streams' vendor workspaces.
 uint64_t receive_bytes(int world, int64_t batch, int64_t m, int64_t n, int out_bytes, bool loopback);
+// compute[1] only with two stages or more, or a reduction under the last GEMM (which runs there).
+StreamSet streams_used(const Operands& op);
 Status make_plans(const Operands& op, const Context& ctx);
 Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipStream_t origin);
 void abandon_flags(const Operands& op, const Context& ctx, const Progress& progress, FlagAbandon* a);

@@ -50,6 +50,7 @@ using hipDeviceProp_t = cudaDeviceProp;
 #define hipGetDevice cudaGetDevice
 #define hipSetDevice cudaSetDevice
 #define hipGetDeviceProperties cudaGetDeviceProperties
+#define hipDriverGetVersion cudaDriverGetVersion
 #define hipDeviceGetAttribute cudaDeviceGetAttribute
 #define hipDeviceGetPCIBusId cudaDeviceGetPCIBusId
 #define hipDeviceCanAccessPeer cudaDeviceCanAccessPeer

@@ -86,6 +86,8 @@ Status Runtime::init_device(int ordinal, int64_t global_id) {
   ws->error_device = static_cast<ErrorRecord*>(record_device);
   JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
   ws->timeout_ticks = timeout_ticks(kDefaultWatchdogSeconds, ws->info.ticks_per_second);
+  // The pipelined side streams and events, here rather than in a call's execute (pipelined/streams.h).
+  JO_RETURN_IF_ERROR(pipelined::prepare_side_streams(ordinal));
   devices_[ordinal] = std::move(ws);
   start_monitor();
   return {};

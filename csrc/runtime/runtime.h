@@ -107,7 +107,7 @@ class Runtime {
  public:
   static Runtime& instance();
 
-  // The device state of GPU `ordinal` (idempotent).
+  // The device state of GPU `ordinal`, and its pipelined side streams (idempotent).
   Status init_device(int ordinal, int64_t global_id);
   // Its symmetric workspace, zeroed (idempotent for the same size).
   Status allocate_workspace(int ordinal, uint64_t bytes);

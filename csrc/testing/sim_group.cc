@@ -39,7 +39,8 @@ Status SimGroup::create(int ordinal, int world, uint64_t bytes_per_rank, double 
     g->side_streams_.emplace_back();
     JO_RETURN_IF_ERROR(pipelined::SideStreams::create(ordinal, &g->side_streams_.back()));
   }
-  JO_RETURN_IF_ERROR(blas::DeviceBlas::get(ordinal, &g->blas_));
+  JO_RETURN_IF_ERROR(blas::DeviceBlas::prepare(ordinal, &g->blas_));
+  for (auto& side : g->side_streams_) JO_RETURN_IF_ERROR(side->attach_blas(*g->blas_));
   JO_RETURN_IF_HIP_ERROR(hipDeviceSynchronize());
   *out = std::move(g);
   return {};

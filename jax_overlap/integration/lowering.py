@@ -190,10 +190,12 @@ def gpu_rule(ctx, *args, op, axis_name, axis_size, algorithm, w_kmajor, has_bias
     native_ready(ctx)
     groups = () if axis_name is None else group_ids(ctx, axis_name)
     # A float8 w reaches the GPU K-major whatever its layout here (operands.gemm_operands).
+    world = axis_size if axis_name is not None else 1
     problem = Problem(op.NAME, formats.name(x_aval.dtype), math.prod(lead), m, k,
-                      w_aval.shape[0 if w_kmajor else 1], axis_size if axis_name is not None else 1, groups,
+                      w_aval.shape[0 if w_kmajor else 1], world, groups,
                       bool(w_kmajor) or call.scaled, out_dtype_name=call.out_dtype.name,
-                      w_dtype_name=formats.name(w_aval.dtype), scaling=scaling)
+                      w_dtype_name=formats.name(w_aval.dtype), scaling=scaling,
+                      gemm_bias=has_bias and not operands.bias_by_xla(call, op.REDUCES and world > 1))
     choice = choose(problem, op, algorithm)
   except DECLINED as e:
     _fallback(op.NAME, algorithm, e)

@@ -317,9 +317,9 @@ def pipelined_us(stages: tuple, f) -> float:
   end, position = pipelined.gemm_us(f, stages[0]), stages[0]
   for size in stages[1:]:
     arrived = publish + (position + size - 1) * pull
-    end = max(end, arrived) + pipelined.STAGE_OVERHEAD_US + pipelined.gemm_us(f, size)
+    end = max(end, arrived) + f.stage_overhead_us + pipelined.gemm_us(f, size)
     position += size
-  return end + pipelined.CALL_OVERHEAD_US
+  return end + f.call_overhead_us
 
 
 def fused_traffic(rows: int, k: int, n: int, world: int, itemsize: int) -> tuple:

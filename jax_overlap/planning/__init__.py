@@ -4,6 +4,7 @@
   planning/pipelined.py  the pipelined algorithm's stage planner and cost model
   planning/fused.py      the fused kernels' tile and mover planner and cost model
   planning/agreement.py  choose(): the decision with the workspace it needs, and agreed between processes
+  planning/tuning.py     the vendor GEMM's algorithm per problem of a pipelined call, timed and agreed
 and here, eligibility (each GPU algorithm's, and the float8 formats this process's GPUs run) and decide(): an
 explicit algorithm's plan, or for "auto" the candidate
 the models predict fastest, taken only when it beats the XLA path by
@@ -28,7 +29,7 @@ import math
 
 import numpy as np
 
-from jax_overlap.planning import figures, fused, pipelined
+from jax_overlap.planning import figures, fused, pipelined, tuning
 from jax_overlap.quantization import formats
 from jax_overlap.runtime import backend, settings, workspace
 
@@ -68,6 +69,7 @@ class Problem:
   out_dtype_name: str | None = None
   w_dtype_name: str | None = None
   scaling: object = None  # the Scaling of a float8 call's scales (quantization/scaling.py), else None
+  gemm_bias: bool = False  # the vendor GEMMs add the call's bias (it has one, and XLA does not add it after)
 
   @property
   def scaled(self) -> bool:
@@ -176,12 +178,18 @@ def _plan_pipelined(problem: Problem, op, auto: bool) -> Choice:
   why = eligible(problem, op, "pipelined")
   if why:
     raise Declined(why)
+  # The GEMMs' algorithms are agreed (a collective step) before the vendor BLAS is prepared here (a step this
+  # process alone can fail), then installed on this process's GPUs.
   if problem.world == 1:
+    chosen = tuning.choose(problem, op, (1,))
     _vendor_blas()
+    tuning.install(chosen)
     return Choice("pipelined", None)
   f = _measured(problem, op)
-  _vendor_blas()
   plan = pipelined.plan(op, problem.world, f, _pinned_stages(op, problem.world))
+  chosen = tuning.choose(problem, op, plan.stages)
+  _vendor_blas()
+  tuning.install(chosen)
   sizes = (formats.itemsize(problem.dtype_name), formats.itemsize(problem.out_dtype), problem.scaled,
            problem.scaled and problem.scaling.blocks)
   nbytes = backend.current().native.pipelined_region_bytes(

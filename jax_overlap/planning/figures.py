@@ -3,7 +3,9 @@
 - GEMM times: the vendor GEMM (what the pipelined algorithm runs, and close to
   what XLA's dot runs) timed at the rows each number of chunks of a call
   covers, once per shape and dtype, at the first lowering that needs them,
-  after a warm-up (GEMM_WARMUP_MS) that puts the GPU on its sustained clocks.
+  after a warm-up (GEMM_WARMUP_MS) that puts the GPU on its sustained clocks,
+  each with the algorithm tuning chooses for it (planning/tuning.py), as the
+  calls run it.
 - The reduction of an op that reduces (matmul_rs): its kernel timed on one
   block of each rank count and shape, once, like the GEMMs.
 - The peer link and the local copy rate: copy-engine copies timed when
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jax_overlap.planning import pipelined
+from jax_overlap.planning import pipelined, tuning
 from jax_overlap.quantization import formats
 from jax_overlap.runtime import backend, processes, workspace
 
@@ -54,6 +56,10 @@ class Figures:
   # The share of the output's columns whose reduction runs under the GEMM of the rest (matmul_rs's last stage,
   # csrc/pipelined/schedule.h); 0: none.
   split_share: float = 0.0
+  # The schedule's fixed costs (planning/pipelined.py): a stage's wait and launch, a call's fork, join and trailing
+  # kernel. benchmarks/bench_model_sweep.py fits them to loopback runs.
+  stage_overhead_us: float = pipelined.STAGE_OVERHEAD_US
+  call_overhead_us: float = pipelined.CALL_OVERHEAD_US
 
 
 def _native():
@@ -77,7 +83,7 @@ def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmaj
     extra["blocks"] = True
   return tuple(processes.agree(f"gemm/{name}/{chunk_rows}x{world}/{n}/{k}/{int(w_kmajor)}", lambda: list(
       _native().time_gemms(workspace.first_ordinal(), dtype_name, rows, n, k, w_kmajor, warmup_ms=GEMM_WARMUP_MS,
-                           **extra))))
+                           **extra, **tuning.options()))))
 
 
 def reduce_us(dtype_name: str, block_rows: int, world: int, n: int) -> float:

@@ -17,7 +17,8 @@ import itertools
 
 # A stage's wait on its data and its launch on a side stream (event wait, GEMM
 # launch gap), and a call's fork, join and trailing kernel: the order of
-# magnitude of the launch gaps on a stream, not tuned to a machine.
+# magnitude of the launch gaps on a stream, the figures' defaults
+# (figures.Figures); benchmarks/bench_model_sweep.py fits them to loopback runs.
 STAGE_OVERHEAD_US = 2.0
 CALL_OVERHEAD_US = 6.0
 

@@ -9,7 +9,8 @@ between. Switches take 1/0, true/false, yes/no, on/off (unset: off).
 
 The native module reads JAX_OVERLAP_GEMM_SM_MARGIN itself, once per process;
 its value is checked here all the same. JAX_OVERLAP_FAULTS (fault injection,
-tests only) is the native module's alone.
+tests only) is the native module's alone. The GEMM tuning settings
+(planning/tuning.py) are passed to it at each lowering.
 """
 
 from __future__ import annotations
@@ -26,8 +27,15 @@ DISABLE = "JAX_OVERLAP_DISABLE"
 PIPELINE_STAGES = "JAX_OVERLAP_PIPELINE_STAGES"
 ARCH_TRAITS = "JAX_OVERLAP_ARCH_TRAITS"
 GEMM_SM_MARGIN = "JAX_OVERLAP_GEMM_SM_MARGIN"
+GEMM_TUNING = "JAX_OVERLAP_GEMM_TUNING"
+GEMM_CANDIDATES = "JAX_OVERLAP_GEMM_CANDIDATES"
+GEMM_CACHE_DIR = "JAX_OVERLAP_GEMM_CACHE_DIR"
 
 DEFAULT_WORKSPACE_BYTES = 1 << 30
+# The vendor heuristic's candidates timed per GEMM problem (XLA times up to 128; a problem's best was among the
+# heuristic's first 32 in the probe of issue 39): about 0.2 s per large problem on the H200, once per process
+# (or once per machine, with the cache).
+DEFAULT_GEMM_CANDIDATES = 32
 ON_TIMEOUT_CHOICES = ("abort", "raise")
 ARCH_TRAITS_CHOICES = ("nvidia", "amd")
 
@@ -105,6 +113,22 @@ def gemm_sm_margin() -> int:
   return _number(GEMM_SM_MARGIN, 0, int, "a whole number of SMs, 0 or more", lambda v: v >= 0)
 
 
+def gemm_tuning() -> bool:
+  """Whether the vendor GEMM's algorithms are chosen by timing (planning/tuning.py): on unless set to a false
+  switch, which keeps the heuristic's first."""
+  return _text(GEMM_TUNING) is None or flag(GEMM_TUNING)
+
+
+def gemm_candidates() -> int:
+  return _number(GEMM_CANDIDATES, DEFAULT_GEMM_CANDIDATES, int, "a whole number of candidates, 1 or more (1: the "
+                 "heuristic's first)", lambda v: v >= 1)
+
+
+def gemm_cache_dir() -> str | None:
+  """The directory of the GEMM tuning cache (one file per GPU model and library build), or None for none."""
+  return _text(GEMM_CACHE_DIR) or None
+
+
 def plan_settings() -> tuple:
   """The settings that change a call's plan, as written: part of the name of each decision (planning/agreement)."""
   return tuple(os.environ.get(name, "") for name in (PIPELINE_STAGES, ARCH_TRAITS))
@@ -119,6 +143,8 @@ def check_all() -> None:
     flag(name)
   arch_traits()
   gemm_sm_margin()
+  gemm_tuning()
+  gemm_candidates()
   stages = pipeline_stages()
   if stages is not None and not all(s.strip().isdigit() and int(s) > 0 for s in stages.split(",")):
     raise ValueError(f"jax_overlap: {PIPELINE_STAGES}={stages!r}; expected stage sizes of at least one chunk "

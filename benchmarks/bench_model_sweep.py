@@ -1,0 +1,185 @@
+"""The pipelined cost model against the loopback schedule across sizes, and auto against XLA's path (issue 39, item 4).
+
+  python benchmarks/bench_model_sweep.py [--out DIR] [--rows M ...] [--worlds T ...] [--ops OP ...]
+                                         [--dtypes D ...] [--budget-s S]
+
+(DIR: $OUT when set, else benchmarks/results.) One row per (op, dtype, T, M), M the rows per rank (ag_matmul: x's
+shard; matmul_rs: the output's block), so that every rank's GEMM is [T*M, K] @ [K, N] (K = 8192, N = 3584, as in
+16384 x 3584 x 8192 at T = 8, M = 2048); bf16, and float8 (e4m3, tensor scales, w K-major, bf16 out). Rows run
+from the smallest M up and stop being started after --budget-s (default 280 s: about 5 minutes on the H200 with
+the compiles), the results file rewritten after each. Columns, measured in the same run (us, medians of ROUNDS
+rounds in turns):
+  stages        the plan the cost model picks from this GPU's figures (the local copy standing in for the link)
+  model_us      its estimate of that plan; loopback_us the schedule run as rank 0 of T in loopback
+                (csrc/pipelined/schedule.h: the chunk GEMMs, the copies, the streams; this GPU's data for the
+                peers'); model_ratio = model_us / loopback_us (target: within 10%)
+  gemm_us       one vendor GEMM of all T*M rows (the GEMMs tuned as calls tune them: planning/tuning.py);
+                vs_gemm = gemm_us / loopback_us (targets 0.93 bf16, 0.90 fp8 for M >= 2048)
+  stages_gemm_us  the plan's GEMMs alone (the figures), and chunking_loss = stages_gemm_us / gemm_us - 1: what
+                cutting the GEMM into stages costs by M and T (whether a persistent GEMM fed by the copy
+                engines would pay)
+  xla_dot_us    XLA's own dot of all rows (autotuned; 20 chained calls per timing, wall time per call: a few us
+                of launch included); xla_path_us = xla_dot_us + the collective's (T-1) chunks at the local copy
+                rate: the XLA path in loopback (a float8 ag_matmul's runs one dot per shard, each with its
+                scale: one dot of all rows is a lower bound of it); model_xla_us the model's XLA path
+  auto          whether algorithm="auto" takes the pipelined path here (the model's margin, planning.AUTO_MARGIN);
+                auto_wrong: it does while loopback_us > xla_path_us (must never be)
+  residual_us   loopback_us - model_us, beside stages and moved_mb (the bytes the copy engine moves), for fits
+Last, the schedule's fixed costs fitted to every row (planning/figures.py Figures.stage_overhead_us and
+call_overhead_us, by a grid search for the least worst |model / loopback - 1|), and each row's ratio with them
+(fit_ratio). Results: DIR/model_sweep_<date>.json (with date, device, commit, command); the tables print last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import _harness  # noqa: E402
+import bench_fp8  # noqa: E402
+from jax_overlap import planning  # noqa: E402
+from jax_overlap.ops import OPS  # noqa: E402
+from jax_overlap.planning import pipelined, tuning  # noqa: E402
+from jax_overlap.quantization import scaling  # noqa: E402
+from jax_overlap.runtime import native  # noqa: E402
+
+K, N = 8192, 3584
+ROWS = [128 << i for i in range(8)]  # 128 .. 16384
+WORLDS = [2, 4, 8]
+ROUNDS = 3
+FP8 = bench_fp8.FP8
+_xla_dots: dict = {}  # (rows, dtype) -> a timer of XLA's dot (each compiled once)
+
+
+def _xla_dot_timer(rows: int, dtype: str):
+  """XLA's dot [rows, K] @ [K, N] (float8: w [N, K], K-major, the form XLA's fp8 GEMM takes), CALLS chained."""
+  if (rows, dtype) not in _xla_dots:
+    kx, kw = jax.random.split(jax.random.key(rows))
+    x = jax.random.normal(kx, (rows, K), jnp.float32).astype(dtype)
+    if dtype == FP8:
+      w = jax.random.normal(kw, (N, K), jnp.float32).astype(dtype)
+      dot = lambda x, w, sx, sw: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())),  # noqa: E731
+                                                     preferred_element_type=jnp.bfloat16)
+    else:
+      w = (jax.random.normal(kw, (K, N), jnp.float32) * K ** -0.5).astype(dtype)
+      dot = lambda x, w, sx, sw: jnp.dot(x, w)  # noqa: E731
+    _harness.note(f"  compiling XLA's dot of {rows} rows ({dtype})")
+    s = jnp.float32(1.0)
+    _xla_dots[(rows, dtype)] = bench_fp8._jax_timer(bench_fp8._chain(dot), x, w, s, s)
+  return _xla_dots[(rows, dtype)]
+
+
+def _figures(op: str, world: int, m_x: int, dtype: str):
+  spec = OPS[op]
+  fp8 = dtype == FP8
+  f = planning.figures.measure(spec, dtype, m_x, K, N, world, fp8, types=(dtype, "bfloat16") if fp8 else None,
+                               scaling=scaling.TENSOR if fp8 else None)
+  return dataclasses.replace(f, link_bytes_per_us=f.local_bytes_per_us)  # loopback: the link is the copy engine
+
+
+def row(op: str, dtype: str, world: int, m: int) -> tuple:
+  """(the row, its figures) of M = m rows per rank."""
+  nat, spec = native.module(), OPS[op]
+  total = world * m  # every rank's GEMM rows
+  m_x = m if op == "ag_matmul" else total  # x's rows per rank
+  f = _figures(op, world, m_x, dtype)
+  plan = pipelined.plan(spec, world, f)
+  call, _buffers = bench_fp8.loopback_call(op, world, total, N, K, dtype)
+  call = dict(call, stages=list(plan.stages))
+  opts = tuning.options()
+  for pid in nat.loopback_gemm_problems(0, op, world, call):  # the loopback's own GEMMs, tuned as a call's are
+    nat.tune_gemm(0, pid, **opts)
+  extra = dict(w_dtype=dtype, out_dtype="bfloat16") if dtype == FP8 else {}
+  timers = {
+      "loopback": lambda: nat.time_loopback(0, op, world, call, 10),
+      "gemm": lambda: nat.time_gemms(0, dtype, [total], N, K, w_kmajor=dtype == FP8, **extra, **opts)[0],
+      "xla_dot": _xla_dot_timer(total, dtype),
+  }
+  t = _harness.in_turns(timers, ROUNDS)
+  stages_gemm = sum(pipelined.gemm_us(f, s) for s in plan.stages)
+  xla_path = t["xla_dot_us"] + (world - 1) * f.chunk_bytes / f.local_bytes_per_us
+  auto = planning.faster(plan.est_us, plan.est_xla_us)
+  moved = (world - 1) * f.chunk_bytes * (2 if op == "ag_matmul" else 1)  # ag: publish and pulls; rs: pulls
+  r = dict(op=op, dtype=dtype, world=world, m=m, rows=total, n=N, k=K, stages=str(tuple(plan.stages)),
+           model_us=plan.est_us, loopback_us=t["loopback_us"], model_ratio=plan.est_us / t["loopback_us"],
+           gemm_us=t["gemm_us"], vs_gemm=t["gemm_us"] / t["loopback_us"], stages_gemm_us=stages_gemm,
+           chunking_loss=stages_gemm / f.gemm_us[-1] - 1, xla_dot_us=t["xla_dot_us"], xla_path_us=xla_path,
+           model_xla_us=plan.est_xla_us, auto=auto, auto_wrong=auto and t["loopback_us"] > xla_path,
+           residual_us=t["loopback_us"] - plan.est_us, moved_mb=moved / 2**20, stage_count=len(plan.stages))
+  return r, f
+
+
+def fit_overheads(rows: list, figures: list) -> dict:
+  """The stage and call overheads (us) that minimize the worst |model / loopback - 1| over the rows, each row's
+  ratio with them, and the worst before and after."""
+  def ratios(stage, call):
+    out = []
+    for r, f in zip(rows, figures):
+      g = dataclasses.replace(f, stage_overhead_us=stage, call_overhead_us=call)
+      stages = tuple(int(s) for s in r["stages"].strip("()").split(",") if s.strip())
+      out.append(OPS[r["op"]].pipelined_us(stages, g) / r["loopback_us"])
+    return out
+  grid = itertools.product(np.arange(0.0, 20.5, 0.5), np.arange(0.0, 60.5, 1.0))
+  stage, call = min(grid, key=lambda sc: max(abs(x - 1) for x in ratios(*sc)))
+  fitted = ratios(stage, call)
+  for r, x in zip(rows, fitted):
+    r["fit_ratio"] = x
+  return {"stage_overhead_us": float(stage), "call_overhead_us": float(call),
+          "worst_before": max(abs(r["model_ratio"] - 1) for r in rows), "worst_after": max(abs(x - 1) for x in fitted)}
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+  ap.add_argument("--rows", nargs="*", type=int, default=ROWS, help="M, rows per rank")
+  ap.add_argument("--worlds", nargs="*", type=int, default=WORLDS)
+  ap.add_argument("--ops", nargs="*", choices=sorted(OPS), default=sorted(OPS))
+  ap.add_argument("--dtypes", nargs="*", choices=["bfloat16", FP8], default=["bfloat16", FP8])
+  ap.add_argument("--budget-s", type=float, default=280.0, help="no row starts after this many seconds")
+  args = ap.parse_args(argv)
+  work = [(op, dtype, world, m) for m in sorted(args.rows) for world in args.worlds for op in args.ops
+          for dtype in args.dtypes]
+  command, rows, figures, t0 = "python " + " ".join(sys.argv), [], [], time.monotonic()
+  for i, (op, dtype, world, m) in enumerate(work):
+    if time.monotonic() - t0 > args.budget_s:
+      _harness.note(f"budget of {args.budget_s:.0f} s spent: {len(work) - i} rows not run (from M = {m})")
+      break
+    _harness.progress(i, len(work), f"{op} {dtype} T={world} M={m}")
+    r, f = row(op, dtype, world, m)
+    rows.append(r)
+    figures.append(f)
+    path = _harness.write_results("model_sweep", rows, args.out, command, plotted=lambda r: False)
+  fit = fit_overheads(rows, figures) if rows else {}
+  path = _harness.write_results("model_sweep", rows + ([dict(table="fit", **fit)] if fit else []), args.out,
+                                command, plotted=lambda r: False)
+  cols = ["op", "dtype", "world", "m", "stages", "model_us", "loopback_us", "model_ratio", "fit_ratio", "gemm_us",
+          "vs_gemm", "chunking_loss", "xla_path_us", "auto", "auto_wrong", "residual_us", "moved_mb"]
+  _harness.print_table(rows, cols)
+  if fit:
+    wrong = [r for r in rows if r["auto_wrong"]]
+    off = [r for r in rows if abs(r["model_ratio"] - 1) > 0.10]
+    low = [r for r in rows if r["m"] >= 2048 and r["vs_gemm"] < (0.93 if r["dtype"] == "bfloat16" else 0.90)]
+    print(f"fitted overheads: stage {fit['stage_overhead_us']:.1f} us, call {fit['call_overhead_us']:.1f} us; worst "
+          f"|model/loopback - 1| {fit['worst_before']:.3f} -> {fit['worst_after']:.3f} with them")
+    print(f"rows: {len(rows)} of {len(work)}; model off by > 10%: {len(off)}; auto slower than XLA's path: "
+          f"{len(wrong)}; below the vs_gemm target at M >= 2048: {len(low)}")
+    print("chunking loss by T (median over M >= 2048): " + ", ".join(
+        f"T={w}: {statistics.median([r['chunking_loss'] for r in rows if r['world'] == w and r['m'] >= 2048]):.3f}"
+        for w in args.worlds if any(r["world"] == w and r["m"] >= 2048 for r in rows)))
+  print(f"results: {path}.json")
+
+
+if __name__ == "__main__":
+  np.set_printoptions(linewidth=120)
+  main()
