@@ -26,10 +26,17 @@ DISABLE = "JAX_OVERLAP_DISABLE"
 PIPELINE_STAGES = "JAX_OVERLAP_PIPELINE_STAGES"
 ARCH_TRAITS = "JAX_OVERLAP_ARCH_TRAITS"
 GEMM_SM_MARGIN = "JAX_OVERLAP_GEMM_SM_MARGIN"
+MAXTEXT_ALGORITHM = "JAX_OVERLAP_MAXTEXT_ALGORITHM"
+MAXTEXT_FP8 = "JAX_OVERLAP_MAXTEXT_FP8"
 
 DEFAULT_WORKSPACE_BYTES = 1 << 30
 ON_TIMEOUT_CHOICES = ("abort", "raise")
 ARCH_TRAITS_CHOICES = ("nvidia", "amd")
+# jax_overlap.maxtext's options (its key=value arguments name them too): the ops' algorithm (api.ALGORITHMS; a test
+# checks they agree), and jax_overlap's own fp8 layers for a 16-bit MaxText run ("": none; "tensor", "block": the
+# scaling of Fp8AgDotGeneral / Fp8RsDotGeneral).
+MAXTEXT_ALGORITHM_CHOICES = ("auto", "xla", "fused", "pipelined")
+MAXTEXT_FP8_CHOICES = ("", "tensor", "block")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
@@ -105,6 +112,14 @@ def gemm_sm_margin() -> int:
   return _number(GEMM_SM_MARGIN, 0, int, "a whole number of SMs, 0 or more", lambda v: v >= 0)
 
 
+def maxtext_algorithm() -> str:
+  return _choice(MAXTEXT_ALGORITHM, "auto", MAXTEXT_ALGORITHM_CHOICES)
+
+
+def maxtext_fp8() -> str:
+  return _choice(MAXTEXT_FP8, "", MAXTEXT_FP8_CHOICES[1:])
+
+
 def plan_settings() -> tuple:
   """The settings that change a call's plan, as written: part of the name of each decision (planning/agreement)."""
   return tuple(os.environ.get(name, "") for name in (PIPELINE_STAGES, ARCH_TRAITS))
@@ -119,6 +134,8 @@ def check_all() -> None:
     flag(name)
   arch_traits()
   gemm_sm_margin()
+  maxtext_algorithm()
+  maxtext_fp8()
   stages = pipeline_stages()
   if stages is not None and not all(s.strip().isdigit() and int(s) > 0 for s in stages.split(",")):
     raise ValueError(f"jax_overlap: {PIPELINE_STAGES}={stages!r}; expected stage sizes of at least one chunk "
