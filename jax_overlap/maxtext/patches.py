@@ -71,7 +71,7 @@ def quantization(config, quant_mode_str: str, original):
   if quant_mode_str != "train":
     return stock
   algorithm, fp8 = _options["algorithm"], _options["fp8"]
-  recipe = config.quantization or ""
+  recipe = str(getattr(config.quantization, "value", config.quantization) or "")  # MaxText's enum, or its text
   if recipe not in RECIPES:
     raise ValueError(f"jax_overlap.maxtext: quantization={recipe!r} is not a recipe jax_overlap runs (it takes "
                      f"{', '.join(repr(r) for r in RECIPES)}); run MaxText's own entry point for it")
