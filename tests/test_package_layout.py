@@ -1,6 +1,6 @@
 """The package's layers (docs/architecture.md): a module imports only from its own layer or the layers below.
 
-  runtime < quantization < planning < integration < ops < api < layers
+  runtime < quantization < planning < integration < ops < api < layers < maxtext
 with _compat and _version below everything, remat (the checkpoint names) with the integration and tracing (the
 trace export) beside the api. Read from the sources' import statements, so it needs no build.
 """
