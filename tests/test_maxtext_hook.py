@@ -241,3 +241,55 @@ def test_the_entry_point_takes_its_options_out_of_maxtexts_arguments():
 def test_flax_ops_are_the_stock_modules():
   assert hook.Fp8DirectDotGeneralOp.stock is fp8_ops.Fp8DirectDotGeneralOp
   assert hook.NANOOFp8DotGeneralOp.stock is fp8_ops.NANOOFp8DotGeneralOp
+
+
+# --- what configure_quantization returns, and the recipes it refuses ---------------------------------------------
+
+class _Config:
+  """The fields of MaxText's config that patches.quantization reads."""
+
+  def __init__(self, quantization="", **fields):
+    self.quantization, self.logical_axis_rules, self.matmul_precision = quantization, [list(r) for r in RULES], "high"
+    self.use_qwix_quantization = fields.get("use_qwix_quantization", False)
+
+
+@pytest.fixture
+def options(monkeypatch):
+  def set_options(algorithm="auto", fp8=""):
+    monkeypatch.setattr(patches, "_options", {"algorithm": algorithm, "fp8": fp8})
+  set_options()
+  return set_options
+
+
+def _quantization(config, mode="train"):
+  return patches.quantization(config, mode, lambda config, quant_mode_str: f"maxtext's {quant_mode_str}")
+
+
+def test_a_16_bit_run_gets_the_overlap_object(options):
+  options(algorithm="xla", fp8="tensor")
+  quant = _quantization(_Config(""))
+  assert isinstance(quant, hook.OverlapQuantization) and quant.stock() is None
+  assert (quant.algorithm, quant.fp8, quant.matmul_precision, quant.rules) == ("xla", "tensor", "high", RULES)
+  assert _quantization(_Config(""), "serve") == "maxtext's serve"  # serving keeps MaxText's objects
+
+
+@pytest.mark.parametrize("config,algorithm,fp8,match", [
+    (_Config("int8"), "auto", "", "quantization='int8' is not a recipe jax_overlap runs"),
+    (_Config("fp8", use_qwix_quantization=True), "auto", "", "quantization='fp8' with use_qwix_quantization=true"),
+    (_Config("fp8"), "auto", "block", "fp8='block' .* is for 16-bit runs, and MaxText's quantization='fp8' is set"),
+    (_Config("fp8"), "fused", "", "algorithm='fused' is 16-bit only"),
+])
+def test_what_the_integration_does_not_take_is_an_error(options, config, algorithm, fp8, match):
+  options(algorithm=algorithm, fp8=fp8)
+  with pytest.raises(ValueError, match=f"jax_overlap.maxtext: {match}"):
+    _quantization(config)
+
+
+def test_a_recipe_the_gpu_cannot_run_is_an_error_naming_the_other(options, monkeypatch):
+  """nanoo_fp8 (fnuz) on an sm_90 (the stand-in runtime's GPUs): refused before the model is built."""
+  from fake_gpu import FakeNative, install
+  install(monkeypatch.setattr, FakeNative())
+  with pytest.raises(ValueError, match=r"quantization='nanoo_fp8' computes in float8_e4m3fnuz and float8_e5m2fnuz, "
+                                       r"and this process cannot run float8_e\w+ on this device .*sm_90.*gfx942; use "
+                                       r"quantization='fp8'"):
+    _quantization(_Config("nanoo_fp8"))
