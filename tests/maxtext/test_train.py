@@ -10,6 +10,7 @@ on ici_tensor_sequence_parallelism=4 x ici_data_parallelism=2, matmul_precision=
                       the compute dtype, and run the GEMMs in float8: steps 1-2 drift by 1.6e-4 and 4e-4 here; the
                       float8 recipes themselves move the loss by 4.5e-3 from bfloat16's)
   fsdp 2 x tensor_sequence 4 with remat_policy=minimal   float32 within 1e-6 (remat policies keep working)
+  fp8 on one device   within 2e-3 (the fp8 layers' group of one)
 and that a mixtral-style config (MoE experts untouched) and tensor parallelism without sequence parallelism train,
 the census line's counts, its warning, and the errors for a recipe or an algorithm the integration does not take.
 The runs start together at the first test (as many at once as half the cores), each in a process of its own.
@@ -50,7 +51,7 @@ MIXTRAL = ["model_name=default", "decoder_block=mixtral", "base_num_decoder_laye
            "max_target_length=128", "per_device_batch_size=1", "dataset_type=synthetic", "steps=3",
            "weight_dtype=float32", "attention=dot_product", "enable_dropout=false", "dtype=float32"]
 
-# name: (jax_overlap or stock, arguments)
+# name: (jax_overlap or stock, arguments[, CPU devices: 8])
 RUNS = {
     "stock_f32": (False, TINY + TSP + ["dtype=float32"]),
     "jo_f32": (True, TINY + TSP + ["dtype=float32"]),
@@ -67,6 +68,8 @@ RUNS = {
     "jo_mixtral": (True, MIXTRAL + TSP),
     "jo_tp": (True, TINY + ["ici_data_parallelism=2", "ici_tensor_parallelism=4", "ici_fsdp_parallelism=1",
                             "dtype=float32", "steps=1"]),
+    "stock_fp8_one": (False, TINY + ["dtype=bfloat16", "quantization=fp8"], 1),
+    "jo_fp8_one": (True, TINY + ["dtype=bfloat16", "quantization=fp8"], 1),
     "jo_int8": (True, TINY + TSP + ["dtype=bfloat16", "quantization=int8", "steps=1"]),
     "jo_fused_fp8": (True, TINY + TSP + ["dtype=bfloat16", "quantization=fp8", "jax_overlap_algorithm=fused",
                                          "steps=1"]),
@@ -76,14 +79,14 @@ CENSUS = re.compile(r"dense layers by op: ag_matmul (\d+), matmul_rs (\d+), loca
 
 class Run:
   def __init__(self, name: str, out: pathlib.Path):
-    overlap, args = RUNS[name]
+    overlap, args, devices = (*RUNS[name], 8)[:3]
     base = maxtext_root() / "configs" / "base.yml"
     self.metrics = out / f"{name}.metrics.jsonl"
     module = "jax_overlap.maxtext" if overlap else "maxtext.trainers.pre_train.train"
     command = [sys.executable, "-m", module, str(base), f"run_name={name}", f"base_output_directory={out}",
                f"metrics_file={self.metrics}", *QUIET, *args]
     env = {**os.environ, "DECOUPLE_GCLOUD": "TRUE", "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
     done = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=900)
     self.returncode, self.log = done.returncode, done.stdout + done.stderr
 
@@ -135,6 +138,14 @@ def test_bfloat16_losses_within_bfloat16_rounding(runs):
 def test_fp8_recipes_within_fp8_tolerance_of_maxtexts(runs, recipe):
   assert_losses(runs, f"stock_{recipe}", f"jo_{recipe}", 2e-3, first_rtol=1e-6)
   assert runs(f"jo_{recipe}").census() == (5, 2, 0, 0)
+
+
+@pytest.mark.runs("stock_fp8_one", "jo_fp8_one")
+def test_fp8_on_one_device_runs_the_group_of_one(runs):
+  """One device: no layer gathers or scatters, and the fp8 layers run the group of one (the vendor's fp8 GEMM on a
+  GPU; here the XLA path, whose float32 accumulation moves step 0 too)."""
+  assert_losses(runs, "stock_fp8_one", "jo_fp8_one", 2e-3)
+  assert runs("jo_fp8_one").census() == (0, 0, 7, 0)
 
 
 @pytest.mark.runs("stock_fsdp", "jo_fsdp")
