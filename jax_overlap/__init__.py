@@ -5,6 +5,9 @@
   AgDotGeneral    ag_matmul as a layer's dot_general (flax Dense, DenseGeneral, nnx.Linear, attention qkv)
   RsDotGeneral    matmul_rs as a layer's dot_general (the row-parallel projections)
   Fp8AgDotGeneral, Fp8RsDotGeneral  the same layers in float8, for training (bf16/f32 in, quantized each call)
+  Fp8DelayedAgDotGeneral, Fp8DelayedRsDotGeneral  flax.linen modules: Flax's delayed-scaling fp8 dot (its state
+                  and update rule) on the ops; imported on first use (they import flax)
+  jax_overlap.maxtext  MaxText's dense layers on the ops (python -m jax_overlap.maxtext; docs/maxtext.md)
 
 Use them inside jax.shard_map (axis_name=...) or on sharded global arrays under
 jax.jit (axis_name=None). On NVIDIA and AMD GPUs a call runs a GPU algorithm
@@ -17,6 +20,8 @@ Documentation: README.md and docs/.
   import jax_overlap as jo
   y = jo.ag_matmul(x, w, axis_name="tp")   # inside jax.shard_map over a mesh with axis "tp"
 """
+
+import importlib
 
 from jax_overlap import remat, tracing
 from jax_overlap._version import __version__
@@ -31,8 +36,20 @@ from jax_overlap.runtime.workspace import check_errors, clear_errors, initialize
 # A value a setting does not take is an error here, on every backend (runtime/settings.py).
 _settings.check_all()
 
+# The delayed-scaling layers are flax modules: flax is imported when one is first asked for, not with jax_overlap.
+_ON_USE = {"Fp8DelayedAgDotGeneral": "jax_overlap.layers.fp8_delayed",
+           "Fp8DelayedRsDotGeneral": "jax_overlap.layers.fp8_delayed"}
+
+
+def __getattr__(name):
+  if name in _ON_USE:
+    return getattr(importlib.import_module(_ON_USE[name]), name)
+  raise AttributeError(f"module 'jax_overlap' has no attribute {name!r}")
+
+
 __all__ = [
-    "ag_matmul", "matmul_rs", "AgDotGeneral", "RsDotGeneral", "Fp8AgDotGeneral", "Fp8RsDotGeneral", "all_gather",
+    "ag_matmul", "matmul_rs", "AgDotGeneral", "RsDotGeneral", "Fp8AgDotGeneral", "Fp8RsDotGeneral",
+    "Fp8DelayedAgDotGeneral", "Fp8DelayedRsDotGeneral", "all_gather",
     "remat", "build_info", "gpu_available", "initialize", "shutdown", "workspace_info", "check_errors",
     "clear_errors", "PeerTimeoutError", "WorkspaceFullError", "tracing", "__version__",
 ]

@@ -77,3 +77,19 @@ def test_call_spans_split_back_to_back_calls():
   ends = np.array([10, 29, 20, 50, 45, 60])
   assert _harness.call_spans(starts, ends) == [29, 30]
   assert _harness.call_spans(starts[:3], ends[:3]) == [29]
+
+
+def test_fp8_delayed_benchmark_variants_compute_the_same_layer():
+  """benchmarks/bench_fp8_delayed.py: each variant's y within float8's error of the bf16 dot's, and the state the
+  delayed layer's forward records equal to Flax's, bit for bit (the same amaxes and update rule)."""
+  import jax.numpy as jnp
+  import bench_fp8_delayed
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((64, 256)), jnp.bfloat16)
+  w = jnp.asarray(np.random.default_rng(1).standard_normal((256, 128)) / 16, jnp.bfloat16)
+  outs = {name: jax.jit(f)(x, w) for name, f in bench_fp8_delayed.variants(x, w).items()}
+  want = _f64(outs["bf16"][0])
+  for name, out in outs.items():
+    assert np.linalg.norm(_f64(out[0]) - want) <= 0.1 * np.linalg.norm(want), name
+  for a, b in zip(outs["delayed"][1:], outs["flax"][1:]):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert len(outs["delayed"]) == len(outs["flax"]) == 5

@@ -567,6 +567,8 @@ def test_shape_errors_inside_shard_map_say_the_shapes_are_local(op, make_mesh):
     ("JAX_OVERLAP_PIPELINE_STAGES", "1,x", "expected stage sizes"),
     ("JAX_OVERLAP_GEMM_SM_MARGIN", "-2", "expected a whole number of SMs"),
     ("JAX_OVERLAP_ARCH_TRAITS", "gfx", "expected one of nvidia, amd"),
+    ("JAX_OVERLAP_MAXTEXT_ALGORITHM", "fastest", "expected one of auto, xla, fused, pipelined"),
+    ("JAX_OVERLAP_MAXTEXT_FP8", "delayed", "expected one of tensor, block"),
 ])
 def test_a_bad_setting_is_an_error_on_every_backend(monkeypatch, name, value, expected):
   from jax_overlap.runtime import settings

@@ -157,3 +157,83 @@ def test_inside_shard_map_the_result_varies_with_the_scale(make_mesh):
   got = f(x, scales)
   for r in range(4):
     np.testing.assert_array_equal(_bits(got[8 * r:8 * (r + 1)]), _bits(numerics.quantize(x, E4M3, scales[r])))
+
+
+# --- the variant with amax (the delayed-scaling layers') ------------------------------------------------------------
+
+@pytest.mark.parametrize("x_dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda d: np.dtype(d).name)
+def test_cast_with_amax_is_the_saturated_cast_and_the_amax(fmt, x_dtype):
+  """Its cast is numerics.quantize_saturated's (quantize's where x is within the scale's range, the format's largest
+  value of the sign beyond it) and its amax is max |x| in float32, eager and under jit."""
+  x = _x(dtype=x_dtype)
+  amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
+  for scale in (numerics.fp8_scale(amax, fmt), amax / float(jnp.finfo(fmt).max) / 8):  # covering x; an eighth
+    for run in (fp8_cast.cast_with_amax, jax.jit(fp8_cast.cast_with_amax, static_argnums=2)):
+      q, got_amax = run(x, scale, fmt)
+      assert q.dtype == jnp.dtype(fmt) and got_amax.dtype == jnp.float32 and got_amax.shape == ()
+      np.testing.assert_array_equal(_bits(q), _bits(numerics.quantize_saturated(x, fmt, scale)))
+      assert float(got_amax) == float(amax)
+  within = jnp.abs(x.astype(jnp.float32)) <= amax / 8
+  q, _ = fp8_cast.cast_with_amax(x, scale, fmt)
+  np.testing.assert_array_equal(_bits(q)[np.asarray(within)],
+                                _bits(numerics.quantize(x, fmt, scale))[np.asarray(within)])
+  top = float(jnp.finfo(fmt).max)
+  assert set(np.unique(np.asarray(q.astype(jnp.float32))[~np.asarray(within)]).tolist()) <= {-top, top}
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda d: np.dtype(d).name)
+def test_cast_with_amax_nan_inf_and_empty(fmt):
+  x = np.array(_x((4, 33), jnp.float32))
+  x[1, 5], x[3, 0] = np.nan, -np.inf
+  q, amax = fp8_cast.cast_with_amax(jnp.asarray(x), jnp.float32(0.5), fmt)
+  assert np.isnan(float(amax))
+  qf = np.asarray(q.astype(jnp.float32))
+  assert np.isnan(qf[1, 5]) and qf[3, 0] == -float(jnp.finfo(fmt).max)
+  x[1, 5] = 0
+  assert float(fp8_cast.cast_with_amax(jnp.asarray(x), jnp.float32(0.5), fmt)[1]) == np.inf
+  q, amax = fp8_cast.cast_with_amax(jnp.zeros((0, 8), jnp.bfloat16), jnp.float32(1), fmt)
+  assert q.shape == (0, 8) and float(amax) == 0.0
+
+
+def test_cast_with_amax_vmapped_gives_each_elements_amax():
+  xs = jnp.stack([_x(seed=s) * (s + 1) for s in range(3)])
+  q, amaxes = jax.vmap(lambda x: fp8_cast.cast_with_amax(x, jnp.float32(0.25), E4M3))(xs)
+  np.testing.assert_array_equal(np.asarray(amaxes), np.asarray(jnp.max(jnp.abs(xs), axis=(1, 2)), np.float32))
+  np.testing.assert_array_equal(_bits(q), _bits(numerics.quantize_saturated(xs, E4M3, jnp.float32(0.25))))
+
+
+def _amax_casts(f, *args) -> list:
+  return [c for c in custom_calls(cuda_text(jax.jit(f), *args)) if "@jax_overlap_fp8_cast_amax(" in c]
+
+
+def test_cast_with_amax_lowers_to_its_kernel_where_the_cast_does(fake_gpu, make_mesh):
+  """One device and each shard inside shard_map take the kernel's variant (two results: the cast and an f32[]);
+  global arrays over several devices and algorithm="xla" keep XLA's form."""
+  x = jax.ShapeDtypeStruct((64, 96), jnp.bfloat16)
+  calls = _amax_casts(lambda x: fp8_cast.cast_with_amax(x, jnp.float32(2), E4M3), x)
+  assert len(calls) == 1 and "tensor<64x96xf8E4M3FN>" in calls[0] and "tensor<f32>" in calls[0]
+  assert _amax_casts(lambda x: fp8_cast.cast_with_amax(x, jnp.float32(2), E4M3, algorithm="xla"), x) == []
+  mesh = make_mesh((4,), ("tp",))
+  f = jax.shard_map(lambda x: fp8_cast.cast_with_amax(x, jnp.float32(2), E5M2)[0], mesh=mesh, in_specs=P("tp"),
+                    out_specs=P("tp"))
+  calls = _amax_casts(f, jax.ShapeDtypeStruct((64, 96), jnp.float32))
+  assert len(calls) == 1 and "tensor<16x96xf32>" in calls[0]
+  sharded = jax.ShapeDtypeStruct((64, 96), jnp.bfloat16, sharding=NamedSharding(mesh, P("tp")))
+  assert _amax_casts(lambda x: fp8_cast.cast_with_amax(x, jnp.float32(2), E4M3), sharded) == []
+
+
+def test_delayed_layers_cast_x_and_the_cotangent_with_the_kernels_variant(fake_gpu):
+  """Fp8DelayedAgDotGeneral on one GPU: x, the cotangent and the kernel of the dual op cast by the kernel's variant
+  (x's and the cotangent's amax from the cast's own pass); with algorithm="xla" none is."""
+  from jax_overlap.layers.fp8_delayed import Fp8DelayedAgDotGeneral
+  dims = (((1,), (0,)), ((), ()))
+  x, w = jnp.zeros((64, 128), jnp.bfloat16), jnp.zeros((128, 256), jnp.bfloat16)
+
+  def grads(algorithm):
+    layer = Fp8DelayedAgDotGeneral(algorithm=algorithm)
+    state = layer.init(jax.random.key(0), x, w, dims)
+    return lambda x, w: jax.grad(lambda s, x, w: jnp.sum(layer.apply(s, x, w, dims).astype(jnp.float32) ** 2),
+                                 argnums=(0, 1, 2))(state, x, w)
+  assert len(_amax_casts(grads("auto"), x, w)) == 3
+  assert _amax_casts(grads("xla"), x, w) == []

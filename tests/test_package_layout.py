@@ -1,8 +1,8 @@
 """The package's layers (docs/architecture.md): a module imports only from its own layer or the layers below.
 
-  runtime < quantization < planning < integration < ops < api < layers
-with _version, _compat (JAX's spellings) and _sharding (specs and Explicit meshes) below everything, remat (the checkpoint names) with the integration and tracing (the
-trace export) beside the api. Read from the sources' import statements, so it needs no build.
+  runtime < quantization < planning < integration < ops < api < layers < maxtext
+with _version, _compat (JAX's spellings) and _sharding (specs and Explicit meshes) below everything, remat (the
+checkpoint names) with the integration and tracing (the trace export) beside the api. Read from the sources' import statements, so it needs no build.
 """
 
 import ast
@@ -11,8 +11,8 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "jax_overlap"
-LAYERS = ["_version", "_compat", "_sharding", "runtime", "quantization", "planning", "integration", "ops", "api", "layers",
-          "maxtext"]
+LAYERS = ["_version", "_compat", "_sharding", "runtime", "quantization", "planning", "integration", "ops", "api",
+          "layers", "maxtext"]
 # Top-level modules that belong to a layer named otherwise.
 PLACED = {"remat": "integration", "tracing": "api"}
 

@@ -1,5 +1,5 @@
-// FFI handler of the float8 cast (kernels/fp8_cast.h): stateless, so XLA may
-// record it into a command buffer.
+// FFI handlers of the float8 cast (kernels/fp8_cast.h), and of its variant that also gives amax(|x|): stateless,
+// so XLA may record them into a command buffer (the variant zeroes its amax on the stream each call).
 #include <array>
 #include <mutex>
 #include <string>
@@ -39,32 +39,47 @@ ffi::ErrorOr<const CastDevice*> cast_device(int32_t ordinal) {
   return &d;
 }
 
-ffi::Error Fp8CastExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer scale,
-                          ffi::Result<ffi::AnyBuffer> out) {
+// The cast of x into out, and with amax (the delayed-scaling variant) max |x| into it.
+ffi::Error cast(hipStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, const ffi::AnyBuffer& scale,
+                ffi::AnyBuffer& out, ffi::AnyBuffer* amax) {
   const auto x_dtype = dtype_of(x.element_type());
   if (!x_dtype || element_bytes(*x_dtype) == 1)
     return invalid_argument("fp8_cast", "x", "bfloat16, float16 or float32", data_type_name(x.element_type()));
   if (scale.element_type() != ffi::DataType::F32 || scale.element_count() != 1)
     return invalid_argument("fp8_cast", "scale", "one float32",
                             data_type_name(scale.element_type()) + dims_str(scale.dimensions()));
-  const auto out_dtype = dtype_of(out->element_type());
+  const auto out_dtype = dtype_of(out.element_type());
   if (!out_dtype || element_bytes(*out_dtype) != 1)
-    return invalid_argument("fp8_cast", "result", "a float8 format", data_type_name(out->element_type()));
-  if (out->element_count() != x.element_count())
+    return invalid_argument("fp8_cast", "result", "a float8 format", data_type_name(out.element_type()));
+  if (out.element_count() != x.element_count())
     return invalid_argument("fp8_cast", "result", "x's " + std::to_string(x.element_count()) + " elements",
-                            std::to_string(out->element_count()));
+                            std::to_string(out.element_count()));
+  if (amax != nullptr && (amax->element_type() != ffi::DataType::F32 || amax->element_count() != 1))
+    return invalid_argument("fp8_cast", "amax", "one float32",
+                            data_type_name(amax->element_type()) + dims_str(amax->dimensions()));
   const auto found = cast_device(ordinal);
   if (found.has_error()) return found.error();
   const CastDevice& device = *found.value();
   if (!blas::takes_fp8(*out_dtype, device.arch))
     return ffi::Error::InvalidArgument(std::string("jax_overlap fp8_cast: ") + dtype_name(*out_dtype) +
                                        " is not a float8 format of this GPU (" + device.arch + ")");
-  const Fp8Cast cast{x.untyped_data(),   *x_dtype,  static_cast<const float*>(scale.untyped_data()),
-                     out->untyped_data(), *out_dtype, static_cast<int64_t>(x.element_count())};
+  Fp8Cast cast{x.untyped_data(),  *x_dtype,   static_cast<const float*>(scale.untyped_data()),
+               out.untyped_data(), *out_dtype, static_cast<int64_t>(x.element_count())};
+  if (amax != nullptr) cast.amax = static_cast<float*>(amax->untyped_data());
   const hipError_t launched = launch_fp8_cast(cast, device.sm_count, stream);
   if (launched != hipSuccess)
     return ffi::Error::Internal(std::string("jax_overlap fp8_cast: launch failed: ") + hipGetErrorString(launched));
   return ffi::Error::Success();
+}
+
+ffi::Error Fp8CastExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer scale,
+                          ffi::Result<ffi::AnyBuffer> out) {
+  return cast(stream, ordinal, x, scale, *out, nullptr);
+}
+
+ffi::Error Fp8CastAmaxExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer scale,
+                              ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> amax) {
+  return cast(stream, ordinal, x, scale, *out, &*amax);
 }
 
 }  // namespace
@@ -77,4 +92,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoFp8CastExecute, jo::Fp8CastExecute,
                                   .Arg<xla::ffi::AnyBuffer>()  // x, bfloat16, float16 or float32, any shape
                                   .Arg<xla::ffi::AnyBuffer>()  // scale f32[]
                                   .Ret<xla::ffi::AnyBuffer>(),  // x / scale in a float8 format, x's shape
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoFp8CastAmaxExecute, jo::Fp8CastAmaxExecute,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // x, bfloat16, float16 or float32, any shape
+                                  .Arg<xla::ffi::AnyBuffer>()  // scale f32[]
+                                  .Ret<xla::ffi::AnyBuffer>()  // x / scale in a float8 format, saturated, x's shape
+                                  .Ret<xla::ffi::AnyBuffer>(),  // amax f32[]: max |x|
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -22,6 +22,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoMatmulRsPipelinedExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoVendorGemmExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoVendorGemmNoGraphExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoFp8CastExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoFp8CastAmaxExecute);
 
 namespace jo {
 
@@ -63,6 +64,8 @@ inline const std::vector<FfiTarget>& ffi_targets() {
       {"vendor_gemm_no_graph", "jax_overlap_vendor_gemm_no_graph", nullptr, JoVendorGemmNoGraphExecute},
       // The fp8 layers' float8 cast (kernels/fp8_cast.h).
       {"fp8_cast", "jax_overlap_fp8_cast", nullptr, JoFp8CastExecute},
+      // Its variant with amax(|x|) from the same pass, saturating: the delayed-scaling layers' casts.
+      {"fp8_cast_amax", "jax_overlap_fp8_cast_amax", nullptr, JoFp8CastAmaxExecute},
   };
   return targets;
 }

@@ -1,6 +1,7 @@
-// The float8 cast of the fp8 layers' current scaling (jax_overlap/ops/fp8_cast.py):
-// x / scale rounded to nearest even to a float8 format, in one pass over x at
-// HBM speed. XLA's own cast runs well below it (benchmarks/results/fp8_*.md).
+// The float8 cast of the fp8 layers (jax_overlap/ops/fp8_cast.py): x / scale rounded to nearest even to a float8
+// format, in one pass over x at HBM speed. XLA's own cast runs well below it (benchmarks/results/fp8_*.md). The
+// delayed-scaling layers' variant also gives amax(|x|) from the same pass: their scale comes from earlier steps'
+// amaxes, so the cast does not wait for this one's, and the amax is what they record for the next steps.
 #pragma once
 
 #include <cstdint>
@@ -17,11 +18,17 @@ struct Fp8Cast {
   void* out;        // count elements of out_dtype, a float8 format of this GPU's family
   DType out_dtype;
   int64_t count;
+  // The delayed-scaling variant, or nullptr: one float32 on the device that receives max |x| over the count
+  // elements (a NaN if any element is NaN, as XLA's max; 0 for none). With it the cast saturates: a value beyond
+  // the format's largest finite one becomes that value, of its sign (a scale from earlier steps need not cover x).
+  float* amax = nullptr;
 };
 
 // Enqueues the cast on `stream`; hipErrorInvalidValue for dtypes it does not take (the caller names them). A
 // float8 format of the other family (fnuz on NVIDIA or gfx950, OCP on gfx942) would be rounded as this GPU's
-// own: the caller checks the format against the GPU (blas::takes_fp8) first.
+// own: the caller checks the format against the GPU (blas::takes_fp8) first. With an amax it enqueues a 4-byte
+// memset of it first: every call starts the reduction from 0 itself (nothing kept from an earlier call, so that
+// XLA may record it into a command buffer and replay it).
 hipError_t launch_fp8_cast(const Fp8Cast& cast, int sm_count, hipStream_t stream);
 
 }  // namespace jo

@@ -267,6 +267,9 @@ JO_DEVICE uint32_t atomic_cas_sys(uint32_t* p, uint32_t expected, uint32_t desir
 JO_DEVICE uint32_t atomic_add_dev(uint32_t* p, uint32_t v) {
   return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
+JO_DEVICE uint32_t atomic_max_dev(uint32_t* p, uint32_t v) {
+  return __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
 JO_DEVICE uint64_t timer_ticks() { return __builtin_amdgcn_s_memrealtime(); }
 JO_DEVICE void backoff() { __builtin_amdgcn_s_sleep(2); }
 JO_DEVICE void trap() { __builtin_trap(); }
@@ -299,6 +302,7 @@ JO_DEVICE uint32_t atomic_cas_sys(uint32_t* p, uint32_t expected, uint32_t desir
   return atomicCAS_system(p, expected, desired);
 }
 JO_DEVICE uint32_t atomic_add_dev(uint32_t* p, uint32_t v) { return atomicAdd(p, v); }
+JO_DEVICE uint32_t atomic_max_dev(uint32_t* p, uint32_t v) { return atomicMax(p, v); }
 JO_DEVICE uint64_t timer_ticks() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

@@ -49,14 +49,17 @@ class Layer:
     return super().__new__(cls)
 
   def __post_init__(self):
-    name = type(self).__name__
-    axis_name = self.axis_name
-    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
-    if axis_name is not None and not (names and all(isinstance(a, str) for a in names)):
-      raise TypeError(f"jax_overlap.{name}: axis_name must be None (global arrays under jit), a mesh axis name or a "
-                      f"tuple of them, got {axis_name!r}")
-    if self.algorithm not in self.ALGORITHMS:
-      raise ValueError(f"jax_overlap.{name}: algorithm must be one of {self.ALGORITHMS}, got {self.algorithm!r}")
+    check_fields(type(self).__name__, self.axis_name, self.algorithm, self.ALGORITHMS)
+
+
+def check_fields(layer: str, axis_name, algorithm, algorithms: tuple) -> None:
+  """Every layer's axis_name (None, a mesh axis name or a tuple of them) and algorithm (one of `algorithms`)."""
+  names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  if axis_name is not None and not (names and all(isinstance(a, str) for a in names)):
+    raise TypeError(f"jax_overlap.{layer}: axis_name must be None (global arrays under jit), a mesh axis name or a "
+                    f"tuple of them, got {axis_name!r}")
+  if algorithm not in algorithms:
+    raise ValueError(f"jax_overlap.{layer}: algorithm must be one of {algorithms}, got {algorithm!r}")
 
 
 def check_dim(layer: str, name: str, value, optional: bool) -> None:

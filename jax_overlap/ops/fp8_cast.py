@@ -10,6 +10,13 @@ bfloat16, float16 or float32, a float8 format of the GPU's own family, and a
 computation of one device's data: on one device, or each shard inside
 shard_map. On global arrays over several devices it is XLA's form, which XLA
 partitions (the kernel has no partitioning rule: XLA would replicate it).
+
+cast_with_amax is the delayed-scaling layers' variant (layers/fp8_delayed.py),
+a primitive of its own with two results: the cast saturated to the format's
+largest finite value (numerics.quantize_saturated: their scale comes from
+earlier steps and need not cover x) and max |x| as float32 (numerics.amax),
+the amax those layers record, from the same pass over x: XLA's form is the
+two, and the kernel's variant (the same launch rules) reads x once for both.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ log = logging.getLogger("jax_overlap")
 INPUT_DTYPES = ("bfloat16", "float16", "float32")
 
 primitive = jex_core.Primitive("jax_overlap_fp8_cast")
+amax_primitive = jex_core.Primitive("jax_overlap_fp8_cast_amax")
+amax_primitive.multiple_results = True
 
 
 def cast(x, scale, dtype, *, algorithm: str = "auto"):
@@ -41,6 +50,15 @@ def cast(x, scale, dtype, *, algorithm: str = "auto"):
   if axes:
     x, scale = _compat.make_varying(x, axes), _compat.make_varying(scale, axes)
   return primitive.bind(x, scale, dtype=formats.name(dtype), algorithm=algorithm)
+
+
+def cast_with_amax(x, scale, dtype, *, algorithm: str = "auto"):
+  """(x / scale rounded to the float8 format `dtype`, saturated: numerics.quantize_saturated's value; max |x| as a
+  float32 scalar: numerics.amax's), from one pass over x where the kernel takes the call. algorithm: as cast's."""
+  axes = tuple(sorted(_compat.varying_axes(x) | _compat.varying_axes(scale), key=str))
+  if axes:
+    x, scale = _compat.make_varying(x, axes), _compat.make_varying(scale, axes)
+  return tuple(amax_primitive.bind(x, scale, dtype=formats.name(dtype), algorithm=algorithm))
 
 
 def current_scaling(x, dtype, *, algorithm: str = "auto"):
@@ -58,6 +76,11 @@ def _abstract_eval(x, scale, *, dtype, algorithm):
   return x.update(dtype=jnp.dtype(dtype), weak_type=False)
 
 
+def _amax_abstract_eval(x, scale, *, dtype, algorithm):
+  return (_abstract_eval(x, scale, dtype=dtype, algorithm=algorithm),
+          primitives.result_aval(x, (), None, jnp.float32).update(weak_type=False))
+
+
 def _batch_rule(args, dims, *, dtype, algorithm):
   (x, scale), (x_dim, scale_dim) = args, dims
   if scale_dim is None:  # elementwise in x
@@ -65,6 +88,19 @@ def _batch_rule(args, dims, *, dtype, algorithm):
   # A scale per batch element (a vmapped current scaling): XLA's form, which takes any scale's shape.
   log.debug("jax_overlap.fp8_cast: XLA's cast (vmapped with a scale per batch element)")
   return jax.vmap(lambda xi, si: numerics.quantize(xi, dtype, si), in_axes=(x_dim, scale_dim))(x, scale), 0
+
+
+def _amax_batch_rule(args, dims, *, dtype, algorithm):
+  """An amax per batch element: XLA's form, vmapped (the kernel's amax is of all of x)."""
+  del algorithm
+  (x, scale), (x_dim, scale_dim) = args, dims
+  log.debug("jax_overlap.fp8_cast: XLA's cast with amax (vmapped)")
+  out = jax.vmap(lambda xi, si: _amax_reference(xi, si, dtype), in_axes=(x_dim, scale_dim))(x, scale)
+  return out, (0, 0)
+
+
+def _amax_reference(x, scale, dtype):
+  return [numerics.quantize_saturated(x, dtype, scale), numerics.amax(x)]
 
 
 def _reference_lowering(ctx, x, scale, *, dtype, algorithm):
@@ -105,6 +141,22 @@ def _gpu_lowering(ctx, x, scale, *, dtype, algorithm):
   return jax.ffi.ffi_lowering(backend.current().target("fp8_cast"))(ctx, x, scale)
 
 
+def _amax_reference_lowering(ctx, x, scale, *, dtype, algorithm):
+  del algorithm
+  return mlir.lower_fun(lambda x, s: _amax_reference(x, s, dtype), multiple_results=True)(ctx, x, scale)
+
+
+def _amax_gpu_lowering(ctx, x, scale, *, dtype, algorithm):
+  why = _declined(ctx, dtype, algorithm)
+  if why is not None:
+    log.debug("jax_overlap.fp8_cast: XLA's cast with amax (%s)", why)
+    return _amax_reference_lowering(ctx, x, scale, dtype=dtype, algorithm=algorithm)
+  return jax.ffi.ffi_lowering(backend.current().target("fp8_cast_amax"))(ctx, x, scale)
+
+
 def register() -> None:
   primitives.register_rules(primitive, _abstract_eval, _batch_rule, primitives.untyped_lowering(_reference_lowering),
                             primitives.untyped_lowering(_gpu_lowering))
+  primitives.register_rules(amax_primitive, _amax_abstract_eval, _amax_batch_rule,
+                            primitives.untyped_lowering(_amax_reference_lowering),
+                            primitives.untyped_lowering(_amax_gpu_lowering))

@@ -77,6 +77,19 @@ def quantize(x, dtype, scale):
   return to_fp8(x.astype(jnp.float32) * (1 / scale), dtype)
 
 
+def quantize_saturated(x, dtype, scale):
+  """x / scale rounded to the fp8 format `dtype`, values beyond its largest finite one saturated to it (a NaN stays
+  NaN): the quantization of delayed scaling, whose scale comes from earlier steps' amaxes and need not cover x.
+  Within the format's range it is quantize's value, bit for bit (the same product and rounding)."""
+  limit = jnp.float32(fp8_max(dtype))
+  return to_fp8(jnp.clip(x.astype(jnp.float32) * (1 / scale), -limit, limit), dtype)
+
+
+def amax(x):
+  """max |x| as float32 (0 for an empty x; a NaN if x has one)."""
+  return jnp.max(jnp.abs(x), initial=0).astype(jnp.float32)
+
+
 def current_scaling(x, dtype, layout=lambda v: v):
   """(x quantized to `dtype`, its float32 scale) with the scale from the amax of all of x: current scaling.
   layout: a function of x (a transpose) applied before the cast, in the same pass over x."""

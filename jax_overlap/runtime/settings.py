@@ -30,6 +30,8 @@ GEMM_SM_MARGIN = "JAX_OVERLAP_GEMM_SM_MARGIN"
 GEMM_TUNING = "JAX_OVERLAP_GEMM_TUNING"
 GEMM_CANDIDATES = "JAX_OVERLAP_GEMM_CANDIDATES"
 GEMM_CACHE_DIR = "JAX_OVERLAP_GEMM_CACHE_DIR"
+MAXTEXT_ALGORITHM = "JAX_OVERLAP_MAXTEXT_ALGORITHM"
+MAXTEXT_FP8 = "JAX_OVERLAP_MAXTEXT_FP8"
 
 DEFAULT_WORKSPACE_BYTES = 1 << 30
 # The vendor heuristic's candidates timed per GEMM problem (XLA times up to 128; a problem's best was among the
@@ -38,6 +40,11 @@ DEFAULT_WORKSPACE_BYTES = 1 << 30
 DEFAULT_GEMM_CANDIDATES = 32
 ON_TIMEOUT_CHOICES = ("abort", "raise")
 ARCH_TRAITS_CHOICES = ("nvidia", "amd")
+# jax_overlap.maxtext's options (its key=value arguments name them too): the ops' algorithm (api.ALGORITHMS; a test
+# checks they agree), and jax_overlap's own fp8 layers for a 16-bit MaxText run ("": none; "tensor", "block": the
+# scaling of Fp8AgDotGeneral / Fp8RsDotGeneral).
+MAXTEXT_ALGORITHM_CHOICES = ("auto", "xla", "fused", "pipelined")
+MAXTEXT_FP8_CHOICES = ("", "tensor", "block")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
@@ -129,6 +136,14 @@ def gemm_cache_dir() -> str | None:
   return _text(GEMM_CACHE_DIR) or None
 
 
+def maxtext_algorithm() -> str:
+  return _choice(MAXTEXT_ALGORITHM, "auto", MAXTEXT_ALGORITHM_CHOICES)
+
+
+def maxtext_fp8() -> str:
+  return _choice(MAXTEXT_FP8, "", MAXTEXT_FP8_CHOICES[1:])
+
+
 def plan_settings() -> tuple:
   """The settings that change a call's plan, as written: part of the name of each decision (planning/agreement)."""
   return tuple(os.environ.get(name, "") for name in (PIPELINE_STAGES, ARCH_TRAITS))
@@ -145,6 +160,8 @@ def check_all() -> None:
   gemm_sm_margin()
   gemm_tuning()
   gemm_candidates()
+  maxtext_algorithm()
+  maxtext_fp8()
   stages = pipeline_stages()
   if stages is not None and not all(s.strip().isdigit() and int(s) > 0 for s in stages.split(",")):
     raise ValueError(f"jax_overlap: {PIPELINE_STAGES}={stages!r}; expected stage sizes of at least one chunk "

@@ -4,6 +4,9 @@ over many binades (so that some round into the format's subnormals or to zero, o
 scaling gives and an arbitrary power of two, NaN inputs. Every element is compared, so an element the kernel left
 unwritten would have to hold the expected byte by chance (random data: about one in 256 per element). Also: the
 kernel is what the fp8 layers run on one GPU, and the layer's forward has the same value as with XLA's cast.
+The variant with amax (the delayed-scaling layers'): its cast XLA's saturated cast bit for bit, its amax exactly
+jnp.max(jnp.abs(x)) (NaN wins, infinities saturate the cast), each call's own amax however often a compiled
+function runs (the launch zeroes it on the stream), and the delayed layer's state equal to the XLA path's.
 
   python -m pytest -q tests/gpu/test_fp8_cast_kernel.py     (seconds on the H200)
 """
@@ -84,6 +87,89 @@ def test_the_fp8_layer_runs_the_kernel_and_matches_xlas_cast():
   assert len(casts) == 3, casts  # x, dy, and w for the dual op
   xla = jax.jit(jax.value_and_grad(loss(jax_overlap.Fp8AgDotGeneral(algorithm="xla")), argnums=(0, 1)))
   (v1, (dx1, dw1)), (v2, (dx2, dw2)) = auto(x, w), xla(x, w)
+  np.testing.assert_allclose(float(v1), float(v2), rtol=1e-2)
+  for a, b in ((dx1, dx2), (dw1, dw2)):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.linalg.norm(a - b) <= 2e-2 * np.linalg.norm(b)
+
+
+# --- the variant with amax (fp8_cast.cast_with_amax: the delayed-scaling layers' cast) ----------------------------
+
+def _both_amax(x, scale, fmt):
+  kernel = jax.jit(lambda x, s: fp8_cast.cast_with_amax(x, s, fmt))
+  xla = jax.jit(lambda x, s: fp8_cast.cast_with_amax(x, s, fmt, algorithm="xla"))
+  assert "jax_overlap_fp8_cast_amax" in kernel.lower(x, scale).as_text(), "the cast did not lower to the kernel"
+  assert "jax_overlap_fp8_cast_amax" not in xla.lower(x, scale).as_text()
+  (q, amax), (q_xla, amax_xla) = kernel(x, scale), xla(x, scale)
+  return (np.asarray(q).view(np.uint8), np.asarray(amax)), (np.asarray(q_xla).view(np.uint8), np.asarray(amax_xla))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("x_dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda d: np.dtype(d).name)
+def test_amax_variant_is_xlas_form_bit_for_bit(fmt, x_dtype, shape):
+  """The cast equal to XLA's saturated cast (and to the plain kernel's where x is within range), the amax equal to
+  jnp.max(jnp.abs(x)) exactly: with a scale covering x and one an eighth of it (an eighth of x saturates)."""
+  rng = np.random.default_rng(hash(("amax", np.dtype(fmt).name, np.dtype(x_dtype).name, shape)) % 2**32)
+  x = _values(rng, shape, x_dtype)
+  amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
+  for scale in (numerics.fp8_scale(amax, fmt), amax / float(jnp.finfo(fmt).max) / 8):
+    (q, got), (want_q, want) = _both_amax(x, scale, fmt)
+    np.testing.assert_array_equal(q, want_q, err_msg=f"scale {float(scale)}")
+    assert got.dtype == np.float32 and got.shape == () and got == want == np.float32(amax)
+  plain, _ = _both(x, numerics.fp8_scale(amax, fmt), fmt)
+  np.testing.assert_array_equal(_both_amax(x, numerics.fp8_scale(amax, fmt), fmt)[0][0], plain)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda d: np.dtype(d).name)
+def test_amax_variant_nan_wins_and_inf_saturates(fmt):
+  rng = np.random.default_rng(11)
+  x = np.array(_values(rng, (8195,), jnp.float32))
+  x[[3, 8194]] = [np.inf, -np.inf]
+  (q, amax), (want_q, _) = _both_amax(jnp.asarray(x), jnp.float32(1.0), fmt)
+  assert amax == np.inf
+  np.testing.assert_array_equal(q, want_q)
+  x[4100] = np.nan
+  (q, amax), _ = _both_amax(jnp.asarray(x), jnp.float32(1.0), fmt)
+  assert np.isnan(amax) and np.isnan(q.view(np.dtype(fmt))[4100].astype(np.float32))
+
+
+def test_amax_variant_starts_each_call_from_zero():
+  """Called again (XLA's command buffers replay the same buffers) with a smaller x, and on an empty x: each call's
+  own amax, nothing kept from the last."""
+  rng = np.random.default_rng(3)
+  f = jax.jit(lambda x: fp8_cast.cast_with_amax(x, jnp.float32(1.0), jnp.float8_e4m3fn)[1])
+  big = _values(rng, (4096, 1024), jnp.bfloat16) * 100
+  for x in (big, big / 1000, big / 1000, big):
+    assert float(f(x)) == float(jnp.max(jnp.abs(x)))
+  looped = jax.jit(lambda xs: jax.lax.map(lambda x: fp8_cast.cast_with_amax(x, jnp.float32(1.0),
+                                                                            jnp.float8_e4m3fn)[1], xs))
+  xs = jnp.stack([big[:512] / 10 ** i for i in range(4)])
+  np.testing.assert_array_equal(np.asarray(looped(xs)), np.asarray(jnp.max(jnp.abs(xs), axis=(1, 2)), np.float32))
+  assert float(jax.jit(lambda x: fp8_cast.cast_with_amax(x, jnp.float32(1), jnp.float8_e4m3fn)[1])(
+      jnp.zeros((0, 16), jnp.bfloat16))) == 0.0
+
+
+def test_delayed_layer_casts_x_with_the_amax_variant_and_matches_xla():
+  """Fp8DelayedAgDotGeneral on one GPU: x, the cotangent and the dual op's kernel lower to the variant, and the
+  state after a step is the XLA path's bit for bit (the amaxes are equal); values within float8 rounding."""
+  from jax_overlap.layers.fp8_delayed import Fp8DelayedAgDotGeneral
+  rng = np.random.default_rng(7)
+  x = jnp.asarray(rng.standard_normal((256, 512)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((512, 384)) / 23, jnp.bfloat16)
+  dims = (((1,), (0,)), ((), ()))
+
+  def step(algorithm):
+    layer = Fp8DelayedAgDotGeneral(algorithm=algorithm)
+    state = layer.init(jax.random.key(0), x, w, dims)
+    loss = lambda s, x, w: jnp.sum(layer.apply(s, x, w, dims).astype(jnp.float32) ** 2)
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))), state
+  auto, state = step("auto")
+  xla, _ = step("xla")
+  assert len(re.findall(r"custom_call @jax_overlap_fp8_cast_amax", auto.lower(state, x, w).as_text())) == 3
+  (v1, (s1, dx1, dw1)), (v2, (s2, dx2, dw2)) = auto(state, x, w), xla(state, x, w)
+  for a, b in zip(jax.tree.leaves(s1), jax.tree.leaves(s2)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   np.testing.assert_allclose(float(v1), float(v2), rtol=1e-2)
   for a, b in ((dx1, dx2), (dw1, dw2)):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)

@@ -1,0 +1,213 @@
+"""The delayed-scaling fp8 layer on one GPU, forward from bf16 inputs, against XLA's bf16 dot in the same run.
+
+  python benchmarks/bench_fp8_delayed.py [--out DIR] [--small]
+
+Writes fp8_delayed_<date>.json to --out (default: $OUT, else benchmarks/results) and prints the tables last. All
+columns are measured in the same run; us per call, each variant's calls chained in one executable (UNROLL calls,
+x and w touched by each call's results so nothing is hoisted, both donated so nothing is copied), the variants
+compiled first and then timed in turns, medians of REPEATS rounds.
+
+Table `layer`, at 16384x3584x8192 (x [M, K] and w [K, N] in bfloat16), the forward pass as a training step runs
+it: y, and for the delayed-scaling variants the state the step records (x's and w's amax histories and scales,
+which a forward alone would leave to XLA to drop):
+  bf16              the bf16 dot (XLA: cuBLAS)
+  flax              flax.linen.Fp8DirectDotGeneralOp: Flax's delayed scaling in XLA's fp8 form (x / scale in
+                    bf16, the fp8 dot, the dequantization), and its update_fp8_meta of x and w
+  delayed           Fp8DelayedAgDotGeneral(algorithm="auto"): x cast with the step's scale and its amax taken in
+                    the same pass (ops/fp8_cast.py's kernel), w cast into its K-major layout (XLA's fusion, amax in
+                    it), the vendor's fp8 GEMM (the group of one)
+  delayed_xla_cast  the same with XLA's form of x's cast and amax (fp8_delayed's cast patched while it compiles):
+                    what the one-pass kernel gains
+  current           Fp8AgDotGeneral (current scaling: x's amax, then its cast, a second pass)
+  *_vs_bf16: bf16's time over the variant's. Target: delayed >= 1.6x bf16 (issue 37).
+Table `cast`: the cast with its amax alone on x [M, K] (e4m3), the kernel against XLA's form (UNROLL distinct
+inputs in one executable): wall us per cast, GPU us per cast (one run under the profiler) and the HBM rate of the
+bytes read and written.
+--small: tiny sizes, to check the script itself (on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import sys
+import time
+from unittest import mock
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax.linen import fp8_ops
+from jax import lax
+
+import _harness
+import bench_fp8_layers
+import jax_overlap as jo
+from jax_overlap.layers import fp8 as fp8_layers, fp8_delayed
+from jax_overlap.ops import fp8_cast
+
+UNROLL = 10
+REPEATS = 5
+SHAPE = (16384, 3584, 8192)  # M, N, K
+SMALL_SHAPE = (256, 128, 256)
+DN = (((1,), (0,)), ((), ()))
+VARIANTS = ("bf16", "flax", "delayed", "delayed_xla_cast", "current")
+
+
+def _state(x, w):
+  """A state as after some steps: histories holding amaxes near x's and w's, so that the scales are not 1."""
+  state = nn.Fp8DirectDotGeneralOp().init(jax.random.key(0), x[:8], w, DN)[fp8_ops.OVERWRITE_WITH_GRADIENT]
+  state = dict(state)
+  state["input_amax_history"] = state["input_amax_history"].at[:4].set(jnp.max(jnp.abs(x)).astype(jnp.float32))
+  state["kernel_amax_history"] = state["kernel_amax_history"].at[:4].set(jnp.max(jnp.abs(w)).astype(jnp.float32))
+  return state
+
+
+def _delayed_forward(state, e4m3, e5m2):
+  """y and the new input and kernel state: the custom VJP's forward rule, as a training step runs it."""
+  layer = jo.Fp8DelayedAgDotGeneral(e4m3_dtype=jnp.dtype(e4m3), e5m2_dtype=jnp.dtype(e5m2))
+  meta = (state["input_scale"], state["input_amax_history"], state["kernel_scale"], state["kernel_amax_history"],
+          state["output_grad_scale"], state["output_grad_amax_history"])
+
+  def forward(x, w):
+    call = fp8_layers._Fp8Call(axis_name=None, algorithm=layer.algorithm, axis=-2, out_sharding=None, e4m3=e4m3,
+                               e5m2=e5m2, x_dtype="bfloat16", w_dtype="bfloat16")
+    y, residuals = fp8_delayed._ag_forward(x, w, meta, call)
+    return (y, *residuals[5])  # y; the new input and kernel scales and histories
+  return forward
+
+
+def _flax_forward(state):
+  """Flax's op: y, and the new input and kernel state its forward computes (fp8_ops.in_q's update_fp8_meta)."""
+  variables = {fp8_ops.OVERWRITE_WITH_GRADIENT: state}
+  op = nn.Fp8DirectDotGeneralOp()
+
+  def forward(x, w):
+    y = op.apply(variables, x, w, DN)
+    return (y, *fp8_ops.update_fp8_meta(x, jnp.float8_e4m3fn, state["input_scale"], state["input_amax_history"]),
+            *fp8_ops.update_fp8_meta(w, jnp.float8_e4m3fn, state["kernel_scale"], state["kernel_amax_history"]))
+  return forward
+
+
+def variants(x, w) -> dict:
+  e4m3, e5m2 = bench_fp8_layers.fp8_formats()
+  state = _state(x, w)
+  current = jo.Fp8AgDotGeneral()
+  return {"bf16": lambda x, w: (lax.dot_general(x, w, (DN[0], ((), ()))),),
+          "flax": _flax_forward(state),
+          "delayed": _delayed_forward(state, e4m3, e5m2),
+          "delayed_xla_cast": _delayed_forward(state, e4m3, e5m2),
+          "current": lambda x, w: (current(x, w, DN),)}
+
+
+def _compiling(name: str):
+  """delayed_xla_cast compiles with the delayed layer's casts on XLA's form."""
+  if name != "delayed_xla_cast":
+    return contextlib.nullcontext()
+  return mock.patch.object(fp8_delayed.fp8, "_cast_algorithm", lambda call: "xla")
+
+
+def chained(f):
+  def run(x, w):
+    for _ in range(UNROLL):
+      touch = sum(r.reshape(-1)[0].astype(jnp.float32) for r in f(x, w)) * 0
+      x, w = x.at[0, 0].add(touch.astype(x.dtype)), w.at[0, 0].add(touch.astype(w.dtype))
+    return x, w
+  return jax.jit(run, donate_argnums=(0, 1))
+
+
+def _timer(fn, x, w):
+  state = list(jax.block_until_ready(fn(jnp.array(x), jnp.array(w))))
+
+  def timed() -> float:
+    t0 = time.perf_counter()
+    state[:] = jax.block_until_ready(fn(*state))
+    return (time.perf_counter() - t0) / UNROLL * 1e6
+  return timed
+
+
+def layer_rows(m: int, n: int, k: int) -> list:
+  x, w = _harness.random_bf16((m, k), 0), _harness.random_bf16((k, n), 1) * (k ** -0.5)
+  row = dict(table="layer", mode="forward", m=m, n=n, k=k)
+  timers = {}
+  for name, f in variants(x, w).items():
+    _harness.note(f"layer {name}: compiling")
+    try:
+      with _compiling(name):
+        fn = chained(f)
+        row[f"{name}_cast_kernel"] = "jax_overlap_fp8_cast_amax" in fn.lower(x, w).as_text()
+        timers[name] = _timer(fn, x, w)
+    except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
+      row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+  row.update(_harness.in_turns(timers, REPEATS))
+  for name in VARIANTS[1:]:
+    if row.get(f"{name}_us") and row.get("bf16_us"):
+      row[f"{name}_vs_bf16"] = row["bf16_us"] / row[f"{name}_us"]
+  return [row]
+
+
+def cast_rows(m: int, k: int) -> list:
+  e4m3, _ = bench_fp8_layers.fp8_formats()
+  inputs = [_harness.random_bf16((m, k), 3 + i) for i in range(UNROLL)]
+  scale = jnp.max(jnp.abs(inputs[0])).astype(jnp.float32) / float(jnp.finfo(e4m3).max)
+  row = dict(table="cast", shape=f"{m}x{k}", format=e4m3)
+  timers = {}
+  for algorithm in ("auto", "xla"):
+    fn = jax.jit(lambda s, *a, algorithm=algorithm: [fp8_cast.cast_with_amax(v, s, e4m3, algorithm=algorithm)
+                                                     for v in a])
+    row[f"{algorithm}_kernel"] = "jax_overlap_fp8_cast_amax" in fn.lower(scale, *inputs).as_text()
+    jax.block_until_ready(fn(scale, *inputs))
+
+    def timed(fn=fn) -> float:
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(scale, *inputs))
+      return (time.perf_counter() - t0) / UNROLL * 1e6
+    timers[algorithm] = timed
+  row.update(_harness.in_turns(timers, REPEATS))
+  moved = inputs[0].size * (inputs[0].dtype.itemsize + 1)
+  for algorithm in ("auto", "xla"):
+    row[f"{algorithm}_gpu_us"] = bench_fp8_layers._gpu_us(timers[algorithm])
+    gpu = row[f"{algorithm}_gpu_us"]
+    row[f"{algorithm}_tb_s"] = moved / gpu / 1e6 if gpu else None
+  row["xla_vs_auto"] = row["xla_us"] / row["auto_us"]
+  return [row]
+
+
+def write(rows: list, out_dir: str, command: str) -> str:
+  os.makedirs(out_dir, exist_ok=True)
+  stamp = datetime.date.today().isoformat()
+  meta = {"date": stamp, "device": jax.devices()[0].device_kind, "devices": len(jax.devices()),
+          "commit": _harness.git_commit(), "command": command, "jax": jax.__version__, "build": jo.build_info(),
+          "formats": bench_fp8_layers.fp8_formats(), "unroll": UNROLL, "repeats": REPEATS}
+  path = os.path.join(out_dir, f"fp8_delayed_{stamp}.json")
+  with open(path, "w") as f:
+    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+  return path
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
+  ap.add_argument("--small", action="store_true", help="tiny sizes: check the script (CPU)")
+  args = ap.parse_args(argv)
+  m, n, k = SMALL_SHAPE if args.small else SHAPE
+  rows = layer_rows(m, n, k) + cast_rows(m, k)
+  path = write(rows, args.out, "python " + " ".join(sys.argv))
+  for row in rows:
+    for key, value in row.items():
+      if key.endswith("_error"):
+        print(f"error: {key}: {value}")
+  print(f"results: {path}")
+  _harness.print_table([r for r in rows if r["table"] == "cast"],
+                       ["shape", "format", "auto_kernel", "auto_us", "xla_us", "xla_vs_auto", "auto_gpu_us",
+                        "xla_gpu_us", "auto_tb_s", "xla_tb_s"])
+  _harness.print_table([r for r in rows if r["table"] == "layer"],
+                       ["m", "n", "k", *(f"{v}_us" for v in VARIANTS), "delayed_cast_kernel",
+                        *(f"{v}_vs_bf16" for v in VARIANTS[1:])])
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,249 @@
+"""MaxText's quantization hook on jax_overlap: what configure_quantization returns under enable(), and the linen
+modules MaxText's dense layers build from it.
+
+The hook (MaxText 0.2.5, layers/linears.py): a dense layer with a quantization
+object `quant` asks quant.dot_general_cls(mesh_axes=kernel_axes)() for a linen
+module, wraps it for NNX (ToNNX) under the name type(module).__name__ + "_0",
+initializes it on dummy inputs, and calls it as lax.dot_general (precision=None;
+no out_sharding). quant.needs_apply_rngs=False lets the layer drop the rngs the
+wrapper forked; quant.quant_mode is read by MaxText's serve / convert checks.
+MoE layers call quant.einsum for their experts and check for MaxText's fp8
+classes: they get MaxText's own objects (patches.py), so experts keep
+MaxText's einsums.
+
+Each module picks its op at trace time (choice.py) from the mesh set then
+(jax.set_mesh) and the logical axis rules in effect (or the config's): while
+MaxText builds the model there is no mesh, or the module is initializing, and
+the call is the layer's own dot. The modules hold no options of their own
+beyond the quantization object's: the algorithm, jax_overlap's fp8 scaling
+for 16-bit runs, and the rules.
+
+  OverlapDotGeneral       16-bit / float32 runs (quantization=""): AgDotGeneral, RsDotGeneral (or with fp8=
+                          "tensor" / "block" Fp8AgDotGeneral, Fp8RsDotGeneral), else lax.dot_general with the
+                          config's matmul_precision (the hook passes none). No variables, no rngs.
+  Fp8DirectDotGeneralOp   quantization="fp8": layers/fp8_delayed.py's delayed-scaling dots on Flax's variables;
+                          its dot choice is Flax's Fp8DirectDotGeneralOp itself
+  NANOOFp8DotGeneralOp    quantization="nanoo_fp8": the same in the fnuz formats; its dot choice is Flax's
+                          NANOOFp8DotGeneralOp (quantize-dequantize, then the dot)
+The fp8 modules carry Flax's class names: MaxText names the state after them, so a run's state and checkpoints are
+stock MaxText's. On a mesh of one device they run the group of one (the vendor's fp8 GEMM on a GPU).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import itertools
+import logging
+import threading
+from typing import ClassVar
+
+import flax.linen as nn
+import jax
+from flax.linen import fp8_ops
+from jax import lax
+
+from jax_overlap import planning
+from jax_overlap.layers.dot_general import AgDotGeneral, RsDotGeneral
+from jax_overlap.layers.fp8 import Fp8AgDotGeneral, Fp8RsDotGeneral
+from jax_overlap.layers.fp8_delayed import Fp8DelayedDotGeneralBase
+from jax_overlap.maxtext import choice as choices
+from jax_overlap.quantization import formats
+
+log = logging.getLogger("jax_overlap.maxtext")
+
+LOCAL = "local"  # the census' name for a float8 dot on one device (the group of one)
+# The MaxText setting that shards the activation's rows with the model (what makes layers all-gather).
+SEQUENCE_PARALLEL_SETTING = "ici_tensor_sequence_parallelism"
+
+_sites = itertools.count(1)  # each dense layer's module gets its own: the census counts call sites once
+
+
+class Census:
+  """The op each dense layer took (by site), logged once at INFO when the model first traces under a mesh, with a
+  warning when no layer all-gathers although the kernels are sharded with the model."""
+
+  def __init__(self):
+    self.lock = threading.Lock()
+    self.sites = {}
+    self.reported = False
+
+  def record(self, site: int, op: str, picked: choices.Choice) -> None:
+    with self.lock:
+      self.sites[site] = (op, picked)
+
+  def counts(self) -> dict:
+    with self.lock:
+      return dict(collections.Counter(op for op, _ in self.sites.values()))
+
+  def report(self) -> None:
+    with self.lock:
+      if self.reported or not self.sites:
+        return
+      self.reported = True
+      counts = collections.Counter(op for op, _ in self.sites.values())
+      model_parallel = any(picked.model_parallel for _, picked in self.sites.values())
+    text = ", ".join(f"{op} {counts.get(op, 0)}" for op in (choices.AG, choices.RS, LOCAL, choices.DOT))
+    log.info("jax_overlap.maxtext: dense layers by op: %s (a scanned layer stack's layers count once; MoE experts "
+             "and the logits keep MaxText's own dots)", text)
+    if model_parallel and not counts.get(choices.AG):
+      log.warning("jax_overlap.maxtext: no dense layer all-gathers: the kernels are sharded with the model but the "
+                  "activation's rows are not (tensor parallelism without sequence parallelism), so every layer "
+                  "keeps its own dot. Shard the model with %s in place of ici_tensor_parallelism.",
+                  SEQUENCE_PARALLEL_SETTING)
+
+
+CENSUS = Census()
+
+
+def _mesh_shape() -> dict | None:
+  mesh = jax.sharding.get_abstract_mesh()
+  return None if mesh is None or mesh.empty else dict(mesh.shape)
+
+
+def _pick(module, dimension_numbers) -> choices.Choice | None:
+  """The module's op for this call, recorded in the census; None while the model is built (no mesh, or the module
+  initializing): the layer's own dot, not counted."""
+  mesh_shape = _mesh_shape()
+  if mesh_shape is None or module.is_initializing():
+    return None
+  (lhs_contract, _), _ = dimension_numbers
+  rules = nn.get_logical_axis_rules() or module.rules
+  picked = choices.choose(module.kernel_axes, len(lhs_contract), rules, mesh_shape)
+  if picked.op != choices.DOT and module.algorithm in formats.GPU_ALGORITHMS and \
+     picked.group_size > planning.MAX_WORLD:
+    raise ValueError(f"jax_overlap.maxtext: algorithm={module.algorithm!r} takes groups of at most "
+                     f"{planning.MAX_WORLD} ranks, and MaxText's mesh shards the activation's rows over "
+                     f"{picked.group} ({picked.group_size} ranks); use jax_overlap_algorithm=auto (the XLA path "
+                     f"for such groups) or a mesh with at most {planning.MAX_WORLD} ranks on those axes")
+  log.debug("jax_overlap.maxtext: %s %s: %s (%s)", type(module).__name__, module.kernel_axes, picked.op, picked.why)
+  return picked
+
+
+class OverlapDotGeneral(nn.Module):
+  """lax.dot_general for a MaxText dense layer of a 16-bit or float32 run: ag_matmul, matmul_rs or the dot, chosen
+  per call (this module's docstring). fp8: "" (16-bit layers), "tensor" or "block" (jax_overlap's fp8 layers with
+  that scaling). No variables and no rngs (patches.py keeps ToNNX from forking the layer's rngs for it)."""
+
+  site: int = 0
+  kernel_axes: tuple = ()
+  rules: tuple = ()
+  algorithm: str = "auto"
+  fp8: str = ""
+  matmul_precision: str = "default"
+
+  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+    del precision  # the hook passes None: the config's matmul_precision is the layer's
+    picked = _pick(self, dimension_numbers)
+    op = choices.DOT if picked is None else picked.op
+    if picked is not None:
+      CENSUS.record(self.site, op, picked)
+    if op == choices.AG:
+      layer = Fp8AgDotGeneral(algorithm=self.algorithm, scaling=self.fp8) if self.fp8 else \
+          AgDotGeneral(algorithm=self.algorithm)
+      return layer(lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type)
+    if op == choices.RS:
+      layer = Fp8RsDotGeneral(algorithm=self.algorithm, scaling=self.fp8) if self.fp8 else \
+          RsDotGeneral(algorithm=self.algorithm)
+      return layer(lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type)
+    return lax.dot_general(lhs, rhs, dimension_numbers, precision=lax.Precision(self.matmul_precision),
+                           preferred_element_type=preferred_element_type)
+
+
+class _Fp8Delayed(Fp8DelayedDotGeneralBase):
+  """What the two fp8 modules share: the op per call on Flax's variables; `stock` is Flax's module of the recipe,
+  whose __call__ runs the layer's own dot on the same variables."""
+
+  stock: ClassVar[type]
+  site: int = 0
+  kernel_axes: tuple = ()
+  rules: tuple = ()
+  algorithm: str = "auto"
+
+  def __call__(self, *args, **kwargs):
+    lhs, rhs, dimension_numbers = args[:3]
+    picked = _pick(self, dimension_numbers)
+    if picked is None:
+      return self.stock.__call__(self, *args, **kwargs)
+    op = picked.op
+    if op == choices.DOT and picked.one_device:
+      op = LOCAL  # the group of one: the vendor's fp8 GEMM on a GPU
+    CENSUS.record(self.site, op, picked)
+    if op == choices.DOT:
+      return self.stock.__call__(self, *args, **kwargs)
+    (lhs_contract, _), _ = dimension_numbers
+    parallel = "ag" if op == choices.AG or (op == LOCAL and len(lhs_contract) == 1) else "rs"
+    return self.overlapped(parallel, lhs, rhs, dimension_numbers, axis_name=None, algorithm=self.algorithm,
+                           axis=-2 if parallel == "ag" else None)
+
+
+class Fp8DirectDotGeneralOp(_Fp8Delayed):
+  """quantization="fp8" on jax_overlap (flax.linen.Fp8DirectDotGeneralOp's name, variables and update rule)."""
+
+  stock = fp8_ops.Fp8DirectDotGeneralOp
+
+
+class NANOOFp8DotGeneralOp(_Fp8Delayed):
+  """quantization="nanoo_fp8" on jax_overlap (flax.linen.NANOOFp8DotGeneralOp's name, variables, update rule and
+  fnuz formats)."""
+
+  stock = fp8_ops.NANOOFp8DotGeneralOp
+  e4m3_dtype: object = fp8_ops.NANOOFp8DotGeneralOp.e4m3_dtype
+  e5m2_dtype: object = fp8_ops.NANOOFp8DotGeneralOp.e5m2_dtype
+
+
+FP8_MODULES = {"fp8": Fp8DirectDotGeneralOp, "nanoo_fp8": NANOOFp8DotGeneralOp}
+
+
+# --- the quantization objects ------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class OverlapQuantization:
+  """MaxText's quantization protocol for a 16-bit or float32 run (quantization=""): its dense layers on
+  OverlapDotGeneral. MaxText reads quant_mode and needs_apply_rngs; MoE layers get None in its place (patches.py)."""
+
+  rules: tuple = ()
+  algorithm: str = "auto"
+  fp8: str = ""
+  matmul_precision: str = "default"
+  quant_mode: str = "train"
+  needs_apply_rngs: ClassVar[bool] = False
+
+  def dot_general_cls(self, mesh_axes=()):
+    return functools.partial(OverlapDotGeneral, site=next(_sites), kernel_axes=tuple(mesh_axes), rules=self.rules,
+                             algorithm=self.algorithm, fp8=self.fp8, matmul_precision=self.matmul_precision)
+
+  def stock(self):
+    """What MaxText's own configure_quantization gives for this run: no quantization."""
+    return None
+
+
+@functools.cache
+def fp8_quantization(recipe: str) -> type:
+  """MaxText's Fp8Quantization / NANOOFp8Quantization (so that MaxText's checks see the recipe) whose dense layers run
+  on the module of FP8_MODULES; stock() is MaxText's own object, which MoE layers get."""
+  from maxtext.layers import quantizations  # pylint: disable=import-outside-toplevel  (MaxText is optional)
+  parent = {"fp8": quantizations.Fp8Quantization, "nanoo_fp8": quantizations.NANOOFp8Quantization}[recipe]
+  module = FP8_MODULES[recipe]
+
+  @dataclasses.dataclass
+  class OverlapFp8Quantization(parent):
+    rules: tuple = ()
+    algorithm: str = "auto"
+
+    def dot_general_cls(self, mesh_axes=()):
+      return functools.partial(module, site=next(_sites), kernel_axes=tuple(mesh_axes), rules=self.rules,
+                               algorithm=self.algorithm)
+
+    def stock(self):
+      return parent()
+
+  OverlapFp8Quantization.__name__ = OverlapFp8Quantization.__qualname__ = f"Overlap{parent.__name__}"
+  return OverlapFp8Quantization
+
+
+def fp8_formats(recipe: str) -> tuple:
+  """The (e4m3, e5m2) format names an fp8 recipe computes in."""
+  module = FP8_MODULES[recipe]
+  return formats.name(module.e4m3_dtype), formats.name(module.e5m2_dtype)

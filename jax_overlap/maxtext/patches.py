@@ -1,0 +1,159 @@
+"""enable(): what the integration changes in MaxText (imported here, never at jax_overlap's import).
+
+Four functions of MaxText are replaced by wrappers that call them (each once, however often enable() runs):
+
+  quantizations.configure_quantization  returns hook.py's quantization object for a training run with
+      quantization "", "fp8" or "nanoo_fp8" (MaxText's own object otherwise: serving and conversion modes; any
+      other recipe is an error); model_creation_utils looks it up at call time, so the model MaxText builds next
+      takes it
+  nnx_wrappers.ToNNX.__init__  no rngs for OverlapDotGeneral, which draws none: the wrapper would fork the dense
+      layer's rngs for it, and every kernel initialized after it would start from other keys (the initial weights
+      would change). The fp8 modules keep the fork, as Flax's modules in their place have it
+  moe.RoutedMoE.__init__  the layer gets MaxText's own quantization object (None for 16-bit runs): experts and
+      their router keep MaxText's einsums and dots
+  models.Transformer.__call__  after the model's first trace under a mesh, the census (hook.py) logs the ops
+The options (algorithm, fp8) are the latest enable()'s; the quantization object a model is built with keeps its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import inspect
+
+from jax_overlap import api, planning
+from jax_overlap.maxtext import hook
+from jax_overlap.runtime import settings
+
+# The MaxText releases the integration is tested with: the hook and the functions above move between releases.
+TESTED_MAXTEXT = ("0.2.5",)
+RECIPES = ("", "fp8", "nanoo_fp8")
+_options = {}
+
+
+def _maxtext_version() -> str:
+  try:
+    return importlib.metadata.version("maxtext")
+  except importlib.metadata.PackageNotFoundError:
+    raise ImportError(f"jax_overlap.maxtext needs MaxText, which this Python does not have: pip install "
+                      f"maxtext=={TESTED_MAXTEXT[-1]} (its import needs: tests/maxtext/requirements.txt)") from None
+
+
+def check_version(version: str) -> None:
+  """A MaxText release the integration is tested with, or an error that names the one to install."""
+  if version not in TESTED_MAXTEXT:
+    raise RuntimeError(f"jax_overlap.maxtext supports MaxText {', '.join(TESTED_MAXTEXT)} (the release it is tested "
+                       f"with: the dense layers' quantization hook it plugs into changes between releases), and this "
+                       f"Python has MaxText {version}: pip install maxtext=={TESTED_MAXTEXT[-1]}")
+
+
+def _once(owner, name: str, make) -> None:
+  """owner.name = make(the original), unless enable() did so already."""
+  current = getattr(owner, name)
+  if not getattr(current, "_jax_overlap", False):
+    wrapped = make(current)
+    wrapped._jax_overlap = True
+    setattr(owner, name, wrapped)
+
+
+def check_options(algorithm: str, fp8: str) -> None:
+  if algorithm not in api.ALGORITHMS:
+    raise ValueError(f"jax_overlap.maxtext: algorithm must be one of {api.ALGORITHMS}, got {algorithm!r}")
+  if fp8 not in settings.MAXTEXT_FP8_CHOICES:
+    raise ValueError(f"jax_overlap.maxtext: fp8 must be one of {settings.MAXTEXT_FP8_CHOICES} ('': MaxText's "
+                     f"quantization decides), got {fp8!r}")
+
+
+def quantization(config, quant_mode_str: str, original):
+  """What configure_quantization returns under enable(): hook.py's object for a training run of a recipe jax_overlap
+  takes, MaxText's own otherwise."""
+  stock = original(config, quant_mode_str=quant_mode_str)
+  if quant_mode_str != "train":
+    return stock
+  algorithm, fp8 = _options["algorithm"], _options["fp8"]
+  recipe = str(getattr(config.quantization, "value", config.quantization) or "")  # MaxText's enum, or its text
+  if recipe not in RECIPES:
+    raise ValueError(f"jax_overlap.maxtext: quantization={recipe!r} is not a recipe jax_overlap runs (it takes "
+                     f"{', '.join(repr(r) for r in RECIPES)}); run MaxText's own entry point for it")
+  if recipe and getattr(config, "use_qwix_quantization", False):
+    raise ValueError(f"jax_overlap.maxtext: quantization={recipe!r} with use_qwix_quantization=true runs Qwix's "
+                     f"rewrite, not the dense layers' hook; set use_qwix_quantization=false")
+  rules = tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes)
+                for name, axes in config.logical_axis_rules)
+  if not recipe:
+    return hook.OverlapQuantization(rules=rules, algorithm=algorithm, fp8=fp8,
+                                    matmul_precision=config.matmul_precision)
+  if fp8:
+    raise ValueError(f"jax_overlap.maxtext: fp8={fp8!r} (jax_overlap's own fp8 layers) is for 16-bit runs, and "
+                     f"MaxText's quantization={recipe!r} is set too; choose one")
+  if algorithm == "fused":
+    raise ValueError(f"jax_overlap.maxtext: algorithm='fused' is 16-bit only, and quantization={recipe!r} computes in "
+                     f"float8; use jax_overlap_algorithm=auto or pipelined")
+  e4m3, e5m2 = hook.fp8_formats(recipe)
+  declined = planning.fp8_declined(e4m3, e5m2)
+  if declined:
+    other = {"fp8": "nanoo_fp8", "nanoo_fp8": "fp8"}[recipe]
+    raise ValueError(f"jax_overlap.maxtext: quantization={recipe!r} computes in {e4m3} and {e5m2}, and this process "
+                     f"cannot run {declined}; use quantization={other!r}")
+  return hook.fp8_quantization(recipe)(rules=rules, algorithm=algorithm)
+
+
+def _configure_quantization(original):
+  @functools.wraps(original)
+  def configure_quantization(config, quant_mode_str: str = "train"):
+    return quantization(config, quant_mode_str, original)
+  return configure_quantization
+
+
+def _tonnx_init(original):
+  @functools.wraps(original)
+  def __init__(self, module, rngs=None):
+    original(self, module, None if isinstance(module, hook.OverlapDotGeneral) else rngs)
+  return __init__
+
+
+def _moe_init(original):
+  signature = inspect.signature(original)
+
+  @functools.wraps(original)
+  def __init__(*args, **kwargs):
+    bound = signature.bind(*args, **kwargs)
+    quant = bound.arguments.get("quant")
+    if quant is not None and hasattr(quant, "stock"):
+      bound.arguments["quant"] = quant.stock()
+    return original(*bound.args, **bound.kwargs)
+  return __init__
+
+
+def _transformer_call(original):
+  @functools.wraps(original)
+  def __call__(*args, **kwargs):
+    out = original(*args, **kwargs)
+    hook.CENSUS.report()
+    return out
+  return __call__
+
+
+def enable(*, algorithm: str | None = None, fp8: str | None = None) -> None:
+  """Make MaxText's dense layers run jax_overlap's ops (call before MaxText builds its model).
+
+  Per layer, at trace time, ag_matmul, matmul_rs or the layer's own dot, from its kernel's and activation's
+  shardings (jax_overlap.maxtext.choice). quantization "" (bfloat16 / float32), "fp8" and "nanoo_fp8" (on
+  jax_overlap's delayed-scaling layers, with Flax's state); MoE experts stay MaxText's. Initial weights, state
+  names and checkpoints are stock MaxText's. algorithm: the ops' ("auto", "xla", "pipelined", "fused"); default
+  the setting JAX_OVERLAP_MAXTEXT_ALGORITHM, else "auto". fp8: "" (default: the setting JAX_OVERLAP_MAXTEXT_FP8),
+  or "tensor" / "block": a 16-bit run's dense layers in float8 on Fp8AgDotGeneral / Fp8RsDotGeneral with that
+  scaling (no state). Raises ImportError without MaxText, RuntimeError for a MaxText release it is not tested with.
+  """
+  algorithm = settings.maxtext_algorithm() if algorithm is None else algorithm
+  fp8 = settings.maxtext_fp8() if fp8 is None else fp8
+  check_options(algorithm, fp8)
+  check_version(_maxtext_version())
+  # pylint: disable=import-outside-toplevel  (MaxText is optional: imported only here)
+  from maxtext.layers import moe, nnx_wrappers, quantizations
+  from maxtext.models import models
+  _options.update(algorithm=algorithm, fp8=fp8)
+  _once(quantizations, "configure_quantization", _configure_quantization)
+  _once(nnx_wrappers.ToNNX, "__init__", _tonnx_init)
+  _once(moe.RoutedMoE, "__init__", _moe_init)
+  _once(models.Transformer, "__call__", _transformer_call)
