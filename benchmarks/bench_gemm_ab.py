@@ -91,7 +91,8 @@ def _torch_timers(m: int, n: int, k: int, fp8: bool) -> dict:
   timers = {"torch": bench_fp8._torch_timer(lambda: a @ b)}
   tunable = getattr(torch.cuda, "tunable", None)
   if tunable is not None:  # TunableOp on for this column alone; the timer's warm-up calls tune the shape
-    tunable.write_file_on_exit(False)
+    if hasattr(tunable, "write_file_on_exit"):  # gone in torch 2.11; nothing is written there by default
+      tunable.write_file_on_exit(False)
     tunable.set_max_tuning_duration(2000)
 
     def tunable_on(fn):
@@ -166,7 +167,7 @@ print(json.dumps(_harness.in_turns(timers, 7)))
 
 def host_rows() -> list:
   env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_enable_command_buffer=".strip()}
-  run = subprocess.run([sys.executable, "-c", _HOST, __file__], env=env, capture_output=True, text=True, timeout=300)
+  run = subprocess.run([sys.executable, "-P", "-c", _HOST, __file__], env=env, capture_output=True, text=True, timeout=300)
   if run.returncode != 0:
     raise RuntimeError(f"the host-cost process failed:\n{run.stderr[-3000:]}")
   dispatched = json.loads(run.stdout.strip().splitlines()[-1])

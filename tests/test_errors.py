@@ -584,6 +584,6 @@ def test_a_bad_setting_fails_the_import():
   import subprocess
   import sys
   env = {**os.environ, "JAX_OVERLAP_ON_TIMEOUT": "explode"}
-  done = subprocess.run([sys.executable, "-c", "import jax_overlap"], env=env, capture_output=True, text=True)
+  done = subprocess.run([sys.executable, "-P", "-c", "import jax_overlap"], env=env, capture_output=True, text=True)
   assert done.returncode != 0
   assert "ValueError: jax_overlap: JAX_OVERLAP_ON_TIMEOUT='explode'; expected one of abort, raise" in done.stderr

@@ -235,7 +235,7 @@ def test_public_names_import_flax_on_first_use():
   import sys
   code = ("import sys, jax_overlap; assert 'flax' not in sys.modules, 'import jax_overlap imported flax'; "
           "assert jax_overlap.Fp8DelayedRsDotGeneral.__module__ == 'jax_overlap.layers.fp8_delayed'")
-  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+  done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True)
   assert done.returncode == 0, done.stderr
   assert jax_overlap.Fp8DelayedAgDotGeneral is Fp8DelayedAgDotGeneral
 

@@ -4,9 +4,9 @@ over many binades (so that some round into the format's subnormals or to zero, o
 scaling gives and an arbitrary power of two, NaN inputs. Every element is compared, so an element the kernel left
 unwritten would have to hold the expected byte by chance (random data: about one in 256 per element). Also: the
 kernel is what the fp8 layers run on one GPU, and the layer's forward has the same value as with XLA's cast.
-The variant with amax (the delayed-scaling layers'): its cast XLA's saturated cast bit for bit, its amax exactly
-jnp.max(jnp.abs(x)) (NaN wins, infinities saturate the cast), each call's own amax however often a compiled
-function runs (the launch zeroes it on the stream), and the delayed layer's state equal to the XLA path's.
+The variant with amax (the delayed-scaling layers'): its cast the exactly rounded saturated cast bit for bit, its
+amax exactly jnp.max(jnp.abs(x)) (NaN wins, infinities saturate the cast), each call's own amax however often a
+compiled function runs (the launch zeroes it on the stream), and the delayed layer's state equal to the XLA path's.
 
   python -m pytest -q tests/gpu/test_fp8_cast_kernel.py     (seconds on the H200)
 """
@@ -14,6 +14,7 @@ function runs (the launch zeroes it on the stream), and the delayed layer's stat
 from __future__ import annotations
 
 import re
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +51,7 @@ def _both(x, scale, fmt):
 @pytest.mark.parametrize("x_dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda d: np.dtype(d).name)
 def test_kernel_is_xlas_cast_bit_for_bit(fmt, x_dtype, shape):
-  rng = np.random.default_rng(hash((np.dtype(fmt).name, np.dtype(x_dtype).name, shape)) % 2**32)
+  rng = np.random.default_rng(zlib.crc32(repr((np.dtype(fmt).name, np.dtype(x_dtype).name, shape)).encode()))
   x = _values(rng, shape, x_dtype)
   current = numerics.fp8_scale(jnp.max(jnp.abs(x)), fmt)
   for scale in (current, jnp.float32(2.0 ** -3)):
@@ -104,19 +105,37 @@ def _both_amax(x, scale, fmt):
   return (np.asarray(q).view(np.uint8), np.asarray(amax)), (np.asarray(q_xla).view(np.uint8), np.asarray(amax_xla))
 
 
+def _rounded(x, scale, fmt):
+  """The saturated cast computed exactly on the host: x * (1 / scale) in float32 (IEEE reciprocal and product),
+  clipped to the format's range, rounded to nearest even by ml_dtypes; as bytes."""
+  limit = np.float32(jnp.finfo(fmt).max)
+  product = np.asarray(x).astype(np.float32) * (np.float32(1) / np.float32(scale))
+  return np.clip(product, -limit, limit).astype(np.dtype(fmt)).view(np.uint8)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("x_dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda d: np.dtype(d).name)
-def test_amax_variant_is_xlas_form_bit_for_bit(fmt, x_dtype, shape):
-  """The cast equal to XLA's saturated cast (and to the plain kernel's where x is within range), the amax equal to
-  jnp.max(jnp.abs(x)) exactly: with a scale covering x and one an eighth of it (an eighth of x saturates)."""
-  rng = np.random.default_rng(hash(("amax", np.dtype(fmt).name, np.dtype(x_dtype).name, shape)) % 2**32)
+def test_amax_variant_is_the_exact_saturated_cast(fmt, x_dtype, shape):
+  """The cast equal to the exactly rounded saturated cast (and to the plain kernel's where x is within range), the
+  amax equal to jnp.max(jnp.abs(x)) exactly: with a scale covering x and one an eighth of it (an eighth of x
+  saturates). XLA's form of the cast equals it at power-of-two scales; at the other (delayed scaling's) its
+  float8 rounding has been seen one step off in 0.05% of one case's elements on the H200, so there it is held to
+  one step in a thousandth of the elements."""
+  rng = np.random.default_rng(zlib.crc32(repr(("amax", np.dtype(fmt).name, np.dtype(x_dtype).name, shape)).encode()))
   x = _values(rng, shape, x_dtype)
   amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
   for scale in (numerics.fp8_scale(amax, fmt), amax / float(jnp.finfo(fmt).max) / 8):
-    (q, got), (want_q, want) = _both_amax(x, scale, fmt)
-    np.testing.assert_array_equal(q, want_q, err_msg=f"scale {float(scale)}")
+    (q, got), (xla_q, want) = _both_amax(x, scale, fmt)
+    np.testing.assert_array_equal(q, _rounded(x, scale, fmt), err_msg=f"scale {float(scale)}")
     assert got.dtype == np.float32 and got.shape == () and got == want == np.float32(amax)
+    off = q != xla_q
+    if float(scale) == 2.0 ** np.round(np.log2(float(scale))):
+      assert not off.any(), f"XLA's form differs at the power-of-two scale {float(scale)} in {off.sum()} elements"
+    else:
+      same_sign = (q[off] & 0x80) == (xla_q[off] & 0x80)
+      steps = np.abs(q[off].astype(np.int16) - xla_q[off].astype(np.int16))
+      assert off.mean() <= 1e-3 and same_sign.all() and (steps == 1).all(), (off.sum(), steps.max(initial=0))
   plain, _ = _both(x, numerics.fp8_scale(amax, fmt), fmt)
   np.testing.assert_array_equal(_both_amax(x, numerics.fp8_scale(amax, fmt), fmt)[0][0], plain)
 

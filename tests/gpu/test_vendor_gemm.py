@@ -138,12 +138,14 @@ print(json.dumps(nat.tune_gemm(0, pid, 16, 0.02, sys.argv[1])))
 
 
 def _tune_in_a_process(cache: str, faults: str = "") -> dict:
-  run = subprocess.run([sys.executable, "-c", _TUNE, cache, faults], capture_output=True, text=True, timeout=300,
+  run = subprocess.run([sys.executable, "-P", "-c", _TUNE, cache, faults], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "JAX_PLATFORMS": "cuda"})
   assert run.returncode == 0, run.stderr
   return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.xfail(strict=True, reason="the second process, which reads the cache the first wrote, crashed with a "
+                   "segmentation fault on the H200; JAX_OVERLAP_GEMM_CACHE_DIR is refused until this passes")
 def test_the_cache_gives_the_next_process_the_choice_and_a_corrupt_one_is_ignored(tmp_path):
   cache = str(tmp_path / "gemm_cache")
   first = _tune_in_a_process(cache)
@@ -189,7 +191,7 @@ except ValueError as e:
 
 def test_a_blas_handle_that_cannot_be_made_declines_the_call():
   """In a process of its own: a GPU's handles are made once per process (the first lowering that needs them)."""
-  run = subprocess.run([sys.executable, "-c", _NO_HANDLE], capture_output=True, text=True, timeout=300,
+  run = subprocess.run([sys.executable, "-P", "-c", _NO_HANDLE], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "JAX_PLATFORMS": "cuda"})
   assert run.returncode == 0, run.stderr
   out = run.stdout.splitlines()
