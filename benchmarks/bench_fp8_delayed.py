@@ -154,26 +154,8 @@ def cast_rows(m: int, k: int) -> list:
   inputs = [_harness.random_bf16((m, k), 3 + i) for i in range(UNROLL)]
   scale = jnp.max(jnp.abs(inputs[0])).astype(jnp.float32) / float(jnp.finfo(e4m3).max)
   row = dict(table="cast", shape=f"{m}x{k}", format=e4m3)
-  timers = {}
-  for algorithm in ("auto", "xla"):
-    fn = jax.jit(lambda s, *a, algorithm=algorithm: [fp8_cast.cast_with_amax(v, s, e4m3, algorithm=algorithm)
-                                                     for v in a])
-    row[f"{algorithm}_kernel"] = "jax_overlap_fp8_cast_amax" in fn.lower(scale, *inputs).as_text()
-    jax.block_until_ready(fn(scale, *inputs))
-
-    def timed(fn=fn) -> float:
-      t0 = time.perf_counter()
-      jax.block_until_ready(fn(scale, *inputs))
-      return (time.perf_counter() - t0) / UNROLL * 1e6
-    timers[algorithm] = timed
-  row.update(_harness.in_turns(timers, REPEATS))
-  moved = inputs[0].size * (inputs[0].dtype.itemsize + 1)
-  for algorithm in ("auto", "xla"):
-    row[f"{algorithm}_gpu_us"] = bench_fp8_layers._gpu_us(timers[algorithm])
-    gpu = row[f"{algorithm}_gpu_us"]
-    row[f"{algorithm}_tb_s"] = moved / gpu / 1e6 if gpu else None
-  row["xla_vs_auto"] = row["xla_us"] / row["auto_us"]
-  return [row]
+  cast = lambda v, s, algorithm: fp8_cast.cast_with_amax(v, s, e4m3, algorithm=algorithm)  # noqa: E731
+  return [bench_fp8_layers.timed_casts(row, cast, inputs, scale, "jax_overlap_fp8_cast_amax")]
 
 
 def write(rows: list, out_dir: str, command: str) -> str:

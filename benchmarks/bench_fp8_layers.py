@@ -194,25 +194,33 @@ def cast_rows(m: int, n: int, k: int) -> list:
     inputs = [_harness.random_bf16(shape, 3 + i) for i in range(UNROLL)]
     scale = numerics.fp8_scale(jnp.max(jnp.abs(inputs[0])), fmt)
     row = dict(table="cast", operand=what, shape="x".join(map(str, shape)), format=formats.name(fmt))
-    timers = {}
-    for algorithm in ("auto", "xla"):
-      fn = jax.jit(lambda s, *a, algorithm=algorithm: [fp8_cast.cast(v, s, fmt, algorithm=algorithm) for v in a])
-      row[f"{algorithm}_kernel"] = "jax_overlap_fp8_cast" in fn.lower(scale, *inputs).as_text()
-      jax.block_until_ready(fn(scale, *inputs))
-
-      def timed(fn=fn) -> float:
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(scale, *inputs))
-        return (time.perf_counter() - t0) / UNROLL * 1e6
-      timers[algorithm] = timed
-    row.update(_harness.in_turns(timers, REPEATS))
-    moved = inputs[0].size * (inputs[0].dtype.itemsize + 1)
-    for algorithm in ("auto", "xla"):
-      row[f"{algorithm}_gpu_us"] = _gpu_us(timers[algorithm])
-      row[f"{algorithm}_tb_s"] = moved / row[f"{algorithm}_gpu_us"] / 1e6 if row[f"{algorithm}_gpu_us"] else None
-    row["xla_vs_auto"] = row["xla_us"] / row["auto_us"]
-    rows.append(row)
+    rows.append(timed_casts(row, lambda v, s, algorithm, fmt=fmt: fp8_cast.cast(v, s, fmt, algorithm=algorithm),
+                            inputs, scale, "jax_overlap_fp8_cast"))
   return rows
+
+
+def timed_casts(row: dict, cast, inputs: list, scale, target: str) -> dict:
+  """`row` with the times of cast(v, scale, algorithm) over every input in one executable, the kernel's (auto) and
+  XLA's form compiled first and timed in turns: us per cast, the GPU's us (profiler) and TB/s, whether auto
+  lowered to the custom call `target`."""
+  timers = {}
+  for algorithm in ("auto", "xla"):
+    fn = jax.jit(lambda s, *a, algorithm=algorithm: [cast(v, s, algorithm) for v in a])
+    row[f"{algorithm}_kernel"] = target in fn.lower(scale, *inputs).as_text()
+    jax.block_until_ready(fn(scale, *inputs))
+
+    def timed(fn=fn) -> float:
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(scale, *inputs))
+      return (time.perf_counter() - t0) / len(inputs) * 1e6
+    timers[algorithm] = timed
+  row.update(_harness.in_turns(timers, REPEATS))
+  moved = inputs[0].size * (inputs[0].dtype.itemsize + 1)
+  for algorithm in ("auto", "xla"):
+    gpu = row[f"{algorithm}_gpu_us"] = _gpu_us(timers[algorithm])
+    row[f"{algorithm}_tb_s"] = moved / gpu / 1e6 if gpu else None
+  row["xla_vs_auto"] = row["xla_us"] / row["auto_us"]
+  return row
 
 
 def _gpu_us(timed) -> float | None:

@@ -6,13 +6,8 @@ Several processes: two jax.distributed processes on this machine, as two hosts
 (two_hosts.py), each with 4 devices, figures and failures of its own.
 """
 
-import json
 import logging
-import os
 import re
-import socket
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +23,7 @@ from jax_overlap.runtime import errors
 from jax_overlap.planning import agreement
 
 import fake_gpu
+import two_processes
 from fake_gpu import FakeNative, install
 
 # The calls' per-rank GEMM: with the model GPU of fake_gpu, overlapping the gather pays (pipelined).
@@ -70,26 +66,10 @@ def _site(line) -> int:
 
 # --- several processes ------------------------------------------------------------
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_hosts(tmp_path_factory):
   """Both processes' records of every scenario of two_hosts.py."""
-  tmp = tmp_path_factory.mktemp("two_hosts")
-  script = os.path.join(os.path.dirname(__file__), "two_hosts.py")
-  port = _free_port()
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  procs = [subprocess.Popen([sys.executable, script, "--rank", str(r), "--port", str(port), "--out",
-                             str(tmp / f"{r}.json")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-           for r in range(2)]
-  logs = [p.communicate(timeout=600)[0].decode()[-3000:] for p in procs]
-  for r, p in enumerate(procs):
-    assert p.returncode == 0, f"process {r}:\n{logs[r]}"
-  return [json.loads((tmp / f"{r}.json").read_text()) for r in range(2)]
+  return two_processes.run("two_hosts.py", tmp_path_factory.mktemp("two_hosts"))
 
 
 def _scenario(two_hosts, name):

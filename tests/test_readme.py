@@ -30,3 +30,13 @@ def test_readme_snippet_runs_as_pasted(line, code, tmp_path):
   assert run.returncode == 0, f"README.md:{line}\n{run.stdout}{run.stderr}"
   lines = run.stdout.strip().splitlines()
   assert lines and lines[-1].endswith(": PASS"), f"README.md:{line}\n{run.stdout}{run.stderr}"
+
+
+def test_ci_runs_the_readmes_test_command():
+  """The README's second set-up command is the one CI runs (.ci/run), so the time the README states is CI's."""
+  block = re.search(r"^```bash\n(.*?)^```$", README.read_text(), re.M | re.S)
+  assert block, "README.md has no ```bash block of set-up commands"
+  commands = [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.strip()]
+  assert len(commands) == 2, commands
+  ci = (README.parent / ".ci" / "run").read_text().splitlines()
+  assert any(line.strip().split(" || ")[0] == commands[1] for line in ci), f"CI does not run {commands[1]!r}"

@@ -157,7 +157,7 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
 # onto y (the fused result is sharded on w's n dim instead); and the gathered result's K dim one too (q): no plan
 # shards K (it comes whole with the gathered x), so a K sharded like w's would be a promise the partitioned
 # result breaks, which XLA mends by replicating the result and slicing it again (its "Involuntary full
-# rematerialization": matmul_rs's gradient on rows sharded over tp, issue 39, item 6).
+# rematerialization": matmul_rs's gradient on rows sharded over tp).
 
 class Plan(NamedTuple):
   axes: tuple | None  # mesh axes x is gathered over; None: a plain partitioning

@@ -35,8 +35,7 @@ MAXTEXT_FP8 = "JAX_OVERLAP_MAXTEXT_FP8"
 
 DEFAULT_WORKSPACE_BYTES = 1 << 30
 # The vendor heuristic's candidates timed per GEMM problem (XLA times up to 128; a problem's best was among the
-# heuristic's first 32 in the probe of issue 39): about 0.2 s per large problem on the H200, once per process
-# (or once per machine, with the cache).
+# heuristic's first 32 in a probe on the H200): about 0.2 s per large problem on the H200, once per process.
 DEFAULT_GEMM_CANDIDATES = 32
 ON_TIMEOUT_CHOICES = ("abort", "raise")
 ARCH_TRAITS_CHOICES = ("nvidia", "amd")
