@@ -236,7 +236,8 @@ def shape_label(r: dict) -> str:
 
 def write_results(name: str, rows: list[dict], out_dir: str, command: str, series=ONE_GPU_SERIES,
                   label=shape_label, plotted=lambda r: r.get("world", 1) == 1) -> str:
-  """rows as JSON (with date, device, commit, command) and a bar chart of each series' TFLOP/s."""
+  """rows as JSON (with date, device, commit, command) and, where `plotted` keeps rows, a bar chart of each
+  series' TFLOP/s."""
   os.makedirs(out_dir, exist_ok=True)
   stamp = datetime.date.today().isoformat()
   meta = {"date": stamp, "device": jax.devices()[0].device_kind, "devices": len(jax.devices()), "commit": git_commit(),
@@ -245,8 +246,9 @@ def write_results(name: str, rows: list[dict], out_dir: str, command: str, serie
   path = os.path.join(out_dir, f"{name}_{stamp}")
   with open(path + ".json", "w") as f:
     json.dump({"meta": meta, "rows": rows}, f, indent=1)
-  _svg_bars(path + ".svg", f"{name} on {meta['device']} ({stamp}, {meta['commit']})",
-            [r for r in rows if plotted(r)], series, label)
+  charted = [r for r in rows if plotted(r)]
+  if charted:  # a table of no TFLOP/s rows (a sweep, host costs) has no chart
+    _svg_bars(path + ".svg", f"{name} on {meta['device']} ({stamp}, {meta['commit']})", charted, series, label)
   return path
 
 

@@ -7,7 +7,7 @@ Times bench_fp8's loopback call (the op's schedule, this GPU's data standing in 
 cost model plans), then runs it once more under jax.profiler and prints every GPU event of that call: stream,
 start and duration (us from its first event), kernel or copy. --overlap / --no-overlap set matmul_rs's split of its
 last GEMM (default: the calls' own, pipelined::overlaps_reduction). One case per run; the record of 2026-12-02
-is benchmarks/results/loopback_timelines_2026-12-02_8c1f965.txt.
+is benchmarks/results/loopback_timeline_2026-12-02_5875325_margin0.txt.
 """
 
 from __future__ import annotations

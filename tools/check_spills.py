@@ -16,7 +16,7 @@ its warp tile of 64x64 holds 128 fp32 accumulators plus two fragment buffers (pi
 fragments: 64 registers), so it sits at the 255-register limit with 4-8 address registers of
 its loaders and epilogue to spare. What spills is outside the interior k-loop of the world-1
 kernels (the SASS of those loops has no LDL/STL); the w-transposed (kKMajor) layout's checked
-loader reloads a few per k-tile. Measured on the H200 (benchmarks/results/NOTES.md): pipelining
+loader reloads a few per k-tile. Measured on the H200 (git show 6a98e4b:benchmarks/results/NOTES.md): pipelining
 the fragments paid 12% on this tile despite the spills; 4 stages (more registers to the ring)
 measured the same or slower, with spill reloads in the k-loop; unpipelined, the fused kernel did
 not spill but ran 3.22 ms against 2.88. A budget moves only with a measurement that says so.

@@ -91,7 +91,7 @@ __device__ __forceinline__ void pipelined_units(Scheduler& sched, typename ML::E
 // loader, the stream-K tail (StreamKScheduler) when the launch has one, and
 // the pipeline across units (pipelined_units). (Carrying the whole stage ring
 // from one tile into the next, copies issued in the previous tile's last
-// k-iterations, measured 5% slower on the H200: benchmarks/results/NOTES.md.)
+// k-iterations, measured 5% slower on the H200: git show 6a98e4b:benchmarks/results/NOTES.md.)
 // Other GEMMs run whole tiles, one after the other (BandScheduler).
 template <class ML, typename T, class OnTile, class OnStall>
 __device__ __forceinline__ void plain_gemm(const PlainGemm<T>& g, T* smem, int first, int stride,

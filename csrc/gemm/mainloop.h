@@ -155,7 +155,7 @@ struct Mainloop {
   // plain_gemm's pipeline across tiles (gemm_tile.h): for the tiles that
   // pipeline fragments, the 8-warp tile that has an SM to itself; the 4-warp
   // tile shares its SM with a second workgroup, which hides its epilogue, and
-  // measured 22% slower with it (H200, benchmarks/results/NOTES.md).
+  // measured 22% slower with it (H200; git show 6a98e4b:benchmarks/results/NOTES.md).
   static constexpr bool kCrossTilePipeline = kHasFastLoad && kPipelineFrags;
   // The stream-K tail (gemm/tile_scheduler.h StreamKScheduler) runs inside
   // that pipeline, where the arch has it.

@@ -103,7 +103,7 @@ struct BandScheduler {
 // is cleared again within that launch, so the next launch handed the same
 // scratch (after this one, in stream or graph order) finds none set. A
 // per-launch tag is not an option: %gridid repeats across replays of a CUDA
-// graph (benchmarks/results/NOTES.md). Waits are on co-resident workgroups of
+// graph (git show 6a98e4b:benchmarks/results/NOTES.md). Waits are on co-resident workgroups of
 // the same launch, whose tails are published before anything they wait for:
 // a wait past timeout_ticks is a bug (or a GPU shared past co-residency). It
 // is not a trap, which would end the process's GPU context: the kernel's

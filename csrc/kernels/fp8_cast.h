@@ -1,5 +1,5 @@
 // The float8 cast of the fp8 layers (jax_overlap/ops/fp8_cast.py): x / scale rounded to nearest even to a float8
-// format, in one pass over x at HBM speed. XLA's own cast runs well below it (benchmarks/results/fp8_*.md). The
+// format, in one pass over x at HBM speed. XLA's own cast runs well below it (docs/performance.md). The
 // delayed-scaling layers' variant also gives amax(|x|) from the same pass: their scale comes from earlier steps'
 // amaxes, so the cast does not wait for this one's, and the amax is what they record for the next steps.
 #pragma once

@@ -285,7 +285,7 @@ int64_t reduce_split_columns(int64_t n) {
 bool overlaps_reduction(const GemmTypes& types) {
   // Not for float8: the vendor's float8 GEMM (persistent, on every SM) leaves the reduction no SM until its last
   // wave, and the two narrower GEMMs of the split run slower than one. In two H200 runs at T = 2, 4 and 8 the
-  // split cost float8 calls up to 46 us and saved none more than 1 us (benchmarks/results/fp8_2026-12-02.md).
+  // split cost float8 calls up to 46 us and saved none more than 1 us (6a98e4b:benchmarks/results/fp8_2026-12-02.md).
   return !types.scaled;
 }
 

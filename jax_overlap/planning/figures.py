@@ -34,7 +34,7 @@ from jax_overlap.runtime import backend, processes, workspace
 LINK_GUESS_FRACTION = 0.25
 # GEMMs run back to back for this long before the GEMM times are taken: a GPU idle before a timing
 # runs its first tens of milliseconds on higher clocks than under a training step's sustained load.
-# Measured on the H200 (benchmarks/results/pipelined_2026-12-01_f83e693.json): without it the model
+# Measured on the H200 (git show 6a98e4b:benchmarks/results/pipelined_2026-12-01_f83e693.json): without it the model
 # predicted the loopback schedule 10-17% short; after 300 ms (or 1000) within -4% to +2%.
 GEMM_WARMUP_MS = 300.0
 # Bytes the copy rate within a GPU is timed over before any workspace exists (between temporary buffers).

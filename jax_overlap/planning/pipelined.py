@@ -98,7 +98,7 @@ def candidates(op, world: int, f) -> list:
   (f.stage_gemm_us: a float8 ag_matmul, one GEMM per shard and its scale), a stage of several chunks gains no GEMM
   rate and only waits for its last chunk: one chunk per stage. (The model, whose copies finish under the first
   GEMM, would rather save the stages' overheads; on the H200 in loopback, ag_matmul at T = 8 ran 0.88x one
-  float8 GEMM with one shard per stage, 0.83x with the model's (1, 7): benchmarks/results/fp8_2026-12-02.md.)"""
+  float8 GEMM with one shard per stage, 0.83x with the model's (1, 7): 6a98e4b:benchmarks/results/fp8_2026-12-02.md.)"""
   plans = op.stage_candidates(world)
   if f.stage_gemm_us is None:
     return plans

@@ -86,7 +86,7 @@ class DeviceProps:
   memory system. Measured on 2 x H200: a lone workgroup pulls 13-23 GB/s over
   NVLink (benchmarks/p2p), but a fetcher inside the fused ag_matmul, next to
   the GEMM's loads and with its own shard to publish, moved about 3 GB/s at
-  32 KiB in flight (benchmarks/results/NOTES.md); sized here for 4 GB/s.
+  32 KiB in flight (git show 6a98e4b:benchmarks/results/NOTES.md); sized here for 4 GB/s.
   """
 
   sm_count: int
