@@ -172,7 +172,8 @@ GEMM_SERIES = (("op", "#ff7f0e"), ("xla", "#1f77b4"), ("torch", "#7f7f7f"))
 
 def host_rows() -> list:
   env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_enable_command_buffer=".strip()}
-  run = subprocess.run([sys.executable, "-P", "-c", _HOST, __file__], env=env, capture_output=True, text=True, timeout=300)
+  run = subprocess.run([sys.executable, "-P", "-c", _HOST, __file__], env=env, capture_output=True, text=True,
+                       timeout=300)
   if run.returncode != 0:
     raise RuntimeError(f"the host-cost process failed:\n{run.stderr[-3000:]}")
   dispatched = json.loads(run.stdout.strip().splitlines()[-1])
