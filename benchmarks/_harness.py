@@ -235,14 +235,13 @@ def shape_label(r: dict) -> str:
 
 
 def write_results(name: str, rows: list[dict], out_dir: str, command: str, series=ONE_GPU_SERIES,
-                  label=shape_label, plotted=lambda r: r.get("world", 1) == 1) -> str:
-  """rows as JSON (with date, device, commit, command) and, where `plotted` keeps rows, a bar chart of each
-  series' TFLOP/s."""
+                  label=shape_label, plotted=lambda r: r.get("world", 1) == 1, meta=None) -> str:
+  """rows as JSON (with date, device, commit, command, and the benchmark's own `meta`) and, where `plotted`
+  keeps rows, a bar chart of each series' TFLOP/s. Returns the files' path without extension."""
   os.makedirs(out_dir, exist_ok=True)
   stamp = datetime.date.today().isoformat()
   meta = {"date": stamp, "device": jax.devices()[0].device_kind, "devices": len(jax.devices()), "commit": git_commit(),
-          "command": command,
-          "jax": jax.__version__, "build": jo.build_info()}
+          "command": command, "jax": jax.__version__, "build": jo.build_info(), **(meta or {})}
   path = os.path.join(out_dir, f"{name}_{stamp}")
   with open(path + ".json", "w") as f:
     json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import json
 import os
 import sys
 import time
@@ -159,15 +157,8 @@ def cast_rows(m: int, k: int) -> list:
 
 
 def write(rows: list, out_dir: str, command: str) -> str:
-  os.makedirs(out_dir, exist_ok=True)
-  stamp = datetime.date.today().isoformat()
-  meta = {"date": stamp, "device": jax.devices()[0].device_kind, "devices": len(jax.devices()),
-          "commit": _harness.git_commit(), "command": command, "jax": jax.__version__, "build": jo.build_info(),
-          "formats": bench_fp8_layers.fp8_formats(), "unroll": UNROLL, "repeats": REPEATS}
-  path = os.path.join(out_dir, f"fp8_delayed_{stamp}.json")
-  with open(path, "w") as f:
-    json.dump({"meta": meta, "rows": rows}, f, indent=1)
-  return path
+  meta = {"formats": bench_fp8_layers.fp8_formats(), "unroll": UNROLL, "repeats": REPEATS}
+  return _harness.write_results("fp8_delayed", rows, out_dir, command, plotted=lambda r: False, meta=meta) + ".json"
 
 
 def main(argv=None) -> None:

@@ -38,9 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import functools
-import json
 import os
 import pathlib
 import statistics
@@ -262,15 +260,8 @@ def block_rows(sizes: dict) -> list:
 
 
 def write(rows: list, out_dir: str, command: str) -> str:
-  os.makedirs(out_dir, exist_ok=True)
-  stamp = datetime.date.today().isoformat()
-  meta = {"date": stamp, "device": jax.devices()[0].device_kind, "devices": len(jax.devices()),
-          "commit": _harness.git_commit(), "command": command, "jax": jax.__version__, "build": jo.build_info(),
-          "formats": fp8_formats(), "unroll": UNROLL, "repeats": REPEATS, "steps": STEPS}
-  path = os.path.join(out_dir, f"fp8_layers_{stamp}.json")
-  with open(path, "w") as f:
-    json.dump({"meta": meta, "rows": rows}, f, indent=1)
-  return path
+  meta = {"formats": fp8_formats(), "unroll": UNROLL, "repeats": REPEATS, "steps": STEPS}
+  return _harness.write_results("fp8_layers", rows, out_dir, command, plotted=lambda r: False, meta=meta) + ".json"
 
 
 def main(argv=None) -> None:

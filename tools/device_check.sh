@@ -22,25 +22,9 @@ mkdir -p "$OUT"
 STEPS=("$@")
 [[ ${#STEPS[@]} -gt 0 ]] || STEPS=(build gpu_tests multiprocess examples bench bench_pipelined gemm_engine cpu_tests)
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (device KINDS.md)
-SUMMARY=()
-
-# The build and test tools, from the wheels carried in .whl/ where the image lacks them.
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --find-links .whl scikit-build-core pybind11 cmake ninja pytest \
-    > "$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
-fi
-
-run() {  # run NAME TIMEOUT CMD...: log to $OUT/NAME.log, record rc and seconds
-  local name="$1" limit="$2"; shift 2
-  local t0=$SECONDS rc=0
-  echo "=== $name: $*"
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
-  tail -n 25 "$OUT/$name.log"
-  SUMMARY+=("$(printf '%-14s rc=%-4s %5ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(grep -E 'passed|failed|PASS|FAIL|rror|ms/step' "$OUT/$name.log" | tail -1 | cut -c1-90)")")
-  # The device tool returns at most 8 files: fold each log into one as it ends.
-  { echo "##### $name (rc=$rc)"; cat "$OUT/$name.log"; } >> "$OUT/logs.txt"
-  rm -f "$OUT/$name.log"
-}
+# shellcheck source=tools/device_steps.sh
+source tools/device_steps.sh
+install_carried_tools
 
 for step in "${STEPS[@]}"; do
   case "$step" in
@@ -100,6 +84,4 @@ for step in "${STEPS[@]}"; do
   esac
 done
 
-echo
-echo "=== summary ($(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); jax $(python3 -c 'import jax; print(jax.__version__)' 2>/dev/null))"
-printf '%s\n' "${SUMMARY[@]}"
+print_summary

@@ -18,25 +18,9 @@ STEPS=("$@")
 [[ ${#STEPS[@]} -gt 0 ]] || STEPS=(build tests ab sweep summary)
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 JAX_PLATFORMS=cuda OUT
 TOTAL_S=540  # the run's budget: the sweep gets what the steps before it left
-T0=$SECONDS
-SUMMARY=()
-
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --find-links .whl scikit-build-core pybind11 cmake ninja pytest \
-    > "$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
-fi
-
-run() {  # run NAME TIMEOUT CMD...: its log folded into $OUT/logs.txt; rc and seconds into the summary
-  local name="$1" limit="$2"; shift 2
-  local t0=$SECONDS rc=0
-  echo "=== [+$((SECONDS - T0))s] $name: $*"
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
-  tail -n 30 "$OUT/$name.log"
-  SUMMARY+=("$(printf '%-8s rc=%-4s %5ss  %s' "$name" "$rc" "$((SECONDS - t0))" \
-    "$(grep -E 'passed|failed|error|results:' "$OUT/$name.log" | tail -1 | cut -c1-100)")")
-  { echo "##### $name (rc=$rc)"; cat "$OUT/$name.log"; } >> "$OUT/logs.txt"
-  rm -f "$OUT/$name.log"
-}
+# shellcheck source=tools/device_steps.sh
+source tools/device_steps.sh
+install_carried_tools
 
 for step in "${STEPS[@]}"; do
   case "$step" in
@@ -107,6 +91,4 @@ EOF
   esac
 done
 
-echo
-echo "=== summary ($(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); jax $(python3 -c 'import jax; print(jax.__version__)' 2>/dev/null); $((SECONDS - T0)) s)"
-printf '%s\n' "${SUMMARY[@]}"
+print_summary

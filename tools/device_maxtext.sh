@@ -19,18 +19,9 @@ WITH_DEPS=(env "PYTHONPATH=$DEPS${PYTHONPATH:+:$PYTHONPATH}")
 STEPS=("$@")
 [[ ${#STEPS[@]} -gt 0 ]] || STEPS=(install build gpu_tests bench_delayed bench_maxtext)
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 DECOUPLE_GCLOUD=TRUE
-SUMMARY=()
-
-run() {  # run NAME TIMEOUT CMD...: log to $WORK/NAME.log (folded into $OUT/logs.txt), record rc and seconds
-  local name="$1" limit="$2"; shift 2
-  local t0=$SECONDS rc=0
-  echo "=== $name: $*"
-  timeout "$limit" "$@" > "$WORK/$name.log" 2>&1 || rc=$?
-  tail -n 15 "$WORK/$name.log"
-  SUMMARY+=("$(printf '%-14s rc=%-4s %5ss  %s' "$name" "$rc" "$((SECONDS - t0))" \
-    "$(grep -E 'passed|failed|rror|results:' "$WORK/$name.log" | tail -1 | cut -c1-90)")")
-  { echo "##### $name (rc=$rc)"; cat "$WORK/$name.log"; } >> "$OUT/logs.txt"
-}
+STEP_LOGS="$WORK"  # the benchmarks' logs, whose tables print last
+# shellcheck source=tools/device_steps.sh
+source tools/device_steps.sh
 
 for step in "${STEPS[@]}"; do
   case "$step" in
@@ -52,9 +43,7 @@ for step in "${STEPS[@]}"; do
   esac
 done
 
-echo
-echo "=== summary ($(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); jax $(python3 -c 'import jax; print(jax.__version__)' 2>/dev/null))"
-printf '%s\n' "${SUMMARY[@]}"
+print_summary
 for name in bench_delayed bench_maxtext; do
   [[ -f "$WORK/$name.log" ]] || continue
   echo "=== $name"

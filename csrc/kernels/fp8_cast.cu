@@ -72,8 +72,8 @@ template <typename T, bool kE5M2, bool kVectors, bool kAmax>
 __global__ void __launch_bounds__(kThreads)
     fp8_cast_kernel(const T* __restrict__ x, const float* __restrict__ scale, uint8_t* __restrict__ out,
                     int64_t count, float* __restrict__ amax, float limit) {
-  // The reciprocal, then a product per element: XLA's form (numerics.quantize), bit for bit; with a power-of-two
-  // scale both are exact.
+  // The reciprocal, then a product per element, rounded once to the format: numerics.quantize's form, exactly
+  // rounded (XLA's own conversion has been seen one step off at scales that are not powers of two).
   const float inv = 1.0f / *scale;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

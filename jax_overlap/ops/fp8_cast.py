@@ -133,12 +133,16 @@ def _declined(ctx, dtype: str, algorithm: str) -> str | None:
   return f"global arrays over {devices} devices: XLA partitions the cast" if devices > 1 else None
 
 
-def _gpu_lowering(ctx, x, scale, *, dtype, algorithm):
-  why = _declined(ctx, dtype, algorithm)
-  if why is not None:
-    log.debug("jax_overlap.fp8_cast: XLA's cast (%s)", why)
-    return _reference_lowering(ctx, x, scale, dtype=dtype, algorithm=algorithm)
-  return jax.ffi.ffi_lowering(backend.current().target("fp8_cast"))(ctx, x, scale)
+def _gpu_lowering(target: str, reference, what: str):
+  """The lowering of a cast primitive on a GPU: the custom call `target`, or XLA's form (`reference`) where the
+  kernel declines the call (said at DEBUG)."""
+  def lower(ctx, x, scale, *, dtype, algorithm):
+    why = _declined(ctx, dtype, algorithm)
+    if why is not None:
+      log.debug("jax_overlap.fp8_cast: XLA's %s (%s)", what, why)
+      return reference(ctx, x, scale, dtype=dtype, algorithm=algorithm)
+    return jax.ffi.ffi_lowering(backend.current().target(target))(ctx, x, scale)
+  return lower
 
 
 def _amax_reference_lowering(ctx, x, scale, *, dtype, algorithm):
@@ -146,17 +150,10 @@ def _amax_reference_lowering(ctx, x, scale, *, dtype, algorithm):
   return mlir.lower_fun(lambda x, s: _amax_reference(x, s, dtype), multiple_results=True)(ctx, x, scale)
 
 
-def _amax_gpu_lowering(ctx, x, scale, *, dtype, algorithm):
-  why = _declined(ctx, dtype, algorithm)
-  if why is not None:
-    log.debug("jax_overlap.fp8_cast: XLA's cast with amax (%s)", why)
-    return _amax_reference_lowering(ctx, x, scale, dtype=dtype, algorithm=algorithm)
-  return jax.ffi.ffi_lowering(backend.current().target("fp8_cast_amax"))(ctx, x, scale)
-
-
 def register() -> None:
   primitives.register_rules(primitive, _abstract_eval, _batch_rule, primitives.untyped_lowering(_reference_lowering),
-                            primitives.untyped_lowering(_gpu_lowering))
+                            primitives.untyped_lowering(_gpu_lowering("fp8_cast", _reference_lowering, "cast")))
   primitives.register_rules(amax_primitive, _amax_abstract_eval, _amax_batch_rule,
                             primitives.untyped_lowering(_amax_reference_lowering),
-                            primitives.untyped_lowering(_amax_gpu_lowering))
+                            primitives.untyped_lowering(_gpu_lowering("fp8_cast_amax", _amax_reference_lowering,
+                                                                         "cast with amax")))
