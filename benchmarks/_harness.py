@@ -177,6 +177,17 @@ def gpu_timeline(fn, *args, unroll: int = UNROLL, kernel="jo::") -> dict:
   return timeline_stats(events, unroll, kernel)
 
 
+def gpu_timelines_in_turns(fns: dict, *args, rounds: int = 3, unroll: int = UNROLL, kernel="jo::") -> dict:
+  """{name: timeline_stats} of each fn(*args), profiled `rounds` times in turns (medians of each figure): one
+  profile after another would give the later ones a hotter GPU (its clocks fall under sustained GEMMs)."""
+  runs = {name: [] for name in fns}
+  for _ in range(rounds):
+    for name, fn in fns.items():
+      runs[name].append(gpu_timeline(fn, *args, unroll=unroll, kernel=kernel))
+  return {name: {key: statistics.median(r[key] for r in stats) for key in stats[0]} if all(stats) else {}
+          for name, stats in runs.items()}
+
+
 def trace_events(trace_dir: str) -> list[dict]:
   """The events of the jax.profiler trace written under trace_dir ([] where none was)."""
   files = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
@@ -200,7 +211,8 @@ def timeline_stats(events: list[dict], unroll: int, kernel) -> dict:
   kernel_us: median duration of the kernels whose name contains `kernel` (or for which it is true, a callable);
   call_us: GPU span per call (first kernel start to last end, over unroll);
   idle_us: GPU idle time per call between the chain's kernels (launch gaps: the
-  per-call dispatch overhead the GPU sees); overlapping events count once.
+  per-call dispatch overhead the GPU sees); overlapping events count once;
+  other_us: GPU time per call of the other kernels and copies.
   """
   ev = gpu_events(events)
   ours_name = kernel if callable(kernel) else (lambda name: kernel in name)
@@ -212,7 +224,9 @@ def timeline_stats(events: list[dict], unroll: int, kernel) -> dict:
   for e in ev[1:]:
     idle += max(e["ts"] - busy_end, 0.0)
     busy_end = max(busy_end, e["ts"] + e["dur"])
-  return {"kernel_us": statistics.median(ours), "call_us": span / unroll, "idle_us": idle / unroll}
+  other = sum(e["dur"] for e in ev if not ours_name(e["name"]))
+  return {"kernel_us": statistics.median(ours), "call_us": span / unroll, "idle_us": idle / unroll,
+          "other_us": other / unroll}
 
 
 def git_commit() -> str:

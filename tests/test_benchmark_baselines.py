@@ -67,8 +67,20 @@ def test_timeline_stats_counts_gpu_gaps_once():
                    x("copy", 50, 10), x("MemcpyD2D", 103, 1), x("void jo::ag_matmul_kernel<bf16>", 108, 100),
                    x("MemcpyD2D", 210, 1)]
   stats = _harness.timeline_stats(events, unroll=2, kernel="jo::")
-  assert stats == {"kernel_us": 100, "call_us": 105.5, "idle_us": 4.5}  # gaps 3 + 4 + 2 over 2 calls
+  # gaps 3 + 4 + 2 over 2 calls; the copies' 10 + 1 + 1 us over 2 calls
+  assert stats == {"kernel_us": 100, "call_us": 105.5, "idle_us": 4.5, "other_us": 6}
   assert _harness.timeline_stats(events, unroll=2, kernel="cutlass") == {}
+
+
+def test_timelines_in_turns_alternate_the_functions_and_take_medians(monkeypatch):
+  order = []
+
+  def fake_timeline(fn, *args, unroll, kernel):
+    order.append(fn)
+    return {"call_us": {"a": [5.0, 1.0, 3.0], "b": [9.0, 7.0, 8.0]}[fn][order.count(fn) - 1]}
+  monkeypatch.setattr(_harness, "gpu_timeline", fake_timeline)
+  got = _harness.gpu_timelines_in_turns({"op": "a", "xla": "b"}, rounds=3, unroll=2, kernel="k")
+  assert order == ["a", "b"] * 3 and got == {"op": {"call_us": 3.0}, "xla": {"call_us": 8.0}}
 
 
 def test_call_spans_split_back_to_back_calls():

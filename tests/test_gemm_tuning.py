@@ -37,13 +37,6 @@ def test_tuning_is_on_by_default_with_32_candidates(monkeypatch):
   assert tuning.options() == {"candidates": 32, "margin": tuning.MARGIN, "cache_dir": ""}
 
 
-def test_the_cache_on_disk_is_refused_where_it_is_set(monkeypatch):
-  monkeypatch.setenv(settings.GEMM_CACHE_DIR, "/cache")
-  with pytest.raises(ValueError, match="JAX_OVERLAP_GEMM_CACHE_DIR='/cache'; the GEMM tuning cache on disk is "
-                                       "withdrawn in this release"):
-    settings.check_all()
-
-
 def test_tuning_off_asks_for_one_candidate(monkeypatch):
   monkeypatch.setenv(settings.GEMM_TUNING, "0")
   monkeypatch.setenv(settings.GEMM_CANDIDATES, "8")
@@ -79,8 +72,9 @@ def _fp8_group_of_one(make_mesh, bias=False):
 
 def test_a_group_of_one_tunes_its_gemm_on_the_first_gpu_and_installs_it_on_every_gpu(fake, make_mesh, monkeypatch):
   monkeypatch.delenv(settings.GEMM_TUNING, raising=False)
+  monkeypatch.setenv(settings.GEMM_CACHE_DIR, "/cache")
   assert "@jax_overlap_vendor_gemm" in _fp8_group_of_one(make_mesh)
-  assert [(o, c, d) for o, _, c, d in fake.tuned] == [(0, 32, "")]
+  assert [(o, c, d) for o, _, c, d in fake.tuned] == [(0, 32, "/cache")]
   (_, pid, _, _), = fake.tuned
   # The batch folds into the rows (csrc/pipelined/schedule.h local_problem); no bias.
   assert pid == "ag_matmul;float8_e4m3fn;rows:512;k:512;n:384;bias:0"

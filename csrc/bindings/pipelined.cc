@@ -210,6 +210,29 @@ void bind_pipelined(py::module_& m) {
         return tune_dict(r);
       },
       py::arg("ordinal"), py::arg("id"), py::arg("candidates"), py::arg("margin"), py::arg("cache_dir") = "");
+  // The heuristic's first `candidates` for a problem on GPU `ordinal`, each timed as tune_gemm times them but
+  // under the protocol given (samples of sample_us, `rounds` turns, after warmup_us of the first): a tool for the
+  // benchmarks; no plan changes.
+  m.def(
+      "gemm_candidate_times",
+      [](int ordinal, const std::string& id, int candidates, double sample_us, int rounds, double warmup_us) {
+        const GemmProblem p = problem_arg(id);
+        std::vector<blas::CandidateTime> times;
+        {
+          py::gil_scoped_release release;
+          blas::DeviceBlas* blas = nullptr;
+          throw_if_error(blas::DeviceBlas::prepare(ordinal, &blas));
+          throw_if_error(blas->candidate_times(p, candidates, blas::TimingProtocol{sample_us, rounds, warmup_us},
+                                               &times));
+        }
+        py::list out;
+        for (const blas::CandidateTime& c : times)
+          out.append(py::dict("index"_a = c.index, "us"_a = c.us, "status"_a = c.status,
+                              "workspace_bytes"_a = c.workspace_bytes, "waves"_a = c.waves));
+        return out;
+      },
+      py::arg("ordinal"), py::arg("id"), py::arg("candidates"), py::arg("sample_us"), py::arg("rounds") = 3,
+      py::arg("warmup_us") = 0.0);
   // Makes another GPU's or process's choice (tune_gemm's "choice") this GPU's, where its heuristic lists it.
   m.def(
       "install_gemm_algo",

@@ -126,6 +126,26 @@ struct TuningOptions {
   std::string cache_dir;   // the tuning cache's directory; empty: none
 };
 
+// How the candidates are timed (blas/tuning.cc): `rounds` turns over the candidates, each timing `sample_us` or
+// more of one candidate's back-to-back GEMMs, after `warmup_us` of the heuristic's first back to back (the GPU's
+// clocks settle under sustained GEMMs: the choice is for the clocks a training step runs at).
+struct TimingProtocol {
+  double sample_us;
+  int rounds;
+  double warmup_us;
+};
+// tune()'s.
+TimingProtocol tuning_protocol();
+
+// One candidate as timed: its place in the heuristic's list, what the heuristic said of it, its median time.
+struct CandidateTime {
+  int index = 0;
+  size_t workspace_bytes = 0;
+  float waves = 0;
+  double us = -1;       // -1: not timed
+  std::string status;   // "timed", "failed" (did not run), "wrong" (another product), "slow" (left untimed)
+};
+
 // What tune() chose for a problem.
 struct TuneResult {
   std::string choice;    // the algorithm's bytes in hex, for install() on another GPU or process
@@ -177,6 +197,9 @@ class DeviceBlas {
   // its first `candidates`; otherwise keeps the plan's algorithm
   // (*accepted false).
   Status install(const GemmProblem& problem, const std::string& choice, int candidates, bool* accepted);
+  // The heuristic's first `candidates` for `problem`, each timed under `protocol` (a tool: the plans stay).
+  Status candidate_times(const GemmProblem& problem, int candidates, const TimingProtocol& protocol,
+                         std::vector<CandidateTime>* out);
 
   // Enqueues the plan's GEMM of `p` on `stream` with `handle` (the stream's
   // own); `workspace` holds kWorkspaceBytes.
@@ -206,9 +229,9 @@ class DeviceBlas {
   Status heuristic(const GemmPlan& plan, int count, std::vector<HeuristicResult>* out) const;
   // Puts `plan` in place of the problem's (mu_ held); the replaced one is kept (callers may hold it).
   const GemmPlan* replace(std::unique_ptr<GemmPlan> plan);
-  // Times `found` on this GPU and picks one (blas/tuning.cc).
-  Status time_candidates(GemmPlan& plan, const std::vector<HeuristicResult>& found, double margin,
-                         TuneResult* result);
+  // Times `found` on this GPU under `protocol` (blas/tuning.cc); tool_mu_ held.
+  Status time_candidates(GemmPlan& plan, const std::vector<HeuristicResult>& found, const TimingProtocol& protocol,
+                         std::vector<CandidateTime>* out);
 
   int ordinal_ = 0;
   const Api* api_ = nullptr;

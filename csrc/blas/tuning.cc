@@ -4,8 +4,8 @@
 // computes the reference product on random operands; every candidate runs on
 // the same operands into a poisoned (NaN) output, and one that fails to run or
 // lands farther than kTolerance from the reference (the whole output, on the
-// GPU) is dropped; the rest are timed in kRounds rounds, each timing kSampleUs
-// or more of back-to-back GEMMs, every candidate once per round (the GPU's
+// GPU) is dropped; the rest are timed in rounds (TimingProtocol), each timing
+// sample_us or more of back-to-back GEMMs, every candidate once per round (the GPU's
 // clocks drift under sustained GEMMs: turns spread the drift over every
 // candidate alike), and compared by their medians. The heuristic's first
 // stays unless another is faster by the margin (noise must not flip a choice
@@ -15,9 +15,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "blas/gemm.h"
@@ -32,9 +31,14 @@
 namespace jo::blas {
 namespace {
 
-constexpr int kRounds = 3;
-constexpr double kSampleUs = 200;
-constexpr int kMaxReps = 50;
+// tune()'s protocol: the clocks a training step runs at (a GPU under sustained GEMMs sits at its power limit,
+// where the ranking of the candidates can differ from the first milliseconds': 16384 x 3584 x 8192 bf16 on the
+// H200, the heuristic's first was fastest in bursts of 200 us and 3% behind another after 30 ms of GEMMs).
+constexpr double kTuningSampleUs = 1000;
+constexpr int kTuningRounds = 3;
+constexpr double kTuningWarmupUs = 10000;
+// Back-to-back GEMMs in one sample at most (a sample of tiny GEMMs would otherwise time the launches alone).
+constexpr int kMaxReps = 4096;
 // A candidate whose second run takes this many times the heuristic's first's is not timed further.
 constexpr double kSlowerThanFirst = 2.0;
 // Outputs are rounded to 16 bits (2^-8 relative at worst) and summed in another order: 2^-5 of the value (and
@@ -92,7 +96,26 @@ LoadedCaches& loaded_caches() {
   return *c;
 }
 
+// The fastest timed candidate, unless the heuristic's first is within `margin` of it.
+void pick(const std::vector<CandidateTime>& times, double margin, TuneResult* r) {
+  size_t best = 0;
+  for (size_t i = 0; i < times.size(); ++i) {
+    if (times[i].status != "timed") {
+      r->dropped += times[i].status == "slow" ? 0 : 1;
+      continue;
+    }
+    ++r->timed;
+    if (times[i].us < times[best].us) best = i;
+  }
+  if (times[best].us > (1.0 - margin) * times[0].us) best = 0;
+  r->index = static_cast<int>(best);
+  r->us = times[best].us;
+  r->first_us = times[0].us;
+}
+
 }  // namespace
+
+TimingProtocol tuning_protocol() { return TimingProtocol{kTuningSampleUs, kTuningRounds, kTuningWarmupUs}; }
 
 std::string to_hex(const void* data, size_t bytes) {
   static const char kDigits[] = "0123456789abcdef";
@@ -139,39 +162,82 @@ std::string cache_path(const std::string& dir, const std::string& header) {
   return (std::filesystem::path(dir) / name).string();
 }
 
+namespace {
+
+// The whole file at `path`; false when it cannot be read.
+bool read_file(const std::string& path, std::string* out) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  char chunk[4096];
+  size_t got = 0;
+  out->clear();
+  while ((got = std::fread(chunk, 1, sizeof(chunk), f)) > 0) out->append(chunk, got);
+  const bool ok = std::ferror(f) == 0;
+  std::fclose(f);
+  return ok;
+}
+
+// `line`'s space-separated fields.
+std::vector<std::string> fields_of(const std::string& line) {
+  std::vector<std::string> fields;
+  for (size_t start = 0; start < line.size();) {
+    const size_t end = std::min(line.find(' ', start), line.size());
+    if (end > start) fields.push_back(line.substr(start, end - start));
+    start = end + 1;
+  }
+  return fields;
+}
+
+bool to_int(const std::string& text, int* out) {
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (end != text.c_str() + text.size() || v < 0 || v > 1 << 20) return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
+bool to_double(const std::string& text, double* out) {
+  char* end = nullptr;
+  *out = std::strtod(text.c_str(), &end);
+  return end == text.c_str() + text.size() && std::isfinite(*out);
+}
+
+}  // namespace
+
+// C stdio and strtol/strtod, not iostreams: the module's own instantiations of the stream facets' ids (hidden
+// symbols) do not match the process's libstdc++ locale, and the first numeric extraction crashed (H200, seen
+// under cuda-gdb: operator>>(int&) landing in a codecvt facet).
 CacheEntries read_cache(const std::string& path, const std::string& header, std::string* ignored) {
   ignored->clear();
-  std::ifstream in(path);
-  if (!in) return {};
+  std::string content;
+  if (!read_file(path, &content)) return {};
   // Fault gemm_cache_corrupt: the file reads as corrupt (its lines past the header do not parse).
   if (faults::enabled("gemm_cache_corrupt")) {
     *ignored = path + ": fault gemm_cache_corrupt";
     return {};
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string content = text.str();
   if (content.compare(0, header.size() + 1, header + "\n") != 0) {
     *ignored = path + ": another header (library, device or driver) than this process's";
     return {};
   }
   CacheEntries entries;
-  std::istringstream lines(content.substr(header.size() + 1));
-  std::string line;
-  for (int number = 1; std::getline(lines, line); ++number) {
+  size_t start = header.size() + 1;
+  for (int number = 1; start < content.size(); ++number) {
+    const size_t end = std::min(content.find('\n', start), content.size());
+    const std::string line = content.substr(start, end - start);
+    start = end + 1;
     if (line.empty()) continue;
-    std::istringstream fields(line);
-    std::string id, algo, extra;
+    const std::vector<std::string> f = fields_of(line);
     CacheEntry e;
     GemmProblem problem;
     Algo bytes;
-    if (!(fields >> id >> algo >> e.index >> e.us >> e.first_us) || (fields >> extra) ||
-        !parse_problem_id(id, &problem) || !from_hex(algo, &bytes, sizeof(bytes))) {
+    if (f.size() != 5 || !parse_problem_id(f[0], &problem) || !from_hex(f[1], &bytes, sizeof(bytes)) ||
+        !to_int(f[2], &e.index) || !to_double(f[3], &e.us) || !to_double(f[4], &e.first_us)) {
       *ignored = path + ": entry line " + std::to_string(number) + " does not parse";
       return {};
     }
-    e.algo = algo;
-    entries[id] = e;
+    e.algo = f[1];
+    entries[f[0]] = e;
   }
   return entries;
 }
@@ -182,15 +248,18 @@ Status write_cache(const std::string& path, const std::string& header, const Cac
   if (made) return Status{"jax_overlap: cannot make the GEMM tuning cache's directory for " + path + ": " +
                           made.message()};
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << header << "\n";
-    char numbers[96];
-    for (const auto& [id, e] : entries) {
-      std::snprintf(numbers, sizeof(numbers), " %d %.3f %.3f\n", e.index, e.us, e.first_us);
-      out << id << " " << e.algo << numbers;
-    }
-    if (!out.flush()) return Status{"jax_overlap: cannot write the GEMM tuning cache " + tmp};
+  std::string text = header + "\n";
+  char numbers[96];
+  for (const auto& [id, e] : entries) {
+    std::snprintf(numbers, sizeof(numbers), " %d %.3f %.3f\n", e.index, e.us, e.first_us);
+    text += id + " " + e.algo + numbers;
+  }
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  const bool written = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const bool closed = f != nullptr && std::fclose(f) == 0;
+  if (!written || !closed) {
+    (void)std::remove(tmp.c_str());
+    return Status{"jax_overlap: cannot write the GEMM tuning cache " + tmp};
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     (void)std::remove(tmp.c_str());
@@ -199,8 +268,8 @@ Status write_cache(const std::string& path, const std::string& header, const Cac
   return {};
 }
 
-Status DeviceBlas::time_candidates(GemmPlan& plan, const std::vector<HeuristicResult>& found, double margin,
-                                   TuneResult* r) {
+Status DeviceBlas::time_candidates(GemmPlan& plan, const std::vector<HeuristicResult>& found,
+                                   const TimingProtocol& how, std::vector<CandidateTime>* out) {
   // Fault gemm_tuning_fails: the timing cannot run (as when its buffers do not fit the GPU's memory).
   if (faults::enabled("gemm_tuning_fails")) return Status{"jax_overlap: fault gemm_tuning_fails"};
   const GemmProblem& s = plan.problem_;
@@ -263,14 +332,20 @@ Status DeviceBlas::time_candidates(GemmPlan& plan, const std::vector<HeuristicRe
     return {};
   };
   // Each candidate once into poisoned y, checked against the reference, then once timed (a warm run).
+  out->assign(found.size(), CandidateTime{});
   std::vector<size_t> kept;
-  std::vector<double> warm;
+  double first_warm = 0;
   for (size_t i = 0; i < found.size(); ++i) {
+    CandidateTime& c = (*out)[i];
+    c.index = static_cast<int>(i);
+    c.workspace_bytes = found[i].workspace_size;
+    c.waves = found[i].waves_count;
     JO_RETURN_IF_HIP_ERROR(hipMemsetAsync(y, nan_fill_byte(t.out), y_bytes, stream));
     JO_RETURN_IF_HIP_ERROR(hipMemsetAsync(stats, 0, sizeof(CompareStats), stream));
     double us = 0;
     CompareStats got{};
     Status ran = gemm(i);
+    c.status = ran.ok() ? "wrong" : "failed";
     if (ran.ok()) ran = [&]() -> Status {
       JO_RETURN_IF_HIP_ERROR(launch_compare(y, want, y_elems, t.out, kTolerance, stats, stream));
       JO_RETURN_IF_HIP_ERROR(hipMemcpyAsync(&got, stats, sizeof(got), hipMemcpyDeviceToHost, stream));
@@ -278,33 +353,27 @@ Status DeviceBlas::time_candidates(GemmPlan& plan, const std::vector<HeuristicRe
       return got.mismatches == 0 ? timed(i, 1, &us) : Status{"wrong"};
     }();
     if (!ran.ok() && i == 0) return Status{"the heuristic's first algorithm failed its own check: " + ran.message};
-    if (!ran.ok()) {
-      ++r->dropped;
-      continue;
-    }
-    if (i > 0 && us > kSlowerThanFirst * warm[0]) continue;
+    if (!ran.ok()) continue;
+    if (i == 0) first_warm = us;
+    c.status = "slow";
+    if (i > 0 && us > kSlowerThanFirst * first_warm) continue;
+    c.status = "timed";
     kept.push_back(i);
-    warm.push_back(us);
   }
-  const int reps = std::clamp(static_cast<int>(std::ceil(kSampleUs / std::max(warm[0], 1.0))), 1, kMaxReps);
+  const auto reps_for = [&](double us) {
+    return std::clamp(static_cast<int>(std::ceil(us / std::max(first_warm, 1.0))), 1, kMaxReps);
+  };
+  double ignored = 0;
+  if (how.warmup_us > 0) JO_RETURN_IF_ERROR(timed(0, reps_for(how.warmup_us), &ignored));
+  const int reps = reps_for(how.sample_us);
   std::vector<std::vector<double>> samples(kept.size());
-  for (int round = 0; round < kRounds; ++round)
+  for (int round = 0; round < how.rounds; ++round)
     for (size_t j = 0; j < kept.size(); ++j) {
       double us = 0;
       JO_RETURN_IF_ERROR(timed(kept[j], reps, &us));
       samples[j].push_back(us);
     }
-  size_t best = 0;
-  std::vector<double> medians;
-  for (size_t j = 0; j < kept.size(); ++j) {
-    medians.push_back(median(samples[j]));
-    if (medians[j] < medians[best]) best = j;
-  }
-  if (medians[best] > (1.0 - margin) * medians[0]) best = 0;
-  r->timed = static_cast<int>(kept.size());
-  r->index = static_cast<int>(kept[best]);
-  r->us = medians[best];
-  r->first_us = medians[0];
+  for (size_t j = 0; j < kept.size(); ++j) (*out)[kept[j]].us = median(samples[j]);
   return {};
 }
 
@@ -370,7 +439,9 @@ Status DeviceBlas::tune(const GemmProblem& s, const TuningOptions& o, TuneResult
       }
   }
   if (r->source != AlgoSource::kDiskCache) {
-    const Status timed = time_candidates(*p, found, o.margin, r);
+    std::vector<CandidateTime> times;
+    const Status timed = time_candidates(*p, found, tuning_protocol(), &times);
+    if (timed.ok()) pick(times, o.margin, r);
     if (timed.ok()) {
       r->source = AlgoSource::kTimed;
       counts().tuned.fetch_add(1, std::memory_order_relaxed);
@@ -400,6 +471,17 @@ Status DeviceBlas::tune(const GemmProblem& s, const TuningOptions& o, TuneResult
   std::lock_guard<std::mutex> lock(mu_);
   replace(std::move(p));
   return {};
+}
+
+Status DeviceBlas::candidate_times(const GemmProblem& s, int candidates, const TimingProtocol& how,
+                                   std::vector<CandidateTime>* out) {
+  std::lock_guard<std::mutex> tool(tool_mu_);
+  std::unique_ptr<GemmPlan> p;
+  JO_RETURN_IF_ERROR(describe_plan(s, &p));
+  std::vector<HeuristicResult> found;
+  JO_RETURN_IF_ERROR(heuristic(*p, candidates, &found));
+  if (found.empty()) return Status{std::string("jax_overlap: ") + kLibraryName + " has no algorithm for " + describe(s)};
+  return time_candidates(*p, found, how, out);
 }
 
 Status DeviceBlas::install(const GemmProblem& s, const std::string& choice, int candidates, bool* accepted) {

@@ -167,13 +167,16 @@ __global__ void fill_random_kernel(T* p, uint64_t elems, uint32_t seed) {
     p[i] = gpu::from_float<T>(static_cast<float>(hash_index(i, seed) >> 8) * (2.0f / 16777216.0f) - 1.0f);
 }
 
-// A float8 value as bits: sign, exponent field in [1, bias - 1] (so neither zero, NaN nor infinite, in the
-// OCP and the fnuz formats alike), mantissa.
+// A float8 value as bits: random sign and mantissa; magnitudes spread over binades as the 16-bit fill's
+// uniform [-1, 1) are (half in [0.5, 1), a quarter in [0.25, 0.5), ...), exponent field at least 1 (neither
+// zero, NaN nor infinite, in the OCP and the fnuz formats alike). A GEMM's speed depends on its operands' bits
+// (the GPU's power): the GEMMs timed here stand for GEMMs on real data, whose exponents cluster so.
 __global__ void fill_random_fp8_kernel(uint8_t* p, uint64_t elems, uint32_t seed, int mantissa_bits, int bias) {
   const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < elems; i += step) {
     const uint32_t h = hash_index(i, seed);
-    const uint32_t exponent = 1 + (h >> 8) % static_cast<uint32_t>(bias - 1);
+    const int below = __ffs(static_cast<int>((h >> 8) | (1u << 20))) - 1;  // j with probability 2^-(j+1)
+    const uint32_t exponent = static_cast<uint32_t>(max(1, bias - 1 - below));
     const uint32_t mantissa = h & ((1u << mantissa_bits) - 1);
     p[i] = static_cast<uint8_t>((h >> 31) << 7 | exponent << mantissa_bits | mantissa);
   }

@@ -1,8 +1,9 @@
 """The vendor GEMM's algorithm for each GEMM a pipelined call runs, chosen by measurement.
 
 csrc/blas/gemm.h DeviceBlas::tune times the vendor heuristic's first
-JAX_OVERLAP_GEMM_CANDIDATES candidates of a GEMM problem on one GPU and keeps
-the fastest; that choice is installed on each of the process's GPUs. For a group of
+JAX_OVERLAP_GEMM_CANDIDATES candidates of a GEMM problem on one GPU (or reads
+the choice from the tuning cache in JAX_OVERLAP_GEMM_CACHE_DIR) and keeps the
+fastest; that choice is installed on each of the process's GPUs. For a group of
 two or more, whose ranks may sit in several processes, process 0 chooses and
 every process takes its choice (processes.agree, a step the group's planning
 takes on every process anyway): every rank runs the same algorithm for the
@@ -11,8 +12,8 @@ results of replicas, stay alike bit for bit. A group of one is one process's
 own: its choice is that process's, and its lowering waits for no other. A GPU
 whose heuristic does not list the choice keeps its own (said at INFO). All of
 it at lowering, before a call runs, never in one; a problem is timed once per
-process (the cache on disk is withdrawn for now: runtime/settings.py).
-JAX_OVERLAP_GEMM_TUNING=0 leaves each GPU the heuristic's first.
+process, and with the cache once per machine. JAX_OVERLAP_GEMM_TUNING=0 leaves
+each GPU the heuristic's first.
 
 The problems are the call's GEMMs on every rank (csrc/pipelined/schedule.h
 gemm_problems: the stages' row ranges, both slot parities, the column split of

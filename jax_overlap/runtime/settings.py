@@ -131,15 +131,8 @@ def gemm_candidates() -> int:
 
 
 def gemm_cache_dir() -> str | None:
-  """The directory of the GEMM tuning cache on disk (one file per GPU model and library build). Refused for now:
-  on the H200 a second process reading back the cache the first wrote crashed (a segmentation fault in
-  DeviceBlas::tune's cache path, not yet understood), so each process times its GEMMs itself."""
-  text = _text(GEMM_CACHE_DIR)
-  if text:
-    raise ValueError(f"jax_overlap: {GEMM_CACHE_DIR}={text!r}; the GEMM tuning cache on disk is withdrawn in this "
-                     f"release (reading a cache back crashed a process on the H200): unset it, and each process "
-                     f"times its GEMMs once at lowering (about 0.2 s per large problem)")
-  return None
+  """The directory of the GEMM tuning cache (one file per GPU model and library build), or None for none."""
+  return _text(GEMM_CACHE_DIR) or None
 
 
 def maxtext_algorithm() -> str:

@@ -144,8 +144,6 @@ def _tune_in_a_process(cache: str, faults: str = "") -> dict:
   return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.xfail(strict=True, reason="the second process, which reads the cache the first wrote, crashed with a "
-                   "segmentation fault on the H200; JAX_OVERLAP_GEMM_CACHE_DIR is refused until this passes")
 def test_the_cache_gives_the_next_process_the_choice_and_a_corrupt_one_is_ignored(tmp_path):
   cache = str(tmp_path / "gemm_cache")
   first = _tune_in_a_process(cache)
