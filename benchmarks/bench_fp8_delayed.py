@@ -20,6 +20,8 @@ which a forward alone would leave to XLA to drop):
                     what the one-pass kernel gains
   current           Fp8AgDotGeneral (current scaling: x's amax, then its cast, a second pass)
   *_vs_bf16: bf16's time over the variant's. Target: delayed >= 1.6x bf16 (issue 37).
+Table `kernels`: where each layer variant's GPU time goes: one chained run of it under the profiler, its span per
+call and its three longest kernels (GPU us per call, names cut short), the rest summed.
 Table `cast`: the cast with its amax alone on x [M, K] (e4m3), the kernel against XLA's form (UNROLL distinct
 inputs in one executable): wall us per cast, GPU us per cast (one run under the profiler) and the HBM rate of the
 bytes read and written.
@@ -29,9 +31,11 @@ bytes read and written.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import os
 import sys
+import tempfile
 import time
 from unittest import mock
 
@@ -147,6 +151,38 @@ def layer_rows(m: int, n: int, k: int) -> list:
   return [row]
 
 
+def _short(name: str) -> str:
+  name = name.split("(")[0].split("<")[0].replace("void ", "").replace("jo::(anonymous namespace)::", "")
+  return name[:44]
+
+
+def kernel_rows(m: int, n: int, k: int) -> list:
+  x, w = _harness.random_bf16((m, k), 0), _harness.random_bf16((k, n), 1) * (k ** -0.5)
+  rows = []
+  for name, f in variants(x, w).items():
+    with _compiling(name):
+      fn = chained(f)
+      state = list(jax.block_until_ready(fn(jnp.array(x), jnp.array(w))))
+    state = list(jax.block_until_ready(fn(*state)))
+    with tempfile.TemporaryDirectory() as d:
+      with jax.profiler.trace(d):
+        state = list(jax.block_until_ready(fn(*state)))
+      events = _harness.gpu_events(_harness.trace_events(d))
+    if not events:
+      continue
+    per_kernel = collections.Counter()
+    for e in events:
+      per_kernel[_short(e["name"])] += e["dur"] / UNROLL
+    row = dict(table="kernels", variant=name,
+               span_us=(max(e["ts"] + e["dur"] for e in events) - events[0]["ts"]) / UNROLL)
+    top = per_kernel.most_common(3)
+    for i, (kernel, us) in enumerate(top, 1):
+      row[f"k{i}"], row[f"k{i}_us"] = kernel, us
+    row["rest_us"] = sum(per_kernel.values()) - sum(us for _, us in top)
+    rows.append(row)
+  return rows
+
+
 def cast_rows(m: int, k: int) -> list:
   e4m3, _ = bench_fp8_layers.fp8_formats()
   inputs = [_harness.random_bf16((m, k), 3 + i) for i in range(UNROLL)]
@@ -167,7 +203,7 @@ def main(argv=None) -> None:
   ap.add_argument("--small", action="store_true", help="tiny sizes: check the script (CPU)")
   args = ap.parse_args(argv)
   m, n, k = SMALL_SHAPE if args.small else SHAPE
-  rows = layer_rows(m, n, k) + cast_rows(m, k)
+  rows = layer_rows(m, n, k) + kernel_rows(m, n, k) + cast_rows(m, k)
   path = write(rows, args.out, "python " + " ".join(sys.argv))
   for row in rows:
     for key, value in row.items():
@@ -177,6 +213,8 @@ def main(argv=None) -> None:
   _harness.print_table([r for r in rows if r["table"] == "cast"],
                        ["shape", "format", "auto_kernel", "auto_us", "xla_us", "xla_vs_auto", "auto_gpu_us",
                         "xla_gpu_us", "auto_tb_s", "xla_tb_s"])
+  _harness.print_table([r for r in rows if r["table"] == "kernels"],
+                       ["variant", "span_us", "k1", "k1_us", "k2", "k2_us", "k3", "k3_us", "rest_us"])
   _harness.print_table([r for r in rows if r["table"] == "layer"],
                        ["m", "n", "k", *(f"{v}_us" for v in VARIANTS), "delayed_cast_kernel",
                         *(f"{v}_vs_bf16" for v in VARIANTS[1:])])

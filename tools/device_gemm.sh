@@ -56,9 +56,10 @@ def rows(name):
   files = sorted(glob.glob(f"{out}/{name}_*.json"))
   return json.load(open(files[-1]))["rows"] if files else []
 print("\n=== world 1 (us per call; in turns: op, xla, torch, tunable; profiled in turns: gpu spans, GEMM kernels, "
-      "other kernels; ratio: bf16 >= 0.98 of min(xla, torch, tunable), fp8 >= 0.97 of torch)")
+      "other kernels; gpu_r: GPU time against XLA's and the tuned algorithm's; ratio, in turns: bf16 >= 0.98 of "
+      "min(xla, torch, tunable), fp8 >= 0.97 of torch)")
 print(f"{'dtype':>14} {'M x N x K':>18} {'op':>8} {'xla':>8} {'torch':>8} {'tunable':>8} {'op_gpu':>8} {'xla_gpu':>8} "
-      f"{'op_gemm':>8} {'xla_gemm':>8} {'op_oth':>7} {'xla_oth':>7} {'ratio':>6}")
+      f"{'op_gemm':>8} {'xla_gemm':>8} {'op_oth':>7} {'xla_oth':>7} {'gpu_r':>6} {'ratio':>6}")
 f = lambda v: "-" if v is None else f"{v:.1f}"
 for r in rows("gemm_ab"):
   if r["table"] == "gemm":
@@ -67,7 +68,8 @@ for r in rows("gemm_ab"):
     print(f"{r['dtype']:>14} {r['m']:>6}x{r['n']}x{r['k']:<5} "
           + " ".join(f"{f(r.get(c)):>8}" for c in ("op_us", "xla_us", "torch_us", "torch_tuned_us", "op_gpu_us",
                                                     "xla_gpu_us", "op_kernel_us", "xla_kernel_us"))
-          + f" {f(r.get('op_other_us')):>7} {f(r.get('xla_other_us')):>7} {r.get('best_ratio') or 0:>6.3f} {ok}")
+          + f" {f(r.get('op_other_us')):>7} {f(r.get('xla_other_us')):>7} {r.get('gpu_ratio') or 0:>6.3f}"
+          + f" {r.get('best_ratio') or 0:>6.3f} {ok}")
   elif r["table"] == "host":
     print(f"host cost, command buffers off, 128^3: op {r['op_us']:.1f} us/call, XLA's dot {r['xla_us']:.1f}: "
           f"+{r['extra_us']:.1f} us")
