@@ -70,6 +70,15 @@ def test_tuning_times_the_candidates_and_keeps_a_faster_one(dtype, bias, w_kmajo
       r["choice"], "chosen before in this process", r["us"], r["first_us"])
 
 
+def test_every_candidate_is_timed_or_says_why_and_no_plan_changes():
+  pid = _problem(m=1280)
+  times = nat.gemm_candidate_times(0, pid, 8, 200.0, 2, 1000.0)
+  assert [t["index"] for t in times] == list(range(len(times))) and times[0]["status"] == "timed", times
+  assert all(t["status"] in ("timed", "slow", "wrong", "failed") for t in times), times
+  assert all((t["us"] > 0) == (t["status"] == "timed") for t in times), times
+  assert nat.gemm_plan(0, pid)["source"] == "heuristic"  # a tool: the problem's plan is not tuned by it
+
+
 def test_tuning_off_is_the_heuristics_first():
   r = nat.tune_gemm(0, _problem(m=1536), 1, 0.02)
   assert (r["source"], r["index"], r["timed"]) == ("heuristic", 0, 0) and "tuning is off" in r["detail"]
