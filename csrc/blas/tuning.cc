@@ -204,9 +204,9 @@ bool to_double(const std::string& text, double* out) {
 
 }  // namespace
 
-// C stdio and strtol/strtod, not iostreams: the module's own instantiations of the stream facets' ids (hidden
-// symbols) do not match the process's libstdc++ locale, and the first numeric extraction crashed (H200, seen
-// under cuda-gdb: operator>>(int&) landing in a codecvt facet).
+// C stdio and strtol/strtod, not iostreams: reading the file's numbers with operator>> crashed inside the module
+// on the H200 (cuda-gdb: operator>>(int&) calling into a codecvt facet; likely the module's hidden copies of
+// libstdc++'s facet ids, which the process's locale does not know).
 CacheEntries read_cache(const std::string& path, const std::string& header, std::string* ignored) {
   ignored->clear();
   std::string content;
@@ -441,8 +441,8 @@ Status DeviceBlas::tune(const GemmProblem& s, const TuningOptions& o, TuneResult
   if (r->source != AlgoSource::kDiskCache) {
     std::vector<CandidateTime> times;
     const Status timed = time_candidates(*p, found, tuning_protocol(), &times);
-    if (timed.ok()) pick(times, o.margin, r);
     if (timed.ok()) {
+      pick(times, o.margin, r);
       r->source = AlgoSource::kTimed;
       counts().tuned.fetch_add(1, std::memory_order_relaxed);
     } else {
@@ -480,7 +480,8 @@ Status DeviceBlas::candidate_times(const GemmProblem& s, int candidates, const T
   JO_RETURN_IF_ERROR(describe_plan(s, &p));
   std::vector<HeuristicResult> found;
   JO_RETURN_IF_ERROR(heuristic(*p, candidates, &found));
-  if (found.empty()) return Status{std::string("jax_overlap: ") + kLibraryName + " has no algorithm for " + describe(s)};
+  if (found.empty())
+    return Status{std::string("jax_overlap: ") + kLibraryName + " has no algorithm for " + describe(s)};
   return time_candidates(*p, found, how, out);
 }
 
