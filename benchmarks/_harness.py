@@ -170,11 +170,15 @@ def gpu_timeline(fn, *args, unroll: int = UNROLL, kernel="jo::") -> dict:
   {} when the profile holds no GPU kernel (no GPU, or no CUPTI); else timeline_stats of it.
   """
   jax.block_until_ready(fn(*args))
+  return timeline_stats(profiled_trace(lambda: jax.block_until_ready(fn(*args))), unroll, kernel)
+
+
+def profiled_trace(run) -> list[dict]:
+  """The trace events of one call of run() (which waits for its GPU work) under jax's profiler."""
   with tempfile.TemporaryDirectory() as d:
-    with jax.profiler.trace(d, create_perfetto_trace=True):
-      jax.block_until_ready(fn(*args))
-    events = trace_events(d)
-  return timeline_stats(events, unroll, kernel)
+    with jax.profiler.trace(d):
+      run()
+    return trace_events(d)
 
 
 def gpu_timelines_in_turns(fns: dict, *args, rounds: int = 3, unroll: int = UNROLL, kernel="jo::") -> dict:

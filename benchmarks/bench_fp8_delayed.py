@@ -35,7 +35,6 @@ import collections
 import contextlib
 import os
 import sys
-import tempfile
 import time
 from unittest import mock
 
@@ -164,10 +163,7 @@ def kernel_rows(m: int, n: int, k: int) -> list:
       fn = chained(f)
       state = list(jax.block_until_ready(fn(jnp.array(x), jnp.array(w))))
     state = list(jax.block_until_ready(fn(*state)))
-    with tempfile.TemporaryDirectory() as d:
-      with jax.profiler.trace(d):
-        state = list(jax.block_until_ready(fn(*state)))
-      events = _harness.gpu_events(_harness.trace_events(d))
+    events = _harness.gpu_events(_harness.profiled_trace(lambda: jax.block_until_ready(fn(*state))))
     if not events:
       continue
     per_kernel = collections.Counter()

@@ -43,7 +43,6 @@ import os
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 from unittest import mock
 
@@ -224,10 +223,7 @@ def timed_casts(row: dict, cast, inputs: list, scale, target: str) -> dict:
 def _gpu_us(timed) -> float | None:
   """The GPU time of one run of `timed` per cast (its kernels' durations under the profiler, over UNROLL); None
   where the profiler saw no GPU kernel (CPU)."""
-  with tempfile.TemporaryDirectory() as d:
-    with jax.profiler.trace(d):
-      timed()
-    events = _harness.gpu_events(_harness.trace_events(d))
+  events = _harness.gpu_events(_harness.profiled_trace(timed))
   return sum(e["dur"] for e in events) / UNROLL if events else None
 
 

@@ -13,9 +13,6 @@ is benchmarks/results/loopback_timeline_2026-12-02_5875325_margin0.txt.
 from __future__ import annotations
 
 import argparse
-import tempfile
-
-import jax
 
 import _harness
 import bench_fp8
@@ -38,10 +35,8 @@ def main(argv=None) -> None:
     call["overlap_reduction"] = args.overlap
   nat = native.module()
   us = nat.time_loopback(0, args.op, args.world, call, 10)
-  with tempfile.TemporaryDirectory() as d:
-    with jax.profiler.trace(d):
-      nat.time_loopback(0, args.op, args.world, call, 0)  # no timing: its warm-up call alone, waited for
-    events = _harness.gpu_events(_harness.trace_events(d))
+  # no timing: its warm-up call alone, waited for
+  events = _harness.gpu_events(_harness.profiled_trace(lambda: nat.time_loopback(0, args.op, args.world, call, 0)))
   t0 = events[0]["ts"]
   span = max(e["ts"] + e["dur"] for e in events) - t0
   print(f"{args.op} T={args.world} {args.dtype} {m}x{n}x{k} stages={stages} overlap={args.overlap}: "
