@@ -15,10 +15,11 @@ which a forward alone would leave to XLA to drop):
                     bf16, the fp8 dot, the dequantization), and its update_fp8_meta of x and w
   delayed           Fp8DelayedAgDotGeneral(algorithm="auto"): x cast with the step's scale and its amax taken in
                     the same pass (ops/fp8_cast.py's kernel), w cast into its K-major layout (XLA's fusion, amax in
-                    it), the vendor's fp8 GEMM (the group of one)
+                    it), the vendor's fp8 GEMM (the group of one) with fast accumulation, as Flax's forward runs
   delayed_xla_cast  the same with XLA's form of x's cast and amax (fp8_delayed's cast patched while it compiles):
                     what the one-pass kernel gains
-  current           Fp8AgDotGeneral (current scaling: x's amax, then its cast, a second pass)
+  delayed_promoted  delayed with fast_accumulation=False (the GEMM promotes its sums to float32 as the K loop goes)
+  current           Fp8AgDotGeneral (current scaling: x's amax, then its cast, a second pass; fast accumulation)
   *_vs_bf16: bf16's time over the variant's. Target: delayed >= 1.6x bf16 (issue 37).
 Table `kernels`: where each layer variant's GPU time goes: one chained run of it under the profiler, its span per
 call and its three longest kernels (GPU us per call, names cut short), the rest summed.
@@ -55,7 +56,7 @@ REPEATS = 5
 SHAPE = (16384, 3584, 8192)  # M, N, K
 SMALL_SHAPE = (256, 128, 256)
 DN = (((1,), (0,)), ((), ()))
-VARIANTS = ("bf16", "flax", "delayed", "delayed_xla_cast", "current")
+VARIANTS = ("bf16", "flax", "delayed", "delayed_xla_cast", "delayed_promoted", "current")
 
 
 def _state(x, w):
@@ -67,15 +68,17 @@ def _state(x, w):
   return state
 
 
-def _delayed_forward(state, e4m3, e5m2):
+def _delayed_forward(state, e4m3, e5m2, fast_accumulation: bool = True):
   """y and the new input and kernel state: the custom VJP's forward rule, as a training step runs it."""
-  layer = jo.Fp8DelayedAgDotGeneral(e4m3_dtype=jnp.dtype(e4m3), e5m2_dtype=jnp.dtype(e5m2))
+  layer = jo.Fp8DelayedAgDotGeneral(e4m3_dtype=jnp.dtype(e4m3), e5m2_dtype=jnp.dtype(e5m2),
+                                    fast_accumulation=fast_accumulation)
   meta = (state["input_scale"], state["input_amax_history"], state["kernel_scale"], state["kernel_amax_history"],
           state["output_grad_scale"], state["output_grad_amax_history"])
 
   def forward(x, w):
     call = fp8_layers._Fp8Call(axis_name=None, algorithm=layer.algorithm, axis=-2, out_sharding=None, e4m3=e4m3,
-                               e5m2=e5m2, x_dtype="bfloat16", w_dtype="bfloat16")
+                               e5m2=e5m2, x_dtype="bfloat16", w_dtype="bfloat16",
+                               fast_accumulation=layer.fast_accumulation)
     y, residuals = fp8_delayed._ag_forward(x, w, meta, call)
     return (y, *residuals[5])  # y; the new input and kernel scales and histories
   return forward
@@ -101,6 +104,7 @@ def variants(x, w) -> dict:
           "flax": _flax_forward(state),
           "delayed": _delayed_forward(state, e4m3, e5m2),
           "delayed_xla_cast": _delayed_forward(state, e4m3, e5m2),
+          "delayed_promoted": _delayed_forward(state, e4m3, e5m2, fast_accumulation=False),
           "current": lambda x, w: (current(x, w, DN),)}
 
 

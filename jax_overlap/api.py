@@ -102,10 +102,13 @@ def _out_dtype_name(op_name: str, out_dtype) -> str | None:
     raise TypeError(f"jax_overlap.{op_name}: out_dtype must be a dtype or None, got {out_dtype!r}") from None
 
 
-def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype, w_kmajor: bool) -> tuple:
+def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype, w_kmajor: bool,
+                  fast_accumulation=False) -> tuple:
   """(the Scales of float8 operands, checked (scaling.of), or None for 16-bit operands; the result's dtype
   name)."""
   out_dtype = _out_dtype_name(op_name, out_dtype)
+  if not isinstance(fast_accumulation, (bool, np.bool_)):
+    raise TypeError(f"jax_overlap.{op_name}: fast_accumulation must be a bool, got {fast_accumulation!r}")
   fp8 = formats.is_fp8(x.dtype), formats.is_fp8(w.dtype)
   if any(fp8) and not all(fp8):
     raise TypeError(f"jax_overlap.{op_name}: x and w must both be float8 or neither (a float8 call quantizes both "
@@ -114,10 +117,11 @@ def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype, w_kmajo
     if w.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
       got = f"x {x.dtype}, w {w.dtype}" + (f", bias {bias.dtype}" if bias is not None else "")
       raise TypeError(f"jax_overlap.{op_name}: x, w and bias must share one dtype, got {got}")
-    for name, scale in (("x_scale", x_scale), ("w_scale", w_scale)):
-      if scale is not None:
-        raise TypeError(f"jax_overlap.{op_name}: {name} applies to float8 operands only, got {name} with x and w "
-                        f"of dtype {x.dtype}")
+    for name, given in (("x_scale", x_scale is not None), ("w_scale", w_scale is not None),
+                        ("fast_accumulation=True", fast_accumulation)):
+      if given:
+        raise TypeError(f"jax_overlap.{op_name}: {name.split('=')[0]} applies to float8 operands only, got {name} "
+                        f"with x and w of dtype {x.dtype}")
     if out_dtype is not None and out_dtype != formats.name(x.dtype):
       raise TypeError(f"jax_overlap.{op_name}: out_dtype must be None or x's dtype {x.dtype} for {x.dtype} "
                       f"operands (other out_dtypes are for float8 operands), got {out_dtype}")
@@ -136,7 +140,12 @@ def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype, w_kmajo
   if bias is not None and formats.name(bias.dtype) not in (out_name, "float32"):
     raise TypeError(f"jax_overlap.{op_name}: bias must have out_dtype {out_name} or float32 with float8 operands, "
                     f"got {bias.dtype}")
-  return scaling.of(op_name, x, w, x_scale, w_scale, bool(w_kmajor)), out_name
+  scales = scaling.of(op_name, x, w, x_scale, w_scale, bool(w_kmajor))
+  if fast_accumulation and scales.scaling.blocks:
+    raise ValueError(f"jax_overlap.{op_name}: fast_accumulation=True takes tensor scales (float32 scalars), got "
+                     f"block scales: they apply per 128 elements of K, where the GEMM promotes its sums to float32 "
+                     f"anyway")
+  return dataclasses.replace(scales, scaling=scales.scaling.accumulating(bool(fast_accumulation))), out_name
 
 
 def _check_gpu_dtype(op_name: str, algorithm: str, x, w) -> None:
@@ -341,9 +350,14 @@ _FP8_ARGS = """
               (a float32 dot of the dequantized operands: no fp8 GEMM of XLA's takes block scales).
     out_dtype: the result's dtype, bfloat16 (default), float16 or float32; for other operands None or x's
               dtype. bias is in out_dtype or float32 and added once in float32.
+    fast_accumulation: False (default): the GEMM promotes its partial sums to float32 as the K loop goes
+              (torch._scaled_mm's default). True (tensor scales only): the vendor's fast fp8 accumulation,
+              faster on Hopper and less precise over long K (cuBLASLt's FAST_ACCUM; XLA's fp8 GEMM at
+              precision DEFAULT; the forward GEMM of Flax's and TransformerEngine's recipes). AMD's MFMA
+              accumulates in float32 either way.
   The GEMM accumulates in float32 with both scales applied. On the XLA path (every format, every backend)
   the operands are converted to float32 and scaled into one dot per shard, the form XLA rewrites into its
-  own fp8 GEMM. A format the GPU cannot run is an error for algorithm="pipelined" naming the dtype and the
+  own fp8 GEMM (at precision HIGHEST, or DEFAULT with fast_accumulation). A format the GPU cannot run is an error for algorithm="pipelined" naming the dtype and the
   device, and takes the XLA path under "auto"; "fused" is 16-bit only. Differentiating a float8 call raises
   (its operands are quantized values): train through Fp8AgDotGeneral / Fp8RsDotGeneral, or pass
   algorithm="xla" for JAX's own derivative of the plain ops.
@@ -352,8 +366,8 @@ _FP8_ARGS = """
 """
 
 
-def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, w_kmajor: bool = False,
-              axis_name=None, algorithm: str = "auto", return_gathered: bool = False, gather_axis: int = -2,
+def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fast_accumulation: bool = False,
+              w_kmajor: bool = False, axis_name=None, algorithm: str = "auto", return_gathered: bool = False, gather_axis: int = -2,
               out_sharding=None):
   """All-gather x's rows over a mesh axis and multiply by w: the column-parallel linear layer.
 
@@ -397,7 +411,8 @@ def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, w_
   _check_algorithm("ag_matmul", algorithm)
   with _local_shapes(axis_name):
     n = _check_operands("ag_matmul", x, w, bias, w_kmajor)
-    scales, out_name = _check_dtypes("ag_matmul", x, w, bias, x_scale, w_scale, out_dtype, w_kmajor)
+    scales, out_name = _check_dtypes("ag_matmul", x, w, bias, x_scale, w_scale, out_dtype, w_kmajor,
+                                     fast_accumulation)
   _check_gpu_dtype("ag_matmul", algorithm, x, w)
   gather = _check_axis("ag_matmul", "gather_axis", gather_axis, x.ndim, -2)
   _check_out_sharding("ag_matmul", out_sharding, (*x.shape[:-1], *n), axis_name)
@@ -447,8 +462,9 @@ def _ag_empty(x, w, bias, scales, call: Call, n: tuple) -> tuple:
   return (y, gathered, *x_scales)
 
 
-def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, w_kmajor: bool = False,
-              axis_name=None, algorithm: str = "auto", scatter_axis: int | None = None, out_sharding=None):
+def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fast_accumulation: bool = False,
+              w_kmajor: bool = False, axis_name=None, algorithm: str = "auto", scatter_axis: int | None = None,
+              out_sharding=None):
   """Multiply by w and reduce-scatter the partial products: the row-parallel linear layer.
 
   Inside jax.shard_map (axis_name bound, group size T):
@@ -492,7 +508,8 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, w_
   _check_algorithm("matmul_rs", algorithm)
   with _local_shapes(axis_name):
     n = _check_operands("matmul_rs", x, w, bias, w_kmajor)
-    scales, out_name = _check_dtypes("matmul_rs", x, w, bias, x_scale, w_scale, out_dtype, w_kmajor)
+    scales, out_name = _check_dtypes("matmul_rs", x, w, bias, x_scale, w_scale, out_dtype, w_kmajor,
+                                     fast_accumulation)
   _check_gpu_dtype("matmul_rs", algorithm, x, w)
   out_shape = [*x.shape[:x.ndim - (w.ndim - 1)], n]
   scatter = None if scatter_axis is None else _check_axis("matmul_rs", "scatter_axis", scatter_axis,

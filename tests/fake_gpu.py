@@ -118,8 +118,8 @@ class FakeNative:
     return nbytes / (LOCAL_BYTES_PER_US if own else self.link_bytes_per_us)
 
   def time_gemms(self, ordinal, dtype_name, rows, n, k, w_kmajor, warmup_ms, w_dtype=None, out_dtype=None,
-                 blocks=False, candidates=1, margin=0.02, cache_dir="") -> list:
-    del blocks
+                 blocks=False, fast_accumulation=False, candidates=1, margin=0.02, cache_dir="") -> list:
+    del blocks, fast_accumulation
     self._maybe_fail("time_gemms", ordinal)
     self.timed_gemms.append((dtype_name, w_dtype, out_dtype, w_kmajor))
     self.gemm_tuning.append((candidates, margin, cache_dir))

@@ -247,6 +247,7 @@ def test_public_names_import_flax_on_first_use():
     ({"axis_name": 3}, TypeError, "axis_name must be None"),
     ({"amax_history_length": 0}, ValueError, "amax_history_length must be a positive int"),
     ({"gather_axis": "rows"}, TypeError, "gather_axis must be an int"),
+    ({"fast_accumulation": None}, TypeError, "fast_accumulation must be True or False, got None"),
 ])
 def test_bad_fields_are_errors_at_construction(fields, error, match):
   with pytest.raises(error, match=f"jax_overlap.Fp8DelayedAgDotGeneral: {match}"):

@@ -343,6 +343,19 @@ def test_layer_family(cls):
     getattr(jax_overlap, cls)(family="e4m3")  # at construction
 
 
+@pytest.mark.parametrize("cls", ["Fp8AgDotGeneral", "Fp8RsDotGeneral"])
+def test_layer_fast_accumulation(cls):
+  """The forward GEMM accumulates fast by default with tensor scales, not with block scales (which take none);
+  asking for it with block scales, or passing a non-bool, is an error at construction."""
+  layer = getattr(jax_overlap, cls)
+  assert layer().forward_fast_accumulation() and not layer(fast_accumulation=False).forward_fast_accumulation()
+  assert not layer(scaling="block").forward_fast_accumulation()
+  with pytest.raises(ValueError, match=rf"{cls}: fast_accumulation=True takes scaling='tensor'"):
+    layer(scaling="block", fast_accumulation=True)
+  with pytest.raises(TypeError, match=rf"{cls}: fast_accumulation must be None, True or False, got 1"):
+    layer(fast_accumulation=1)
+
+
 @pytest.mark.parametrize("family,fmt", [("ocp", "float8_e4m3fn"), ("fnuz", "float8_e4m3fnuz")])
 def test_layer_family_sets_the_formats(family, fmt, normal):
   x, w = normal((8, 16), "float32"), normal((16, 8), "float32")

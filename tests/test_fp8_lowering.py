@@ -25,7 +25,7 @@ def _spec(*shape, dtype=E4M3):
   return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _fn(op, mesh, *, algorithm="pipelined", bias=False, out_dtype=jnp.bfloat16, w_kmajor=False):
+def _fn(op, mesh, *, algorithm="pipelined", bias=False, out_dtype=jnp.bfloat16, w_kmajor=False, **kwargs):
   """jit(shard_map(op)) over "tp" of float8 x and w with each rank's scales (one per rank, P("tp"))."""
   fn = getattr(jax_overlap, op)
   if op == "ag_matmul":
@@ -37,7 +37,7 @@ def _fn(op, mesh, *, algorithm="pipelined", bias=False, out_dtype=jnp.bfloat16, 
 
   def body(x, w, sx, sw, *b):
     return fn(x, w, *b, x_scale=sx[0], w_scale=sw[0], out_dtype=out_dtype, w_kmajor=w_kmajor, axis_name="tp",
-              algorithm=algorithm)
+              algorithm=algorithm, **kwargs)
 
   in_specs = (*specs, P("tp"), P("tp"), *([bias_spec] if bias else []))
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec))
@@ -77,6 +77,19 @@ def test_float8_call_with_peers(fake_gpu_runtime, make_mesh, op, w_kmajor):
                     results), results
   else:
     assert re.match(r"\(tensor<1024x256xbf16>, tensor<\d+xui8>\)", results), results
+
+
+@pytest.mark.parametrize("world", [1, 4])
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_fast_accumulation_reaches_the_custom_call(fake_gpu_runtime, make_mesh, op, world):
+  """fast_accumulation is an attribute of the vendor GEMM's call (a group of one) and of the pipelined call's
+  config: 1 when asked for, 0 by default."""
+  mesh = make_mesh((world,), ("tp",))
+  target = "vendor_gemm" if world == 1 else f"{op}_pipelined"
+  for fast in (False, True):
+    calls = _custom_calls(_lowered(_fn(op, mesh, fast_accumulation=fast), *_operands(op, world)))
+    assert len(calls) == 1 and f"@jax_overlap_{target}" in calls[0], calls
+    assert f"fast_accumulation = {int(fast)}" in calls[0], calls[0]
 
 
 @pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
@@ -174,3 +187,23 @@ def test_fp8_layer_weight_gradient_is_a_group_of_ones_vendor_gemm(fake_gpu_runti
   targets = sorted(re.search(r"@(\w+)\(", call).group(1) for call in calls)
   assert targets == sorted(["jax_overlap_ag_matmul_pipelined", "jax_overlap_matmul_rs_pipelined"]
                            + ["jax_overlap_vendor_gemm"] * dw_gemms + ["jax_overlap_fp8_cast"] * 3), calls
+  # The forward GEMM accumulates fast (TransformerEngine's forward numerics); the gradients' GEMMs do not.
+  fast = {re.search(r"@(\w+)\(", c).group(1): re.search(r"fast_accumulation = (\d)", c).group(1) for c in calls
+          if "fast_accumulation" in c}
+  assert fast == {"jax_overlap_ag_matmul_pipelined": "1", "jax_overlap_matmul_rs_pipelined": "0",
+                  **({"jax_overlap_vendor_gemm": "0"} if dw_gemms else {})}, calls
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_delayed_layer_forward_accumulates_as_flaxs(fake_gpu_runtime, fast):
+  """Fp8DelayedAgDotGeneral's forward GEMM (a group of one: the vendor GEMM) accumulates fast unless told not to,
+  as Flax's op (its forward dot at precision DEFAULT)."""
+  from jax_overlap import Fp8DelayedAgDotGeneral
+  dims = (((1,), (0,)), ((), ()))
+  module = Fp8DelayedAgDotGeneral(fast_accumulation=fast)
+  x, w = jnp.ones((256, 512), jnp.bfloat16), jnp.ones((512, 256), jnp.bfloat16)
+  variables = jax.eval_shape(lambda: module.init(jax.random.key(0), x, w, dims))
+  variables = jax.tree.map(lambda v: jnp.ones(v.shape, v.dtype), variables)
+  f = jax.jit(lambda v, x, w: module.apply(v, x, w, dims))
+  calls = [c for c in _custom_calls(_lowered(f, variables, x, w)) if "@jax_overlap_vendor_gemm" in c]
+  assert len(calls) == 1 and f"fast_accumulation = {int(fast)}" in calls[0], calls

@@ -6,6 +6,7 @@ float32; batch dims, other gather / scatter dims, w_kmajor; the gathered scales;
 into its fp8 GEMM (one dot per shard of scalar scales); and the refusal to differentiate a float8 call.
 """
 
+import functools
 import logging
 
 import jax
@@ -327,6 +328,45 @@ def test_empty_rows(op, make_mesh):
   else:
     y = jax_overlap.matmul_rs(x, w, bias, **kwargs)
   assert y.shape == (0, 8) and y.dtype == jnp.float16
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_the_xla_path_accumulates_as_asked(op, fp8, scales, normal, make_mesh, assert_close):
+  """XLA's fp8 GEMM accumulates fast at precision DEFAULT: the XLA path's dots are HIGHEST (float32 sums, the GPU
+  paths' default) unless fast_accumulation=True asks for DEFAULT; the values agree with float64 either way."""
+  mesh = make_mesh((WORLD,), ("tp",))
+  sx, sw = scales(WORLD), scales(WORLD)
+  if op == "ag_matmul":
+    x, w, b = fp8((WORLD * 4, 32), "float8_e4m3fn"), fp8((32, WORLD * 8), "float8_e4m3fn"), normal((WORLD * 8,), "f4")
+    make = functools.partial(ag_shard_map, mesh, nlead=0)
+    want = np.concatenate([dequantized(x[r * 4:(r + 1) * 4], [sx[r]], 0) for r in range(WORLD)]) @ \
+        np.concatenate([dequantized(w[:, r * 8:(r + 1) * 8], [sw[r]], 1) for r in range(WORLD)], 1)
+    want = want + np.asarray(b, np.float64)
+  else:
+    x, w, b = fp8((16, WORLD * 8), "float8_e4m3fn"), fp8((WORLD * 8, 16), "float8_e4m3fn"), normal((16,), "f4")
+    make = functools.partial(rs_shard_map, mesh, nlead=0)
+    want = sum(dequantized(x[:, r * 8:(r + 1) * 8], [sx[r]], 1) @ dequantized(w[r * 8:(r + 1) * 8], [sw[r]], 0)
+               for r in range(WORLD)) + np.asarray(b, np.float64)
+  args = (x, w, b, sx, sw)
+  for fast in (False, True):
+    f = make(fast_accumulation=fast, algorithm="xla")
+    dots = [line for line in f.lower(*args).as_text().splitlines() if "stablehlo.dot_general" in line]
+    assert dots and all(("HIGHEST" in line) != fast for line in dots), dots
+    assert_close(f(*args), want, jnp.bfloat16, 32, term_scale(sx, sw))
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_fast_accumulation_takes_tensor_scaled_float8(op, fp8, normal):
+  """fast_accumulation is a bool for float8 operands with tensor scales: an error names it otherwise."""
+  fn = getattr(jax_overlap, op)
+  x, w = fp8((8, 256), "float8_e4m3fn"), fp8((256, 128), "float8_e4m3fn")
+  with pytest.raises(TypeError, match=rf"{op}: fast_accumulation applies to float8 operands only, got "
+                                      r"fast_accumulation=True with x and w of dtype bfloat16"):
+    fn(normal((8, 16), jnp.bfloat16), normal((16, 8), jnp.bfloat16), fast_accumulation=True)
+  with pytest.raises(TypeError, match=rf"{op}: fast_accumulation must be a bool, got 'yes'"):
+    fn(x, w, x_scale=1.0, w_scale=1.0, fast_accumulation="yes")
+  with pytest.raises(ValueError, match=rf"{op}: fast_accumulation=True takes tensor scales .* got block scales"):
+    fn(x, w, x_scale=jnp.ones((8, 2), jnp.float32), w_scale=jnp.ones((2, 1), jnp.float32), fast_accumulation=True)
 
 
 @pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])

@@ -149,6 +149,22 @@ def test_float8_ag_matmul_runs_one_gemm_per_shard():
 
 
 @needs_native
+def test_fast_accumulation_is_part_of_a_float8_problem():
+  """Fast accumulation is another GEMM (another plan and tuned algorithm): its problem id says so, round trips,
+  and only tensor-scaled float8 takes it."""
+  nat = native.module()
+  fp8 = dict(dtype="float8_e4m3fn", out_dtype="bfloat16", w_kmajor=True, bias=False, stages=[1])
+  (plain,) = nat.gemm_problems("ag_matmul", 1, _call(**fp8), 132)
+  (fast,) = nat.gemm_problems("ag_matmul", 1, _call(**fp8, fast_accumulation=True), 132)
+  assert plain != fast and nat.gemm_problem_fields(fast)["fast_accumulation"]
+  assert not nat.gemm_problem_fields(plain)["fast_accumulation"] and nat.gemm_problem_fields(fast)["id"] == fast
+  assert "fast accumulation" in nat.describe_gemm_problem(fast)
+  for bad in (_call(fast_accumulation=True, stages=[1]), _call(**fp8, blocks=True, fast_accumulation=True)):
+    with pytest.raises(ValueError, match="fast accumulation takes tensor-scaled float8"):
+      nat.gemm_problems("ag_matmul", 1, bad, 132)
+
+
+@needs_native
 def test_matmul_rs_problems_split_the_last_gemm_by_columns():
   """16-bit matmul_rs reduces the first 3/4 of its own block's columns under the GEMM of the rest: the peers'
   blocks before it in one GEMM per range (rank 0's three blocks at once, rank 1's 2 + 1 past the wrap), then its
@@ -182,7 +198,7 @@ def test_problem_ids_round_trip_and_others_are_refused():
       native.module().gemm_problem_fields(bad)
 
 
-HEADER = "jax_overlap gemm algorithms 1\nlibrary cuBLASLt 130100 libcublasLt.so.13\ndevice NVIDIA H200 sm_90 sms " \
+HEADER = "jax_overlap gemm algorithms 2\nlibrary cuBLASLt 130100 libcublasLt.so.13\ndevice NVIDIA H200 sm_90 sms " \
          "132\ndriver 13000"
 
 

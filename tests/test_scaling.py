@@ -42,6 +42,18 @@ def test_modes_are_values():
   assert set(scaling.MODES) == {"tensor", "block"}
 
 
+def test_fast_accumulation_is_a_variant_of_the_tensor_mode():
+  """A mode with fast accumulation is another parameter value (another lowering), with the XLA precision that
+  gives it; block scales take none."""
+  fast = scaling.TENSOR.accumulating(True)
+  assert fast != scaling.TENSOR and hash(fast) != hash(scaling.TENSOR) and repr(fast) == "tensor+fast_accumulation"
+  assert fast == scaling.TensorScaling().accumulating(True) and fast.accumulating(False) == scaling.TENSOR
+  assert not scaling.TENSOR.fast_accumulation and scaling.TENSOR.accumulating(False) is scaling.TENSOR
+  assert (fast.precision, scaling.TENSOR.precision) == (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST)
+  with pytest.raises(ValueError, match="fast accumulation takes tensor scales"):
+    scaling.BLOCK.accumulating(True)
+
+
 def test_scales_travel_as_a_pytree():
   s = scaling.Scales(jnp.float32(2.0), jnp.float32(0.5), scaling.TENSOR)
   leaves, tree = jax.tree.flatten(s)

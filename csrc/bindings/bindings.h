@@ -44,7 +44,8 @@ inline DType dtype_arg(const std::string& name, const char* takes) {
 
 // A GEMM's types from a call dict of the tests and benchmarks: "dtype" (x's), and optionally "w_dtype" (x's
 // by default), "out_dtype" (x's by default; required with float8 x), "bias_dtype" (out's by default) and
-// "blocks" (float8 block scales, core/block_scales.h; false by default).
+// "blocks" (float8 block scales, core/block_scales.h; false by default) and "fast_accumulation" (tensor-scaled
+// float8 only, GemmTypes; false by default).
 inline GemmTypes gemm_types_arg(const pybind11::dict& c, const char* takes) {
   const auto named = [&](const char* key, DType fallback) {
     return c.contains(key) ? dtype_arg(c[key].cast<std::string>(), takes) : fallback;
@@ -55,8 +56,12 @@ inline GemmTypes gemm_types_arg(const pybind11::dict& c, const char* takes) {
   const bool blocks = c.contains("blocks") && c["blocks"].cast<bool>();
   if (blocks && !is_fp8(x))
     throw std::invalid_argument(std::string("jax_overlap: block scales take float8 x, got ") + dtype_name(x));
+  const bool fast = c.contains("fast_accumulation") && c["fast_accumulation"].cast<bool>();
+  if (fast && (!is_fp8(x) || blocks))
+    throw std::invalid_argument(std::string("jax_overlap: fast accumulation takes tensor-scaled float8 x, got ") +
+                                dtype_name(x) + (blocks ? " with block scales" : ""));
   const DType out = named("out_dtype", x);
-  return GemmTypes{x, named("w_dtype", x), out, named("bias_dtype", out), is_fp8(x), blocks};
+  return GemmTypes{x, named("w_dtype", x), out, named("bias_dtype", out), is_fp8(x), blocks, fast};
 }
 
 // The GEMM op a name from Python names (ag_matmul or matmul_rs); ValueError otherwise.

@@ -146,8 +146,8 @@ void bind_pipelined(py::module_& m) {
                     "installs_refused"_a = c.installs_refused, "shared_handles"_a = c.shared_handles);
   });
   // The GEMM problems (blas/gemm.h problem_id) a call of the op runs on any rank of `world` (pipelined::gemm_problems:
-  // host work only). call: "dtype" (and "w_dtype", "out_dtype", "blocks": gemm_types_arg), "batch", "m", "k", "n",
-  // "w_kmajor", "bias" (bool), "stages", optionally "overlap_reduction".
+  // host work only). call: "dtype" (and "w_dtype", "out_dtype", "blocks", "fast_accumulation": gemm_types_arg),
+  // "batch", "m", "k", "n", "w_kmajor", "bias" (bool), "stages", optionally "overlap_reduction".
   m.def(
       "gemm_problems",
       [](const std::string& op, int world, py::dict c, int sm_count) {
@@ -189,7 +189,7 @@ void bind_pipelined(py::module_& m) {
     const GemmProblem p = problem_arg(id);
     return py::dict("x"_a = dtype_name(p.types.x), "w"_a = dtype_name(p.types.w), "out"_a = dtype_name(p.types.out),
                     "bias_type"_a = dtype_name(p.types.bias), "scaled"_a = p.types.scaled,
-                    "blocks"_a = p.types.blocks, "rows"_a = p.rows, "n"_a = p.n, "k"_a = p.k, "batch"_a = p.batch,
+                    "blocks"_a = p.types.blocks, "fast_accumulation"_a = p.types.fast_accumulation, "rows"_a = p.rows, "n"_a = p.n, "k"_a = p.k, "batch"_a = p.batch,
                     "ldx"_a = p.ldx, "ldy"_a = p.ldy, "ldw"_a = p.ldw, "x_stride"_a = p.x_batch_stride,
                     "y_stride"_a = p.y_batch_stride, "w_kmajor"_a = p.w_kmajor, "bias"_a = p.bias,
                     "alignment"_a = p.alignment, "sm_count"_a = p.sm_count, "id"_a = blas::problem_id(p));
@@ -284,8 +284,8 @@ void bind_pipelined(py::module_& m) {
       "time_gemms",
       [](int ordinal, const std::string& dtype, std::vector<int64_t> rows, int64_t n, int64_t k, bool w_kmajor,
          int repeats, double warmup_ms, std::optional<std::string> w_dtype, std::optional<std::string> out_dtype,
-         bool blocks, int candidates, double margin, const std::string& cache_dir) {
-        py::dict names("dtype"_a = dtype, "blocks"_a = blocks);
+         bool blocks, bool fast_accumulation, int candidates, double margin, const std::string& cache_dir) {
+        py::dict names("dtype"_a = dtype, "blocks"_a = blocks, "fast_accumulation"_a = fast_accumulation);
         if (w_dtype) names["w_dtype"] = *w_dtype;
         if (out_dtype) names["out_dtype"] = *out_dtype;
         const GemmTypes types = gemm_types_arg(names, kTakes);
@@ -297,7 +297,8 @@ void bind_pipelined(py::module_& m) {
       },
       py::arg("ordinal"), py::arg("dtype"), py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("w_kmajor") = false,
       py::arg("repeats") = 5, py::arg("warmup_ms") = 0.0, py::arg("w_dtype") = py::none(),
-      py::arg("out_dtype") = py::none(), py::arg("blocks") = false, py::arg("candidates") = 1,
+      py::arg("out_dtype") = py::none(), py::arg("blocks") = false, py::arg("fast_accumulation") = false,
+      py::arg("candidates") = 1,
       py::arg("margin") = 0.02, py::arg("cache_dir") = "");
   // piece_bytes 0: the cap in force (pipelined::max_copy_bytes); path None: copy_path_of.
   m.def(

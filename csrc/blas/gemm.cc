@@ -66,6 +66,7 @@ Status vendor_types(const GemmProblem& s, VendorTypes* out) {
   JO_RETURN_IF_ERROR(vendor(t.out, &out->d));
   if (s.bias) JO_RETURN_IF_ERROR(vendor(t.bias, &out->bias));
   if (!t.scaled) {
+    if (t.fast_accumulation) return refused(s, "fast accumulation is float8's");
     if (t.w != t.x || t.out != t.x || (s.bias && t.bias != t.x))
       return refused(s, "unscaled operands take w, bias and y in x's dtype");
     return {};
@@ -74,6 +75,7 @@ Status vendor_types(const GemmProblem& s, VendorTypes* out) {
   if (kFp8TransposedWOnly && !s.w_kmajor) return refused(s, "its float8 GEMM takes w K-major ([n, k]) only");
   if (s.bias && !fp8_bias_type_ok(t.out, t.bias)) return refused(s, "its float8 GEMM takes no such bias");
   if (!t.blocks) return {};
+  if (t.fast_accumulation) return refused(s, "block scales take no fast accumulation (they apply per 128 of k)");
   if (kDescAScaleMode < 0) return refused(s, "float8 block scales are built for cuBLASLt (sm_90) only");
   if (!s.w_kmajor) return refused(s, "block scales take w K-major ([n, k])");
   // No algorithm on the H200 (cuBLASLt 13.1): the caller adds the bias after the GEMM.
@@ -104,7 +106,9 @@ int alignment_of(std::initializer_list<const void*> pointers) {
 std::string describe(const GemmProblem& s) {
   const GemmTypes& t = s.types;
   const std::string types = t.scaled ? std::string(dtype_name(t.x)) + " x " + dtype_name(t.w) + " -> " +
-                                           dtype_name(t.out) + (t.blocks ? " (block scales)" : " (scaled)")
+                                           dtype_name(t.out) +
+                                           (t.blocks ? " (block scales)"
+                                                     : t.fast_accumulation ? " (scaled, fast accumulation)" : " (scaled)")
                                      : dtype_name(t.x);
   return types + " [" + std::to_string(s.batch) + " x " + std::to_string(s.rows) + ", " + std::to_string(s.k) +
          "] @ " + (s.w_kmajor ? "[n, k]" : "[k, n]") + " n=" + std::to_string(s.n) +
@@ -128,16 +132,18 @@ std::string problem_id(const GemmProblem& s) {
   const GemmTypes& t = s.types;
   const auto i = [](int64_t v) { return std::to_string(v); };
   return std::string("x:") + dtype_name(t.x) + ";w:" + dtype_name(t.w) + ";out:" + dtype_name(t.out) +
-         ";bias_type:" + dtype_name(t.bias) + ";scaled:" + i(t.scaled) + ";blocks:" + i(t.blocks) + ";rows:" +
+         ";bias_type:" + dtype_name(t.bias) + ";scaled:" + i(t.scaled) + ";blocks:" + i(t.blocks) + ";fast_accum:" +
+         i(t.fast_accumulation) + ";rows:" +
          i(s.rows) + ";n:" + i(s.n) + ";k:" + i(s.k) + ";batch:" + i(s.batch) + ";ldx:" + i(s.ldx) + ";ldy:" +
          i(s.ldy) + ";ldw:" + i(s.ldw) + ";x_stride:" + i(s.x_batch_stride) + ";y_stride:" + i(s.y_batch_stride) +
          ";w_kmajor:" + i(s.w_kmajor) + ";bias:" + i(s.bias) + ";align:" + i(s.alignment) + ";sms:" + i(s.sm_count);
 }
 
 bool parse_problem_id(const std::string& text, GemmProblem* out) {
-  static const char* const kNames[] = {"x",    "w",   "out", "bias_type", "scaled", "blocks",   "rows",
-                                       "n",    "k",   "batch", "ldx",     "ldy",    "ldw",      "x_stride",
-                                       "y_stride", "w_kmajor", "bias", "align", "sms"};
+  static const char* const kNames[] = {"x",        "w",        "out",  "bias_type", "scaled", "blocks",
+                                       "fast_accum", "rows",   "n",    "k",         "batch",  "ldx",
+                                       "ldy",      "ldw",      "x_stride", "y_stride", "w_kmajor", "bias",
+                                       "align",    "sms"};
   constexpr size_t kFields = sizeof(kNames) / sizeof(kNames[0]);
   std::string values[kFields];
   size_t start = 0;
@@ -162,19 +168,20 @@ bool parse_problem_id(const std::string& text, GemmProblem* out) {
   }
   p.types.scaled = ints[0] != 0;
   p.types.blocks = ints[1] != 0;
-  p.rows = ints[2];
-  p.n = ints[3];
-  p.k = ints[4];
-  p.batch = ints[5];
-  p.ldx = ints[6];
-  p.ldy = ints[7];
-  p.ldw = ints[8];
-  p.x_batch_stride = ints[9];
-  p.y_batch_stride = ints[10];
-  p.w_kmajor = ints[11] != 0;
-  p.bias = ints[12] != 0;
-  p.alignment = static_cast<int>(ints[13]);
-  p.sm_count = static_cast<int>(ints[14]);
+  p.types.fast_accumulation = ints[2] != 0;
+  p.rows = ints[3];
+  p.n = ints[4];
+  p.k = ints[5];
+  p.batch = ints[6];
+  p.ldx = ints[7];
+  p.ldy = ints[8];
+  p.ldw = ints[9];
+  p.x_batch_stride = ints[10];
+  p.y_batch_stride = ints[11];
+  p.w_kmajor = ints[12] != 0;
+  p.bias = ints[13] != 0;
+  p.alignment = static_cast<int>(ints[14]);
+  p.sm_count = static_cast<int>(ints[15]);
   if (p.rows < 1 || p.n < 1 || p.k < 1 || p.batch < 1 || p.alignment < 1) return false;
   *out = p;
   return true;
@@ -307,9 +314,10 @@ Status DeviceBlas::describe_plan(const GemmProblem& s, std::unique_ptr<GemmPlan>
     JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescAScalePointer, stand_in));
     JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBScalePointer, stand_in));
     if (s.bias) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBiasDataType, static_cast<int32_t>(type.bias)));
-    // Fast accumulation stays off: the accumulator is promoted to full fp32 as the K loop goes (the numerics
-    // torch._scaled_mm has by default).
-    if constexpr (kDescFastAccum >= 0) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescFastAccum, int8_t{0}));
+    // Off unless asked for: the accumulator is promoted to full fp32 as the K loop goes (torch._scaled_mm's
+    // default numerics). On (types.fast_accumulation): Flax's and TransformerEngine's forward GEMM.
+    if constexpr (kDescFastAccum >= 0)
+      JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescFastAccum, int8_t{s.types.fast_accumulation ? 1 : 0}));
   }
   if (s.types.blocks) {  // cuBLASLt only (vendor_types)
     JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescAScaleMode, kScaleModeBlk128x128));

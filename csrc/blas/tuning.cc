@@ -44,7 +44,7 @@ constexpr double kSlowerThanFirst = 2.0;
 // Outputs are rounded to 16 bits (2^-8 relative at worst) and summed in another order: 2^-5 of the value (and
 // of the output's mean magnitude, for values that cancel) is far beyond that, far below a wrong tile.
 constexpr float kTolerance = 1.0f / 32;
-constexpr const char* kCacheFormat = "jax_overlap gemm algorithms 1";
+constexpr const char* kCacheFormat = "jax_overlap gemm algorithms 2";
 
 uint64_t fnv1a(const std::string& text) {
   uint64_t h = 1469598103934665603ull;

@@ -2,7 +2,8 @@
 // a GEMM sees it (the FFI handlers' checks, the pipelined schedule's chunks,
 // the vendor BLAS plan key):
 //   y[b] = x[b] @ w (+ bias)                       for b < batch (16-bit calls),
-//   y[b] = x_scale * w_scale * (x[b] @ w) (+ bias)  with float8 x and w (scaled),
+//   y[b] = x_scale * w_scale * (x[b] @ w) (+ bias)  with float8 x and w (scaled; fast_accumulation: the
+//                                                  vendor's fast fp8 accumulation, as types.fast_accumulation says),
 //   y[b][r, c] = sum_j x_scale[r, j] * w_scale[c / 128, j] * (x[b] @ w over k's j-th 128)[r, c]
 //                                                  with float8 block scales (blocks: core/block_scales.h), no bias,
 // accumulated in fp32, the bias added in fp32, y rounded once. x[b] [rows, k]
@@ -27,13 +28,18 @@ struct GemmTypes {
   DType bias;    // out's type, or float32 (float8 operands); unused without a bias
   bool scaled;   // float8 operands, each with a float32 scale
   bool blocks = false;  // float8 block scales (core/block_scales.h) instead of one scale each; implies scaled
+  // Tensor-scaled float8 only: the vendor GEMM may keep its tensor cores' partial sums in their own narrower
+  // accumulator rather than promote them to float32 as the K loop goes (cuBLASLt's FAST_ACCUM; the forward
+  // GEMM of Flax's and TransformerEngine's fp8 recipes). hipBLASLt has no such mode: AMD's MFMA accumulates in
+  // float32 either way.
+  bool fast_accumulation = false;
 
   // A 16-bit call's: x, w, y and the bias all of type t.
   static GemmTypes same(DType t) { return GemmTypes{t, t, t, t, false}; }
 
   auto key() const {
     return std::make_tuple(static_cast<int>(x), static_cast<int>(w), static_cast<int>(out), static_cast<int>(bias),
-                           scaled, blocks);
+                           scaled, blocks, fast_accumulation);
   }
 };
 

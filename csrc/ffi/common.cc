@@ -211,14 +211,21 @@ ffi::Error check_block_scales(const char* op, const GemmArgs& a, int64_t batch, 
 }  // namespace
 
 ffi::ErrorOr<GemmProblem> check_gemm(const char* op, const GemmArgs& a, const ffi::AnyBuffer& y,
-                                     std::initializer_list<const ffi::AnyBuffer*> like_x, bool w_kmajor) {
+                                     std::initializer_list<const ffi::AnyBuffer*> like_x, bool w_kmajor,
+                                     bool fast_accumulation) {
   // Strings only on the error path: this runs on every call.
   const auto dtype = dtype_of(a.x.element_type());
   if (!dtype || !is_operand(*dtype))
     return ffi::Unexpected(invalid_argument(op, "dtype of x", dtype_choices([](DType t) { return is_operand(t); }),
                                             data_type_name(a.x.element_type())));
-  const auto types = check_types(op, *dtype, a, y, like_x);
+  auto types = check_types(op, *dtype, a, y, like_x);
   if (types.has_error()) return ffi::Unexpected(types.error());
+  if (fast_accumulation) {
+    if (!types.value().scaled || types.value().blocks)
+      return ffi::Unexpected(invalid_argument(op, "fast_accumulation", "tensor-scaled float8 operands",
+                                              types.value().blocks ? "block scales" : data_type_name(a.x.element_type())));
+    types.value().fast_accumulation = true;
+  }
   const auto xd = a.x.dimensions();
   const auto wd = a.w.dimensions();
   if (xd.size() < 2) return ffi::Unexpected(invalid_argument(op, "shape of x", "[..., m, k]", dims_str(xd)));

@@ -45,6 +45,7 @@ struct RegionConfig {
 // "stages" attribute.
 struct PipelinedConfig {
   int64_t w_kmajor;
+  int64_t fast_accumulation;  // GemmTypes::fast_accumulation
   int64_t region_offset;
   int64_t region_bytes;
   int64_t site;
@@ -132,10 +133,12 @@ struct GemmArgs {
 // dtype or float32, the `like_x` results (gathered x) in x's dtype. Block
 // scales (core/block_scales.h; types.blocks) instead of f32[1]: x_scale
 // batch * m * k/128 floats, w_scale n/128 * round_up(k/128, 4), k and n
-// multiples of 128, w K-major. The call's problem: x's leading dims as its
-// batch, m as its rows, dense, no alignment.
+// multiples of 128, w K-major. fast_accumulation (GemmTypes): tensor-scaled
+// float8 only. The call's problem: x's leading dims as its batch, m as its
+// rows, dense, no alignment.
 ffi::ErrorOr<GemmProblem> check_gemm(const char* op, const GemmArgs& args, const ffi::AnyBuffer& y,
-                                     std::initializer_list<const ffi::AnyBuffer*> like_x, bool w_kmajor);
+                                     std::initializer_list<const ffi::AnyBuffer*> like_x, bool w_kmajor,
+                                     bool fast_accumulation = false);
 
 // The fused kernels' operands of a checked call, with its tile and movers.
 GemmOperands fused_operands(const GemmProblem& problem, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
@@ -198,6 +201,7 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::RegionConfig, ::xla::ffi::StructMemb
                                       ::xla::ffi::StructMember<int64_t>("site"),
                                       ::xla::ffi::StructMember<int64_t>("generation"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::PipelinedConfig, ::xla::ffi::StructMember<int64_t>("w_kmajor"),
+                                      ::xla::ffi::StructMember<int64_t>("fast_accumulation"),
                                       ::xla::ffi::StructMember<int64_t>("region_offset"),
                                       ::xla::ffi::StructMember<int64_t>("region_bytes"),
                                       ::xla::ffi::StructMember<int64_t>("site"),

@@ -51,8 +51,9 @@ ffi::ErrorOr<std::unique_ptr<CallState>> MatmulRsPipelinedInstantiate(PipelinedC
 // on block scales and its scratch size checked.
 ffi::ErrorOr<pipelined::Operands> operands(const char* name, OpKind kind, const GemmArgs& args,
                                            const ffi::AnyBuffer& y, std::initializer_list<const ffi::AnyBuffer*> like_x,
-                                           const ffi::AnyBuffer& scratch, bool w_kmajor, int world) {
-  const auto checked = check_gemm(name, args, y, like_x, w_kmajor);
+                                           const ffi::AnyBuffer& scratch, bool w_kmajor, bool fast_accumulation,
+                                           int world) {
+  const auto checked = check_gemm(name, args, y, like_x, w_kmajor, fast_accumulation);
   if (checked.has_error()) return ffi::Unexpected(checked.error());
   const Status blocks = pipelined::check_block_scales(kind, world, checked.value());
   if (!blocks.ok()) return ffi::Unexpected(ffi::Error::InvalidArgument(blocks.message));
@@ -116,7 +117,7 @@ ffi::Error AgMatmulPipelinedExecute(hipStream_t stream, int32_t ordinal, CallSta
                                     ffi::Span<const int64_t> /*groups*/, int64_t world,
                                     ffi::Span<const int64_t> /*stages*/) {
   auto op = operands("ag_matmul", OpKind::kAgMatmul, GemmArgs{x, w, bias, &x_scale, &w_scale}, *y, {&*gathered},
-                     *scratch, config.w_kmajor != 0, static_cast<int>(world));
+                     *scratch, config.w_kmajor != 0, config.fast_accumulation != 0, static_cast<int>(world));
   if (op.has_error()) return op.error();
   pipelined::Operands& o = op.value();
   const GemmProblem& g = o.gemm;
@@ -141,7 +142,7 @@ ffi::Error MatmulRsPipelinedExecute(hipStream_t stream, int32_t ordinal, CallSta
                                     ffi::Span<const int64_t> /*groups*/, int64_t world,
                                     ffi::Span<const int64_t> /*stages*/) {
   auto op = operands("matmul_rs", OpKind::kMatmulRs, GemmArgs{x, w, bias, &x_scale, &w_scale}, *out, {}, *scratch,
-                     config.w_kmajor != 0, static_cast<int>(world));
+                     config.w_kmajor != 0, config.fast_accumulation != 0, static_cast<int>(world));
   if (op.has_error()) return op.error();
   pipelined::Operands& o = op.value();
   const GemmProblem& g = o.gemm;
@@ -200,8 +201,9 @@ std::atomic<bool> g_count_vendor_gemm_runs{false};
 
 // The checks of a call not checked before: its operands, its plan.
 ffi::Error check_vendor_gemm(int32_t ordinal, const GemmArgs& args, const ffi::AnyBuffer& y,
-                             const ffi::AnyBuffer& scratch, int64_t w_kmajor, CheckedGemm* out) {
-  auto op = operands("vendor_gemm", OpKind::kAgMatmul, args, y, {}, scratch, w_kmajor != 0, 1);
+                             const ffi::AnyBuffer& scratch, int64_t w_kmajor, int64_t fast_accumulation,
+                             CheckedGemm* out) {
+  auto op = operands("vendor_gemm", OpKind::kAgMatmul, args, y, {}, scratch, w_kmajor != 0, fast_accumulation != 0, 1);
   if (op.has_error()) return op.error();
   const pipelined::Operands& o = op.value();
   if (auto e = check_elements("vendor_gemm", "result y", y, o.gemm.batch * o.gemm.rows * o.gemm.n); e.failure())
@@ -222,11 +224,13 @@ ffi::Error check_vendor_gemm(int32_t ordinal, const GemmArgs& args, const ffi::A
 // a few integer compares: the per-call cost of a group of one beside cuBLAS's own, issue 39).
 ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                              ffi::AnyBuffer bias, ffi::AnyBuffer x_scale, ffi::AnyBuffer w_scale,
-                             ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> scratch, int64_t w_kmajor) {
+                             ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> scratch, int64_t w_kmajor,
+                             int64_t fast_accumulation) {
   const bool has_bias = bias.element_count() != 0;
   VendorGemmKey key;
   key.push(ordinal);
   key.push(w_kmajor);
+  key.push(fast_accumulation);
   key.push(blas::alignment_of({x.untyped_data(), w.untyped_data(), has_bias ? bias.untyped_data() : nullptr,
                                y->untyped_data()}));
   for (const ffi::AnyBuffer* b : {&x, &w, &bias, &x_scale, &w_scale}) key.push(*b);
@@ -239,7 +243,7 @@ ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer
   if (call == nullptr) {
     auto checked = std::make_unique<CheckedGemm>();
     if (auto e = check_vendor_gemm(ordinal, GemmArgs{x, w, bias, &x_scale, &w_scale}, *y, *scratch, w_kmajor,
-                                   checked.get());
+                                   fast_accumulation, checked.get());
         e.failure())
       return e;
     checked->key = key;
@@ -281,7 +285,8 @@ auto vendor_gemm_binding() {
       .Arg<ffi::AnyBuffer>()  // w_scale f32[1] or block scales with float8 operands, else f32[0]
       .Ret<ffi::AnyBuffer>()  // y [..., m, n]
       .Ret<ffi::AnyBuffer>()  // the vendor GEMM's workspace, u8
-      .Attr<int64_t>("w_kmajor");
+      .Attr<int64_t>("w_kmajor")
+      .Attr<int64_t>("fast_accumulation");  // GemmTypes::fast_accumulation
 }
 
 }  // namespace

@@ -134,7 +134,8 @@ def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: operands.Ge
     sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, scratch])
     # In XLA's command buffers only where the vendor GEMM passed its capture check (planning._vendor_blas).
     target = machine.target("vendor_gemm" if machine.native.vendor_gemm_graph_safe() else "vendor_gemm_no_graph")
-    y = jax.ffi.ffi_lowering(target)(sub_ctx, *args, w_kmajor=np.int64(problem.w_kmajor))[0]
+    y = jax.ffi.ffi_lowering(target)(sub_ctx, *args, w_kmajor=np.int64(problem.w_kmajor),
+                                     fast_accumulation=np.int64(problem.fast_accumulation))[0]
     results = list(op.results_of_one(operands.finished(ctx, call, y, y_aval, bias_after), call.values.x))
     if len(results) < len(ctx.avals_out):  # a float8 call's gathered_scales: x's own
       results.append(operands.own_gathered_scales(ctx, call, ctx.avals_out[len(results)]))
@@ -152,7 +153,8 @@ def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: operands.Ge
     else:
       results_out.append(jax.core.ShapedArray((0,), np.float32))
   sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, *results_out, scratch])
-  config_attr = {"w_kmajor": np.int64(problem.w_kmajor), "region_offset": np.int64(choice.offset),
+  config_attr = {"w_kmajor": np.int64(problem.w_kmajor), "fast_accumulation": np.int64(problem.fast_accumulation),
+                 "region_offset": np.int64(choice.offset),
                  "region_bytes": np.int64(region_bytes), "site": np.int64(_site(ctx, region_key)),
                  "generation": np.int64(workspace.generation())}
   y, *rest = jax.ffi.ffi_lowering(machine.target(op.NAME + "_pipelined"))(

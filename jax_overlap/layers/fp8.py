@@ -61,6 +61,7 @@ class _Fp8Call:
   x_dtype: str
   w_dtype: str
   scaling: scaling.Scaling = scaling.TENSOR  # TENSOR: one scale per operand; BLOCK: 1x128 blocks, 128x128 tiles
+  fast_accumulation: bool = False  # the forward GEMM's (api.ag_matmul's); the gradients' GEMMs promote to float32
 
   @property
   def out_dtype(self) -> str:
@@ -79,6 +80,11 @@ class Fp8Layer(Layer):
       raise ValueError(f"jax_overlap.{name}: family must be None (the GPU's), 'ocp' or 'fnuz', got {self.family!r}")
     if self.scaling not in scaling.MODES:
       raise ValueError(f"jax_overlap.{name}: scaling must be one of {tuple(scaling.MODES)}, got {self.scaling!r}")
+    check_fast_accumulation(name, self.fast_accumulation, scaling.MODES[self.scaling])
+
+  def forward_fast_accumulation(self) -> bool:
+    """Whether the forward GEMM accumulates fast: fast_accumulation, None meaning so for tensor scales."""
+    return not scaling.MODES[self.scaling].blocks if self.fast_accumulation is None else self.fast_accumulation
 
   def _call(self, lhs, rhs, **fields) -> _Fp8Call:
     """This call's _Fp8Call, after the checks of its inputs' dtypes."""
@@ -93,7 +99,16 @@ class Fp8Layer(Layer):
     e4m3, e5m2 = formats.fp8_formats(family)
     return _Fp8Call(axis_name=self.axis_name, algorithm=self.algorithm, e4m3=e4m3, e5m2=e5m2,
                     x_dtype=formats.name(lhs.dtype), w_dtype=formats.name(rhs.dtype),
-                    scaling=scaling.MODES[self.scaling], **fields)
+                    scaling=scaling.MODES[self.scaling], fast_accumulation=self.forward_fast_accumulation(), **fields)
+
+
+def check_fast_accumulation(layer: str, fast_accumulation, mode: scaling.Scaling) -> None:
+  """A layer's fast_accumulation field: None or a bool, not True with block scales (ValueError, TypeError)."""
+  if fast_accumulation is not None and not isinstance(fast_accumulation, bool):
+    raise TypeError(f"jax_overlap.{layer}: fast_accumulation must be None, True or False, got {fast_accumulation!r}")
+  if fast_accumulation and mode.blocks:
+    raise ValueError(f"jax_overlap.{layer}: fast_accumulation=True takes scaling='tensor'; block scales apply per "
+                     f"128 elements of K, where the GEMM promotes its sums to float32 anyway")
 
 
 def _axes(call: _Fp8Call) -> tuple:
@@ -147,7 +162,7 @@ def _quantized(x, w, call: _Fp8Call, kmajor) -> tuple:
   """(x8, x_scale, w8, w_scale): x and the kernel quantized to e4m3, the kernel in the K-major layout kmajor(w)
   gives. Current scaling: the transpose and the cast are one pass over w. Block scaling (w 2-D): x per 1x128
   block, the kernel per 128x128 tile."""
-  if call.scaling is BLOCK:
+  if call.scaling.blocks:
     return (*numerics.block_scaling(x, call.e4m3), *numerics.tile_scaling(kmajor(w), call.e4m3))
   x8, x_scale = fp8_cast.current_scaling(x, call.e4m3, algorithm=_cast_algorithm(call))
   w_scale = numerics.fp8_scale(jnp.max(jnp.abs(w)), call.e4m3)
@@ -156,7 +171,7 @@ def _quantized(x, w, call: _Fp8Call, kmajor) -> tuple:
 
 def _cotangent(d, call: _Fp8Call) -> tuple:
   """(d quantized to e5m2, its scale): current scaling, or per 1x128 block of its last dim."""
-  if call.scaling is BLOCK:
+  if call.scaling.blocks:
     return numerics.block_scaling(d, call.e5m2)
   return fp8_cast.current_scaling(d, call.e5m2, algorithm=_cast_algorithm(call))
 
@@ -165,7 +180,7 @@ def _dual_kernel(w, w_scale, call: _Fp8Call) -> tuple:
   """(the kernel quantized again in its own layout, whose last dim is the dual op's contraction, with the
   forward's scale; that scale as the dual op takes it): the same float8 values as the forward's K-major kernel.
   Block scaling: the forward's tiles, transposed."""
-  if call.scaling is BLOCK:
+  if call.scaling.blocks:
     return numerics.tile_scaling(w, call.e4m3, w_scale.T)[0], w_scale.T
   return fp8_cast.cast(w, w_scale, call.e4m3, algorithm=_cast_algorithm(call)), w_scale
 
@@ -212,6 +227,9 @@ class Fp8AgDotGeneral(Fp8Layer):
   (float8_e4m3fnuz and float8_e5m2fnuz); None: fnuz on gfx942, OCP elsewhere. scaling: "tensor" (one
   scale per operand: the local shard's amax) or "block" (a scale per 1x128 block of x and of the
   cotangent, per 128x128 tile of the kernel; K and N multiples of 128, see "block scaling" below).
+  fast_accumulation: whether the forward GEMM takes the vendor's fast fp8 accumulation
+  (jax_overlap.ag_matmul's fast_accumulation: TransformerEngine's forward numerics); None (default):
+  so with tensor scales, not with block scales, which take none. The gradients' GEMMs never do.
 
   Example (flax.nnx, bf16 in and out):
 
@@ -224,6 +242,7 @@ class Fp8AgDotGeneral(Fp8Layer):
   gather_axis: int = -2
   family: str | None = None
   scaling: str = "tensor"
+  fast_accumulation: bool | None = None
 
   def __post_init__(self):
     super().__post_init__()
@@ -234,7 +253,7 @@ class Fp8AgDotGeneral(Fp8Layer):
     check_column_parallel("Fp8AgDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
     call = self._call(lhs, rhs, axis=_negative(self.gather_axis, lhs.ndim), out_sharding=out_sharding)
     x, w = _varying_in(call, lhs, rhs)
-    if call.scaling is scaling.TENSOR:
+    if not call.scaling.blocks:
       return _fp8_ag(x, w, call)
     # Block scales take a 2-D kernel: [K, *n] as [K, N], and back.
     w2 = _sharding.reshape(w, (w.shape[0], -1))
@@ -246,8 +265,9 @@ class Fp8AgDotGeneral(Fp8Layer):
 def _ag_forward(x, w, call: _Fp8Call):
   x8, x_scale, w8, w_scale = _quantized(x, w, call, lambda w: jnp.moveaxis(w, 0, -1))  # [K, *n] -> [*n, K]
   y, gathered, scales = api.ag_matmul(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype,
-                                      w_kmajor=True, axis_name=call.axis_name, algorithm=call.algorithm,
-                                      return_gathered=True, gather_axis=call.axis, out_sharding=call.out_sharding)
+                                      fast_accumulation=call.fast_accumulation, w_kmajor=True,
+                                      axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True,
+                                      gather_axis=call.axis, out_sharding=call.out_sharding)
   return y, (gathered, scales, w, remat.tag(w_scale, remat.AG_W_SCALE), _layouts(call, x, w))
 
 
@@ -261,7 +281,7 @@ def _fp8_ag_bwd(call: _Fp8Call, residuals, dy):
   dx = api.matmul_rs(dy8, w8, x_scale=dy_scale, w_scale=dual_scale, out_dtype=call.x_dtype, w_kmajor=True,
                      axis_name=call.axis_name, algorithm=call.algorithm, scatter_axis=scatter,
                      **_dual_layout(x_layout))
-  if call.scaling is BLOCK:
+  if call.scaling.blocks:
     return autodiff.like(dx, x_layout), _block_weight_grad(gathered, scales, dy, w, w_layout, call, "Fp8AgDotGeneral")
   # dW = gathered^T @ dy over rows whose shards carry scales of their own: dy's rows times their shard's scale,
   # quantized with one scale (transposed in that pass). With one shard that is dy8 itself, transposed, and the
@@ -291,9 +311,9 @@ class Fp8RsDotGeneral(Fp8Layer):
   scales folded into AG(dz) by exact power-of-two shifts. Residuals: the quantized x and its
   scale (jax_overlap.remat names them).
 
-  axis_name: as RsDotGeneral's. algorithm, family, scaling: as Fp8AgDotGeneral's. scatter_axis: as
-  RsDotGeneral's, but not the columns (-1) inside shard_map, where the dual op would gather the
-  contraction.
+  axis_name: as RsDotGeneral's. algorithm, family, scaling, fast_accumulation: as Fp8AgDotGeneral's.
+  scatter_axis: as RsDotGeneral's, but not the columns (-1) inside shard_map, where the dual op would
+  gather the contraction.
 
   Example (flax.nnx, bf16 in and out):
 
@@ -306,6 +326,7 @@ class Fp8RsDotGeneral(Fp8Layer):
   scatter_axis: int | None = None
   family: str | None = None
   scaling: str = "tensor"
+  fast_accumulation: bool | None = None
 
   def __post_init__(self):
     super().__post_init__()
@@ -325,7 +346,7 @@ class Fp8RsDotGeneral(Fp8Layer):
                        f"RsDotGeneral, or scatter another dim")
     call = self._call(lhs, rhs, axis=scatter, out_sharding=out_sharding)
     x, w = _varying_in(call, lhs, rhs)
-    if call.scaling is scaling.TENSOR:
+    if not call.scaling.blocks:
       return _fp8_rs(x, w, call)
     # Block scales take a 2-D kernel: [*k, N] as [K, N], x [..., *k] as [..., K].
     w2 = _sharding.reshape(w, (-1, w.shape[-1]))
@@ -335,9 +356,9 @@ class Fp8RsDotGeneral(Fp8Layer):
 
 def _rs_forward(x, w, call: _Fp8Call):
   x8, x_scale, w8, w_scale = _quantized(x, w, call, lambda w: jnp.moveaxis(w, -1, 0))  # [*k, N] -> [N, *k]
-  z = api.matmul_rs(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype, w_kmajor=True,
-                    axis_name=call.axis_name, algorithm=call.algorithm, scatter_axis=call.axis,
-                    out_sharding=call.out_sharding)
+  z = api.matmul_rs(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype,
+                    fast_accumulation=call.fast_accumulation, w_kmajor=True, axis_name=call.axis_name,
+                    algorithm=call.algorithm, scatter_axis=call.axis, out_sharding=call.out_sharding)
   residuals = (remat.tag(x8, remat.RS_X_FP8), remat.tag(x_scale, remat.RS_X_SCALE), w,
                remat.tag(w_scale, remat.RS_W_SCALE), _layouts(call, x, w))
   return z, residuals
@@ -353,7 +374,7 @@ def _fp8_rs_bwd(call: _Fp8Call, residuals, dz):
       dz8, w8, x_scale=dz_scale, w_scale=dual_scale, out_dtype=call.x_dtype, w_kmajor=True,
       axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True, gather_axis=gather,
       **_dual_layout(x_layout))
-  if call.scaling is BLOCK:
+  if call.scaling.blocks:
     # the gathered cotangent's value from its float8 blocks (exact), blocked along the rows again
     dw = _block_weight_grad(x8, x_scale, numerics.dequantized(dz_gathered, dz_scales), w, w_layout, call,
                             "Fp8RsDotGeneral")

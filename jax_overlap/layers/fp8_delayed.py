@@ -133,9 +133,10 @@ def _cotangent(d, meta, call: fp8._Fp8Call) -> tuple:
 
 def _ag_forward(x, w, meta, call: fp8._Fp8Call):
   x8, xs, w8, ws, new_meta = _forward_scales(x, w, meta, call, lambda w: jnp.moveaxis(w, 0, -1))  # [K,*n]->[*n,K]
-  y, gathered, _ = api.ag_matmul(x8, w8, x_scale=xs, w_scale=ws, out_dtype=call.out_dtype, w_kmajor=True,
-                                 axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True,
-                                 gather_axis=call.axis, out_sharding=call.out_sharding)
+  y, gathered, _ = api.ag_matmul(x8, w8, x_scale=xs, w_scale=ws, out_dtype=call.out_dtype,
+                                 fast_accumulation=call.fast_accumulation, w_kmajor=True, axis_name=call.axis_name,
+                                 algorithm=call.algorithm, return_gathered=True, gather_axis=call.axis,
+                                 out_sharding=call.out_sharding)
   residuals = (gathered, remat.tag(xs, remat.AG_GATHERED_SCALES), w, remat.tag(ws, remat.AG_W_SCALE), meta[4:],
                new_meta, fp8._layouts(call, x, w))
   return y, residuals
@@ -158,9 +159,9 @@ def _ag_backward(call: fp8._Fp8Call, residuals, dy):
 
 def _rs_forward(x, w, meta, call: fp8._Fp8Call):
   x8, xs, w8, ws, new_meta = _forward_scales(x, w, meta, call, lambda w: jnp.moveaxis(w, -1, 0))  # [*k,N]->[N,*k]
-  z = api.matmul_rs(x8, w8, x_scale=xs, w_scale=ws, out_dtype=call.out_dtype, w_kmajor=True,
-                    axis_name=call.axis_name, algorithm=call.algorithm, scatter_axis=call.axis,
-                    out_sharding=call.out_sharding)
+  z = api.matmul_rs(x8, w8, x_scale=xs, w_scale=ws, out_dtype=call.out_dtype,
+                    fast_accumulation=call.fast_accumulation, w_kmajor=True, axis_name=call.axis_name,
+                    algorithm=call.algorithm, scatter_axis=call.axis, out_sharding=call.out_sharding)
   residuals = (remat.tag(x8, remat.RS_X_FP8), remat.tag(xs, remat.RS_X_SCALE), w, remat.tag(ws, remat.RS_W_SCALE),
                meta[4:], new_meta, fp8._layouts(call, x, w))
   return z, residuals
@@ -193,9 +194,16 @@ class Fp8DelayedDotGeneralBase(fp8_ops.Fp8DotGeneralBase):
   another library's state paths) may call on its own variables."""
 
   ALGORITHMS = fp8.Fp8Layer.ALGORITHMS
+  # The forward GEMM with the vendor's fast fp8 accumulation (jax_overlap.ag_matmul's fast_accumulation), as
+  # Flax's op runs it (its forward dot at precision DEFAULT, XLA's fast accumulation; its gradients' at HIGHEST,
+  # which the gradients' GEMMs here match).
+  fast_accumulation: bool = True
 
   def __post_init__(self):
     super().__post_init__()
+    if not isinstance(self.fast_accumulation, bool):
+      raise TypeError(f"jax_overlap.{type(self).__name__}: fast_accumulation must be True or False, got "
+                      f"{self.fast_accumulation!r}")
     check_fields(type(self).__name__, getattr(self, "axis_name", None), getattr(self, "algorithm", "auto"),
                  self.ALGORITHMS)
     pair = (formats.name(self.e4m3_dtype), formats.name(self.e5m2_dtype))
@@ -235,7 +243,8 @@ class Fp8DelayedDotGeneralBase(fp8_ops.Fp8DotGeneralBase):
       run = _delayed_rs
     call = fp8._Fp8Call(axis_name=axis_name, algorithm=algorithm, axis=axis, out_sharding=out_sharding,
                         e4m3=formats.name(self.e4m3_dtype), e5m2=formats.name(self.e5m2_dtype),
-                        x_dtype=formats.name(x.dtype), w_dtype=formats.name(rhs.dtype))
+                        x_dtype=formats.name(x.dtype), w_dtype=formats.name(rhs.dtype),
+                        fast_accumulation=self.fast_accumulation)
     x, w = fp8._varying_in(call, x, rhs)
     return run(x, w, self.meta(), call)
 
@@ -247,7 +256,8 @@ class Fp8DelayedAgDotGeneral(Fp8DelayedDotGeneralBase):
   goes, as a linen layer's dot_general_cls (flax.linen.Dense(..., dot_general_cls=Fp8DelayedAgDotGeneral)).
   axis_name, gather_axis: as jax_overlap.AgDotGeneral's. algorithm: "auto", "pipelined" or "xla", as
   jax_overlap.Fp8AgDotGeneral's. e4m3_dtype, e5m2_dtype: the OCP pair (default) or the fnuz pair.
-  amax_history_length: Flax's (1024).
+  amax_history_length: Flax's (1024). fast_accumulation: the forward GEMM's, True as in Flax's op (the
+  gradients' GEMMs promote their sums to float32, as Flax's do).
 
   Example (flax.linen, bf16 compute, on sharded global arrays under jit):
 

@@ -18,7 +18,9 @@ Float8 operands come with their Scales and the result in out_dtype, which
 takes x's dtype's place above: partials are staged and rounded in it. Their
 products are the dequantized operands' (quantization/numerics.py), one dot per
 gathered shard of tensor-scaled x (rows of different scales), the form XLA
-rewrites into its fp8 GEMM.
+rewrites into its fp8 GEMM, at the precision that gives its accumulation
+(Scaling.precision: HIGHEST promotes the sums to float32 as the GPU paths do,
+DEFAULT is XLA's fast accumulation).
 """
 
 from __future__ import annotations
@@ -38,12 +40,14 @@ def local_matmul(x, w, *, w_kmajor: bool = False, contract: int = 1, scales=None
   scales: the Scales of float8 operands, or None.
   out_sharding: the result's layout, for global arrays on a mesh with Explicit axes.
   """
+  precision = None
   if scales is not None:
     x, w = numerics.dequantized(x, scales.x), numerics.dequantized(w, scales.w)
+    precision = scales.scaling.precision
   x_dims = tuple(range(x.ndim - contract, x.ndim))
   w_dims = tuple(range(w.ndim - contract, w.ndim)) if w_kmajor else tuple(range(contract))
-  return lax.dot_general(x, w, ((x_dims, w_dims), ((), ())), preferred_element_type=formats.accumulator(x.dtype),
-                         out_sharding=out_sharding)
+  return lax.dot_general(x, w, ((x_dims, w_dims), ((), ())), precision=precision,
+                         preferred_element_type=formats.accumulator(x.dtype), out_sharding=out_sharding)
 
 
 def gathered_matmul(gathered, w, *, w_kmajor: bool = False, gather: int = -2, scales=None):

@@ -76,6 +76,10 @@ class Problem:
     return self.scaling is not None
 
   @property
+  def fast_accumulation(self) -> bool:
+    return self.scaled and self.scaling.fast_accumulation
+
+  @property
   def rows(self) -> int:
     return self.batch * self.m
 

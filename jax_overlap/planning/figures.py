@@ -81,6 +81,8 @@ def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmaj
   extra = {} if types is None else {"w_dtype": types[0], "out_dtype": types[1]}
   if scaling is not None and scaling.blocks:
     extra["blocks"] = True
+  if scaling is not None and scaling.fast_accumulation:
+    extra["fast_accumulation"] = True
   return tuple(processes.agree(f"gemm/{name}/{chunk_rows}x{world}/{n}/{k}/{int(w_kmajor)}", lambda: list(
       _native().time_gemms(workspace.first_ordinal(), dtype_name, rows, n, k, w_kmajor, warmup_ms=GEMM_WARMUP_MS,
                            **extra, **tuning.options()))))

@@ -47,7 +47,8 @@ def problems(problem, op, stages: tuple) -> list:
   call = {"dtype": problem.dtype_name, "batch": problem.batch, "m": problem.m, "k": problem.k, "n": problem.n,
           "w_kmajor": problem.w_kmajor, "bias": problem.gemm_bias, "stages": list(stages)}
   if problem.scaled:
-    call.update(w_dtype=problem.w_dtype, out_dtype=problem.out_dtype, blocks=problem.scaling.blocks)
+    call.update(w_dtype=problem.w_dtype, out_dtype=problem.out_dtype, blocks=problem.scaling.blocks,
+                fast_accumulation=problem.fast_accumulation)
   return list(backend.current().native.gemm_problems(op.NAME, problem.world, call,
                                                      workspace.device_props().sm_count))
 

@@ -12,7 +12,9 @@ mode). What differs between modes is written once, here, as a Scaling:
   on (gpu_refused), the flat layout it reads (gemm_forms, gathered_from_gemm),
   whether its epilogue adds a bias (bias_epilogue);
   whether XLA has an fp8 GEMM for them (xla_gemm: auto's cost model compares
-  with it).
+  with it);
+  and how the GEMM accumulates their products (fast_accumulation, which a mode
+  carries as a variant of itself: accumulating).
 Scales (the pair of arrays and their mode, a pytree) is how scales travel
 through the Python code: by name, never by position.
 
@@ -20,6 +22,12 @@ through the Python code: by name, never by position.
   BLOCK   DeepSeek-V3's recipe: one float32 per 1 x BLOCK_SIZE block of x (a
           row, BLOCK_SIZE elements of K) and one per BLOCK_SIZE x BLOCK_SIZE
           tile of w; cuBLASLt runs it on Hopper
+Fast accumulation (tensor scales only): the fp8 GEMM may keep the tensor cores'
+partial sums in their narrower accumulator instead of promoting them to float32
+as the K loop goes (cuBLASLt's FAST_ACCUM; XLA's fp8 GEMM at precision DEFAULT):
+faster on Hopper, less precise over long K. Flax's and TransformerEngine's fp8
+recipes run their forward GEMM so and their gradients' GEMMs without. AMD's MFMA
+accumulates in float32 either way (hipBLASLt has no such mode).
 Rowwise scales and MXFP8 would be modes of their own (docs/architecture.md,
 "add a scaling mode"). The block layouts mirror csrc/core/block_scales.h, whose
 constants the native module exports (a test compares them with these).
@@ -27,6 +35,7 @@ constants the native module exports (a test compares them with these).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from typing import Any
@@ -46,22 +55,41 @@ W_SCALE_ROW_ALIGN = 4
 
 
 class Scaling:
-  """A scaling mode (TENSOR, BLOCK): immutable and hashable, so primitives carry it as a parameter."""
+  """A scaling mode (TENSOR, BLOCK), or its variant with fast accumulation: immutable and hashable, so primitives
+  carry it as a parameter."""
 
   name: str = ""
   xla_gemm: bool = True  # XLA rewrites the dot of operands dequantized this way into its fp8 GEMM
   bias_epilogue: bool = True  # the vendor's GEMM with these scales adds a bias in its epilogue
   follows_x: bool = False  # x_scale has x's leading dims: batch dims fold and vmap batches it with x
   blocks: bool = False  # the native side's block scales (csrc/core/gemm_problem.h GemmTypes::blocks)
+  fast_accumulation: bool = False  # the GEMM's fast fp8 accumulation (module docstring; GemmTypes alike)
 
   def __repr__(self) -> str:
-    return self.name
+    return self.name + ("+fast_accumulation" if self.fast_accumulation else "")
 
   def __eq__(self, other) -> bool:
-    return type(other) is type(self)
+    return type(other) is type(self) and other.fast_accumulation == self.fast_accumulation
 
   def __hash__(self) -> int:
-    return hash(self.name)
+    return hash((self.name, self.fast_accumulation))
+
+  def accumulating(self, fast: bool) -> Scaling:
+    """This mode with fast accumulation on or off (ValueError for a mode that takes none)."""
+    if bool(fast) == self.fast_accumulation:
+      return self
+    if fast and self.blocks:
+      raise ValueError("fast accumulation takes tensor scales: block scales apply per 128 elements of K, where the "
+                       "GEMM promotes its sums to float32 anyway")
+    variant = copy.copy(self)
+    variant.fast_accumulation = bool(fast)
+    return variant
+
+  @property
+  def precision(self):
+    """The precision of XLA's dot of operands dequantized this way: DEFAULT is XLA's fp8 GEMM with fast
+    accumulation, HIGHEST without."""
+    return lax.Precision.DEFAULT if self.fast_accumulation else lax.Precision.HIGHEST
 
   # --- what a caller passes (api.py) ---
 

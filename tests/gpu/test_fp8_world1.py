@@ -62,6 +62,17 @@ def _case_id(case):
 @pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_group_of_one_fp8_is_the_vendor_gemm(op, case):
+  _check_group_of_one(op, case, fast_accumulation=False)
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+@pytest.mark.parametrize("case", [CASES[2], CASES[7]], ids=_case_id)
+def test_group_of_one_fp8_with_fast_accumulation(op, case):
+  """The vendor GEMM with fast accumulation (K = 8192): within the same tolerance of float64."""
+  _check_group_of_one(op, case, fast_accumulation=True)
+
+
+def _check_group_of_one(op, case, fast_accumulation: bool):
   x_format, w_format, out_dtype, bias_kind, lead, m, k, n, w_kmajor = case
   rng = np.random.default_rng(zlib.crc32(repr((op, _case_id(case))).encode()))
   x = random(rng, (*lead, m, k), x_format)
@@ -82,13 +93,14 @@ def test_group_of_one_fp8_is_the_vendor_gemm(op, case):
 
   def body(x, w, b, sx, sw):
     extra = dict(return_gathered=True) if gathers else {}
-    return fn(x, w, b, x_scale=sx, w_scale=sw, out_dtype=out_dtype, w_kmajor=w_kmajor, axis_name="tp",
-              algorithm="pipelined", **extra)
+    return fn(x, w, b, x_scale=sx, w_scale=sw, out_dtype=out_dtype, fast_accumulation=fast_accumulation,
+              w_kmajor=w_kmajor, axis_name="tp", algorithm="pipelined", **extra)
 
   f = jax.jit(jax.shard_map(body, mesh=_mesh(), in_specs=(x_spec, w_spec, b_spec if b is not None else None, P(), P()),
                             out_specs=out_specs))
   args = (x, w, b, sx, sw)
-  assert "jax_overlap_vendor_gemm" in f.lower(*args).as_text()
+  lowered = f.lower(*args).as_text()
+  assert "jax_overlap_vendor_gemm" in lowered and f"fast_accumulation = {int(fast_accumulation)}" in lowered
   results = f(*args)
   y = results[0] if gathers else results
   ref = (_f64(x) * sx) @ (_f64(w_kn) * sw) + (0.0 if b is None else _f64(b))

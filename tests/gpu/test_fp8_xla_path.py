@@ -45,10 +45,12 @@ def _mesh():
   return Mesh(np.array(jax.devices()[:1]), ("tp",))
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["promoted", "fast_accumulation"])
 @pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
-def test_xla_path_is_xlas_fp8_gemm(op):
+def test_xla_path_is_xlas_fp8_gemm(op, fast):
   """algorithm="xla" in shard_map over one GPU: float8 operands converted to float32 and scaled, into one dot per
-  shard: XLA runs a GEMM on the float8 operands for it, and the result matches float64."""
+  shard: XLA runs a GEMM on the float8 operands for it, at precision HIGHEST (float32 sums) or DEFAULT (fast
+  accumulation), and the result matches float64."""
   e4m3, e5m2 = _formats()
   rng = np.random.default_rng(0)
   m, k, n = 512, 1024, 768
@@ -58,7 +60,8 @@ def test_xla_path_is_xlas_fp8_gemm(op):
   x_spec, w_spec, out_spec = ((P("tp"), P(None, "tp"), P(None, "tp")) if op == "ag_matmul" else
                               (P(None, "tp"), P("tp"), P("tp")))
   f = jax.jit(jax.shard_map(
-      lambda x, w, sx, sw: getattr(jo, op)(x, w, x_scale=sx, w_scale=sw, axis_name="tp", algorithm="xla"),
+      lambda x, w, sx, sw: getattr(jo, op)(x, w, x_scale=sx, w_scale=sw, fast_accumulation=fast, axis_name="tp",
+                                           algorithm="xla"),
       mesh=_mesh(), in_specs=(x_spec, w_spec, P(), P()), out_specs=out_spec))
   y = f(x, w, sx, sw)
   want = (np.asarray(x.astype(np.float32), np.float64) * sx) @ (np.asarray(w.astype(np.float32), np.float64) * sw)

@@ -160,7 +160,7 @@ def test_the_cache_gives_the_next_process_the_choice_and_a_corrupt_one_is_ignore
   (name,) = os.listdir(cache)
   with open(os.path.join(cache, name)) as fh:
     lines = fh.read().splitlines()
-  assert lines[0] == "jax_overlap gemm algorithms 1" and lines[1].startswith("library ") and len(lines) == 5
+  assert lines[0] == "jax_overlap gemm algorithms 2" and lines[1].startswith("library ") and len(lines) == 5
   second = _tune_in_a_process(cache)
   assert (second["source"], second["choice"], second["timed"]) == ("disk_cache", first["choice"], 0), second
   # Fault gemm_cache_corrupt: the file reads as corrupt; the problem is timed again and the file rewritten.
