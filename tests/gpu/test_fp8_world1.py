@@ -68,7 +68,8 @@ def test_group_of_one_fp8_is_the_vendor_gemm(op, case):
 @pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
 @pytest.mark.parametrize("case", [CASES[2], CASES[7]], ids=_case_id)
 def test_group_of_one_fp8_with_fast_accumulation(op, case):
-  """The vendor GEMM with fast accumulation (K = 8192): within the same tolerance of float64."""
+  """The vendor GEMM with fast accumulation (K = 8192) against float64, at fast accumulation's tolerance
+  (tests/tolerance.py: 0.129% of the elements exceeded float16's at K = 8192 on the H200)."""
   _check_group_of_one(op, case, fast_accumulation=True)
 
 
@@ -105,7 +106,7 @@ def _check_group_of_one(op, case, fast_accumulation: bool):
   y = results[0] if gathers else results
   ref = (_f64(x) * sx) @ (_f64(w_kn) * sw) + (0.0 if b is None else _f64(b))
   assert y.shape == ref.shape and y.dtype == out_dtype
-  assert_close(y, ref, _tolerance_dtype(out_dtype), k, sx * sw)
+  assert_close(y, ref, _tolerance_dtype(out_dtype), k, sx * sw, fast_accumulation=fast_accumulation)
   if gathers:
     np.testing.assert_array_equal(np.asarray(results[1]).view(np.uint8), np.asarray(x).view(np.uint8))
     np.testing.assert_array_equal(np.asarray(results[2]), np.array([sx], np.float32))
