@@ -5,7 +5,8 @@ dequantized operands (x.astype(float64) * x_scale):
               order), w given [K, N] (the lowering transposes it), a bfloat16 bias; under every stage plan kind
               (a stage of several shards runs one GEMM per shard, each with its own scale);
   matmul_rs   each rank's partial scaled by its own x and w scales, a float32 bias added once in the reduction,
-              bfloat16 and float32 outputs, every stage plan kind; the bits repeat from call to call.
+              bfloat16 and float32 outputs, every stage plan kind; the bits repeat from call to call; with fast
+              accumulation, bfloat16's tolerance.
 
   python tests/gpu/multiprocess.py --scenarios fp8     (about a minute on the H200 under MPS)
 """
@@ -22,7 +23,7 @@ from tolerance import close
 ENV = {"JAX_OVERLAP_ON_TIMEOUT": "raise"}
 WORLDS = (2, 4)
 CHECKS = ("fp8_ag_matmul", "fp8_ag_matmul_gathered", "fp8_matmul_rs_bfloat16", "fp8_matmul_rs_float32",
-          "fp8_matmul_rs_bitwise_repeat")
+          "fp8_matmul_rs_bitwise_repeat", "fp8_matmul_rs_fast_accumulation")
 
 
 def required(rank: int, world: int) -> tuple:
@@ -109,5 +110,13 @@ def run(ctx: Ctx) -> None:
               "; ".join(f"stages {s}: {detail}" for s, (ok, detail) in verdicts.items() if not ok))
     if out_dtype == jnp.bfloat16:
       ctx.check("fp8_matmul_rs_bitwise_repeat", all(first.values()), f"bits repeat per plan: {first}")
+  # Fast accumulation (the fp8 layers' forward): the pipelined call's config attribute reaches its GEMMs.
+  rs_fast = jax.jit(jax.shard_map(
+      lambda x, w, b, sx, sw: jo.matmul_rs(x, w, b, x_scale=sx[0], w_scale=sw[0], out_dtype=jnp.bfloat16,
+                                           fast_accumulation=True, axis_name="tp", algorithm="pipelined"),
+      mesh=mesh, in_specs=(P(None, "tp"), P("tp", None), P(), P("tp"), P("tp")), out_specs=P("tp")))
+  lowered = "fast_accumulation = 1" in rs_fast.lower(*args).as_text()
+  ok, detail = close(ctx.local(rs_fast(*args)), want, jnp.bfloat16, world * kl, max(sx) * max(sw))
+  ctx.check("fp8_matmul_rs_fast_accumulation", ok and lowered, f"attribute lowered: {lowered}; {detail}")
   del os.environ["JAX_OVERLAP_PIPELINE_STAGES"]
   jax.clear_caches()
