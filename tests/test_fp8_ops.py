@@ -294,6 +294,27 @@ def test_global_w_kmajor(op, fp8, scales, make_mesh, assert_close):
   assert_close(y, dequantized(x, sx, 0) @ dequantized(w, sw, 0).T, jnp.bfloat16, x.shape[1], term_scale(sx, sw))
 
 
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_global_fast_accumulation(op, axis_type, fp8, scales, make_mesh, assert_close):
+  """On global arrays (the custom partitioning's bodies, compiled) fast_accumulation reaches every dot: DEFAULT
+  precision with it, HIGHEST without."""
+  mesh = make_mesh((WORLD,), ("tp",), getattr(jax.sharding.AxisType, axis_type))
+  sx, sw = scales(1), scales(1)
+  if op == "ag_matmul":
+    x, w, specs = fp8((WORLD * 4, 32), "float8_e4m3fn"), fp8((32, WORLD * 8), "float8_e4m3fn"), (P("tp"), P(None, "tp"))
+  else:
+    x, w, specs = fp8((WORLD * 4, WORLD * 8), "float8_e4m3fn"), fp8((WORLD * 8, 16), "float8_e4m3fn"), \
+        (P(None, "tp"), P("tp"))
+  args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip((x, w), specs)]
+  want = dequantized(x, sx, 0) @ dequantized(w, sw, 0)
+  for fast in (False, True):
+    f = jax.jit(lambda x, w: getattr(jax_overlap, op)(x, w, x_scale=sx[0], w_scale=sw[0], fast_accumulation=fast))
+    dots = [line for line in f.lower(*args).compile().as_text().splitlines() if " dot(" in line]
+    assert dots and all(("operand_precision={highest,highest}" in line) != fast for line in dots), dots
+    assert_close(f(*args), want, jnp.bfloat16, x.shape[1], term_scale(sx, sw))
+
+
 # --- vmap, empty shapes, differentiation ------------------------------------------------------
 
 @pytest.mark.parametrize("batched", ["x", "scales"])
