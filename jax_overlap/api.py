@@ -357,8 +357,9 @@ _FP8_ARGS = """
               accumulates in float32 either way.
   The GEMM accumulates in float32 with both scales applied. On the XLA path (every format, every backend)
   the operands are converted to float32 and scaled into one dot per shard, the form XLA rewrites into its
-  own fp8 GEMM (at precision HIGHEST, or DEFAULT with fast_accumulation). A format the GPU cannot run is an error for algorithm="pipelined" naming the dtype and the
-  device, and takes the XLA path under "auto"; "fused" is 16-bit only. Differentiating a float8 call raises
+  own fp8 GEMM (at precision HIGHEST, or DEFAULT with fast_accumulation). A format the GPU cannot run is an
+  error for algorithm="pipelined" naming the dtype and the device, and takes the XLA path under "auto"; "fused"
+  is 16-bit only. Differentiating a float8 call raises
   (its operands are quantized values): train through Fp8AgDotGeneral / Fp8RsDotGeneral, or pass
   algorithm="xla" for JAX's own derivative of the plain ops.
   w_kmajor=True: w is stored with the contraction last (every dtype); Hopper's fp8 GEMM takes K-major
@@ -367,8 +368,8 @@ _FP8_ARGS = """
 
 
 def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fast_accumulation: bool = False,
-              w_kmajor: bool = False, axis_name=None, algorithm: str = "auto", return_gathered: bool = False, gather_axis: int = -2,
-              out_sharding=None):
+              w_kmajor: bool = False, axis_name=None, algorithm: str = "auto", return_gathered: bool = False,
+              gather_axis: int = -2, out_sharding=None):
   """All-gather x's rows over a mesh axis and multiply by w: the column-parallel linear layer.
 
   Inside jax.shard_map (axis_name names a bound mesh axis, or a tuple of axes, of size T):

@@ -189,7 +189,8 @@ void bind_pipelined(py::module_& m) {
     const GemmProblem p = problem_arg(id);
     return py::dict("x"_a = dtype_name(p.types.x), "w"_a = dtype_name(p.types.w), "out"_a = dtype_name(p.types.out),
                     "bias_type"_a = dtype_name(p.types.bias), "scaled"_a = p.types.scaled,
-                    "blocks"_a = p.types.blocks, "fast_accumulation"_a = p.types.fast_accumulation, "rows"_a = p.rows, "n"_a = p.n, "k"_a = p.k, "batch"_a = p.batch,
+                    "blocks"_a = p.types.blocks, "fast_accumulation"_a = p.types.fast_accumulation,
+                    "rows"_a = p.rows, "n"_a = p.n, "k"_a = p.k, "batch"_a = p.batch,
                     "ldx"_a = p.ldx, "ldy"_a = p.ldy, "ldw"_a = p.ldw, "x_stride"_a = p.x_batch_stride,
                     "y_stride"_a = p.y_batch_stride, "w_kmajor"_a = p.w_kmajor, "bias"_a = p.bias,
                     "alignment"_a = p.alignment, "sm_count"_a = p.sm_count, "id"_a = blas::problem_id(p));

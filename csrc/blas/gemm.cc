@@ -105,10 +105,11 @@ int alignment_of(std::initializer_list<const void*> pointers) {
 
 std::string describe(const GemmProblem& s) {
   const GemmTypes& t = s.types;
+  const char* scales = t.blocks              ? " (block scales)"
+                       : t.fast_accumulation ? " (scaled, fast accumulation)"
+                                             : " (scaled)";
   const std::string types = t.scaled ? std::string(dtype_name(t.x)) + " x " + dtype_name(t.w) + " -> " +
-                                           dtype_name(t.out) +
-                                           (t.blocks ? " (block scales)"
-                                                     : t.fast_accumulation ? " (scaled, fast accumulation)" : " (scaled)")
+                                           dtype_name(t.out) + scales
                                      : dtype_name(t.x);
   return types + " [" + std::to_string(s.batch) + " x " + std::to_string(s.rows) + ", " + std::to_string(s.k) +
          "] @ " + (s.w_kmajor ? "[n, k]" : "[k, n]") + " n=" + std::to_string(s.n) +

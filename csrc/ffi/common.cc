@@ -221,9 +221,10 @@ ffi::ErrorOr<GemmProblem> check_gemm(const char* op, const GemmArgs& a, const ff
   auto types = check_types(op, *dtype, a, y, like_x);
   if (types.has_error()) return ffi::Unexpected(types.error());
   if (fast_accumulation) {
-    if (!types.value().scaled || types.value().blocks)
-      return ffi::Unexpected(invalid_argument(op, "fast_accumulation", "tensor-scaled float8 operands",
-                                              types.value().blocks ? "block scales" : data_type_name(a.x.element_type())));
+    if (!types.value().scaled || types.value().blocks) {
+      const std::string got = types.value().blocks ? "block scales" : data_type_name(a.x.element_type());
+      return ffi::Unexpected(invalid_argument(op, "fast_accumulation", "tensor-scaled float8 operands", got));
+    }
     types.value().fast_accumulation = true;
   }
   const auto xd = a.x.dimensions();
