@@ -117,11 +117,13 @@ def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype, w_kmajo
     if w.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
       got = f"x {x.dtype}, w {w.dtype}" + (f", bias {bias.dtype}" if bias is not None else "")
       raise TypeError(f"jax_overlap.{op_name}: x, w and bias must share one dtype, got {got}")
-    for name, given in (("x_scale", x_scale is not None), ("w_scale", w_scale is not None),
-                        ("fast_accumulation=True", fast_accumulation)):
-      if given:
-        raise TypeError(f"jax_overlap.{op_name}: {name.split('=')[0]} applies to float8 operands only, got {name} "
-                        f"with x and w of dtype {x.dtype}")
+    for name, scale in (("x_scale", x_scale), ("w_scale", w_scale)):
+      if scale is not None:
+        raise TypeError(f"jax_overlap.{op_name}: {name} applies to float8 operands only, got {name} with x and w "
+                        f"of dtype {x.dtype}")
+    if fast_accumulation:
+      raise TypeError(f"jax_overlap.{op_name}: fast_accumulation applies to float8 operands only, got "
+                      f"fast_accumulation=True with x and w of dtype {x.dtype}")
     if out_dtype is not None and out_dtype != formats.name(x.dtype):
       raise TypeError(f"jax_overlap.{op_name}: out_dtype must be None or x's dtype {x.dtype} for {x.dtype} "
                       f"operands (other out_dtypes are for float8 operands), got {out_dtype}")
