@@ -14,18 +14,20 @@ which a forward alone would leave to XLA to drop):
   flax              flax.linen.Fp8DirectDotGeneralOp: Flax's delayed scaling in XLA's fp8 form (x / scale in
                     bf16, the fp8 dot, the dequantization), and its update_fp8_meta of x and w
   delayed           Fp8DelayedAgDotGeneral(algorithm="auto"): x cast with the step's scale and its amax taken in
-                    the same pass (ops/fp8_cast.py's kernel), w cast into its K-major layout (XLA's fusion, amax in
-                    it), the vendor's fp8 GEMM (the group of one) with fast accumulation, as Flax's forward runs
-  delayed_xla_cast  the same with XLA's form of x's cast and amax (fp8_delayed's cast patched while it compiles):
-                    what the one-pass kernel gains
+                    the same pass (ops/fp8_cast.py's kernel), w cast into its K-major layout with its amax in the
+                    same pass (the kernel's transposing variant), the vendor's fp8 GEMM (the group of one) with
+                    fast accumulation, as Flax's forward runs
+  delayed_xla_cast  the same with XLA's forms of the casts and amaxes (fp8_delayed's casts patched while it
+                    compiles): what the one-pass kernels gain
   delayed_promoted  delayed with fast_accumulation=False (the GEMM promotes its sums to float32 as the K loop goes)
   current           Fp8AgDotGeneral (current scaling: x's amax, then its cast, a second pass; fast accumulation)
   *_vs_bf16: bf16's time over the variant's. Target: delayed >= 1.6x bf16 (issue 37).
 Table `kernels`: where each layer variant's GPU time goes: one chained run of it under the profiler, its span per
-call and its three longest kernels (GPU us per call, names cut short), the rest summed.
-Table `cast`: the cast with its amax alone on x [M, K] (e4m3), the kernel against XLA's form (UNROLL distinct
-inputs in one executable): wall us per cast, GPU us per cast (one run under the profiler) and the HBM rate of the
-bytes read and written.
+call and its three longest kernels (GPU us per call, names cut short), the rest summed; `all_us` in the file has
+every kernel's.
+Table `cast`: the cast with its amax alone, the kernel against XLA's form (UNROLL distinct inputs in one
+executable), on x [M, K] and on w [K, N] into its K-major [N, K] (lead 1): wall us per cast, GPU us per cast (one
+run under the profiler) and the HBM rate of the bytes read and written.
 --small: tiny sizes, to check the script itself (on CPU).
 """
 
@@ -148,7 +150,9 @@ def layer_rows(m: int, n: int, k: int) -> list:
     try:
       with _compiling(name):
         fn = chained(f)
-        row[f"{name}_cast_kernel"] = "jax_overlap_fp8_cast_amax" in fn.lower(xs, ws).as_text()
+        text = fn.lower(xs, ws).as_text()
+        row[f"{name}_cast_kernel"] = "jax_overlap_fp8_cast_amax(" in text
+        row[f"{name}_w_cast_kernel"] = "jax_overlap_fp8_cast_amax_transposed(" in text
         timers[name] = _timer(fn, xs, ws)
     except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
       row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -184,17 +188,23 @@ def kernel_rows(m: int, n: int, k: int) -> list:
     for i, (kernel, us) in enumerate(top, 1):
       row[f"k{i}"], row[f"k{i}_us"] = kernel, us
     row["rest_us"] = sum(per_kernel.values()) - sum(us for _, us in top)
+    row["all_us"] = {kernel: round(us, 2) for kernel, us in per_kernel.most_common()}
     rows.append(row)
   return rows
 
 
-def cast_rows(m: int, k: int) -> list:
+def cast_rows(m: int, n: int, k: int) -> list:
   e4m3, _ = bench_fp8_layers.fp8_formats()
-  inputs = [_harness.random_bf16((m, k), 3 + i) for i in range(UNROLL)]
-  scale = jnp.max(jnp.abs(inputs[0])).astype(jnp.float32) / float(jnp.finfo(e4m3).max)
-  row = dict(table="cast", shape=f"{m}x{k}", format=e4m3)
-  cast = lambda v, s, algorithm: fp8_cast.cast_with_amax(v, s, e4m3, algorithm=algorithm)  # noqa: E731
-  return [bench_fp8_layers.timed_casts(row, cast, inputs, scale, "jax_overlap_fp8_cast_amax")]
+  rows = []
+  for (r, c), lead, target in (((m, k), 0, "jax_overlap_fp8_cast_amax("), ((k, n), 1,
+                                                                        "jax_overlap_fp8_cast_amax_transposed(")):
+    inputs = [_harness.random_bf16((r, c), 3 + i) for i in range(UNROLL)]
+    scale = jnp.max(jnp.abs(inputs[0])).astype(jnp.float32) / float(jnp.finfo(e4m3).max)
+    row = dict(table="cast", shape=f"{r}x{c}", lead=lead, format=e4m3)
+    cast = lambda v, s, algorithm, lead=lead: fp8_cast.cast_with_amax(v, s, e4m3, lead=lead,  # noqa: E731
+                                                                      algorithm=algorithm)
+    rows.append(bench_fp8_layers.timed_casts(row, cast, inputs, scale, target))
+  return rows
 
 
 def write(rows: list, out_dir: str, command: str) -> str:
@@ -208,7 +218,7 @@ def main(argv=None) -> None:
   ap.add_argument("--small", action="store_true", help="tiny sizes: check the script (CPU)")
   args = ap.parse_args(argv)
   m, n, k = SMALL_SHAPE if args.small else SHAPE
-  rows = layer_rows(m, n, k) + kernel_rows(m, n, k) + cast_rows(m, k)
+  rows = layer_rows(m, n, k) + kernel_rows(m, n, k) + cast_rows(m, n, k)
   path = write(rows, args.out, "python " + " ".join(sys.argv))
   for row in rows:
     for key, value in row.items():
@@ -216,7 +226,7 @@ def main(argv=None) -> None:
         print(f"error: {key}: {value}")
   print(f"results: {path}")
   _harness.print_table([r for r in rows if r["table"] == "cast"],
-                       ["shape", "format", "auto_kernel", "auto_us", "xla_us", "xla_vs_auto", "auto_gpu_us",
+                       ["shape", "lead", "format", "auto_kernel", "auto_us", "xla_us", "xla_vs_auto", "auto_gpu_us",
                         "xla_gpu_us", "auto_tb_s", "xla_tb_s"])
   _harness.print_table([r for r in rows if r["table"] == "kernels"],
                        ["variant", "span_us", "k1", "k1_us", "k2", "k2_us", "k3", "k3_us", "rest_us"])

@@ -8,7 +8,9 @@ shard; matmul_rs: the output's block), so that every rank's GEMM is [T*M, K] @ [
 16384 x 3584 x 8192 at T = 8, M = 2048); bf16, and float8 (e4m3, tensor scales, w K-major, bf16 out). Rows run
 from the smallest M up and stop being started after --budget-s (default 280 s: about 5 minutes on the H200 with
 the compiles), the results file rewritten after each. Columns, measured in the same run (us, medians of ROUNDS
-rounds in turns):
+rounds in turns), each timing after --sustained-ms of the row's GEMM back to back (default: the figures' own
+warm-up, planning/figures.py GEMM_WARMUP_MS), so that measurement and model see the sustained clocks a training
+step runs at (0: none, the GPU as the previous timing left it):
   stages        the plan the cost model picks from this GPU's figures (the local copy standing in for the link)
   model_us      its estimate of that plan; loopback_us the schedule run as rank 0 of T in loopback
                 (csrc/pipelined/schedule.h: the chunk GEMMs, the copies, the streams; this GPU's data for the
@@ -88,8 +90,16 @@ def _figures(op: str, world: int, m_x: int, dtype: str):
   return dataclasses.replace(f, link_bytes_per_us=f.local_bytes_per_us)  # loopback: the link is the copy engine
 
 
-def row(op: str, dtype: str, world: int, m: int) -> tuple:
-  """(the row, its figures) of M = m rows per rank."""
+def _sustained(timed, warm):
+  """timed, each call after warm() (the GPU put on its sustained clocks)."""
+  def run() -> float:
+    warm()
+    return timed()
+  return run
+
+
+def row(op: str, dtype: str, world: int, m: int, sustained_ms: float) -> tuple:
+  """(the row, its figures) of M = m rows per rank; each timing after sustained_ms of GEMMs."""
   nat, spec = native.module(), OPS[op]
   total = world * m  # every rank's GEMM rows
   m_x = m if op == "ag_matmul" else total  # x's rows per rank
@@ -101,10 +111,13 @@ def row(op: str, dtype: str, world: int, m: int) -> tuple:
   for pid in nat.loopback_gemm_problems(0, op, world, call):  # the loopback's own GEMMs, tuned as a call's are
     nat.tune_gemm(0, pid, **opts)
   extra = dict(w_dtype=dtype, out_dtype="bfloat16") if dtype == FP8 else {}
+  gemm = lambda warmup_ms=0.0: nat.time_gemms(0, dtype, [total], N, K, w_kmajor=dtype == FP8,  # noqa: E731
+                                               warmup_ms=warmup_ms, **extra, **opts)[0]
+  warm = (lambda: gemm(sustained_ms)) if sustained_ms > 0 else (lambda: None)
   timers = {
-      "loopback": lambda: nat.time_loopback(0, op, world, call, 10),
-      "gemm": lambda: nat.time_gemms(0, dtype, [total], N, K, w_kmajor=dtype == FP8, **extra, **opts)[0],
-      "xla_dot": _xla_dot_timer(total, dtype),
+      "loopback": _sustained(lambda: nat.time_loopback(0, op, world, call, 10), warm),
+      "gemm": lambda: gemm(sustained_ms),
+      "xla_dot": _sustained(_xla_dot_timer(total, dtype), warm),
   }
   t = _harness.in_turns(timers, ROUNDS)
   stages_gemm = sum(pipelined.gemm_us(f, s) for s in plan.stages)
@@ -147,6 +160,8 @@ def main(argv=None) -> None:
   ap.add_argument("--ops", nargs="*", choices=sorted(OPS), default=sorted(OPS))
   ap.add_argument("--dtypes", nargs="*", choices=["bfloat16", FP8], default=["bfloat16", FP8])
   ap.add_argument("--budget-s", type=float, default=280.0, help="no row starts after this many seconds")
+  ap.add_argument("--sustained-ms", type=float, default=planning.figures.GEMM_WARMUP_MS,
+                  help="GEMMs back to back before each timing (ms; 0: none)")
   args = ap.parse_args(argv)
   work = [(op, dtype, world, m) for m in sorted(args.rows) for world in args.worlds for op in args.ops
           for dtype in args.dtypes]
@@ -156,13 +171,14 @@ def main(argv=None) -> None:
       _harness.note(f"budget of {args.budget_s:.0f} s spent: {len(work) - i} rows not run (from M = {m})")
       break
     _harness.progress(i, len(work), f"{op} {dtype} T={world} M={m}")
-    r, f = row(op, dtype, world, m)
+    r, f = row(op, dtype, world, m, args.sustained_ms)
     rows.append(r)
     figures.append(f)
-    path = _harness.write_results("model_sweep", rows, args.out, command, plotted=lambda r: False)
+    path = _harness.write_results("model_sweep", rows, args.out, command, plotted=lambda r: False,
+                                  meta={"sustained_ms": args.sustained_ms})
   fit = fit_overheads(rows, figures) if rows else {}
   path = _harness.write_results("model_sweep", rows + ([dict(table="fit", **fit)] if fit else []), args.out,
-                                command, plotted=lambda r: False)
+                                command, plotted=lambda r: False, meta={"sustained_ms": args.sustained_ms})
   cols = ["op", "dtype", "world", "m", "stages", "model_us", "loopback_us", "model_ratio", "fit_ratio", "gemm_us",
           "vs_gemm", "chunking_loss", "xla_path_us", "auto", "auto_wrong", "residual_us", "moved_mb"]
   _harness.print_table(rows, cols)

@@ -172,11 +172,15 @@ def blocks_like(scale, x):
 
 # --- meshes with Explicit axes --------------------------------------------------
 
+def has_explicit_axes(mesh) -> bool:
+  """Whether `mesh` (or None) has an axis of type Explicit."""
+  return any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
+
+
 def explicit_mesh(aval):
   """The mesh of an aval typed with a sharding on a mesh with Explicit axes, else None."""
   mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
-  types = getattr(mesh, "axis_types", ())
-  return mesh if any(t == AxisType.Explicit for t in types) else None
+  return mesh if has_explicit_axes(mesh) else None
 
 
 def _auto_axes(mesh):

@@ -39,7 +39,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_overlap import _compat, planning, remat
-from jax_overlap._sharding import spec_of
+from jax_overlap._sharding import has_explicit_axes, spec_of
 from jax_overlap.integration import autodiff, partitioning, primitives
 from jax_overlap.ops import OPS
 from jax_overlap.ops import all_gather as all_gather_op
@@ -249,10 +249,11 @@ def _group(op: str, axis_name) -> tuple[tuple, int]:
 
 
 def _constrain(out, out_sharding):
-  """out in the layout out_sharding asks for: a constraint on an Auto mesh, a reshard on an Explicit one."""
+  """out in the layout out_sharding asks for: a constraint on an Auto mesh, a reshard on an Explicit one (whether
+  out's type or out_sharding names it: an untyped cotangent's dual product may be asked for x's Explicit type)."""
   if out_sharding is None:
     return out
-  if autodiff.explicit_sharding(out) is None:
+  if autodiff.explicit_sharding(out) is None and not has_explicit_axes(getattr(out_sharding, "mesh", None)):
     return lax.with_sharding_constraint(out, out_sharding)
   if spec_of(jax.typeof(out).sharding, out.ndim) == spec_of(out_sharding, out.ndim):
     return out

@@ -16,6 +16,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import jax_overlap
 from jax_overlap.ops import fp8_cast
 from jax_overlap.quantization import numerics
+from jax_overlap.runtime import native
 
 from fake_gpu import FakeNative, custom_calls, cuda_text, install
 
@@ -223,6 +224,91 @@ def test_cast_with_amax_lowers_to_its_kernel_where_the_cast_does(fake_gpu, make_
   assert _amax_casts(lambda x: fp8_cast.cast_with_amax(x, jnp.float32(2), E4M3), sharded) == []
 
 
+# --- the transposing variant (cast_with_amax's lead: a weight cast into the GEMM's K-major layout) --------------
+
+LEADS = [((64, 96), 1), ((32, 4, 24), 1), ((4, 8, 40), 2)]
+
+
+@pytest.mark.parametrize("shape,lead", LEADS, ids=lambda v: str(v))
+@pytest.mark.parametrize("fmt", [E4M3, jnp.float8_e5m2fnuz], ids=lambda d: np.dtype(d).name)
+def test_cast_with_amax_moves_the_leading_dims_last(fmt, shape, lead):
+  """lead > 0: the saturated cast of x with its first `lead` dims moved last, and the amax of x, eager and under
+  jit; vmapped, each element's own."""
+  x = _x(shape)
+  amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
+  scale = amax / float(jnp.finfo(fmt).max) / 4  # a quarter of x saturates
+  moved = jnp.moveaxis(x, tuple(range(lead)), tuple(range(-lead, 0)))
+  for run in (fp8_cast.cast_with_amax, jax.jit(fp8_cast.cast_with_amax, static_argnums=2, static_argnames="lead")):
+    q, got_amax = run(x, scale, fmt, lead=lead)
+    assert q.shape == moved.shape and q.dtype == jnp.dtype(fmt)
+    np.testing.assert_array_equal(_bits(q), _bits(numerics.quantize_saturated(moved, fmt, scale)))
+    assert float(got_amax) == float(amax)
+  xs = jnp.stack([x, x * 3])
+  q, amaxes = jax.vmap(lambda x: fp8_cast.cast_with_amax(x, scale, fmt, lead=lead))(xs)
+  np.testing.assert_array_equal(np.asarray(amaxes), [float(amax), float(jnp.max(jnp.abs(x * 3)))])
+  np.testing.assert_array_equal(_bits(q[1]), _bits(numerics.quantize_saturated(moved * 3, fmt, scale)))
+
+
+@pytest.mark.parametrize("lead", [-1, 2, True, 1.0])
+def test_cast_with_amax_bad_lead_is_an_error_naming_it(lead):
+  with pytest.raises(ValueError, match=r"lead must be 0 or an int from 1 to x.ndim - 1 \(1\), got"):
+    fp8_cast.cast_with_amax(_x(), jnp.float32(1), E4M3, lead=lead)
+
+
+@pytest.mark.skipif(native.module() is None, reason="needs jax_overlap's native module (a pure-Python install has "
+                                                       "none)")
+def test_transposing_variants_rule_is_the_kernels():
+  """One rule in two languages: the shapes ops/fp8_cast.py sends to the transposing kernel are those its launch
+  (kernels/fp8_cast.cu transposed_cast_declined) takes."""
+  nat = native.module()
+  for rows in (16, 24, 32, 48, 128, 130, 8192, 128 * 65535, 128 * 65535 + 16):
+    for cols in (8, 12, 40, 128, 3584, 3588):
+      python = fp8_cast._transposed_declined((rows, cols), 1)
+      assert (python is None) == (nat.transposed_cast_declined(rows, cols) is None), (rows, cols, python)
+
+
+def _transposed(f, *args) -> list:
+  return [c for c in custom_calls(cuda_text(jax.jit(f), *args)) if "@jax_overlap_fp8_cast_amax_transposed(" in c]
+
+
+def test_transposing_variant_lowers_where_its_tiles_take_x(fake_gpu, make_mesh, caplog):
+  """The transposing kernel (its lead as an attribute, the moved shape as the result) where the moved dims hold a
+  multiple of 16 elements and the others of 8; XLA's form otherwise (why at DEBUG), with algorithm="xla" and on
+  global arrays over several devices; each shard inside shard_map takes it."""
+  cast = lambda lead, **kw: lambda x: fp8_cast.cast_with_amax(x, jnp.float32(2), E4M3, lead=lead, **kw)
+  calls = _transposed(cast(1), jax.ShapeDtypeStruct((64, 96), jnp.bfloat16))
+  assert len(calls) == 1 and "tensor<96x64xf8E4M3FN>" in calls[0] and "lead = 1 : i64" in calls[0], calls
+  calls = _transposed(cast(2), jax.ShapeDtypeStruct((4, 8, 40), jnp.float32))
+  assert len(calls) == 1 and "tensor<40x4x8xf8E4M3FN>" in calls[0]
+  with caplog.at_level("DEBUG", logger="jax_overlap"):
+    for shape in ((24, 96), (64, 20)):  # 24 rows; 20 columns
+      assert _transposed(cast(1), jax.ShapeDtypeStruct(shape, jnp.bfloat16)) == []
+  assert "the transposing kernel takes multiples of 16 rows and 8 columns" in caplog.text
+  assert _transposed(cast(1, algorithm="xla"), jax.ShapeDtypeStruct((64, 96), jnp.bfloat16)) == []
+  mesh = make_mesh((4,), ("tp",))
+  sharded = jax.ShapeDtypeStruct((64, 96), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, "tp")))
+  assert _transposed(cast(1), sharded) == []
+  f = jax.shard_map(lambda x: cast(1)(x)[0], mesh=mesh, in_specs=P(None, "tp"), out_specs=P("tp"))
+  calls = _transposed(f, jax.ShapeDtypeStruct((64, 128), jnp.bfloat16))
+  assert len(calls) == 1 and "tensor<32x64xf8E4M3FN>" in calls[0]
+
+
+@pytest.mark.parametrize("devices", [1, 4])
+def test_transposing_variant_on_explicit_meshes(fake_gpu, make_mesh, devices):
+  """x typed by an Explicit mesh, its columns on the axis: the result's type moves the spec with the dims (the
+  columns' axis now leads), and the value is the moved saturated cast."""
+  mesh = make_mesh((devices,), ("tp",), AxisType.Explicit)
+  x = jax.device_put(_x((64, 96)), NamedSharding(mesh, P(None, "tp")))
+  f = jax.jit(lambda x: fp8_cast.cast_with_amax(x, jnp.float32(0.01), E4M3, lead=1))
+  with jax.set_mesh(mesh):
+    calls = _transposed(f, x)
+    q, amax = f(x)
+  assert len(calls) == (1 if devices == 1 else 0)
+  assert q.sharding.spec == P("tp", None) or devices == 1
+  np.testing.assert_array_equal(_bits(q), _bits(numerics.quantize_saturated(_x((64, 96)).T, E4M3, 0.01)))
+  assert float(amax) == float(jnp.max(jnp.abs(_x((64, 96)))))
+
+
 def test_delayed_layers_cast_x_and_the_cotangent_with_the_kernels_variant(fake_gpu):
   """Fp8DelayedAgDotGeneral on one GPU: x, the cotangent and the kernel of the dual op cast by the kernel's variant
   (x's and the cotangent's amax from the cast's own pass); with algorithm="xla" none is."""
@@ -236,4 +322,5 @@ def test_delayed_layers_cast_x_and_the_cotangent_with_the_kernels_variant(fake_g
     return lambda x, w: jax.grad(lambda s, x, w: jnp.sum(layer.apply(s, x, w, dims).astype(jnp.float32) ** 2),
                                  argnums=(0, 1, 2))(state, x, w)
   assert len(_amax_casts(grads("auto"), x, w)) == 3
-  assert _amax_casts(grads("xla"), x, w) == []
+  assert len(_transposed(grads("auto"), x, w)) == 1  # the forward's kernel, into its K-major layout
+  assert _amax_casts(grads("xla"), x, w) == _transposed(grads("xla"), x, w) == []

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax.linen import fp8_ops
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_overlap
 from jax_overlap.layers import fp8_delayed
@@ -206,12 +206,13 @@ def test_inside_shard_map_the_state_is_the_whole_operands(parallel, rng, make_me
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5 * tolerance.rms(want))
 
 
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=lambda t: t.name)
 @pytest.mark.parametrize("parallel", CASES)
-def test_on_sharded_global_arrays(parallel, rng, make_mesh):
+def test_on_sharded_global_arrays(parallel, axis_type, rng, make_mesh):
   """axis_name=None on global arrays sharded over 8 devices (data 2 x tensor 4, x's rows or contraction and the
-  kernel on "tp"): the values, gradients and state of the unsharded call."""
+  kernel on "tp"; the mesh's axes Auto or Explicit): the values, gradients and state of the unsharded call."""
   _, x_shape, w_shape, dims = CASES[parallel]
-  mesh = make_mesh((2, 4), ("dp", "tp"))
+  mesh = make_mesh((2, 4), ("dp", "tp"), axis_type)
   x, w = draw(rng, x_shape, "float32"), draw(rng, w_shape, "float32", 0.2)
   state = _state(rng, (1.5, 0.5, 1.0))
   module = layer(parallel, "ocp")
@@ -221,7 +222,8 @@ def test_on_sharded_global_arrays(parallel, rng, make_mesh):
   y_shape = jax.eval_shape(lambda: module.apply({OWG: state}, x, w, dims)).shape
   dy = draw(rng, y_shape, "float32")
   step = jax.jit(grads, static_argnums=(0, 5))
-  got = step(module, state, xs, ws, dy, dims)
+  with jax.set_mesh(mesh):
+    got = step(module, state, xs, ws, dy, dims)
   want = step(module, state, x, w, dy, dims)
   assert_state_equal(got[3], want[3], "global arrays")
   for a, b in zip(got[:3], want[:3]):

@@ -5,6 +5,7 @@
 #include "core/block_scales.h"
 #include "ffi/common.h"
 #include "ffi/handlers.h"
+#include "kernels/fp8_cast.h"
 #include "kernels/params.h"
 #include "platform/gpu.h"
 
@@ -42,6 +43,14 @@ void bind_registrations(py::module_& m) {
   m.attr("SCALE_BLOCK") = kScaleBlock;
   m.attr("SCALE_ROW_MULTIPLE") = kScaleRowMultiple;
   m.attr("W_SCALE_ROW_ALIGN") = kWScaleRowAlign;
+  // The shapes the transposing fp8 cast takes (kernels/fp8_cast.h), which jax_overlap/ops/fp8_cast.py mirrors.
+  m.def(
+      "transposed_cast_declined",
+      [](int64_t rows, int64_t cols) -> py::object {
+        const char* why = transposed_cast_declined(rows, cols);
+        return why == nullptr ? py::object(py::none()) : py::object(py::str(why));
+      },
+      py::arg("rows"), py::arg("cols"));
 
   m.def("targets", [] {
     py::dict d;

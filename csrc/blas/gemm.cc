@@ -317,8 +317,10 @@ Status DeviceBlas::describe_plan(const GemmProblem& s, std::unique_ptr<GemmPlan>
     if (s.bias) JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescBiasDataType, static_cast<int32_t>(type.bias)));
     // Off unless asked for: the accumulator is promoted to full fp32 as the K loop goes (torch._scaled_mm's
     // default numerics). On (types.fast_accumulation): Flax's and TransformerEngine's forward GEMM.
-    if constexpr (kDescFastAccum >= 0)
-      JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescFastAccum, int8_t{s.types.fast_accumulation ? 1 : 0}));
+    if constexpr (kDescFastAccum >= 0) {
+      const int8_t fast = s.types.fast_accumulation ? 1 : 0;
+      JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescFastAccum, fast));
+    }
   }
   if (s.types.blocks) {  // cuBLASLt only (vendor_types)
     JO_RETURN_IF_ERROR(set_desc(api, p->desc_, kDescAScaleMode, kScaleModeBlk128x128));

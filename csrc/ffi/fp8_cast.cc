@@ -1,8 +1,10 @@
 // FFI handlers of the float8 cast (kernels/fp8_cast.h), and of its variant that also gives amax(|x|): stateless,
 // so XLA may record them into a command buffer (the variant zeroes its amax on the stream each call).
 #include <array>
+#include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "blas/gemm.h"
 #include "ffi/common.h"
@@ -39,9 +41,10 @@ ffi::ErrorOr<const CastDevice*> cast_device(int32_t ordinal) {
   return &d;
 }
 
-// The cast of x into out, and with amax (the delayed-scaling variant) max |x| into it.
+// The cast of x into out, and with amax (the delayed-scaling variant) max |x| into it; with lead > 0 (the
+// transposing variant) out is x with its first `lead` dims moved last.
 ffi::Error cast(hipStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, const ffi::AnyBuffer& scale,
-                ffi::AnyBuffer& out, ffi::AnyBuffer* amax) {
+                ffi::AnyBuffer& out, ffi::AnyBuffer* amax, int64_t lead = 0) {
   const auto x_dtype = dtype_of(x.element_type());
   if (!x_dtype || element_bytes(*x_dtype) == 1)
     return invalid_argument("fp8_cast", "x", "bfloat16, float16 or float32", data_type_name(x.element_type()));
@@ -57,6 +60,28 @@ ffi::Error cast(hipStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, co
   if (amax != nullptr && (amax->element_type() != ffi::DataType::F32 || amax->element_count() != 1))
     return invalid_argument("fp8_cast", "amax", "one float32",
                             data_type_name(amax->element_type()) + dims_str(amax->dimensions()));
+  int64_t rows = 0;
+  if (lead != 0) {
+    const auto dims = x.dimensions(), out_dims = out.dimensions();
+    const int64_t rank = static_cast<int64_t>(dims.size());
+    if (lead < 0 || lead >= rank)
+      return invalid_argument("fp8_cast_amax_transposed", "lead", "1 to x's rank - 1", std::to_string(lead));
+    bool moved = static_cast<int64_t>(out_dims.size()) == rank;  // compared in place: no allocation per call
+    for (int64_t i = 0; moved && i < rank; ++i) moved = out_dims[i] == dims[(i + lead) % rank];
+    if (!moved) {
+      std::vector<int64_t> want(dims.begin() + lead, dims.end());
+      want.insert(want.end(), dims.begin(), dims.begin() + lead);
+      return invalid_argument("fp8_cast_amax_transposed", "result", "dims " + dims_str(want), dims_str(out_dims));
+    }
+    const int64_t count = static_cast<int64_t>(x.element_count());
+    if (count > 0) {  // an empty x keeps rows 0: nothing to transpose, the amax zeroed
+      rows = 1;
+      for (int64_t i = 0; i < lead; ++i) rows *= dims[i];
+      if (const char* why = transposed_cast_declined(rows, count / rows))
+        return ffi::Error::InvalidArgument(std::string("jax_overlap fp8_cast_amax_transposed: x ") + dims_str(dims) +
+                                           ": " + why);
+    }
+  }
   const auto found = cast_device(ordinal);
   if (found.has_error()) return found.error();
   const CastDevice& device = *found.value();
@@ -66,6 +91,7 @@ ffi::Error cast(hipStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, co
   Fp8Cast cast{x.untyped_data(),  *x_dtype,   static_cast<const float*>(scale.untyped_data()),
                out.untyped_data(), *out_dtype, static_cast<int64_t>(x.element_count())};
   if (amax != nullptr) cast.amax = static_cast<float*>(amax->untyped_data());
+  cast.rows = rows;
   const hipError_t launched = launch_fp8_cast(cast, device.sm_count, stream);
   if (launched != hipSuccess)
     return ffi::Error::Internal(std::string("jax_overlap fp8_cast: launch failed: ") + hipGetErrorString(launched));
@@ -80,6 +106,12 @@ ffi::Error Fp8CastExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
 ffi::Error Fp8CastAmaxExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer scale,
                               ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> amax) {
   return cast(stream, ordinal, x, scale, *out, &*amax);
+}
+
+ffi::Error Fp8CastAmaxTransposedExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer scale,
+                                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> amax,
+                                        int64_t lead) {
+  return cast(stream, ordinal, x, scale, *out, &*amax, lead);
 }
 
 }  // namespace
@@ -102,4 +134,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoFp8CastAmaxExecute, jo::Fp8CastAmaxExecute,
                                   .Arg<xla::ffi::AnyBuffer>()  // scale f32[]
                                   .Ret<xla::ffi::AnyBuffer>()  // x / scale in a float8 format, saturated, x's shape
                                   .Ret<xla::ffi::AnyBuffer>(),  // amax f32[]: max |x|
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoFp8CastAmaxTransposedExecute, jo::Fp8CastAmaxTransposedExecute,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // x, bfloat16, float16 or float32
+                                  .Arg<xla::ffi::AnyBuffer>()  // scale f32[]
+                                  .Ret<xla::ffi::AnyBuffer>()  // x's first `lead` dims moved last, cast, saturated
+                                  .Ret<xla::ffi::AnyBuffer>()  // amax f32[]: max |x|
+                                  .Attr<int64_t>("lead"),
                               {xla::ffi::Traits::kCmdBufferCompatible});

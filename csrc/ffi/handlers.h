@@ -23,6 +23,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoVendorGemmExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoVendorGemmNoGraphExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoFp8CastExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoFp8CastAmaxExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoFp8CastAmaxTransposedExecute);
 
 namespace jo {
 
@@ -66,6 +67,8 @@ inline const std::vector<FfiTarget>& ffi_targets() {
       {"fp8_cast", "jax_overlap_fp8_cast", nullptr, JoFp8CastExecute},
       // Its variant with amax(|x|) from the same pass, saturating: the delayed-scaling layers' casts.
       {"fp8_cast_amax", "jax_overlap_fp8_cast_amax", nullptr, JoFp8CastAmaxExecute},
+      // And its transposing variant: a weight cast into the GEMM's K-major layout, amax from the same pass.
+      {"fp8_cast_amax_transposed", "jax_overlap_fp8_cast_amax_transposed", nullptr, JoFp8CastAmaxTransposedExecute},
   };
   return targets;
 }

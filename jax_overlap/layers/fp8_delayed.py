@@ -12,11 +12,12 @@ their gradients (MaxText's, Flax's examples) runs them unchanged, and a state
 or checkpoint of Flax's op carries over.
 
 What differs from Flax's op is where the arithmetic runs: x and the kernel are
-cast to e4m3 with the step's scale (x on ops/fp8_cast.py's cast_with_amax, which
-gives the amax the history records from the same pass over x; the kernel in the
-layout the fp8 GEMM takes), and the GEMMs are the ops' in float8: the forward
-ag_matmul / matmul_rs, the data gradient the dual op on the cotangent cast to
-e5m2, the weight gradient one float8 GEMM (layers/fp8.py's). Flax divides by
+cast to e4m3 with the step's scale on ops/fp8_cast.py's cast_with_amax, which
+gives the amax the history records from the same pass over the operand (the
+kernel's cast is into the K-major layout the fp8 GEMM takes), and the GEMMs
+are the ops' in float8: the forward ag_matmul / matmul_rs, the data gradient
+the dual op on the cotangent cast to e5m2, the weight gradient one float8
+GEMM (layers/fp8.py's). Flax divides by
 the scale in the compute dtype and dequantizes the product in it; here x is
 multiplied by the float32 reciprocal (the cast kernel's form) and the scales
 apply in float32 inside the GEMM, so values differ from Flax's by float8
@@ -49,7 +50,7 @@ from jax_overlap.integration import autodiff
 from jax_overlap.layers import fp8
 from jax_overlap.layers.dot_general import check_column_parallel, check_dim, check_fields, check_row_parallel
 from jax_overlap.ops import fp8_cast
-from jax_overlap.quantization import formats, numerics
+from jax_overlap.quantization import formats
 
 
 # --- the state: Flax's update rule ----------------------------------------------------------------------------
@@ -85,17 +86,11 @@ def _whole_amax(amax, call: fp8._Fp8Call):
   return lax.pmax(amax, axes)
 
 
-def _cast(v, scale, dtype, call: fp8._Fp8Call) -> tuple:
-  """(v cast to `dtype` with the step's scale, saturated; the whole operand's amax), from one pass over v."""
-  q, amax = fp8_cast.cast_with_amax(v, _scalar(scale), dtype, algorithm=fp8._cast_algorithm(call))
+def _cast(v, scale, dtype, call: fp8._Fp8Call, lead: int = 0) -> tuple:
+  """(v cast to `dtype` with the step's scale, saturated, its first `lead` dims moved last; the whole operand's
+  amax), from one pass over v."""
+  q, amax = fp8_cast.cast_with_amax(v, _scalar(scale), dtype, lead=lead, algorithm=fp8._cast_algorithm(call))
   return q, _whole_amax(amax, call)
-
-
-def _kernel(w, scale, call: fp8._Fp8Call, kmajor) -> tuple:
-  """(the kernel cast to e4m3 in the layout kmajor(w) gives, saturated; its amax): one pass over w, which XLA
-  fuses with the transpose."""
-  q = numerics.quantize_saturated(kmajor(w), call.e4m3, _scalar(scale))
-  return q, _whole_amax(numerics.amax(w), call)
 
 
 # --- the custom VJP -----------------------------------------------------------------------------------------
@@ -112,13 +107,14 @@ def _custom_vjp(forward, backward):
   return layer
 
 
-def _forward_scales(x, w, meta, call: fp8._Fp8Call, kmajor) -> tuple:
-  """(x8, x's step scale, w8 in kmajor's layout, w's step scale, the new input and kernel meta)."""
+def _forward_scales(x, w, meta, call: fp8._Fp8Call, lead: int) -> tuple:
+  """(x8, x's step scale, w8 K-major (its first `lead` dims moved last), w's step scale, the new input and kernel
+  meta)."""
   x_scale, x_history, w_scale, w_history = meta[:4]
   xs = step_scale(x_scale, x_history, call.e4m3)
   ws = step_scale(w_scale, w_history, call.e4m3)
   x8, x_amax = _cast(x, xs, call.e4m3, call)
-  w8, w_amax = _kernel(w, ws, call, kmajor)
+  w8, w_amax = _cast(w, ws, call.e4m3, call, lead)
   new_meta = (*recorded(x_amax, call.e4m3, x_scale, x_history), *recorded(w_amax, call.e4m3, w_scale, w_history))
   return x8, _scalar(xs), w8, _scalar(ws), new_meta
 
@@ -132,7 +128,7 @@ def _cotangent(d, meta, call: fp8._Fp8Call) -> tuple:
 
 
 def _ag_forward(x, w, meta, call: fp8._Fp8Call):
-  x8, xs, w8, ws, new_meta = _forward_scales(x, w, meta, call, lambda w: jnp.moveaxis(w, 0, -1))  # [K,*n]->[*n,K]
+  x8, xs, w8, ws, new_meta = _forward_scales(x, w, meta, call, lead=1)  # [K, *n] -> [*n, K]
   y, gathered, _ = api.ag_matmul(x8, w8, x_scale=xs, w_scale=ws, out_dtype=call.out_dtype,
                                  fast_accumulation=call.fast_accumulation, w_kmajor=True, axis_name=call.axis_name,
                                  algorithm=call.algorithm, return_gathered=True, gather_axis=call.axis,
@@ -158,7 +154,7 @@ def _ag_backward(call: fp8._Fp8Call, residuals, dy):
 
 
 def _rs_forward(x, w, meta, call: fp8._Fp8Call):
-  x8, xs, w8, ws, new_meta = _forward_scales(x, w, meta, call, lambda w: jnp.moveaxis(w, -1, 0))  # [*k,N]->[N,*k]
+  x8, xs, w8, ws, new_meta = _forward_scales(x, w, meta, call, lead=w.ndim - 1)  # [*k, N] -> [N, *k]
   z = api.matmul_rs(x8, w8, x_scale=xs, w_scale=ws, out_dtype=call.out_dtype,
                     fast_accumulation=call.fast_accumulation, w_kmajor=True, axis_name=call.axis_name,
                     algorithm=call.algorithm, scatter_axis=call.axis, out_sharding=call.out_sharding)

@@ -17,16 +17,24 @@ largest finite value (numerics.quantize_saturated: their scale comes from
 earlier steps and need not cover x) and max |x| as float32 (numerics.amax),
 the amax those layers record, from the same pass over x: XLA's form is the
 two, and the kernel's variant (the same launch rules) reads x once for both.
+With lead > 0 the cast is of x with its first `lead` dims moved last (a
+weight [K, N] into the K-major [N, K] the fp8 GEMM takes, or [*k, N] into
+[N, *k]): the kernel's transposing variant, which takes x whose moved dims
+hold a multiple of 16 elements and whose others a multiple of 8; XLA's form
+(the move fused into its cast) otherwise.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.extend import core as jex_core
 from jax.interpreters import mlir
+from jax.sharding import PartitionSpec as P
 
 from jax_overlap import _compat, planning
 from jax_overlap.integration import lowering, primitives
@@ -52,13 +60,22 @@ def cast(x, scale, dtype, *, algorithm: str = "auto"):
   return primitive.bind(x, scale, dtype=formats.name(dtype), algorithm=algorithm)
 
 
-def cast_with_amax(x, scale, dtype, *, algorithm: str = "auto"):
+def cast_with_amax(x, scale, dtype, *, lead: int = 0, algorithm: str = "auto"):
   """(x / scale rounded to the float8 format `dtype`, saturated: numerics.quantize_saturated's value; max |x| as a
-  float32 scalar: numerics.amax's), from one pass over x where the kernel takes the call. algorithm: as cast's."""
+  float32 scalar: numerics.amax's), from one pass over x where the kernel takes the call. lead: the number of x's
+  leading dims the cast moves last (0: x's layout; else 1 to x.ndim - 1). algorithm: as cast's."""
+  if not isinstance(lead, int) or isinstance(lead, bool) or not (lead == 0 or 0 < lead < jnp.ndim(x)):
+    raise ValueError(f"jax_overlap.fp8_cast.cast_with_amax: lead must be 0 or an int from 1 to x.ndim - 1 "
+                     f"({jnp.ndim(x) - 1}), got {lead!r}")
   axes = tuple(sorted(_compat.varying_axes(x) | _compat.varying_axes(scale), key=str))
   if axes:
     x, scale = _compat.make_varying(x, axes), _compat.make_varying(scale, axes)
-  return tuple(amax_primitive.bind(x, scale, dtype=formats.name(dtype), algorithm=algorithm))
+  return tuple(amax_primitive.bind(x, scale, dtype=formats.name(dtype), algorithm=algorithm, lead=lead))
+
+
+def _moved(dims, lead: int) -> tuple:
+  """dims with the first `lead` moved last."""
+  return (*dims[lead:], *dims[:lead])
 
 
 def current_scaling(x, dtype, *, algorithm: str = "auto"):
@@ -76,9 +93,14 @@ def _abstract_eval(x, scale, *, dtype, algorithm):
   return x.update(dtype=jnp.dtype(dtype), weak_type=False)
 
 
-def _amax_abstract_eval(x, scale, *, dtype, algorithm):
-  return (_abstract_eval(x, scale, dtype=dtype, algorithm=algorithm),
-          primitives.result_aval(x, (), None, jnp.float32).update(weak_type=False))
+def _amax_abstract_eval(x, scale, *, dtype, algorithm, lead):
+  q = _abstract_eval(x, scale, dtype=dtype, algorithm=algorithm)
+  if lead:
+    sharding = getattr(x, "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    spec = None if spec is None else P(*_moved(tuple(spec) + (None,) * (x.ndim - len(spec)), lead))
+    q = primitives.result_aval(x, _moved(x.shape, lead), spec, dtype).update(weak_type=False)
+  return q, primitives.result_aval(x, (), None, jnp.float32).update(weak_type=False)
 
 
 def _batch_rule(args, dims, *, dtype, algorithm):
@@ -90,17 +112,18 @@ def _batch_rule(args, dims, *, dtype, algorithm):
   return jax.vmap(lambda xi, si: numerics.quantize(xi, dtype, si), in_axes=(x_dim, scale_dim))(x, scale), 0
 
 
-def _amax_batch_rule(args, dims, *, dtype, algorithm):
+def _amax_batch_rule(args, dims, *, dtype, algorithm, lead):
   """An amax per batch element: XLA's form, vmapped (the kernel's amax is of all of x)."""
   del algorithm
   (x, scale), (x_dim, scale_dim) = args, dims
   log.debug("jax_overlap.fp8_cast: XLA's cast with amax (vmapped)")
-  out = jax.vmap(lambda xi, si: _amax_reference(xi, si, dtype), in_axes=(x_dim, scale_dim))(x, scale)
+  out = jax.vmap(lambda xi, si: _amax_reference(xi, si, dtype, lead), in_axes=(x_dim, scale_dim))(x, scale)
   return out, (0, 0)
 
 
-def _amax_reference(x, scale, dtype):
-  return [numerics.quantize_saturated(x, dtype, scale), numerics.amax(x)]
+def _amax_reference(x, scale, dtype, lead: int = 0):
+  moved = jnp.transpose(x, _moved(range(x.ndim), lead)) if lead else x
+  return [numerics.quantize_saturated(moved, dtype, scale), numerics.amax(x)]
 
 
 def _reference_lowering(ctx, x, scale, *, dtype, algorithm):
@@ -108,13 +131,28 @@ def _reference_lowering(ctx, x, scale, *, dtype, algorithm):
   return mlir.lower_fun(lambda x, s: numerics.quantize(x, dtype, s), multiple_results=False)(ctx, x, scale)
 
 
-def _declined(ctx, dtype: str, algorithm: str) -> str | None:
+def _transposed_declined(shape, lead: int) -> str | None:
+  """Why the transposing variant does not take x of `shape` (csrc/kernels/fp8_cast.cu's
+  transposed_cast_declined: its 128 x 128 tiles, 16-byte stores of out's rows and 8-element loads of x's), or
+  None."""
+  rows, cols = math.prod(shape[:lead]), math.prod(shape[lead:])
+  if rows % 16 or cols % 8:
+    return (f"x {list(shape)} moves {rows} rows last and {cols} columns first; the transposing kernel takes "
+            f"multiples of 16 rows and 8 columns")
+  if -(-rows // 128) > 65535:
+    return f"x {list(shape)} has {rows} rows to move; the transposing kernel takes at most {128 * 65535}"
+  return None
+
+
+def _declined(ctx, dtype: str, algorithm: str, lead: int = 0) -> str | None:
   """Why the kernel does not take the call, or None."""
   if algorithm == "xla":
     return "algorithm='xla'"
   x_dtype = formats.name(ctx.avals_in[0].dtype)
   if x_dtype not in INPUT_DTYPES:
     return f"x is {x_dtype}; the kernel takes {', '.join(INPUT_DTYPES)}"
+  if lead and (why := _transposed_declined(ctx.avals_in[0].shape, lead)) is not None:
+    return why
   try:
     lowering.native_ready(ctx)
   except planning.Declined as e:
@@ -134,20 +172,23 @@ def _declined(ctx, dtype: str, algorithm: str) -> str | None:
 
 
 def _gpu_lowering(target: str, reference, what: str):
-  """The lowering of a cast primitive on a GPU: the custom call `target`, or XLA's form (`reference`) where the
-  kernel declines the call (said at DEBUG)."""
-  def lower(ctx, x, scale, *, dtype, algorithm):
-    why = _declined(ctx, dtype, algorithm)
+  """The lowering of a cast primitive on a GPU: the custom call `target` (with lead > 0, its transposing variant
+  `target`_transposed), or XLA's form (`reference`) where the kernel declines the call (said at DEBUG)."""
+  def lower(ctx, x, scale, *, dtype, algorithm, **lead):
+    why = _declined(ctx, dtype, algorithm, **lead)
     if why is not None:
       log.debug("jax_overlap.fp8_cast: XLA's %s (%s)", what, why)
-      return reference(ctx, x, scale, dtype=dtype, algorithm=algorithm)
+      return reference(ctx, x, scale, dtype=dtype, algorithm=algorithm, **lead)
+    if lead.get("lead"):
+      return jax.ffi.ffi_lowering(backend.current().target(target + "_transposed"))(
+          ctx, x, scale, lead=np.int64(lead["lead"]))
     return jax.ffi.ffi_lowering(backend.current().target(target))(ctx, x, scale)
   return lower
 
 
-def _amax_reference_lowering(ctx, x, scale, *, dtype, algorithm):
+def _amax_reference_lowering(ctx, x, scale, *, dtype, algorithm, lead):
   del algorithm
-  return mlir.lower_fun(lambda x, s: _amax_reference(x, s, dtype), multiple_results=True)(ctx, x, scale)
+  return mlir.lower_fun(lambda x, s: _amax_reference(x, s, dtype, lead), multiple_results=True)(ctx, x, scale)
 
 
 def register() -> None:

@@ -7,6 +7,8 @@ kernel is what the fp8 layers run on one GPU, and the layer's forward has the sa
 The variant with amax (the delayed-scaling layers'): its cast the exactly rounded saturated cast bit for bit, its
 amax exactly jnp.max(jnp.abs(x)) (NaN wins, infinities saturate the cast), each call's own amax however often a
 compiled function runs (the launch zeroes it on the stream), and the delayed layer's state equal to the XLA path's.
+Its transposing variant (lead > 0, the delayed layers' kernel cast into the GEMM's K-major layout): every element
+of the moved array the exactly rounded saturated cast, on whole and partial 128 x 128 tiles, and the amax exact.
 
   python -m pytest -q tests/gpu/test_fp8_cast_kernel.py     (seconds on the H200)
 """
@@ -169,6 +171,28 @@ def test_amax_variant_starts_each_call_from_zero():
       jnp.zeros((0, 16), jnp.bfloat16))) == 0.0
 
 
+TRANSPOSED = [((128, 128), 1), ((48, 40), 1), ((272, 136), 1), ((32, 4, 24), 1), ((4, 8, 40), 2), ((8192, 3584), 1)]
+
+
+@pytest.mark.parametrize("shape,lead", TRANSPOSED, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else
+                         f"lead{v}")
+@pytest.mark.parametrize("x_dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda d: np.dtype(d).name)
+def test_transposing_variant_is_the_exact_saturated_cast_of_the_moved_array(fmt, x_dtype, shape, lead):
+  rng = np.random.default_rng(zlib.crc32(repr(("t", np.dtype(fmt).name, np.dtype(x_dtype).name, shape)).encode()))
+  x = _values(rng, shape, x_dtype)
+  amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
+  f = jax.jit(lambda x, s: fp8_cast.cast_with_amax(x, s, fmt, lead=lead))
+  assert "jax_overlap_fp8_cast_amax_transposed" in f.lower(x, amax).as_text(), "not the transposing kernel"
+  moved = np.moveaxis(np.asarray(x), tuple(range(lead)), tuple(range(-lead, 0)))
+  for scale in (numerics.fp8_scale(amax, fmt), amax / float(jnp.finfo(fmt).max) / 8):
+    q, got = f(x, scale)
+    assert q.shape == moved.shape
+    np.testing.assert_array_equal(np.asarray(q).view(np.uint8), _rounded(moved, scale, fmt),
+                                  err_msg=f"scale {float(scale)}")
+    assert np.asarray(got) == np.float32(amax)
+
+
 def test_delayed_layer_casts_x_with_the_amax_variant_and_matches_xla():
   """Fp8DelayedAgDotGeneral on one GPU: x, the cotangent and the dual op's kernel lower to the variant, and the
   state after a step is the XLA path's bit for bit (the amaxes are equal); values within float8 rounding."""
@@ -185,7 +209,9 @@ def test_delayed_layer_casts_x_with_the_amax_variant_and_matches_xla():
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))), state
   auto, state = step("auto")
   xla, _ = step("xla")
-  assert len(re.findall(r"custom_call @jax_overlap_fp8_cast_amax", auto.lower(state, x, w).as_text())) == 3
+  text = auto.lower(state, x, w).as_text()
+  assert len(re.findall(r"custom_call @jax_overlap_fp8_cast_amax\(", text)) == 3
+  assert len(re.findall(r"custom_call @jax_overlap_fp8_cast_amax_transposed\(", text)) == 1
   (v1, (s1, dx1, dw1)), (v2, (s2, dx2, dw2)) = auto(state, x, w), xla(state, x, w)
   for a, b in zip(jax.tree.leaves(s1), jax.tree.leaves(s2)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
