@@ -1,6 +1,7 @@
 """MaxText's pre-training on one GPU, stock against `python -m jax_overlap.maxtext`, step times side by side.
 
-  python benchmarks/bench_maxtext.py [--out DIR] [--configs tiny 1b] [--recipes bf16 fp8] [--steps N] [--cpu]
+  python benchmarks/bench_maxtext.py [--out DIR] [--configs tiny 1b] [--recipes bf16 fp8] [--steps N] [--profile]
+                                    [--xla-casts] [--cpu]
 
 Each run is a process of its own (MaxText's entry point, synthetic data, no checkpoints), the stock run and the
 jax_overlap run of a row one after the other on the same GPU; a row's step time is the median of MaxText's
@@ -15,12 +16,18 @@ Recipes: bf16 (quantization=""; on one GPU every dense layer keeps its dot: jax_
 times should agree) and fp8 (quantization=fp8: Flax's delayed scaling in XLA's fp8 form against jax_overlap's
 delayed-scaling layers, whose GEMMs are the vendor's fp8 GEMM on one GPU). Columns: stock_ms, jax_overlap_ms,
 speedup (stock over jax_overlap), each run's last loss, and the census line's counts of the jax_overlap run.
+--profile: each run also profiles PROFILE_STEPS steps after those it times (MaxText's profiler=xplane) and the row
+records the GPU time per step of its kernels by kind (`{variant}_kernels`, ms per step: GEMMs, jax_overlap's
+kernels, XLA's fusions, the rest) and its ten largest kernels; the kinds print as a second table.
+--xla-casts: a third run per fp8 row, jax_overlap's layers with XLA's forms of the float8 casts (their amaxes
+too) in place of the cast kernels (`xla_casts_ms`): XLA may fuse its casts into the ops that produce x.
 --cpu: 8 CPU devices and steps=3, the tiny config only: check the script itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import importlib.util
 import json
@@ -48,19 +55,62 @@ CONFIGS = {
            "per_device_batch_size=4"],
 }
 RECIPES = {"bf16": [], "fp8": ["quantization=fp8"]}
+# jax_overlap's layers with XLA's casts: layers/fp8.py's choice of cast patched before MaxText starts.
+XLA_CASTS = ("import sys; import jax_overlap.layers.fp8 as f; f._cast_algorithm = lambda call: 'xla'; "
+             "from jax_overlap.maxtext.__main__ import main; main(sys.argv)")
+PROFILE_STEPS = 3
 CENSUS = re.compile(r"dense layers by op: ag_matmul (\d+), matmul_rs (\d+), local (\d+), dot (\d+)")
 WARMUP = 3
 
 
-def run(name: str, overlap: bool, args: list, out: pathlib.Path, cpu: bool) -> dict:
-  """One MaxText run: its median step time (ms), last loss and census, or its error."""
+def kernel_kind(name: str) -> str:
+  """The kind of a GPU kernel, by its name."""
+  low = name.lower()
+  if low.startswith("jo::") or "jax_overlap" in low:
+    return "jax_overlap"
+  if any(key in low for key in ("nvjet", "gemm", "xmma", "cutlass", "cublas")):
+    return "gemm"
+  if any(low.startswith(key) for key in ("input_", "loop_", "fusion", "wrapped_", "triton", "copy", "transpose",
+                                         "reduce", "concatenate", "dynamic")):
+    return "xla"
+  return "other"
+
+
+def profile_summary(run_dir: pathlib.Path) -> dict | None:
+  """GPU time per profiled step by kernel kind (ms) and the ten largest kernels (ms per step), from the trace MaxText
+  wrote under run_dir; None where it wrote none."""
+  events = []
+  for path in sorted(run_dir.rglob("*.trace.json.gz")):
+    events = _harness.gpu_events(_harness.trace_events(str(path.parent)))
+  if not events:
+    return None
+  kinds, names = collections.Counter(), collections.Counter()
+  for e in events:
+    kinds[kernel_kind(e["name"])] += e["dur"]
+    names[e["name"][:80]] += e["dur"]
+  per_step = lambda us: round(us / PROFILE_STEPS / 1e3, 3)  # noqa: E731
+  span = max(e["ts"] + e["dur"] for e in events) - events[0]["ts"]
+  return {"span_ms": per_step(span), "busy_ms": per_step(sum(kinds.values())),
+          **{kind: per_step(us) for kind, us in sorted(kinds.items())},
+          "top": [[name, per_step(us)] for name, us in names.most_common(10)]}
+
+
+def run(name: str, variant: str, args: list, out: pathlib.Path, cpu: bool, profile: bool = False) -> dict:
+  """One MaxText run (variant: stock, jax_overlap or xla_casts): its median step time (ms), last loss and census,
+  its profile summary where asked for, or its error."""
   base = pathlib.Path(importlib.util.find_spec("maxtext").origin).parent / "configs" / "base.yml"
   metrics = out / f"{name}.metrics.jsonl"
-  module = "jax_overlap.maxtext" if overlap else "maxtext.trainers.pre_train.train"
+  launch = {"stock": ["-m", "maxtext.trainers.pre_train.train"], "jax_overlap": ["-m", "jax_overlap.maxtext"],
+            "xla_casts": ["-c", XLA_CASTS]}[variant]
   env = {**os.environ, "DECOUPLE_GCLOUD": "TRUE"}
   if cpu:
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
-  command = [sys.executable, "-m", module, str(base), f"run_name={name}", f"base_output_directory={out}",
+  steps_asked = int(next(a for a in args if a.startswith("steps=")).partition("=")[2])
+  first_profiled = max(steps_asked - PROFILE_STEPS - 1, WARMUP + 1) if profile else steps_asked
+  if profile:  # the last steps but one: the step times are the earlier ones'
+    args = [*args, "profiler=xplane", f"skip_first_n_steps_for_profiler={first_profiled}",
+            f"profiler_steps={PROFILE_STEPS}"]
+  command = [sys.executable, *launch, str(base), f"run_name={name}", f"base_output_directory={out}",
              f"metrics_file={metrics}", f"hardware={'cpu' if cpu else 'gpu'}", *QUIET, *args]
   _harness.note(f"maxtext {name}")
   done = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=600)
@@ -70,10 +120,14 @@ def run(name: str, overlap: bool, args: list, out: pathlib.Path, cpu: bool) -> d
     tail = [line for line in log.splitlines() if line.strip()][-3:]
     return {"error": f"rc {done.returncode}: {' | '.join(tail)[:300]}"}
   steps = [json.loads(line) for line in metrics.read_text().splitlines()]
-  times = [s["perf/step_time_seconds"] for s in steps[WARMUP:]] or [s["perf/step_time_seconds"] for s in steps]
+  times = [s["perf/step_time_seconds"] for s in steps[WARMUP:first_profiled]] or \
+      [s["perf/step_time_seconds"] for s in steps]
   found = CENSUS.findall(log)
-  return {"ms": statistics.median(times) * 1e3, "loss": steps[-1]["learning/loss"],
-          "census": "/".join(found[0]) if found else None}
+  result = {"ms": statistics.median(times) * 1e3, "loss": steps[-1]["learning/loss"],
+            "census": "/".join(found[0]) if found else None}
+  if profile:
+    result["kernels"] = profile_summary(out / name)
+  return result
 
 
 def main(argv=None) -> None:
@@ -82,9 +136,13 @@ def main(argv=None) -> None:
   ap.add_argument("--configs", nargs="*", choices=tuple(CONFIGS), default=tuple(CONFIGS))
   ap.add_argument("--recipes", nargs="*", choices=tuple(RECIPES), default=tuple(RECIPES))
   ap.add_argument("--steps", type=int, default=12)
+  ap.add_argument("--profile", action="store_true", help="GPU time per step by kernel kind, from a profile")
+  ap.add_argument("--xla-casts", action="store_true", help="fp8 rows: also jax_overlap's layers with XLA's casts")
   ap.add_argument("--cpu", action="store_true", help="8 CPU devices, 3 steps, the tiny config: check the script")
   args = ap.parse_args(argv)
   configs, steps = (("tiny",), 3) if args.cpu else (args.configs, args.steps)
+  if args.profile:  # timed steps after the warm-up, then the profiled ones and a last one
+    steps = max(steps, WARMUP + 1 + PROFILE_STEPS + 1)
   os.makedirs(args.out, exist_ok=True)
   stamp = datetime.date.today().isoformat()
   path = os.path.join(args.out, f"maxtext_{stamp}.json")
@@ -98,12 +156,15 @@ def main(argv=None) -> None:
         if config == "tiny" and recipe == "fp8":
           continue  # the tiny model's GEMMs are too small for the fp8 recipe to say anything
         row = {"config": config, "recipe": recipe}
-        for variant, overlap in (("stock", False), ("jax_overlap", True)):
-          result = run(f"{config}_{recipe}_{variant}", overlap, [*CONFIGS[config], *RECIPES[recipe],
-                                                                 f"steps={steps}"], out, args.cpu)
+        variants = ("stock", "jax_overlap", *(("xla_casts",) if args.xla_casts and recipe == "fp8" else ()))
+        for variant in variants:
+          result = run(f"{config}_{recipe}_{variant}", variant, [*CONFIGS[config], *RECIPES[recipe],
+                                                                 f"steps={steps}"], out, args.cpu, args.profile)
           row.update({f"{variant}_{key}": value for key, value in result.items()})
-        if row.get("stock_ms") and row.get("jax_overlap_ms"):
-          row["speedup"] = row["stock_ms"] / row["jax_overlap_ms"]
+        for variant in variants[1:]:
+          if row.get("stock_ms") and row.get(f"{variant}_ms"):
+            row["speedup" if variant == "jax_overlap" else f"{variant}_speedup"] = \
+                row["stock_ms"] / row[f"{variant}_ms"]
         rows.append(row)
         with open(path, "w") as f:
           json.dump({"meta": meta, "rows": rows}, f, indent=1)
@@ -112,8 +173,14 @@ def main(argv=None) -> None:
       if key.endswith("_error"):
         print(f"error: {row['config']} {row['recipe']} {key}: {value}")
   print(f"results: {path}")
-  _harness.print_table(rows, ["config", "recipe", "stock_ms", "jax_overlap_ms", "speedup", "stock_loss",
-                              "jax_overlap_loss", "jax_overlap_census"])
+  _harness.print_table(rows, ["config", "recipe", "stock_ms", "jax_overlap_ms", "speedup", "xla_casts_ms",
+                              "xla_casts_speedup", "stock_loss", "jax_overlap_loss", "jax_overlap_census"])
+  if args.profile:
+    kinds = [{"config": row["config"], "recipe": row["recipe"], "variant": variant, **{
+        key: value for key, value in (row.get(f"{variant}_kernels") or {}).items() if key != "top"}}
+        for row in rows for variant in ("stock", "jax_overlap", "xla_casts") if f"{variant}_ms" in row]
+    _harness.print_table(kinds, ["config", "recipe", "variant", "span_ms", "busy_ms", "gemm", "jax_overlap", "xla",
+                                 "other"])
 
 
 if __name__ == "__main__":

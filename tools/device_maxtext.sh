@@ -8,7 +8,8 @@
 # wheels and the steps' own logs stay out of it (/tmp/device_maxtext_work).
 #
 #   JAX_OVERLAP_COMMIT=<commit> bash tools/device_maxtext.sh [STEP ...]
-#     steps: install build gpu_tests bench_delayed bench_maxtext (default: all, in this order)
+#     steps: install build gpu_tests bench_delayed bench_maxtext (default: all, in this order);
+#            profile_maxtext (bench_maxtext.py on the 1b config with --profile --xla-casts: GPU time by kernel kind)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/device_maxtext}"
@@ -39,6 +40,9 @@ for step in "${STEPS[@]}"; do
       run bench_delayed 180 "${WITH_DEPS[@]}" python3 benchmarks/bench_fp8_delayed.py --out "$OUT" ;;
     bench_maxtext)
       run bench_maxtext 480 "${WITH_DEPS[@]}" python3 benchmarks/bench_maxtext.py --out "$OUT" ;;
+    profile_maxtext)
+      run bench_maxtext 540 "${WITH_DEPS[@]}" python3 benchmarks/bench_maxtext.py --out "$OUT" --configs 1b \
+        --profile --xla-casts ;;
     *) echo "unknown step $step" >&2 ;;
   esac
 done
