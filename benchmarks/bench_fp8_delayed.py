@@ -38,7 +38,6 @@ import collections
 import contextlib
 import os
 import sys
-import time
 from unittest import mock
 
 import flax.linen as nn
@@ -53,7 +52,7 @@ import jax_overlap as jo
 from jax_overlap.layers import fp8 as fp8_layers, fp8_delayed
 from jax_overlap.ops import fp8_cast
 
-UNROLL = 10
+UNROLL = bench_fp8_layers.UNROLL  # the chained calls of bench_fp8_layers.chained
 REPEATS = 5
 SHAPE = (16384, 3584, 8192)  # M, N, K
 SMALL_SHAPE = (256, 128, 256)
@@ -117,43 +116,19 @@ def _compiling(name: str):
   return mock.patch.object(fp8_delayed.fp8, "_cast_algorithm", lambda call: "xla")
 
 
-def inputs(x, w) -> tuple:
-  """UNROLL distinct (x, w) pairs, x's and w's values scaled a little apart: one per chained call."""
-  factors = [1 + i / 64 for i in range(UNROLL)]
-  return [x * jnp.asarray(f, x.dtype) for f in factors], [w * jnp.asarray(f, w.dtype) for f in factors]
-
-
-def chained(f):
-  """UNROLL calls of f in one executable, each on its own x and w, every result returned: nothing to hoist, share
-  or update in place (an in-place touch of the inputs cost a copy of w and an update per call)."""
-  def run(xs, ws):
-    return [f(x, w) for x, w in zip(xs, ws)]
-  return jax.jit(run)
-
-
-def _timer(fn, xs, ws):
-  jax.block_until_ready(fn(xs, ws))
-
-  def timed() -> float:
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(xs, ws))
-    return (time.perf_counter() - t0) / UNROLL * 1e6
-  return timed
-
-
 def layer_rows(m: int, n: int, k: int) -> list:
   x, w = _harness.random_bf16((m, k), 0), _harness.random_bf16((k, n), 1) * (k ** -0.5)
   row = dict(table="layer", mode="forward", m=m, n=n, k=k)
-  timers, (xs, ws) = {}, inputs(x, w)
+  timers, (xs, ws) = {}, bench_fp8_layers.inputs(x, w)
   for name, f in variants(x, w).items():
     _harness.note(f"layer {name}: compiling")
     try:
       with _compiling(name):
-        fn = chained(f)
+        fn = bench_fp8_layers.chained(f)
         text = fn.lower(xs, ws).as_text()
         row[f"{name}_cast_kernel"] = "jax_overlap_fp8_cast_amax(" in text
         row[f"{name}_w_cast_kernel"] = "jax_overlap_fp8_cast_amax_transposed(" in text
-        timers[name] = _timer(fn, xs, ws)
+        timers[name] = bench_fp8_layers._timer(fn, xs, ws)
     except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
       row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
   row.update(_harness.in_turns(timers, REPEATS))
@@ -170,10 +145,10 @@ def _short(name: str) -> str:
 
 def kernel_rows(m: int, n: int, k: int) -> list:
   x, w = _harness.random_bf16((m, k), 0), _harness.random_bf16((k, n), 1) * (k ** -0.5)
-  rows, (xs, ws) = [], inputs(x, w)
+  rows, (xs, ws) = [], bench_fp8_layers.inputs(x, w)
   for name, f in variants(x, w).items():
     with _compiling(name):
-      fn = chained(f)
+      fn = bench_fp8_layers.chained(f)
       jax.block_until_ready(fn(xs, ws))
     jax.block_until_ready(fn(xs, ws))
     events = _harness.gpu_events(_harness.profiled_trace(lambda: jax.block_until_ready(fn(xs, ws))))

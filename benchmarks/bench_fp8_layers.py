@@ -7,8 +7,8 @@ On the H200 (jax 0.11.2) a `train` row of bf16, xla_fp8 and auto takes about 2.5
 for about 70 s), the `forward` rows and the block seconds each. Writes
 fp8_layers_<date>.json to --out (default: $OUT, else benchmarks/results) after every row and prints the tables
 last. All columns are measured in the same run; us per call, each variant's calls chained in one executable
-(UNROLL calls, x and w touched by each call's results so nothing is hoisted, both donated so nothing is
-copied), a row's variants compiled first and then timed in turns, medians of REPEATS rounds.
+(UNROLL calls, each on an x and a w of its own so that nothing is hoisted, shared or copied), a row's variants
+compiled first and then timed in turns, medians of REPEATS rounds.
 
 Table `layer`, at 16384x3584x8192 (x [M, K] and w [K, N] in bfloat16), `forward` (y = x @ w) and `train`
 (y, and dx, dW from a bfloat16 cotangent):
@@ -125,30 +125,34 @@ def _compiling(name: str):
 
 # --- timing ---------------------------------------------------------------------------------
 
-def chained(f, mode: str, ct):
-  """UNROLL calls of f (forward) or of its VJP with cotangent ct (train) in one executable, x and w donated."""
+def inputs(x, w) -> tuple:
+  """UNROLL distinct (x, w) pairs, x's and w's values scaled a little apart: one per chained call."""
+  factors = [1 + i / 64 for i in range(UNROLL)]
+  return [x * jnp.asarray(f, x.dtype) for f in factors], [w * jnp.asarray(f, w.dtype) for f in factors]
+
+
+def chained(f, mode: str = "forward", ct=None):
+  """UNROLL calls of f (forward) or of its VJP with cotangent ct (train) in one executable, each on its own x and w
+  (inputs()), every result returned: nothing to hoist, share or update in place (an in-place touch of the inputs
+  cost a copy of w and an update per call)."""
   def one(x, w):
     if mode == "forward":
       return (f(x, w),)
     y, vjp = jax.vjp(f, x, w)
     return (y, *vjp(ct))
 
-  def run(x, w):
-    for _ in range(UNROLL):
-      touch = sum(r[0, 0].astype(jnp.float32) for r in one(x, w)) * 0
-      x, w = x.at[0, 0].add(touch.astype(x.dtype)), w.at[0, 0].add(touch.astype(w.dtype))
-    return x, w
-  return jax.jit(run, donate_argnums=(0, 1))
+  def run(xs, ws):
+    return [one(x, w) for x, w in zip(xs, ws)]
+  return jax.jit(run)
 
 
-def _timer(fn, x, w):
-  """A timer of one run of fn (UNROLL chained calls) on its own donated copies of x and w: wall time per call, us.
-  Compiles and warms up first."""
-  state = list(jax.block_until_ready(fn(jnp.array(x), jnp.array(w))))
+def _timer(fn, xs, ws):
+  """A timer of one run of fn (UNROLL chained calls): wall time per call, us. Compiles and warms up first."""
+  jax.block_until_ready(fn(xs, ws))
 
   def timed() -> float:
     t0 = time.perf_counter()
-    state[:] = jax.block_until_ready(fn(*state))
+    jax.block_until_ready(fn(xs, ws))
     return (time.perf_counter() - t0) / UNROLL * 1e6
   return timed
 
@@ -158,6 +162,7 @@ def layer_rows(m: int, n: int, k: int, ops, modes, names, out) -> list:
   is called with the rows so far after every row."""
   x, w = _harness.random_bf16((m, k), 0), _harness.random_bf16((k, n), 1) * (k ** -0.5)
   ct = _harness.random_bf16((m, n), 2)
+  xs, ws = inputs(x, w)
   rows = []
   for mode in modes:
     for op in ops:
@@ -169,7 +174,7 @@ def layer_rows(m: int, n: int, k: int, ops, modes, names, out) -> list:
         _harness.note(f"layer {op} {mode} {name}: compiling")
         try:
           with _compiling(name):
-            timers[name] = _timer(chained(f, mode, ct), x, w)
+            timers[name] = _timer(chained(f, mode, ct), xs, ws)
         except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
           row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
       row.update(_harness.in_turns(timers, REPEATS))
