@@ -20,7 +20,8 @@ speedup (stock over jax_overlap), each run's last loss, and the census line's co
 records the GPU time per step of its kernels by kind (`{variant}_kernels`, ms per step: GEMMs, jax_overlap's
 kernels, XLA's fusions, the rest) and its ten largest kernels; the kinds print as a second table.
 --xla-casts: a third run per fp8 row, jax_overlap's layers with XLA's forms of the float8 casts (their amaxes
-too) in place of the cast kernels (`xla_casts_ms`): XLA may fuse its casts into the ops that produce x.
+too) in place of the cast kernels (`jax_overlap_fp8_cast=xla`; `xla_casts_ms`): XLA can fuse its casts into the
+operations that produce the layers' operands.
 --cpu: 8 CPU devices and steps=3, the tiny config only: check the script itself.
 """
 
@@ -55,9 +56,6 @@ CONFIGS = {
            "per_device_batch_size=4"],
 }
 RECIPES = {"bf16": [], "fp8": ["quantization=fp8"]}
-# jax_overlap's layers with XLA's casts: layers/fp8.py's choice of cast patched before MaxText starts.
-XLA_CASTS = ("import sys; import jax_overlap.layers.fp8 as f; f._cast_algorithm = lambda call: 'xla'; "
-             "from jax_overlap.maxtext.__main__ import main; main(sys.argv)")
 PROFILE_STEPS = 3
 CENSUS = re.compile(r"dense layers by op: ag_matmul (\d+), matmul_rs (\d+), local (\d+), dot (\d+)")
 WARMUP = 3
@@ -100,8 +98,7 @@ def run(name: str, variant: str, args: list, out: pathlib.Path, cpu: bool, profi
   its profile summary where asked for, or its error."""
   base = pathlib.Path(importlib.util.find_spec("maxtext").origin).parent / "configs" / "base.yml"
   metrics = out / f"{name}.metrics.jsonl"
-  launch = {"stock": ["-m", "maxtext.trainers.pre_train.train"], "jax_overlap": ["-m", "jax_overlap.maxtext"],
-            "xla_casts": ["-c", XLA_CASTS]}[variant]
+  module = "maxtext.trainers.pre_train.train" if variant == "stock" else "jax_overlap.maxtext"
   env = {**os.environ, "DECOUPLE_GCLOUD": "TRUE"}
   if cpu:
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
@@ -110,7 +107,9 @@ def run(name: str, variant: str, args: list, out: pathlib.Path, cpu: bool, profi
   if profile:  # the last steps but one: the step times are the earlier ones'
     args = [*args, "profiler=xplane", f"skip_first_n_steps_for_profiler={first_profiled}",
             f"profiler_steps={PROFILE_STEPS}"]
-  command = [sys.executable, *launch, str(base), f"run_name={name}", f"base_output_directory={out}",
+  if variant == "xla_casts":
+    args = [*args, "jax_overlap_fp8_cast=xla"]
+  command = [sys.executable, "-m", module, str(base), f"run_name={name}", f"base_output_directory={out}",
              f"metrics_file={metrics}", f"hardware={'cpu' if cpu else 'gpu'}", *QUIET, *args]
   _harness.note(f"maxtext {name}")
   done = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=600)

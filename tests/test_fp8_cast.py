@@ -109,18 +109,28 @@ def test_what_the_kernel_does_not_take_keeps_xlas_cast(fake_gpu, monkeypatch):
 
 def test_fp8_layers_cast_with_the_kernel_unless_xla(fake_gpu, make_mesh):
   """The layers' casts without a transpose (x; in the backward pass dy and w again for the dual op) take the kernel;
-  with algorithm="xla" none does."""
+  with algorithm="xla", or cast_algorithm="xla" (the ops still the pipelined path's), none does."""
   mesh = make_mesh((2,), ("tp",))
   dims = (((1,), (0,)), ((), ()))
   x, w = jax.ShapeDtypeStruct((64, 128), jnp.bfloat16), jax.ShapeDtypeStruct((128, 256), jnp.bfloat16)
 
-  def grads(algorithm):
-    dot = jax_overlap.Fp8RsDotGeneral(axis_name="tp", algorithm=algorithm)
+  def grads(algorithm, cast_algorithm="auto"):
+    dot = jax_overlap.Fp8RsDotGeneral(axis_name="tp", algorithm=algorithm, cast_algorithm=cast_algorithm)
     loss = lambda x, w: jnp.sum(dot(x, w, dims).astype(jnp.float32) ** 2)
     return jax.shard_map(jax.grad(loss, argnums=(0, 1)), mesh=mesh, in_specs=(P(None, "tp"), P("tp")),
                          out_specs=(P(None, "tp"), P("tp")))
   assert len(_casts(grads("auto"), x, w)) == 3
   assert _casts(grads("xla"), x, w) == []
+  assert _casts(grads("auto", cast_algorithm="xla"), x, w) == []
+  assert _casts(grads("auto", cast_algorithm="auto"), x, w) == _casts(grads("auto"), x, w)
+
+
+@pytest.mark.parametrize("layer", ["Fp8AgDotGeneral", "Fp8RsDotGeneral", "Fp8DelayedAgDotGeneral",
+                                   "Fp8DelayedRsDotGeneral"])
+def test_fp8_layers_bad_cast_algorithm_is_an_error_naming_it(layer):
+  with pytest.raises(ValueError, match=rf"jax_overlap.{layer}: cast_algorithm must be one of \('auto', 'xla'\), "
+                                       r"got 'kernel'"):
+    getattr(jax_overlap, layer)(cast_algorithm="kernel")
 
 
 @pytest.mark.parametrize("devices", [1, 4])
@@ -311,16 +321,19 @@ def test_transposing_variant_on_explicit_meshes(fake_gpu, make_mesh, devices):
 
 def test_delayed_layers_cast_x_and_the_cotangent_with_the_kernels_variant(fake_gpu):
   """Fp8DelayedAgDotGeneral on one GPU: x, the cotangent and the kernel of the dual op cast by the kernel's variant
-  (x's and the cotangent's amax from the cast's own pass); with algorithm="xla" none is."""
+  (x's and the cotangent's amax from the cast's own pass); with algorithm="xla" or cast_algorithm="xla" none is."""
   from jax_overlap.layers.fp8_delayed import Fp8DelayedAgDotGeneral
   dims = (((1,), (0,)), ((), ()))
   x, w = jnp.zeros((64, 128), jnp.bfloat16), jnp.zeros((128, 256), jnp.bfloat16)
 
-  def grads(algorithm):
-    layer = Fp8DelayedAgDotGeneral(algorithm=algorithm)
+  def grads(algorithm, cast_algorithm="auto"):
+    layer = Fp8DelayedAgDotGeneral(algorithm=algorithm, cast_algorithm=cast_algorithm)
     state = layer.init(jax.random.key(0), x, w, dims)
     return lambda x, w: jax.grad(lambda s, x, w: jnp.sum(layer.apply(s, x, w, dims).astype(jnp.float32) ** 2),
                                  argnums=(0, 1, 2))(state, x, w)
   assert len(_amax_casts(grads("auto"), x, w)) == 3
   assert len(_transposed(grads("auto"), x, w)) == 1  # the forward's kernel, into its K-major layout
   assert _amax_casts(grads("xla"), x, w) == _transposed(grads("xla"), x, w) == []
+  cast_by_xla = grads("auto", cast_algorithm="xla")
+  assert _amax_casts(cast_by_xla, x, w) == _transposed(cast_by_xla, x, w) == []
+  assert any("jax_overlap_vendor_gemm" in c for c in custom_calls(cuda_text(jax.jit(cast_by_xla), x, w)))

@@ -15,6 +15,7 @@ from flax.linen import fp8_ops
 from jax.sharding import AbstractMesh
 
 from jax_overlap import api
+from jax_overlap.layers import fp8 as fp8_layers
 from jax_overlap.maxtext import __main__ as entry, choice, hook, patches
 from jax_overlap.runtime import settings
 
@@ -159,6 +160,26 @@ def test_fp8_module_on_one_device_is_the_group_of_one(census):
   assert census.counts() == {hook.LOCAL: 1}
 
 
+@pytest.mark.parametrize("fp8_cast", ["auto", "xla"])
+def test_fp8_modules_cast_as_the_fp8_cast_option_says(fp8_cast, census, monkeypatch):
+  """The option fp8_cast reaches the fp8 recipe's layers as their cast_algorithm: on one GPU (the stand-in
+  runtime's), x, the kernel and the cotangent cast by the cast kernels ("auto") or by XLA ("xla")."""
+  from fake_gpu import FakeNative, cuda_text, custom_calls, install
+  install(monkeypatch.setattr, FakeNative())
+  module = hook.Fp8DirectDotGeneralOp(kernel_axes=("embed", "mlp"), rules=RULES, cast_algorithm=fp8_cast)
+  x, w = jnp.ones((64, 128), jnp.bfloat16), jnp.ones((128, 256), jnp.bfloat16)
+  dims = (((1,), (0,)), ((), ()))
+  variables = module.init(jax.random.key(0), x, w, dims)
+
+  def loss(variables, x, w):
+    with nn.logical_axis_rules(RULES), jax.sharding.use_abstract_mesh(AbstractMesh((1, 1), ("data", "tensor"))):
+      return jnp.sum(module.apply(variables, x, w, dims).astype(jnp.float32))
+  calls = custom_calls(cuda_text(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), variables, x, w))
+  casts = [c for c in calls if "@jax_overlap_fp8_cast" in c]
+  assert census.counts() == {hook.LOCAL: 1} and any("@jax_overlap_vendor_gemm" in c for c in calls)
+  assert len(casts) == (4 if fp8_cast == "auto" else 0), casts
+
+
 def test_a_gpu_algorithm_refuses_a_group_larger_than_it_takes(census):
   quant = hook.OverlapQuantization(rules=RULES, algorithm="pipelined")
   module = quant.dot_general_cls(mesh_axes=("embed", "mlp"))()
@@ -204,15 +225,17 @@ def test_census_does_not_warn_without_model_parallelism(census, caplog):
 
 # --- options, versions, the entry point's arguments ---------------------------------------------------------------
 
-def test_the_settings_take_the_ops_algorithms():
+def test_the_settings_take_the_ops_algorithms_and_the_layers_casts():
   assert settings.MAXTEXT_ALGORITHM_CHOICES == api.ALGORITHMS
+  assert settings.MAXTEXT_FP8_CAST_CHOICES == fp8_layers.CAST_ALGORITHMS
 
 
-@pytest.mark.parametrize("algorithm,fp8,match", [("fastest", "", "algorithm must be one of"),
-                                                 ("auto", "delayed", "fp8 must be one of")])
-def test_bad_options_are_errors(algorithm, fp8, match):
+@pytest.mark.parametrize("algorithm,fp8,fp8_cast,match", [("fastest", "", "auto", "algorithm must be one of"),
+                                                          ("auto", "delayed", "auto", "fp8 must be one of"),
+                                                          ("auto", "", "kernel", "fp8_cast must be one of")])
+def test_bad_options_are_errors(algorithm, fp8, fp8_cast, match):
   with pytest.raises(ValueError, match=f"jax_overlap.maxtext: {match}"):
-    patches.check_options(algorithm, fp8)
+    patches.check_options(algorithm, fp8, fp8_cast)
 
 
 def test_an_untested_maxtext_release_is_an_error_naming_the_tested_one():
@@ -232,10 +255,11 @@ def test_enable_without_maxtext_says_what_to_install(monkeypatch):
 
 
 def test_the_entry_point_takes_its_options_out_of_maxtexts_arguments():
-  argv = ["prog", "base.yml", "steps=3", "jax_overlap_algorithm=xla", "jax_overlap_fp8=tensor", "run_name=a=b"]
+  argv = ["prog", "base.yml", "steps=3", "jax_overlap_algorithm=xla", "jax_overlap_fp8=tensor", "run_name=a=b",
+          "jax_overlap_fp8_cast=xla"]
   rest, options = entry.take_options(argv)
   assert rest == ["prog", "base.yml", "steps=3", "run_name=a=b"]
-  assert options == {"algorithm": "xla", "fp8": "tensor"}
+  assert options == {"algorithm": "xla", "fp8": "tensor", "fp8_cast": "xla"}
 
 
 def test_flax_ops_are_the_stock_modules():
@@ -255,8 +279,8 @@ class _Config:
 
 @pytest.fixture
 def options(monkeypatch):
-  def set_options(algorithm="auto", fp8=""):
-    monkeypatch.setattr(patches, "_options", {"algorithm": algorithm, "fp8": fp8})
+  def set_options(algorithm="auto", fp8="", fp8_cast="auto"):
+    monkeypatch.setattr(patches, "_options", {"algorithm": algorithm, "fp8": fp8, "fp8_cast": fp8_cast})
   set_options()
   return set_options
 
@@ -266,10 +290,13 @@ def _quantization(config, mode="train"):
 
 
 def test_a_16_bit_run_gets_the_overlap_object(options):
-  options(algorithm="xla", fp8="tensor")
+  options(algorithm="xla", fp8="tensor", fp8_cast="xla")
   quant = _quantization(_Config(""))
   assert isinstance(quant, hook.OverlapQuantization) and quant.stock() is None
-  assert (quant.algorithm, quant.fp8, quant.matmul_precision, quant.rules) == ("xla", "tensor", "high", RULES)
+  assert (quant.algorithm, quant.fp8, quant.fp8_cast, quant.matmul_precision, quant.rules) == \
+      ("xla", "tensor", "xla", "high", RULES)
+  module = quant.dot_general_cls(mesh_axes=("embed", "mlp"))()
+  assert (module.fp8, module.fp8_cast) == ("tensor", "xla")
   assert _quantization(_Config(""), "serve") == "maxtext's serve"  # serving keeps MaxText's objects
 
 

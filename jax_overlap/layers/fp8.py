@@ -46,6 +46,11 @@ from jax_overlap.runtime import workspace
 # What the layers quantize: the cast's inputs.
 _INPUT_DTYPES = fp8_cast.INPUT_DTYPES
 FAMILIES = ("ocp", "fnuz")
+# The layers' cast_algorithm: "auto", the project's one-pass cast kernel where it takes the call (ops/fp8_cast.py),
+# or "xla", XLA's cast of the same values, which XLA can fuse into the operation producing the operand (a norm,
+# an activation, the kernel's conversion from float32), where a kernel, a custom call, reads the operand back from
+# memory.
+CAST_ALGORITHMS = ("auto", "xla")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +67,7 @@ class _Fp8Call:
   w_dtype: str
   scaling: scaling.Scaling = scaling.TENSOR  # TENSOR: one scale per operand; BLOCK: 1x128 blocks, 128x128 tiles
   fast_accumulation: bool = False  # the forward GEMM's (api.ag_matmul's); the gradients' GEMMs promote to float32
+  cast_algorithm: str = "auto"  # the float8 casts' (_cast_algorithm); CAST_ALGORITHMS
 
   @property
   def out_dtype(self) -> str:
@@ -81,6 +87,7 @@ class Fp8Layer(Layer):
     if self.scaling not in scaling.MODES:
       raise ValueError(f"jax_overlap.{name}: scaling must be one of {tuple(scaling.MODES)}, got {self.scaling!r}")
     check_fast_accumulation(name, self.fast_accumulation, scaling.MODES[self.scaling])
+    check_cast_algorithm(name, self.cast_algorithm)
 
   def forward_fast_accumulation(self) -> bool:
     """Whether the forward GEMM accumulates fast: fast_accumulation, None meaning so for tensor scales."""
@@ -99,7 +106,8 @@ class Fp8Layer(Layer):
     e4m3, e5m2 = formats.fp8_formats(family)
     return _Fp8Call(axis_name=self.axis_name, algorithm=self.algorithm, e4m3=e4m3, e5m2=e5m2,
                     x_dtype=formats.name(lhs.dtype), w_dtype=formats.name(rhs.dtype),
-                    scaling=scaling.MODES[self.scaling], fast_accumulation=self.forward_fast_accumulation(), **fields)
+                    scaling=scaling.MODES[self.scaling], fast_accumulation=self.forward_fast_accumulation(),
+                    cast_algorithm=self.cast_algorithm, **fields)
 
 
 def check_fast_accumulation(layer: str, fast_accumulation, mode: scaling.Scaling) -> None:
@@ -109,6 +117,12 @@ def check_fast_accumulation(layer: str, fast_accumulation, mode: scaling.Scaling
   if fast_accumulation and mode.blocks:
     raise ValueError(f"jax_overlap.{layer}: fast_accumulation=True takes scaling='tensor'; block scales apply per "
                      f"128 elements of K, where the GEMM promotes its sums to float32 anyway")
+
+
+def check_cast_algorithm(layer: str, cast_algorithm) -> None:
+  """A layer's cast_algorithm field: one of CAST_ALGORITHMS (ValueError)."""
+  if cast_algorithm not in CAST_ALGORITHMS:
+    raise ValueError(f"jax_overlap.{layer}: cast_algorithm must be one of {CAST_ALGORITHMS}, got {cast_algorithm!r}")
 
 
 def _axes(call: _Fp8Call) -> tuple:
@@ -153,9 +167,9 @@ def _custom_vjp(forward, backward):
 
 
 def _cast_algorithm(call: _Fp8Call) -> str:
-  """How the layer casts to float8 where no transpose comes with the cast: the project's kernel where it takes the
-  call (ops/fp8_cast.py; the same values as XLA's cast), XLA's with algorithm="xla"."""
-  return "xla" if call.algorithm == "xla" else "auto"
+  """How the layer casts to float8 where ops/fp8_cast.py casts: its kernel where it takes the call (the same values
+  as XLA's cast), XLA's with algorithm="xla" or cast_algorithm="xla"."""
+  return "xla" if "xla" in (call.algorithm, call.cast_algorithm) else "auto"
 
 
 def _quantized(x, w, call: _Fp8Call, kmajor) -> tuple:
@@ -230,6 +244,10 @@ class Fp8AgDotGeneral(Fp8Layer):
   fast_accumulation: whether the forward GEMM takes the vendor's fast fp8 accumulation
   (jax_overlap.ag_matmul's fast_accumulation: TransformerEngine's forward numerics); None (default):
   so with tensor scales, not with block scales, which take none. The gradients' GEMMs never do.
+  cast_algorithm: how x, the cotangent and the data gradient's kernel are cast to float8 (tensor scales):
+  "auto" (default), the project's one-pass cast kernel where it takes the call; "xla", XLA's cast of the
+  same values, which XLA can fuse into the operation that produces the operand, where the kernel reads it
+  back from memory.
 
   Example (flax.nnx, bf16 in and out):
 
@@ -243,6 +261,7 @@ class Fp8AgDotGeneral(Fp8Layer):
   family: str | None = None
   scaling: str = "tensor"
   fast_accumulation: bool | None = None
+  cast_algorithm: str = "auto"
 
   def __post_init__(self):
     super().__post_init__()
@@ -311,7 +330,8 @@ class Fp8RsDotGeneral(Fp8Layer):
   scales folded into AG(dz) by exact power-of-two shifts. Residuals: the quantized x and its
   scale (jax_overlap.remat names them).
 
-  axis_name: as RsDotGeneral's. algorithm, family, scaling, fast_accumulation: as Fp8AgDotGeneral's.
+  axis_name: as RsDotGeneral's. algorithm, family, scaling, fast_accumulation, cast_algorithm: as
+  Fp8AgDotGeneral's.
   scatter_axis: as RsDotGeneral's, but not the columns (-1) inside shard_map, where the dual op would
   gather the contraction.
 
@@ -327,6 +347,7 @@ class Fp8RsDotGeneral(Fp8Layer):
   family: str | None = None
   scaling: str = "tensor"
   fast_accumulation: bool | None = None
+  cast_algorithm: str = "auto"
 
   def __post_init__(self):
     super().__post_init__()

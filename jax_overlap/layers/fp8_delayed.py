@@ -194,9 +194,14 @@ class Fp8DelayedDotGeneralBase(fp8_ops.Fp8DotGeneralBase):
   # Flax's op runs it (its forward dot at precision DEFAULT, XLA's fast accumulation; its gradients' at HIGHEST,
   # which the gradients' GEMMs here match).
   fast_accumulation: bool = True
+  # How x, the kernel and the cotangent are cast to float8 (fp8.CAST_ALGORITHMS): "auto", the cast kernels where
+  # they take the call (one pass for the cast and the amax); "xla", XLA's forms, which XLA can fuse into the
+  # operations that produce the operands.
+  cast_algorithm: str = "auto"
 
   def __post_init__(self):
     super().__post_init__()
+    fp8.check_cast_algorithm(type(self).__name__, self.cast_algorithm)
     if not isinstance(self.fast_accumulation, bool):
       raise TypeError(f"jax_overlap.{type(self).__name__}: fast_accumulation must be True or False, got "
                       f"{self.fast_accumulation!r}")
@@ -240,7 +245,7 @@ class Fp8DelayedDotGeneralBase(fp8_ops.Fp8DotGeneralBase):
     call = fp8._Fp8Call(axis_name=axis_name, algorithm=algorithm, axis=axis, out_sharding=out_sharding,
                         e4m3=formats.name(self.e4m3_dtype), e5m2=formats.name(self.e5m2_dtype),
                         x_dtype=formats.name(x.dtype), w_dtype=formats.name(rhs.dtype),
-                        fast_accumulation=self.fast_accumulation)
+                        fast_accumulation=self.fast_accumulation, cast_algorithm=self.cast_algorithm)
     x, w = fp8._varying_in(call, x, rhs)
     return run(x, w, self.meta(), call)
 
@@ -253,7 +258,8 @@ class Fp8DelayedAgDotGeneral(Fp8DelayedDotGeneralBase):
   axis_name, gather_axis: as jax_overlap.AgDotGeneral's. algorithm: "auto", "pipelined" or "xla", as
   jax_overlap.Fp8AgDotGeneral's. e4m3_dtype, e5m2_dtype: the OCP pair (default) or the fnuz pair.
   amax_history_length: Flax's (1024). fast_accumulation: the forward GEMM's, True as in Flax's op (the
-  gradients' GEMMs promote their sums to float32, as Flax's do).
+  gradients' GEMMs promote their sums to float32, as Flax's do). cast_algorithm: "auto" or "xla", as
+  jax_overlap.Fp8AgDotGeneral's (here for x, the kernel and the cotangent).
 
   Example (flax.linen, bf16 compute, on sharded global arrays under jit):
 

@@ -16,7 +16,7 @@ Each module picks its op at trace time (choice.py) from the mesh set then
 MaxText builds the model there is no mesh, or the module is initializing, and
 the call is the layer's own dot. The modules hold no options of their own
 beyond the quantization object's: the algorithm, jax_overlap's fp8 scaling
-for 16-bit runs, and the rules.
+for 16-bit runs, the float8 layers' cast algorithm, and the rules.
 
   OverlapDotGeneral       16-bit / float32 runs (quantization=""): AgDotGeneral, RsDotGeneral (or with fp8=
                           "tensor" / "block" Fp8AgDotGeneral, Fp8RsDotGeneral), else lax.dot_general with the
@@ -124,13 +124,14 @@ def _pick(module, dimension_numbers) -> choices.Choice | None:
 class OverlapDotGeneral(nn.Module):
   """lax.dot_general for a MaxText dense layer of a 16-bit or float32 run: ag_matmul, matmul_rs or the dot, chosen
   per call (this module's docstring). fp8: "" (16-bit layers), "tensor" or "block" (jax_overlap's fp8 layers with
-  that scaling). No variables and no rngs (patches.py keeps ToNNX from forking the layer's rngs for it)."""
+  that scaling, and fp8_cast their cast_algorithm). No variables and no rngs (patches.py keeps ToNNX from forking the layer's rngs for it)."""
 
   site: int = 0
   kernel_axes: tuple = ()
   rules: tuple = ()
   algorithm: str = "auto"
   fp8: str = ""
+  fp8_cast: str = "auto"
   matmul_precision: str = "default"
 
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
@@ -139,14 +140,11 @@ class OverlapDotGeneral(nn.Module):
     op = choices.DOT if picked is None else picked.op
     if picked is not None:
       CENSUS.record(self.site, op, picked)
-    if op == choices.AG:
-      layer = Fp8AgDotGeneral(algorithm=self.algorithm, scaling=self.fp8) if self.fp8 else \
-          AgDotGeneral(algorithm=self.algorithm)
-      return layer(lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type)
-    if op == choices.RS:
-      layer = Fp8RsDotGeneral(algorithm=self.algorithm, scaling=self.fp8) if self.fp8 else \
-          RsDotGeneral(algorithm=self.algorithm)
-      return layer(lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type)
+    if op in (choices.AG, choices.RS):
+      fp8_layer, layer = (Fp8AgDotGeneral, AgDotGeneral) if op == choices.AG else (Fp8RsDotGeneral, RsDotGeneral)
+      dot = fp8_layer(algorithm=self.algorithm, scaling=self.fp8, cast_algorithm=self.fp8_cast) if self.fp8 else \
+          layer(algorithm=self.algorithm)
+      return dot(lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type)
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=lax.Precision(self.matmul_precision),
                            preferred_element_type=preferred_element_type)
 
@@ -206,13 +204,15 @@ class OverlapQuantization:
   rules: tuple = ()
   algorithm: str = "auto"
   fp8: str = ""
+  fp8_cast: str = "auto"
   matmul_precision: str = "default"
   quant_mode: str = "train"
   needs_apply_rngs: ClassVar[bool] = False
 
   def dot_general_cls(self, mesh_axes=()):
     return functools.partial(OverlapDotGeneral, site=next(_sites), kernel_axes=tuple(mesh_axes), rules=self.rules,
-                             algorithm=self.algorithm, fp8=self.fp8, matmul_precision=self.matmul_precision)
+                             algorithm=self.algorithm, fp8=self.fp8, fp8_cast=self.fp8_cast,
+                             matmul_precision=self.matmul_precision)
 
   def stock(self):
     """What MaxText's own configure_quantization gives for this run: no quantization."""
@@ -231,10 +231,11 @@ def fp8_quantization(recipe: str) -> type:
   class OverlapFp8Quantization(parent):
     rules: tuple = ()
     algorithm: str = "auto"
+    fp8_cast: str = "auto"
 
     def dot_general_cls(self, mesh_axes=()):
       return functools.partial(module, site=next(_sites), kernel_axes=tuple(mesh_axes), rules=self.rules,
-                               algorithm=self.algorithm)
+                               algorithm=self.algorithm, cast_algorithm=self.fp8_cast)
 
     def stock(self):
       return parent()

@@ -12,7 +12,7 @@ Four functions of MaxText are replaced by wrappers that call them (each once, ho
   moe.RoutedMoE.__init__  the layer gets MaxText's own quantization object (None for 16-bit runs): experts and
       their router keep MaxText's einsums and dots
   models.Transformer.__call__  after the model's first trace under a mesh, the census (hook.py) logs the ops
-The options (algorithm, fp8) are the latest enable()'s; the quantization object a model is built with keeps its own.
+The options (algorithm, fp8, fp8_cast) are the latest enable()'s; the quantization object a model is built with keeps its own.
 """
 
 from __future__ import annotations
@@ -56,12 +56,15 @@ def _once(owner, name: str, make) -> None:
     setattr(owner, name, wrapped)
 
 
-def check_options(algorithm: str, fp8: str) -> None:
+def check_options(algorithm: str, fp8: str, fp8_cast: str = "auto") -> None:
   if algorithm not in api.ALGORITHMS:
     raise ValueError(f"jax_overlap.maxtext: algorithm must be one of {api.ALGORITHMS}, got {algorithm!r}")
   if fp8 not in settings.MAXTEXT_FP8_CHOICES:
     raise ValueError(f"jax_overlap.maxtext: fp8 must be one of {settings.MAXTEXT_FP8_CHOICES} ('': MaxText's "
                      f"quantization decides), got {fp8!r}")
+  if fp8_cast not in settings.MAXTEXT_FP8_CAST_CHOICES:
+    raise ValueError(f"jax_overlap.maxtext: fp8_cast must be one of {settings.MAXTEXT_FP8_CAST_CHOICES} (the float8 "
+                     f"layers' casts: the cast kernels, or XLA's), got {fp8_cast!r}")
 
 
 def quantization(config, quant_mode_str: str, original):
@@ -70,7 +73,7 @@ def quantization(config, quant_mode_str: str, original):
   stock = original(config, quant_mode_str=quant_mode_str)
   if quant_mode_str != "train":
     return stock
-  algorithm, fp8 = _options["algorithm"], _options["fp8"]
+  algorithm, fp8, fp8_cast = _options["algorithm"], _options["fp8"], _options["fp8_cast"]
   recipe = str(getattr(config.quantization, "value", config.quantization) or "")  # MaxText's enum, or its text
   if recipe not in RECIPES:
     raise ValueError(f"jax_overlap.maxtext: quantization={recipe!r} is not a recipe jax_overlap runs (it takes "
@@ -81,7 +84,7 @@ def quantization(config, quant_mode_str: str, original):
   rules = tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes)
                 for name, axes in config.logical_axis_rules)
   if not recipe:
-    return hook.OverlapQuantization(rules=rules, algorithm=algorithm, fp8=fp8,
+    return hook.OverlapQuantization(rules=rules, algorithm=algorithm, fp8=fp8, fp8_cast=fp8_cast,
                                     matmul_precision=config.matmul_precision)
   if fp8:
     raise ValueError(f"jax_overlap.maxtext: fp8={fp8!r} (jax_overlap's own fp8 layers) is for 16-bit runs, and "
@@ -95,7 +98,7 @@ def quantization(config, quant_mode_str: str, original):
     other = {"fp8": "nanoo_fp8", "nanoo_fp8": "fp8"}[recipe]
     raise ValueError(f"jax_overlap.maxtext: quantization={recipe!r} computes in {e4m3} and {e5m2}, and this process "
                      f"cannot run {declined}; use quantization={other!r}")
-  return hook.fp8_quantization(recipe)(rules=rules, algorithm=algorithm)
+  return hook.fp8_quantization(recipe)(rules=rules, algorithm=algorithm, fp8_cast=fp8_cast)
 
 
 def _configure_quantization(original):
@@ -134,7 +137,7 @@ def _transformer_call(original):
   return __call__
 
 
-def enable(*, algorithm: str | None = None, fp8: str | None = None) -> None:
+def enable(*, algorithm: str | None = None, fp8: str | None = None, fp8_cast: str | None = None) -> None:
   """Make MaxText's dense layers run jax_overlap's ops (call before MaxText builds its model).
 
   Per layer, at trace time, ag_matmul, matmul_rs or the layer's own dot, from its kernel's and activation's
@@ -143,16 +146,20 @@ def enable(*, algorithm: str | None = None, fp8: str | None = None) -> None:
   names and checkpoints are stock MaxText's. algorithm: the ops' ("auto", "xla", "pipelined", "fused"); default
   the setting JAX_OVERLAP_MAXTEXT_ALGORITHM, else "auto". fp8: "" (default: the setting JAX_OVERLAP_MAXTEXT_FP8),
   or "tensor" / "block": a 16-bit run's dense layers in float8 on Fp8AgDotGeneral / Fp8RsDotGeneral with that
-  scaling (no state). Raises ImportError without MaxText, RuntimeError for a MaxText release it is not tested with.
+  scaling (no state). fp8_cast: the float8 layers' casts (their cast_algorithm), "auto" (default: the setting
+  JAX_OVERLAP_MAXTEXT_FP8_CAST), the cast kernels, or "xla", XLA's casts, which XLA can fuse into the operations
+  that produce the layers' operands. Raises ImportError without MaxText, RuntimeError for a MaxText release it is
+  not tested with.
   """
   algorithm = settings.maxtext_algorithm() if algorithm is None else algorithm
   fp8 = settings.maxtext_fp8() if fp8 is None else fp8
-  check_options(algorithm, fp8)
+  fp8_cast = settings.maxtext_fp8_cast() if fp8_cast is None else fp8_cast
+  check_options(algorithm, fp8, fp8_cast)
   check_version(_maxtext_version())
   # pylint: disable=import-outside-toplevel  (MaxText is optional: imported only here)
   from maxtext.layers import moe, nnx_wrappers, quantizations
   from maxtext.models import models
-  _options.update(algorithm=algorithm, fp8=fp8)
+  _options.update(algorithm=algorithm, fp8=fp8, fp8_cast=fp8_cast)
   _once(quantizations, "configure_quantization", _configure_quantization)
   _once(nnx_wrappers.ToNNX, "__init__", _tonnx_init)
   _once(moe.RoutedMoE, "__init__", _moe_init)

@@ -32,6 +32,7 @@ GEMM_CANDIDATES = "JAX_OVERLAP_GEMM_CANDIDATES"
 GEMM_CACHE_DIR = "JAX_OVERLAP_GEMM_CACHE_DIR"
 MAXTEXT_ALGORITHM = "JAX_OVERLAP_MAXTEXT_ALGORITHM"
 MAXTEXT_FP8 = "JAX_OVERLAP_MAXTEXT_FP8"
+MAXTEXT_FP8_CAST = "JAX_OVERLAP_MAXTEXT_FP8_CAST"
 
 DEFAULT_WORKSPACE_BYTES = 1 << 30
 # The vendor heuristic's candidates timed per GEMM problem (XLA times up to 128; a problem's best was among the
@@ -44,6 +45,8 @@ ARCH_TRAITS_CHOICES = ("nvidia", "amd")
 # scaling of Fp8AgDotGeneral / Fp8RsDotGeneral).
 MAXTEXT_ALGORITHM_CHOICES = ("auto", "xla", "fused", "pipelined")
 MAXTEXT_FP8_CHOICES = ("", "tensor", "block")
+# and the float8 layers' cast_algorithm (layers/fp8.py CAST_ALGORITHMS; a test checks they agree).
+MAXTEXT_FP8_CAST_CHOICES = ("auto", "xla")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
@@ -143,6 +146,10 @@ def maxtext_fp8() -> str:
   return _choice(MAXTEXT_FP8, "", MAXTEXT_FP8_CHOICES[1:])
 
 
+def maxtext_fp8_cast() -> str:
+  return _choice(MAXTEXT_FP8_CAST, "auto", MAXTEXT_FP8_CAST_CHOICES)
+
+
 def plan_settings() -> tuple:
   """The settings that change a call's plan, as written: part of the name of each decision (planning/agreement)."""
   return tuple(os.environ.get(name, "") for name in (PIPELINE_STAGES, ARCH_TRAITS))
@@ -162,6 +169,7 @@ def check_all() -> None:
   gemm_cache_dir()
   maxtext_algorithm()
   maxtext_fp8()
+  maxtext_fp8_cast()
   stages = pipeline_stages()
   if stages is not None and not all(s.strip().isdigit() and int(s) > 0 for s in stages.split(",")):
     raise ValueError(f"jax_overlap: {PIPELINE_STAGES}={stages!r}; expected stage sizes of at least one chunk "
