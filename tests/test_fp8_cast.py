@@ -1,9 +1,9 @@
 """The float8 cast primitive (jax_overlap/ops/fp8_cast.py) on CPU: its value is quantization/numerics.quantize's
-(eager, jit, vmap with a shared scale or a scale per element), and where its GPU lowering takes the kernel, from the custom calls
-of a lowering for "cuda" on the stand-in runtime (tests/fake_gpu.py, an H200's sm_90): one device and each shard
-inside shard_map take it; global arrays over several devices, a partially manual shard_map, algorithm="xla",
-JAX_OVERLAP_DISABLE, a format of the other family and a float8 input keep XLA's form. The kernel's values against
-XLA's, bit for bit: tests/gpu/test_fp8_cast_kernel.py."""
+(eager, jit, vmap with a shared scale or a scale per element), and where its GPU lowering takes the kernel, from
+the custom calls of a lowering for "cuda" on the stand-in runtime (tests/fake_gpu.py, an H200's sm_90): one device
+and each shard inside shard_map take it; global arrays over several devices, a partially manual shard_map,
+algorithm="xla", JAX_OVERLAP_DISABLE, a format of the other family and a float8 input keep XLA's form. The kernel's
+values against XLA's, bit for bit: tests/gpu/test_fp8_cast_kernel.py."""
 
 from __future__ import annotations
 

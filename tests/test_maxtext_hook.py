@@ -250,7 +250,8 @@ def test_enable_without_maxtext_says_what_to_install(monkeypatch):
   def missing(name):
     raise importlib.metadata.PackageNotFoundError(name)
   monkeypatch.setattr(importlib.metadata, "version", missing)
-  with pytest.raises(ImportError, match=r"needs MaxText, which this Python does not have: pip install maxtext==0\.2\.5"):
+  with pytest.raises(ImportError,
+                     match=r"needs MaxText, which this Python does not have: pip install maxtext==0\.2\.5"):
     patches.enable()
 
 

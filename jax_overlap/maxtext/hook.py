@@ -124,7 +124,8 @@ def _pick(module, dimension_numbers) -> choices.Choice | None:
 class OverlapDotGeneral(nn.Module):
   """lax.dot_general for a MaxText dense layer of a 16-bit or float32 run: ag_matmul, matmul_rs or the dot, chosen
   per call (this module's docstring). fp8: "" (16-bit layers), "tensor" or "block" (jax_overlap's fp8 layers with
-  that scaling, and fp8_cast their cast_algorithm). No variables and no rngs (patches.py keeps ToNNX from forking the layer's rngs for it)."""
+  that scaling, and fp8_cast their cast_algorithm). No variables and no rngs (patches.py keeps ToNNX from forking
+  the layer's rngs for it)."""
 
   site: int = 0
   kernel_axes: tuple = ()

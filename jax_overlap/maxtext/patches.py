@@ -12,7 +12,8 @@ Four functions of MaxText are replaced by wrappers that call them (each once, ho
   moe.RoutedMoE.__init__  the layer gets MaxText's own quantization object (None for 16-bit runs): experts and
       their router keep MaxText's einsums and dots
   models.Transformer.__call__  after the model's first trace under a mesh, the census (hook.py) logs the ops
-The options (algorithm, fp8, fp8_cast) are the latest enable()'s; the quantization object a model is built with keeps its own.
+The options (algorithm, fp8, fp8_cast) are the latest enable()'s; the quantization object a model is built with
+keeps its own.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _once(owner, name: str, make) -> None:
     setattr(owner, name, wrapped)
 
 
-def check_options(algorithm: str, fp8: str, fp8_cast: str = "auto") -> None:
+def check_options(algorithm: str, fp8: str, fp8_cast: str) -> None:
   if algorithm not in api.ALGORITHMS:
     raise ValueError(f"jax_overlap.maxtext: algorithm must be one of {api.ALGORITHMS}, got {algorithm!r}")
   if fp8 not in settings.MAXTEXT_FP8_CHOICES:
