@@ -118,7 +118,7 @@ def layer_rows(m: int, n: int, k: int) -> list:
       text = fn.lower(xs, ws).as_text()
       row[f"{name}_cast_kernel"] = "jax_overlap_fp8_cast_amax(" in text
       row[f"{name}_w_cast_kernel"] = "jax_overlap_fp8_cast_amax_transposed(" in text
-      timers[name] = bench_fp8_layers._timer(fn, xs, ws)
+      timers[name] = bench_fp8_layers.timer(fn, xs, ws)
     except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
       row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
   row.update(_harness.in_turns(timers, REPEATS))

@@ -136,7 +136,7 @@ def chained(f, mode: str = "forward", ct=None):
   return jax.jit(run)
 
 
-def _timer(fn, xs, ws):
+def timer(fn, xs, ws):
   """A timer of one run of fn (UNROLL chained calls): wall time per call, us. Compiles and warms up first."""
   jax.block_until_ready(fn(xs, ws))
 
@@ -163,7 +163,7 @@ def layer_rows(m: int, n: int, k: int, ops, modes, names, out) -> list:
           continue
         _harness.note(f"layer {op} {mode} {name}: compiling")
         try:
-          timers[name] = _timer(chained(f, mode, ct), xs, ws)
+          timers[name] = timer(chained(f, mode, ct), xs, ws)
         except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
           row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
       row.update(_harness.in_turns(timers, REPEATS))

@@ -93,17 +93,17 @@ def profile_summary(run_dir: pathlib.Path) -> dict | None:
           "top": [[name, per_step(us)] for name, us in names.most_common(10)]}
 
 
-def run(name: str, variant: str, args: list, out: pathlib.Path, cpu: bool, profile: bool = False) -> dict:
-  """One MaxText run (variant: stock, jax_overlap or xla_casts): its median step time (ms), last loss and census,
-  its profile summary where asked for, or its error."""
+def run(name: str, variant: str, args: list, steps: int, out: pathlib.Path, cpu: bool, profile: bool = False) -> dict:
+  """One MaxText run of `steps` steps (variant: stock, jax_overlap or xla_casts): its median step time (ms), last
+  loss and census, its profile summary where asked for, or its error."""
   base = pathlib.Path(importlib.util.find_spec("maxtext").origin).parent / "configs" / "base.yml"
   metrics = out / f"{name}.metrics.jsonl"
   module = "maxtext.trainers.pre_train.train" if variant == "stock" else "jax_overlap.maxtext"
   env = {**os.environ, "DECOUPLE_GCLOUD": "TRUE"}
   if cpu:
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
-  steps_asked = int(next(a for a in args if a.startswith("steps=")).partition("=")[2])
-  first_profiled = max(steps_asked - PROFILE_STEPS - 1, WARMUP + 1) if profile else steps_asked
+  first_profiled = max(steps - PROFILE_STEPS - 1, WARMUP + 1) if profile else steps
+  args = [*args, f"steps={steps}"]
   if profile:  # the last steps but one: the step times are the earlier ones'
     args = [*args, "profiler=xplane", f"skip_first_n_steps_for_profiler={first_profiled}",
             f"profiler_steps={PROFILE_STEPS}"]
@@ -157,8 +157,8 @@ def main(argv=None) -> None:
         row = {"config": config, "recipe": recipe}
         variants = ("stock", "jax_overlap", *(("xla_casts",) if args.xla_casts and recipe == "fp8" else ()))
         for variant in variants:
-          result = run(f"{config}_{recipe}_{variant}", variant, [*CONFIGS[config], *RECIPES[recipe],
-                                                                 f"steps={steps}"], out, args.cpu, args.profile)
+          result = run(f"{config}_{recipe}_{variant}", variant, [*CONFIGS[config], *RECIPES[recipe]], steps, out,
+                       args.cpu, args.profile)
           row.update({f"{variant}_{key}": value for key, value in result.items()})
         for variant in variants[1:]:
           if row.get("stock_ms") and row.get(f"{variant}_ms"):
