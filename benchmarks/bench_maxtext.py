@@ -1,11 +1,12 @@
 """MaxText's pre-training on one GPU, stock against `python -m jax_overlap.maxtext`, step times side by side.
 
   python benchmarks/bench_maxtext.py [--out DIR] [--configs tiny 1b] [--recipes bf16 fp8] [--steps N] [--profile]
-                                    [--xla-casts] [--cpu]
+                                    [--cast-kernels] [--cpu]
 
 Each run is a process of its own (MaxText's entry point, synthetic data, no checkpoints), the stock run and the
 jax_overlap run of a row one after the other on the same GPU; a row's step time is the median of MaxText's
-perf/step_time_seconds over the steps after the first three (compilation and warm-up). Writes
+perf/step_time_seconds over the steps after the first three (compilation and warm-up; the default 30 steps: with
+12, rows of the same code moved by 5%). Writes
 maxtext_<date>.json to --out (default: $OUT, else benchmarks/results) after every row and prints the table last.
 
 Configs (decoder_block=llama2, weights float32, compute bfloat16, attention=dot_product, remat_policy=full):
@@ -14,14 +15,14 @@ Configs (decoder_block=llama2, weights float32, compute bfloat16, attention=dot_
         2048 tokens, batch 4
 Recipes: bf16 (quantization=""; on one GPU every dense layer keeps its dot: jax_overlap adds nothing, and the
 times should agree) and fp8 (quantization=fp8: Flax's delayed scaling in XLA's fp8 form against jax_overlap's
-delayed-scaling layers, whose GEMMs are the vendor's fp8 GEMM on one GPU). Columns: stock_ms, jax_overlap_ms,
+delayed-scaling layers, whose GEMMs are the vendor's fp8 GEMM on one GPU, with XLA's casts: MaxText's default). Columns: stock_ms, jax_overlap_ms,
 speedup (stock over jax_overlap), each run's last loss, and the census line's counts of the jax_overlap run.
 --profile: each run also profiles PROFILE_STEPS steps after those it times (MaxText's profiler=xplane) and the row
 records the GPU time per step of its kernels by kind (`{variant}_kernels`, ms per step: GEMMs, jax_overlap's
 kernels, XLA's fusions, the rest) and its ten largest kernels; the kinds print as a second table.
---xla-casts: a third run per fp8 row, jax_overlap's layers with XLA's forms of the float8 casts (their amaxes
-too) in place of the cast kernels (`jax_overlap_fp8_cast=xla`; `xla_casts_ms`): XLA can fuse its casts into the
-operations that produce the layers' operands.
+--cast-kernels: a third run per fp8 row, jax_overlap's layers with the cast kernels in place of XLA's casts
+(`jax_overlap_fp8_cast=kernels`; `cast_kernels_ms`), which XLA can fuse into the operations that produce the
+layers' operands.
 --cpu: 8 CPU devices and steps=3, the tiny config only: check the script itself.
 """
 
@@ -94,7 +95,7 @@ def profile_summary(run_dir: pathlib.Path) -> dict | None:
 
 
 def run(name: str, variant: str, args: list, steps: int, out: pathlib.Path, cpu: bool, profile: bool = False) -> dict:
-  """One MaxText run of `steps` steps (variant: stock, jax_overlap or xla_casts): its median step time (ms), last
+  """One MaxText run of `steps` steps (variant: stock, jax_overlap or cast_kernels): its median step time (ms), last
   loss and census, its profile summary where asked for, or its error."""
   base = pathlib.Path(importlib.util.find_spec("maxtext").origin).parent / "configs" / "base.yml"
   metrics = out / f"{name}.metrics.jsonl"
@@ -107,8 +108,8 @@ def run(name: str, variant: str, args: list, steps: int, out: pathlib.Path, cpu:
   if profile:  # the last steps but one: the step times are the earlier ones'
     args = [*args, "profiler=xplane", f"skip_first_n_steps_for_profiler={first_profiled}",
             f"profiler_steps={PROFILE_STEPS}"]
-  if variant == "xla_casts":
-    args = [*args, "jax_overlap_fp8_cast=xla"]
+  if variant == "cast_kernels":
+    args = [*args, "jax_overlap_fp8_cast=kernels"]
   command = [sys.executable, "-m", module, str(base), f"run_name={name}", f"base_output_directory={out}",
              f"metrics_file={metrics}", f"hardware={'cpu' if cpu else 'gpu'}", *QUIET, *args]
   _harness.note(f"maxtext {name}")
@@ -134,9 +135,10 @@ def main(argv=None) -> None:
   ap.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
   ap.add_argument("--configs", nargs="*", choices=tuple(CONFIGS), default=tuple(CONFIGS))
   ap.add_argument("--recipes", nargs="*", choices=tuple(RECIPES), default=tuple(RECIPES))
-  ap.add_argument("--steps", type=int, default=12)
+  ap.add_argument("--steps", type=int, default=30)
   ap.add_argument("--profile", action="store_true", help="GPU time per step by kernel kind, from a profile")
-  ap.add_argument("--xla-casts", action="store_true", help="fp8 rows: also jax_overlap's layers with XLA's casts")
+  ap.add_argument("--cast-kernels", action="store_true",
+                  help="fp8 rows: also jax_overlap's layers with the cast kernels")
   ap.add_argument("--cpu", action="store_true", help="8 CPU devices, 3 steps, the tiny config: check the script")
   args = ap.parse_args(argv)
   configs, steps = (("tiny",), 3) if args.cpu else (args.configs, args.steps)
@@ -155,7 +157,7 @@ def main(argv=None) -> None:
         if config == "tiny" and recipe == "fp8":
           continue  # the tiny model's GEMMs are too small for the fp8 recipe to say anything
         row = {"config": config, "recipe": recipe}
-        variants = ("stock", "jax_overlap", *(("xla_casts",) if args.xla_casts and recipe == "fp8" else ()))
+        variants = ("stock", "jax_overlap", *(("cast_kernels",) if args.cast_kernels and recipe == "fp8" else ()))
         for variant in variants:
           result = run(f"{config}_{recipe}_{variant}", variant, [*CONFIGS[config], *RECIPES[recipe]], steps, out,
                        args.cpu, args.profile)
@@ -172,12 +174,12 @@ def main(argv=None) -> None:
       if key.endswith("_error"):
         print(f"error: {row['config']} {row['recipe']} {key}: {value}")
   print(f"results: {path}")
-  _harness.print_table(rows, ["config", "recipe", "stock_ms", "jax_overlap_ms", "speedup", "xla_casts_ms",
-                              "xla_casts_speedup", "stock_loss", "jax_overlap_loss", "jax_overlap_census"])
+  _harness.print_table(rows, ["config", "recipe", "stock_ms", "jax_overlap_ms", "speedup", "cast_kernels_ms",
+                              "cast_kernels_speedup", "stock_loss", "jax_overlap_loss", "jax_overlap_census"])
   if args.profile:
     kinds = [{"config": row["config"], "recipe": row["recipe"], "variant": variant, **{
         key: value for key, value in (row.get(f"{variant}_kernels") or {}).items() if key != "top"}}
-        for row in rows for variant in ("stock", "jax_overlap", "xla_casts") if f"{variant}_ms" in row]
+        for row in rows for variant in ("stock", "jax_overlap", "cast_kernels") if f"{variant}_ms" in row]
     _harness.print_table(kinds, ["config", "recipe", "variant", "span_ms", "busy_ms", "gemm", "jax_overlap", "xla",
                                  "other"])
 

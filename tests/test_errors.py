@@ -569,7 +569,7 @@ def test_shape_errors_inside_shard_map_say_the_shapes_are_local(op, make_mesh):
     ("JAX_OVERLAP_ARCH_TRAITS", "gfx", "expected one of nvidia, amd"),
     ("JAX_OVERLAP_MAXTEXT_ALGORITHM", "fastest", "expected one of auto, xla, fused, pipelined"),
     ("JAX_OVERLAP_MAXTEXT_FP8", "delayed", "expected one of tensor, block"),
-    ("JAX_OVERLAP_MAXTEXT_FP8_CAST", "kernel", "expected one of auto, xla"),
+    ("JAX_OVERLAP_MAXTEXT_FP8_CAST", "kernel", "expected one of auto, kernels, xla"),
 ])
 def test_a_bad_setting_is_an_error_on_every_backend(monkeypatch, name, value, expected):
   from jax_overlap.runtime import settings

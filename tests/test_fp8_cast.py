@@ -122,13 +122,13 @@ def test_fp8_layers_cast_with_the_kernel_unless_xla(fake_gpu, make_mesh):
   assert len(_casts(grads("auto"), x, w)) == 3
   assert _casts(grads("xla"), x, w) == []
   assert _casts(grads("auto", cast_algorithm="xla"), x, w) == []
-  assert _casts(grads("auto", cast_algorithm="auto"), x, w) == _casts(grads("auto"), x, w)
+  assert _casts(grads("auto", cast_algorithm="kernels"), x, w) == _casts(grads("auto"), x, w)
 
 
 @pytest.mark.parametrize("layer", ["Fp8AgDotGeneral", "Fp8RsDotGeneral", "Fp8DelayedAgDotGeneral",
                                    "Fp8DelayedRsDotGeneral"])
 def test_fp8_layers_bad_cast_algorithm_is_an_error_naming_it(layer):
-  with pytest.raises(ValueError, match=rf"jax_overlap.{layer}: cast_algorithm must be one of \('auto', 'xla'\), "
+  with pytest.raises(ValueError, match=rf"jax_overlap.{layer}: cast_algorithm must be one of \('auto', 'kernels', 'xla'\), "
                                        r"got 'kernel'"):
     getattr(jax_overlap, layer)(cast_algorithm="kernel")
 
@@ -333,6 +333,7 @@ def test_delayed_layers_cast_x_and_the_cotangent_with_the_kernels_variant(fake_g
                                  argnums=(0, 1, 2))(state, x, w)
   assert len(_amax_casts(grads("auto"), x, w)) == 3
   assert len(_transposed(grads("auto"), x, w)) == 1  # the forward's kernel, into its K-major layout
+  assert len(_amax_casts(grads("auto", cast_algorithm="kernels"), x, w)) == 3
   assert _amax_casts(grads("xla"), x, w) == _transposed(grads("xla"), x, w) == []
   cast_by_xla = grads("auto", cast_algorithm="xla")
   assert _amax_casts(cast_by_xla, x, w) == _transposed(cast_by_xla, x, w) == []

@@ -160,13 +160,15 @@ def test_fp8_module_on_one_device_is_the_group_of_one(census):
   assert census.counts() == {hook.LOCAL: 1}
 
 
-@pytest.mark.parametrize("fp8_cast", ["auto", "xla"])
-def test_fp8_modules_cast_as_the_fp8_cast_option_says(fp8_cast, census, monkeypatch):
+@pytest.mark.parametrize("fp8_cast,kernel_casts", [("auto", 0), ("kernels", 4), ("xla", 0)])
+def test_fp8_modules_cast_as_the_fp8_cast_option_says(fp8_cast, kernel_casts, census, monkeypatch):
   """The option fp8_cast reaches the fp8 recipe's layers as their cast_algorithm: on one GPU (the stand-in
-  runtime's), x, the kernel and the cotangent cast by the cast kernels ("auto") or by XLA ("xla")."""
+  runtime's), x, the kernel and the cotangent cast by the cast kernels ("kernels") or by XLA ("xla", and "auto"
+  in MaxText)."""
   from fake_gpu import FakeNative, cuda_text, custom_calls, install
   install(monkeypatch.setattr, FakeNative())
-  module = hook.Fp8DirectDotGeneralOp(kernel_axes=("embed", "mlp"), rules=RULES, cast_algorithm=fp8_cast)
+  module = hook.Fp8DirectDotGeneralOp(kernel_axes=("embed", "mlp"), rules=RULES,
+                                      cast_algorithm=hook.layer_cast_algorithm(fp8_cast))
   x, w = jnp.ones((64, 128), jnp.bfloat16), jnp.ones((128, 256), jnp.bfloat16)
   dims = (((1,), (0,)), ((), ()))
   variables = module.init(jax.random.key(0), x, w, dims)
@@ -177,7 +179,20 @@ def test_fp8_modules_cast_as_the_fp8_cast_option_says(fp8_cast, census, monkeypa
   calls = custom_calls(cuda_text(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), variables, x, w))
   casts = [c for c in calls if "@jax_overlap_fp8_cast" in c]
   assert census.counts() == {hook.LOCAL: 1} and any("@jax_overlap_vendor_gemm" in c for c in calls)
-  assert len(casts) == (4 if fp8_cast == "auto" else 0), casts
+  assert len(casts) == kernel_casts, casts
+
+
+@pytest.mark.parametrize("fp8_cast,layer_cast", [("auto", "xla"), ("kernels", "kernels"), ("xla", "xla")])
+def test_a_16_bit_runs_fp8_layers_cast_as_the_option_says(fp8_cast, layer_cast, census, monkeypatch):
+  """OverlapDotGeneral with fp8="tensor" builds its float8 layer with the option's cast_algorithm ("auto": XLA's)."""
+  built = []
+  real = hook.Fp8AgDotGeneral
+  monkeypatch.setattr(hook, "Fp8AgDotGeneral", lambda **fields: built.append(fields["cast_algorithm"]) or real(**fields))
+  quant = hook.OverlapQuantization(rules=RULES, fp8="tensor", fp8_cast=fp8_cast)
+  module = quant.dot_general_cls(mesh_axes=("embed", "mlp"))()
+  x, w = jnp.ones((2, 16, 64), jnp.bfloat16), jnp.ones((64, 32), jnp.bfloat16)
+  _dense_call(module, x, w, (((2,), (0,)), ((), ())), AbstractMesh((2, 4), ("data", "tensor_sequence")))
+  assert census.counts() == {"ag_matmul": 1} and set(built) == {layer_cast}
 
 
 def test_a_gpu_algorithm_refuses_a_group_larger_than_it_takes(census):

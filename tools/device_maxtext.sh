@@ -9,7 +9,7 @@
 #
 #   JAX_OVERLAP_COMMIT=<commit> bash tools/device_maxtext.sh [STEP ...]
 #     steps: install build gpu_tests bench_delayed bench_maxtext (default: all, in this order);
-#            profile_maxtext (bench_maxtext.py on the 1b config with --profile --xla-casts: GPU time by kernel kind)
+#            profile_maxtext (bench_maxtext.py on the 1b config with --profile --cast-kernels: GPU time by kernel kind)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/device_maxtext}"
@@ -43,7 +43,7 @@ for step in "${STEPS[@]}"; do
       run bench_maxtext 480 "${WITH_DEPS[@]}" python3 benchmarks/bench_maxtext.py --out "$OUT" ;;
     profile_maxtext)
       run bench_maxtext 540 "${WITH_DEPS[@]}" python3 benchmarks/bench_maxtext.py --out "$OUT" --configs 1b \
-        --profile --xla-casts ;;
+        --profile --cast-kernels ;;
     *) echo "unknown step $step" >&2 ;;
   esac
 done

@@ -46,11 +46,12 @@ from jax_overlap.runtime import workspace
 # What the layers quantize: the cast's inputs.
 _INPUT_DTYPES = fp8_cast.INPUT_DTYPES
 FAMILIES = ("ocp", "fnuz")
-# The layers' cast_algorithm: "auto", the project's one-pass cast kernel where it takes the call (ops/fp8_cast.py),
-# or "xla", XLA's cast of the same values, which XLA can fuse into the operation producing the operand (a norm,
-# an activation, the kernel's conversion from float32), where a kernel, a custom call, reads the operand back from
-# memory.
-CAST_ALGORITHMS = ("auto", "xla")
+# The layers' cast_algorithm: "kernels", the project's one-pass cast kernel where it takes the call
+# (ops/fp8_cast.py), or "xla", XLA's cast of the same values, which XLA can fuse into the operation producing the
+# operand (a norm, an activation, the kernel's conversion from float32), where a kernel, a custom call, reads the
+# operand back from memory. "auto" is "kernels": faster on an operand read from memory (bench_fp8_delayed.py); where
+# XLA's fusions produce the operands, as in MaxText, "xla" is (jax_overlap/maxtext/hook.py).
+CAST_ALGORITHMS = ("auto", "kernels", "xla")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,9 +246,10 @@ class Fp8AgDotGeneral(Fp8Layer):
   (jax_overlap.ag_matmul's fast_accumulation: TransformerEngine's forward numerics); None (default):
   so with tensor scales, not with block scales, which take none. The gradients' GEMMs never do.
   cast_algorithm: how x, the cotangent and the data gradient's kernel are cast to float8 (tensor scales):
-  "auto" (default), the project's one-pass cast kernel where it takes the call; "xla", XLA's cast of the
-  same values, which XLA can fuse into the operation that produces the operand, where the kernel reads it
-  back from memory.
+  "kernels", the project's one-pass cast kernel where it takes the call; "xla", XLA's cast of the same
+  values, which XLA can fuse into the operation that produces the operand, where the kernel reads it back
+  from memory; "auto" (default), the kernels (faster on an operand read from memory; in a model whose
+  operands come out of XLA's fusions, as in MaxText, "xla" can be faster).
 
   Example (flax.nnx, bf16 in and out):
 

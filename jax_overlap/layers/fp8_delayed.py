@@ -258,7 +258,7 @@ class Fp8DelayedAgDotGeneral(Fp8DelayedDotGeneralBase):
   axis_name, gather_axis: as jax_overlap.AgDotGeneral's. algorithm: "auto", "pipelined" or "xla", as
   jax_overlap.Fp8AgDotGeneral's. e4m3_dtype, e5m2_dtype: the OCP pair (default) or the fnuz pair.
   amax_history_length: Flax's (1024). fast_accumulation: the forward GEMM's, True as in Flax's op (the
-  gradients' GEMMs promote their sums to float32, as Flax's do). cast_algorithm: "auto" or "xla", as
+  gradients' GEMMs promote their sums to float32, as Flax's do). cast_algorithm: "auto", "kernels" or "xla", as
   jax_overlap.Fp8AgDotGeneral's (here for x, the kernel and the cotangent).
 
   Example (flax.linen, bf16 compute, on sharded global arrays under jit):

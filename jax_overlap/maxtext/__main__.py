@@ -5,8 +5,8 @@ key=value, taken out before MaxText reads the rest (its config rejects keys it d
   jax_overlap_algorithm=auto|xla|pipelined|fused   the ops' algorithm (setting JAX_OVERLAP_MAXTEXT_ALGORITHM)
   jax_overlap_fp8=tensor|block                     a 16-bit run's dense layers in jax_overlap's float8
                                                    (setting JAX_OVERLAP_MAXTEXT_FP8)
-  jax_overlap_fp8_cast=auto|xla                    the float8 layers' casts: the cast kernels, or XLA's
-                                                   (setting JAX_OVERLAP_MAXTEXT_FP8_CAST)
+  jax_overlap_fp8_cast=auto|kernels|xla            the float8 layers' casts: XLA's ("auto" too), or the cast
+                                                   kernels (setting JAX_OVERLAP_MAXTEXT_FP8_CAST)
 A key=value wins over its setting. The census of the ops the layers took is logged at INFO to stderr.
 """
 

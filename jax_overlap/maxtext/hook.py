@@ -57,7 +57,19 @@ LOCAL = "local"  # the census' name for a float8 dot on one device (the group of
 # The MaxText setting that shards the activation's rows with the model (what makes layers all-gather).
 SEQUENCE_PARALLEL_SETTING = "ici_tensor_sequence_parallelism"
 
+# How the float8 layers cast under the option fp8_cast="auto": XLA's casts. In MaxText x comes out of XLA's fusions
+# (norms, activations) and the kernel out of its conversion from float32, which XLA fuses the casts into; the cast
+# kernels, custom calls, read both back from memory. On the H200 (llama2-1B-like config, quantization=fp8, 27
+# timed steps, two runs) stock MaxText against XLA's casts 1.001-1.005x, the cast kernels 0.991-0.995x
+# (docs/performance.md). Outside MaxText the layers' own "auto" is the cast kernels (layers/fp8.py).
+AUTO_FP8_CAST = "xla"
+
 _sites = itertools.count(1)  # each dense layer's module gets its own: the census counts call sites once
+
+
+def layer_cast_algorithm(fp8_cast: str) -> str:
+  """The float8 layers' cast_algorithm for the option fp8_cast ("auto": AUTO_FP8_CAST)."""
+  return AUTO_FP8_CAST if fp8_cast == "auto" else fp8_cast
 
 
 class Census:
@@ -124,7 +136,7 @@ def _pick(module, dimension_numbers) -> choices.Choice | None:
 class OverlapDotGeneral(nn.Module):
   """lax.dot_general for a MaxText dense layer of a 16-bit or float32 run: ag_matmul, matmul_rs or the dot, chosen
   per call (this module's docstring). fp8: "" (16-bit layers), "tensor" or "block" (jax_overlap's fp8 layers with
-  that scaling, and fp8_cast their cast_algorithm). No variables and no rngs (patches.py keeps ToNNX from forking
+  that scaling, and fp8_cast the option their cast_algorithm comes from). No variables and no rngs (patches.py keeps ToNNX from forking
   the layer's rngs for it)."""
 
   site: int = 0
@@ -143,7 +155,8 @@ class OverlapDotGeneral(nn.Module):
       CENSUS.record(self.site, op, picked)
     if op in (choices.AG, choices.RS):
       fp8_layer, layer = (Fp8AgDotGeneral, AgDotGeneral) if op == choices.AG else (Fp8RsDotGeneral, RsDotGeneral)
-      dot = fp8_layer(algorithm=self.algorithm, scaling=self.fp8, cast_algorithm=self.fp8_cast) if self.fp8 else \
+      dot = fp8_layer(algorithm=self.algorithm, scaling=self.fp8,
+                      cast_algorithm=layer_cast_algorithm(self.fp8_cast)) if self.fp8 else \
           layer(algorithm=self.algorithm)
       return dot(lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type)
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=lax.Precision(self.matmul_precision),
@@ -236,7 +249,7 @@ def fp8_quantization(recipe: str) -> type:
 
     def dot_general_cls(self, mesh_axes=()):
       return functools.partial(module, site=next(_sites), kernel_axes=tuple(mesh_axes), rules=self.rules,
-                               algorithm=self.algorithm, cast_algorithm=self.fp8_cast)
+                               algorithm=self.algorithm, cast_algorithm=layer_cast_algorithm(self.fp8_cast))
 
     def stock(self):
       return parent()

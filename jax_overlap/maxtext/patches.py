@@ -65,7 +65,7 @@ def check_options(algorithm: str, fp8: str, fp8_cast: str) -> None:
                      f"quantization decides), got {fp8!r}")
   if fp8_cast not in settings.MAXTEXT_FP8_CAST_CHOICES:
     raise ValueError(f"jax_overlap.maxtext: fp8_cast must be one of {settings.MAXTEXT_FP8_CAST_CHOICES} (the float8 "
-                     f"layers' casts: the cast kernels, or XLA's), got {fp8_cast!r}")
+                     f"layers' casts: 'auto' or 'xla', XLA's; 'kernels', the cast kernels), got {fp8_cast!r}")
 
 
 def quantization(config, quant_mode_str: str, original):
@@ -147,9 +147,9 @@ def enable(*, algorithm: str | None = None, fp8: str | None = None, fp8_cast: st
   names and checkpoints are stock MaxText's. algorithm: the ops' ("auto", "xla", "pipelined", "fused"); default
   the setting JAX_OVERLAP_MAXTEXT_ALGORITHM, else "auto". fp8: "" (default: the setting JAX_OVERLAP_MAXTEXT_FP8),
   or "tensor" / "block": a 16-bit run's dense layers in float8 on Fp8AgDotGeneral / Fp8RsDotGeneral with that
-  scaling (no state). fp8_cast: the float8 layers' casts (their cast_algorithm), "auto" (default: the setting
-  JAX_OVERLAP_MAXTEXT_FP8_CAST), the cast kernels, or "xla", XLA's casts, which XLA can fuse into the operations
-  that produce the layers' operands. Raises ImportError without MaxText, RuntimeError for a MaxText release it is
+  scaling (no state). fp8_cast: the float8 layers' casts (their cast_algorithm): "auto" (default: the setting
+  JAX_OVERLAP_MAXTEXT_FP8_CAST) is "xla" in MaxText (hook.AUTO_FP8_CAST), XLA's casts, which XLA fuses into the
+  operations that produce the layers' operands; "kernels", the cast kernels. Raises ImportError without MaxText, RuntimeError for a MaxText release it is
   not tested with.
   """
   algorithm = settings.maxtext_algorithm() if algorithm is None else algorithm

@@ -10,7 +10,7 @@ on ici_tensor_sequence_parallelism=4 x ici_data_parallelism=2, matmul_precision=
                       the compute dtype, and run the GEMMs in float8: steps 1-2 drift by 1.6e-4 and 4e-4 here; the
                       float8 recipes themselves move the loss by 4.5e-3 from bfloat16's)
   fsdp 2 x tensor_sequence 4 with remat_policy=minimal   float32 within 1e-6 (remat policies keep working)
-  fp8 on one device   within 2e-3 (the fp8 layers' group of one); with jax_overlap_fp8_cast=xla, equal
+  fp8 on one device   within 2e-3 (the fp8 layers' group of one); with jax_overlap_fp8_cast=kernels, equal
 and that a mixtral-style config (MoE experts untouched) and tensor parallelism without sequence parallelism train,
 the census line's counts, its warning, and the errors for a recipe or an algorithm the integration does not take.
 The runs start together at the first test (as many at once as half the cores), each in a process of its own.
@@ -70,7 +70,8 @@ RUNS = {
                             "dtype=float32", "steps=1"]),
     "stock_fp8_one": (False, TINY + ["dtype=bfloat16", "quantization=fp8"], 1),
     "jo_fp8_one": (True, TINY + ["dtype=bfloat16", "quantization=fp8"], 1),
-    "jo_fp8_one_xla_casts": (True, TINY + ["dtype=bfloat16", "quantization=fp8", "jax_overlap_fp8_cast=xla"], 1),
+    "jo_fp8_one_cast_kernels": (True, TINY + ["dtype=bfloat16", "quantization=fp8", "jax_overlap_fp8_cast=kernels"],
+                                1),
     "jo_int8": (True, TINY + TSP + ["dtype=bfloat16", "quantization=int8", "steps=1"]),
     "jo_fused_fp8": (True, TINY + TSP + ["dtype=bfloat16", "quantization=fp8", "jax_overlap_algorithm=fused",
                                          "steps=1"]),
@@ -149,12 +150,13 @@ def test_fp8_on_one_device_runs_the_group_of_one(runs):
   assert runs("jo_fp8_one").census() == (0, 0, 7, 0)
 
 
-@pytest.mark.runs("jo_fp8_one", "jo_fp8_one_xla_casts")
+@pytest.mark.runs("jo_fp8_one", "jo_fp8_one_cast_kernels")
 def test_fp8_cast_option_keeps_the_values(runs):
-  """jax_overlap_fp8_cast=xla (XLA's casts in place of the cast kernels, which compute the same values) is taken out
-  of MaxText's arguments and reaches the layers: here, where both are XLA's casts, the losses are equal."""
-  assert runs("jo_fp8_one_xla_casts").losses() == runs("jo_fp8_one").losses()
-  assert runs("jo_fp8_one_xla_casts").census() == (0, 0, 7, 0)
+  """jax_overlap_fp8_cast=kernels (the cast kernels in place of XLA's casts, the default's, which compute the same
+  values) is taken out of MaxText's arguments and passes its checks: here, where both are XLA's casts (the kernels
+  are GPU code), the losses are equal."""
+  assert runs("jo_fp8_one_cast_kernels").losses() == runs("jo_fp8_one").losses()
+  assert runs("jo_fp8_one_cast_kernels").census() == (0, 0, 7, 0)
 
 
 @pytest.mark.runs("stock_fsdp", "jo_fsdp")
