@@ -15,8 +15,9 @@ Configs (decoder_block=llama2, weights float32, compute bfloat16, attention=dot_
         2048 tokens, batch 4
 Recipes: bf16 (quantization=""; on one GPU every dense layer keeps its dot: jax_overlap adds nothing, and the
 times should agree) and fp8 (quantization=fp8: Flax's delayed scaling in XLA's fp8 form against jax_overlap's
-delayed-scaling layers, whose GEMMs are the vendor's fp8 GEMM on one GPU, with XLA's casts: MaxText's default). Columns: stock_ms, jax_overlap_ms,
-speedup (stock over jax_overlap), each run's last loss, and the census line's counts of the jax_overlap run.
+delayed-scaling layers, whose GEMMs are the vendor's fp8 GEMM on one GPU, with XLA's casts, the integration's
+default). Columns: stock_ms, jax_overlap_ms, speedup (stock over jax_overlap), each run's last loss, and the
+census line's counts of the jax_overlap run.
 --profile: each run also profiles PROFILE_STEPS steps after those it times (MaxText's profiler=xplane) and the row
 records the GPU time per step of its kernels by kind (`{variant}_kernels`, ms per step: GEMMs, jax_overlap's
 kernels, XLA's fusions, the rest) and its ten largest kernels; the kinds print as a second table.

@@ -128,8 +128,8 @@ def test_fp8_layers_cast_with_the_kernel_unless_xla(fake_gpu, make_mesh):
 @pytest.mark.parametrize("layer", ["Fp8AgDotGeneral", "Fp8RsDotGeneral", "Fp8DelayedAgDotGeneral",
                                    "Fp8DelayedRsDotGeneral"])
 def test_fp8_layers_bad_cast_algorithm_is_an_error_naming_it(layer):
-  with pytest.raises(ValueError, match=rf"jax_overlap.{layer}: cast_algorithm must be one of \('auto', 'kernels', 'xla'\), "
-                                       r"got 'kernel'"):
+  with pytest.raises(ValueError, match=rf"jax_overlap.{layer}: cast_algorithm must be one of "
+                                       r"\('auto', 'kernels', 'xla'\), got 'kernel'"):
     getattr(jax_overlap, layer)(cast_algorithm="kernel")
 
 

@@ -187,7 +187,8 @@ def test_a_16_bit_runs_fp8_layers_cast_as_the_option_says(fp8_cast, layer_cast, 
   """OverlapDotGeneral with fp8="tensor" builds its float8 layer with the option's cast_algorithm ("auto": XLA's)."""
   built = []
   real = hook.Fp8AgDotGeneral
-  monkeypatch.setattr(hook, "Fp8AgDotGeneral", lambda **fields: built.append(fields["cast_algorithm"]) or real(**fields))
+  monkeypatch.setattr(hook, "Fp8AgDotGeneral",
+                      lambda **fields: built.append(fields["cast_algorithm"]) or real(**fields))
   quant = hook.OverlapQuantization(rules=RULES, fp8="tensor", fp8_cast=fp8_cast)
   module = quant.dot_general_cls(mesh_axes=("embed", "mlp"))()
   x, w = jnp.ones((2, 16, 64), jnp.bfloat16), jnp.ones((64, 32), jnp.bfloat16)

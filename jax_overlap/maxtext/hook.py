@@ -60,8 +60,8 @@ SEQUENCE_PARALLEL_SETTING = "ici_tensor_sequence_parallelism"
 # How the float8 layers cast under the option fp8_cast="auto": XLA's casts. In MaxText x comes out of XLA's fusions
 # (norms, activations) and the kernel out of its conversion from float32, which XLA fuses the casts into; the cast
 # kernels, custom calls, read both back from memory. On the H200 (llama2-1B-like config, quantization=fp8, 27
-# timed steps, two runs) stock MaxText against XLA's casts 1.001-1.005x, the cast kernels 0.991-0.995x
-# (docs/performance.md). Outside MaxText the layers' own "auto" is the cast kernels (layers/fp8.py).
+# timed steps, two runs) stock MaxText's step time over jax_overlap's: 1.001-1.005 with XLA's casts, 0.991-0.995
+# with the cast kernels (docs/performance.md). Outside MaxText the layers' own "auto" is the cast kernels (layers/fp8.py).
 AUTO_FP8_CAST = "xla"
 
 _sites = itertools.count(1)  # each dense layer's module gets its own: the census counts call sites once
@@ -136,8 +136,8 @@ def _pick(module, dimension_numbers) -> choices.Choice | None:
 class OverlapDotGeneral(nn.Module):
   """lax.dot_general for a MaxText dense layer of a 16-bit or float32 run: ag_matmul, matmul_rs or the dot, chosen
   per call (this module's docstring). fp8: "" (16-bit layers), "tensor" or "block" (jax_overlap's fp8 layers with
-  that scaling, and fp8_cast the option their cast_algorithm comes from). No variables and no rngs (patches.py keeps ToNNX from forking
-  the layer's rngs for it)."""
+  that scaling, and fp8_cast the option their cast_algorithm comes from: layer_cast_algorithm). No variables and
+  no rngs (patches.py keeps ToNNX from forking the layer's rngs for it)."""
 
   site: int = 0
   kernel_axes: tuple = ()

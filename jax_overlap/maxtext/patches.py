@@ -149,8 +149,8 @@ def enable(*, algorithm: str | None = None, fp8: str | None = None, fp8_cast: st
   or "tensor" / "block": a 16-bit run's dense layers in float8 on Fp8AgDotGeneral / Fp8RsDotGeneral with that
   scaling (no state). fp8_cast: the float8 layers' casts (their cast_algorithm): "auto" (default: the setting
   JAX_OVERLAP_MAXTEXT_FP8_CAST) is "xla" in MaxText (hook.AUTO_FP8_CAST), XLA's casts, which XLA fuses into the
-  operations that produce the layers' operands; "kernels", the cast kernels. Raises ImportError without MaxText, RuntimeError for a MaxText release it is
-  not tested with.
+  operations that produce the layers' operands; "kernels", the cast kernels. Raises ImportError without MaxText,
+  RuntimeError for a MaxText release it is not tested with.
   """
   algorithm = settings.maxtext_algorithm() if algorithm is None else algorithm
   fp8 = settings.maxtext_fp8() if fp8 is None else fp8

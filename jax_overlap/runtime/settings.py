@@ -46,7 +46,7 @@ ARCH_TRAITS_CHOICES = ("nvidia", "amd")
 MAXTEXT_ALGORITHM_CHOICES = ("auto", "xla", "fused", "pipelined")
 MAXTEXT_FP8_CHOICES = ("", "tensor", "block")
 # and the float8 layers' cast_algorithm (layers/fp8.py CAST_ALGORITHMS; a test checks they agree), where "auto" is
-# the integration's own choice (jax_overlap/maxtext/hook.py MAXTEXT_AUTO_CAST).
+# the integration's own choice (jax_overlap/maxtext/hook.py AUTO_FP8_CAST).
 MAXTEXT_FP8_CAST_CHOICES = ("auto", "kernels", "xla")
 
 _TRUE = ("1", "true", "yes", "on")
