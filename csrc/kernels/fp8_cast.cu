@@ -11,8 +11,8 @@
 // The amax variant (kAmax) keeps each thread's max |x| as the bits of a
 // non-negative float, whose unsigned order is the floats' order with every NaN
 // above infinity (so a NaN wins, as in XLA's max); a workgroup reduces its
-// threads' in shared memory and adds one atomic max to *amax, which the launch
-// zeroed first on the same stream.
+// threads' (warp-wide, then its warps' in shared memory) and adds one atomic
+// max to *amax, which the launch zeroed first on the same stream.
 //
 // The transposing variant (Fp8Cast::rows) works on tiles of 128 x 128 elements
 // of x: each thread loads 8 vectors along x's rows, casts them into a shared
@@ -84,17 +84,20 @@ __device__ __forceinline__ uint64_t cast8(const Vector& v, float inv, float limi
   return packed;
 }
 
-// The workgroup's max of `bits` into *amax (one atomic per workgroup). Every thread of the workgroup calls it.
+// The workgroup's max of `bits` into *amax (one atomic per workgroup): each warp's max in one warp-wide step,
+// then the warps' maxes by the first thread after a single barrier (a tree of shared-memory steps took a barrier
+// each: eight, at the end of every workgroup's short life). Every thread of the workgroup calls it.
 __device__ __forceinline__ void reduce_amax(uint32_t bits, float* amax) {
-  __shared__ uint32_t partial[kThreads];
-  partial[threadIdx.x] = bits;
+  constexpr int kWarps = kThreads / gpu::kWarpSize;
+  __shared__ uint32_t partial[kWarps];
+  bits = gpu::warp_max(bits);
+  if (threadIdx.x % gpu::kWarpSize == 0) partial[threadIdx.x / gpu::kWarpSize] = bits;
   __syncthreads();
+  if (threadIdx.x == 0) {
 #pragma unroll
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) partial[threadIdx.x] = umax(partial[threadIdx.x], partial[threadIdx.x + stride]);
-    __syncthreads();
+    for (int i = 1; i < kWarps; ++i) bits = umax(bits, partial[i]);
+    gpu::atomic_max_dev(reinterpret_cast<uint32_t*>(amax), bits);
   }
-  if (threadIdx.x == 0) gpu::atomic_max_dev(reinterpret_cast<uint32_t*>(amax), partial[0]);
 }
 
 // kVectors: x 16-byte and out 8-byte aligned; workgroup b casts vectors [b, b + 1) * kUnroll<T> * kThreads (of the

@@ -270,6 +270,15 @@ JO_DEVICE uint32_t atomic_add_dev(uint32_t* p, uint32_t v) {
 JO_DEVICE uint32_t atomic_max_dev(uint32_t* p, uint32_t v) {
   return __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
+// The max of v over the calling wavefront's lanes (all of them active): 6 DPP/permute steps of 64 lanes.
+JO_DEVICE uint32_t warp_max(uint32_t v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const uint32_t other = __shfl_xor(v, offset);
+    v = other > v ? other : v;
+  }
+  return v;
+}
 JO_DEVICE uint64_t timer_ticks() { return __builtin_amdgcn_s_memrealtime(); }
 JO_DEVICE void backoff() { __builtin_amdgcn_s_sleep(2); }
 JO_DEVICE void trap() { __builtin_trap(); }
@@ -303,6 +312,8 @@ JO_DEVICE uint32_t atomic_cas_sys(uint32_t* p, uint32_t expected, uint32_t desir
 }
 JO_DEVICE uint32_t atomic_add_dev(uint32_t* p, uint32_t v) { return atomicAdd(p, v); }
 JO_DEVICE uint32_t atomic_max_dev(uint32_t* p, uint32_t v) { return atomicMax(p, v); }
+// The max of v over the calling warp's lanes (all of them active): one redux.sync (sm_80+).
+JO_DEVICE uint32_t warp_max(uint32_t v) { return __reduce_max_sync(0xffffffffu, v); }
 JO_DEVICE uint64_t timer_ticks() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
