@@ -92,6 +92,17 @@ def _jax_timer(fn, *args):
   return timed
 
 
+def _jax_back_to_back_timer(fn, *args, executions: int = 4):
+  """A timer of `executions` runs of fn(*args) (CALLS chained calls each) dispatched before one wait, as a training
+  loop dispatches its steps (each executable's dispatch overlaps the GPU's work of the one before): wall time per
+  call, us. fn is compiled and warm (_jax_timer ran it)."""
+  def timed() -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready([fn(*args) for _ in range(executions)])
+    return (time.perf_counter() - t0) / (executions * CALLS) * 1e6
+  return timed
+
+
 def _torch_timer(fn):
   """A timer of CALLS calls of fn back to back between CUDA events: GPU time per call, us."""
   import torch

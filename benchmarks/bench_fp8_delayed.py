@@ -4,8 +4,9 @@
 
 Writes fp8_delayed_<date>.json to --out (default: $OUT, else benchmarks/results) and prints the tables last. All
 columns are measured in the same run; us per call, each variant's calls chained in one executable (UNROLL calls,
-each on an x and a w of its own so that nothing is hoisted, shared or copied), the variants compiled first and
-then timed in turns, medians of REPEATS rounds. Two wall times per variant:
+each a layer of its own: an x, a w and an fp8 state of its own, the state passed in as a training step passes its
+variables, so that nothing is hoisted, shared or copied), the variants compiled first and then timed in turns,
+medians of REPEATS rounds. Two wall times per variant:
   us         back to back: EXECUTIONS executables dispatched before one wait, as a training loop dispatches its
              steps: the host's dispatch of one overlaps the GPU's work of the one before, and the GPU runs at the
              clocks it holds under sustained work (its power limit lowers them under long GEMMs)
@@ -59,7 +60,7 @@ import jax_overlap as jo
 from jax_overlap.layers import fp8 as fp8_layers, fp8_delayed
 from jax_overlap.ops import fp8_cast
 
-UNROLL = bench_fp8_layers.UNROLL  # the chained calls of bench_fp8_layers.chained
+UNROLL = bench_fp8_layers.UNROLL  # calls per executable (bench_fp8_layers.inputs gives as many x and w)
 REPEATS = 5
 EXECUTIONS = 4  # executables per back-to-back timing
 SHAPE = (16384, 3584, 8192)  # M, N, K
@@ -77,14 +78,14 @@ def _state(x, w):
   return state
 
 
-def _delayed_forward(state, e4m3, e5m2, fast_accumulation: bool = True, cast_algorithm: str = "auto"):
+def _delayed_forward(e4m3, e5m2, fast_accumulation: bool = True, cast_algorithm: str = "auto"):
   """y and the new input and kernel state: the custom VJP's forward rule, as a training step runs it."""
   layer = jo.Fp8DelayedAgDotGeneral(e4m3_dtype=jnp.dtype(e4m3), e5m2_dtype=jnp.dtype(e5m2),
                                     fast_accumulation=fast_accumulation, cast_algorithm=cast_algorithm)
-  meta = (state["input_scale"], state["input_amax_history"], state["kernel_scale"], state["kernel_amax_history"],
-          state["output_grad_scale"], state["output_grad_amax_history"])
 
-  def forward(x, w):
+  def forward(x, w, state):
+    meta = (state["input_scale"], state["input_amax_history"], state["kernel_scale"], state["kernel_amax_history"],
+            state["output_grad_scale"], state["output_grad_amax_history"])
     call = fp8_layers._Fp8Call(axis_name=None, algorithm=layer.algorithm, axis=-2, out_sharding=None, e4m3=e4m3,
                                e5m2=e5m2, x_dtype="bfloat16", w_dtype="bfloat16",
                                fast_accumulation=layer.fast_accumulation, cast_algorithm=layer.cast_algorithm)
@@ -93,53 +94,78 @@ def _delayed_forward(state, e4m3, e5m2, fast_accumulation: bool = True, cast_alg
   return forward
 
 
-def _flax_forward(state):
+def _flax_forward():
   """Flax's op: y, and the new input and kernel state its forward computes (fp8_ops.in_q's update_fp8_meta)."""
-  variables = {fp8_ops.OVERWRITE_WITH_GRADIENT: state}
   op = nn.Fp8DirectDotGeneralOp()
 
-  def forward(x, w):
-    y = op.apply(variables, x, w, DN)
+  def forward(x, w, state):
+    y = op.apply({fp8_ops.OVERWRITE_WITH_GRADIENT: state}, x, w, DN)
     return (y, *fp8_ops.update_fp8_meta(x, jnp.float8_e4m3fn, state["input_scale"], state["input_amax_history"]),
             *fp8_ops.update_fp8_meta(w, jnp.float8_e4m3fn, state["kernel_scale"], state["kernel_amax_history"]))
   return forward
 
 
-def variants(x, w) -> dict:
+def variants() -> dict:
+  """Each variant as f(x, w, state): state is the call's fp8 state (_state), which bf16 and current scaling
+  ignore."""
   e4m3, e5m2 = bench_fp8_layers.fp8_formats()
-  state = _state(x, w)
   current = jo.Fp8AgDotGeneral()
-  return {"bf16": lambda x, w: (lax.dot_general(x, w, (DN[0], ((), ()))),),
-          "flax": _flax_forward(state),
-          "delayed": _delayed_forward(state, e4m3, e5m2),
-          "delayed_xla_cast": _delayed_forward(state, e4m3, e5m2, cast_algorithm="xla"),
-          "delayed_promoted": _delayed_forward(state, e4m3, e5m2, fast_accumulation=False),
-          "current": lambda x, w: (current(x, w, DN),)}
+  return {"bf16": lambda x, w, state: (lax.dot_general(x, w, (DN[0], ((), ()))),),
+          "flax": _flax_forward(),
+          "delayed": _delayed_forward(e4m3, e5m2),
+          "delayed_xla_cast": _delayed_forward(e4m3, e5m2, cast_algorithm="xla"),
+          "delayed_promoted": _delayed_forward(e4m3, e5m2, fast_accumulation=False),
+          "current": lambda x, w, state: (current(x, w, DN),)}
 
 
-def back_to_back_timer(fn, xs, ws):
-  """A timer of EXECUTIONS runs of fn (UNROLL chained calls each) dispatched before one wait: wall time per call,
-  us. fn is compiled and warm (bench_fp8_layers.timer ran it)."""
+def inputs(m: int, n: int, k: int) -> tuple:
+  """UNROLL distinct (x, w, state) triples, one per chained call: each call is a layer of its own, its state passed
+  in as a training step passes its variables (state held as constants would cost XLA a copy before each update)."""
+  x, w = _harness.random_bf16((m, k), 0), _harness.random_bf16((k, n), 1) * (k ** -0.5)
+  xs, ws = bench_fp8_layers.inputs(x, w)
+  return xs, ws, [_state(xi, wi) for xi, wi in zip(xs, ws)]
+
+
+def chained(f):
+  """UNROLL calls of f in one executable, each on its own x, w and state, every result returned (nothing to hoist,
+  share or update in place)."""
+  return jax.jit(lambda xs, ws, states: [f(*a) for a in zip(xs, ws, states)])
+
+
+def synced_timer(fn, args):
+  """A timer of one run of fn(*args) (UNROLL calls), waited for alone: wall time per call, us. Compiles and warms up
+  first."""
+  jax.block_until_ready(fn(*args))
+
   def timed() -> float:
     t0 = time.perf_counter()
-    jax.block_until_ready([fn(xs, ws) for _ in range(EXECUTIONS)])
+    jax.block_until_ready(fn(*args))
+    return (time.perf_counter() - t0) / UNROLL * 1e6
+  return timed
+
+
+def back_to_back_timer(fn, args):
+  """A timer of EXECUTIONS runs of fn(*args) (UNROLL calls each) dispatched before one wait: wall time per call, us.
+  fn is compiled and warm (synced_timer ran it)."""
+  def timed() -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready([fn(*args) for _ in range(EXECUTIONS)])
     return (time.perf_counter() - t0) / (EXECUTIONS * UNROLL) * 1e6
   return timed
 
 
 def layer_rows(m: int, n: int, k: int) -> list:
-  x, w = _harness.random_bf16((m, k), 0), _harness.random_bf16((k, n), 1) * (k ** -0.5)
   row = dict(table="layer", mode="forward", m=m, n=n, k=k)
-  timers, (xs, ws) = {}, bench_fp8_layers.inputs(x, w)
-  for name, f in variants(x, w).items():
+  timers, args = {}, inputs(m, n, k)
+  for name, f in variants().items():
     _harness.note(f"layer {name}: compiling")
     try:
-      fn = bench_fp8_layers.chained(f)
-      text = fn.lower(xs, ws).as_text()
+      fn = chained(f)
+      text = fn.lower(*args).as_text()
       row[f"{name}_cast_kernel"] = "jax_overlap_fp8_cast_amax(" in text
       row[f"{name}_w_cast_kernel"] = "jax_overlap_fp8_cast_amax_transposed(" in text
-      timers[f"{name}_synced"] = bench_fp8_layers.timer(fn, xs, ws)
-      timers[name] = back_to_back_timer(fn, xs, ws)
+      timers[f"{name}_synced"] = synced_timer(fn, args)
+      timers[name] = back_to_back_timer(fn, args)
     except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
       row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
   row.update(_harness.in_turns(timers, REPEATS))
@@ -163,12 +189,11 @@ def _short(name: str) -> str:
 
 
 def kernel_rows(m: int, n: int, k: int) -> list:
-  x, w = _harness.random_bf16((m, k), 0), _harness.random_bf16((k, n), 1) * (k ** -0.5)
-  rows, (xs, ws) = [], bench_fp8_layers.inputs(x, w)
-  for name, f in variants(x, w).items():
-    fn = bench_fp8_layers.chained(f)
-    jax.block_until_ready(fn(xs, ws))  # compiled and warm
-    events = _harness.gpu_events(_harness.profiled_trace(lambda: jax.block_until_ready(fn(xs, ws))))
+  rows, args = [], inputs(m, n, k)
+  for name, f in variants().items():
+    fn = chained(f)
+    jax.block_until_ready(fn(*args))  # compiled and warm
+    events = _harness.gpu_events(_harness.profiled_trace(lambda: jax.block_until_ready(fn(*args))))
     if not events:
       continue
     per_kernel = collections.Counter()
@@ -200,7 +225,7 @@ def cast_rows(m: int, n: int, k: int) -> list:
 
 
 def write(rows: list, out_dir: str, command: str) -> str:
-  meta = {"formats": bench_fp8_layers.fp8_formats(), "unroll": UNROLL, "repeats": REPEATS}
+  meta = {"formats": bench_fp8_layers.fp8_formats(), "unroll": UNROLL, "repeats": REPEATS, "executions": EXECUTIONS}
   return _harness.write_results("fp8_delayed", rows, out_dir, command, plotted=lambda r: False, meta=meta) + ".json"
 
 
