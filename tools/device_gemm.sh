@@ -43,7 +43,7 @@ for step in "${STEPS[@]}"; do
         "tests/gpu/test_copy_paths.py::test_the_vendor_gemm_passes_its_capture_check_here" \
         "tests/gpu/test_copy_paths.py::test_a_failed_capture_check_keeps_the_vendor_gemm_out_of_command_buffers" ;;
     ab)
-      run ab 170 python3 benchmarks/bench_gemm_ab.py --out "$OUT" ;;
+      run ab 240 python3 benchmarks/bench_gemm_ab.py --out "$OUT" ;;
     sweep)
       left=$((TOTAL_S - (SECONDS - T0) - 60))
       (( left > 60 )) || left=60
