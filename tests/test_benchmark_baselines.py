@@ -98,7 +98,8 @@ def test_fp8_delayed_benchmark_variants_compute_the_same_layer():
   import bench_fp8_delayed
   x = jnp.asarray(np.random.default_rng(0).standard_normal((64, 256)), jnp.bfloat16)
   w = jnp.asarray(np.random.default_rng(1).standard_normal((256, 128)) / 16, jnp.bfloat16)
-  outs = {name: jax.jit(f)(x, w) for name, f in bench_fp8_delayed.variants(x, w).items()}
+  state = bench_fp8_delayed._state(x, w)
+  outs = {name: jax.jit(f)(x, w, state) for name, f in bench_fp8_delayed.variants().items()}
   want = _f64(outs["bf16"][0])
   for name, out in outs.items():
     assert np.linalg.norm(_f64(out[0]) - want) <= 0.1 * np.linalg.norm(want), name
