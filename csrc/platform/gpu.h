@@ -270,7 +270,7 @@ JO_DEVICE uint32_t atomic_add_dev(uint32_t* p, uint32_t v) {
 JO_DEVICE uint32_t atomic_max_dev(uint32_t* p, uint32_t v) {
   return __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
-// The max of v over the calling wavefront's lanes (all of them active): 6 DPP/permute steps of 64 lanes.
+// The max of v over the calling wavefront's lanes (all of them active): six shuffles (ds_bpermute on gfx942).
 JO_DEVICE uint32_t warp_max(uint32_t v) {
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
