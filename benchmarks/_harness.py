@@ -90,6 +90,29 @@ def wall_us(fn, *args, unroll: int = UNROLL) -> float:
   return statistics.median(times) / unroll * 1e6
 
 
+def synced_timer(fn, *args, calls: int):
+  """A timer of one run of fn(*args) (`calls` chained calls), waited for alone: wall time per call, us. Compiles
+  and warms up first."""
+  jax.block_until_ready(fn(*args))
+
+  def timed() -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return (time.perf_counter() - t0) / calls * 1e6
+  return timed
+
+
+def back_to_back_timer(fn, *args, calls: int, executions: int = 4):
+  """A timer of `executions` runs of fn(*args) (`calls` chained calls each) dispatched before one wait, as a
+  training loop dispatches its steps (each executable's dispatch overlaps the GPU's work of the one before): wall
+  time per call, us. fn is compiled and warm (synced_timer ran it)."""
+  def timed() -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready([fn(*args) for _ in range(executions)])
+    return (time.perf_counter() - t0) / (executions * calls) * 1e6
+  return timed
+
+
 def chained(op, unroll: int = UNROLL):
   """`unroll` calls of op(x, w) in one executable; each call's input depends on the previous output."""
   def run(x, w):

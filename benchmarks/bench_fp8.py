@@ -45,7 +45,6 @@ import dataclasses
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU with JAX here
 
@@ -83,24 +82,7 @@ def _chain(op):
 
 def _jax_timer(fn, *args):
   """A timer of one run of fn(*args) (CALLS chained calls): wall time per call, us. Compiles and warms up first."""
-  jax.block_until_ready(fn(*args))
-
-  def timed() -> float:
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return (time.perf_counter() - t0) / CALLS * 1e6
-  return timed
-
-
-def _jax_back_to_back_timer(fn, *args, executions: int = 4):
-  """A timer of `executions` runs of fn(*args) (CALLS chained calls each) dispatched before one wait, as a training
-  loop dispatches its steps (each executable's dispatch overlaps the GPU's work of the one before): wall time per
-  call, us. fn is compiled and warm (_jax_timer ran it)."""
-  def timed() -> float:
-    t0 = time.perf_counter()
-    jax.block_until_ready([fn(*args) for _ in range(executions)])
-    return (time.perf_counter() - t0) / (executions * CALLS) * 1e6
-  return timed
+  return _harness.synced_timer(fn, *args, calls=CALLS)
 
 
 def _torch_timer(fn):

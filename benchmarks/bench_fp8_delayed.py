@@ -46,7 +46,6 @@ import argparse
 import collections
 import os
 import sys
-import time
 
 import flax.linen as nn
 import jax
@@ -132,28 +131,6 @@ def chained(f):
   return jax.jit(lambda xs, ws, states: [f(*a) for a in zip(xs, ws, states)])
 
 
-def synced_timer(fn, args):
-  """A timer of one run of fn(*args) (UNROLL calls), waited for alone: wall time per call, us. Compiles and warms up
-  first."""
-  jax.block_until_ready(fn(*args))
-
-  def timed() -> float:
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return (time.perf_counter() - t0) / UNROLL * 1e6
-  return timed
-
-
-def back_to_back_timer(fn, args):
-  """A timer of EXECUTIONS runs of fn(*args) (UNROLL calls each) dispatched before one wait: wall time per call, us.
-  fn is compiled and warm (synced_timer ran it)."""
-  def timed() -> float:
-    t0 = time.perf_counter()
-    jax.block_until_ready([fn(*args) for _ in range(EXECUTIONS)])
-    return (time.perf_counter() - t0) / (EXECUTIONS * UNROLL) * 1e6
-  return timed
-
-
 def layer_rows(m: int, n: int, k: int) -> list:
   row = dict(table="layer", mode="forward", m=m, n=n, k=k)
   timers, args = {}, inputs(m, n, k)
@@ -164,8 +141,8 @@ def layer_rows(m: int, n: int, k: int) -> list:
       text = fn.lower(*args).as_text()
       row[f"{name}_cast_kernel"] = "jax_overlap_fp8_cast_amax(" in text
       row[f"{name}_w_cast_kernel"] = "jax_overlap_fp8_cast_amax_transposed(" in text
-      timers[f"{name}_synced"] = synced_timer(fn, args)
-      timers[name] = back_to_back_timer(fn, args)
+      timers[f"{name}_synced"] = _harness.synced_timer(fn, *args, calls=UNROLL)
+      timers[name] = _harness.back_to_back_timer(fn, *args, calls=UNROLL, executions=EXECUTIONS)
     except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
       row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
   row.update(_harness.in_turns(timers, REPEATS))

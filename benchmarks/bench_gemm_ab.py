@@ -145,7 +145,7 @@ def gemm_row(m: int, n: int, k: int, fp8: bool) -> dict:
   for name, fn in chains.items():
     _harness.note(f"  compiling {name}")
     timers[name] = bench_fp8._jax_timer(fn, x, w, sx, sw)
-    timers[f"{name}_b2b"] = bench_fp8._jax_back_to_back_timer(fn, x, w, sx, sw)
+    timers[f"{name}_b2b"] = _harness.back_to_back_timer(fn, x, w, sx, sw, calls=CALLS)
   timers.update(_torch_timers(m, n, k, fp8))
   row = dict(table="gemm", dtype="float8_e4m3fn" if fp8 else "bfloat16", m=m, n=n, k=k,
              **_harness.in_turns(timers, ROUNDS), **_tuned(m, n, k, fp8))
