@@ -7,6 +7,8 @@ values against XLA's, bit for bit: tests/gpu/test_fp8_cast_kernel.py."""
 
 from __future__ import annotations
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +16,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_overlap
-from jax_overlap.ops import fp8_cast
+from jax_overlap.ops import fp8_cast, fp8_scales
 from jax_overlap.quantization import numerics
 from jax_overlap.runtime import native
 
@@ -319,9 +321,16 @@ def test_transposing_variant_on_explicit_meshes(fake_gpu, make_mesh, devices):
   assert float(amax) == float(jnp.max(jnp.abs(_x((64, 96)))))
 
 
+def _calls(f, *args, target: str) -> list:
+  """The custom calls of jax_overlap target `target` (exactly) in f's lowering for "cuda"."""
+  return [c for c in custom_calls(cuda_text(jax.jit(f), *args)) if f"@jax_overlap_{target}(" in c]
+
+
 def test_delayed_layers_cast_x_and_the_cotangent_with_the_kernels_variant(fake_gpu):
-  """Fp8DelayedAgDotGeneral on one GPU: x, the cotangent and the kernel of the dual op cast by the kernel's variant
-  (x's and the cotangent's amax from the cast's own pass); with algorithm="xla" or cast_algorithm="xla" none is."""
+  """Fp8DelayedAgDotGeneral on one GPU: each step's scales from one step kernel (the forward's for x and the
+  kernel, the backward's for the cotangent), x, the cotangent and the forward's kernel cast by the variants whose
+  amax starts from the step kernel's zero (the amax result aliasing it: no memset), the dual op's kernel by the
+  plain amax variant; with algorithm="xla" or cast_algorithm="xla" none of them."""
   from jax_overlap.layers.fp8_delayed import Fp8DelayedAgDotGeneral
   dims = (((1,), (0,)), ((), ()))
   x, w = jnp.zeros((64, 128), jnp.bfloat16), jnp.zeros((128, 256), jnp.bfloat16)
@@ -331,10 +340,62 @@ def test_delayed_layers_cast_x_and_the_cotangent_with_the_kernels_variant(fake_g
     state = layer.init(jax.random.key(0), x, w, dims)
     return lambda x, w: jax.grad(lambda s, x, w: jnp.sum(layer.apply(s, x, w, dims).astype(jnp.float32) ** 2),
                                  argnums=(0, 1, 2))(state, x, w)
-  assert len(_amax_casts(grads("auto"), x, w)) == 3
-  assert len(_transposed(grads("auto"), x, w)) == 1  # the forward's kernel, into its K-major layout
-  assert len(_amax_casts(grads("auto", cast_algorithm="kernels"), x, w)) == 3
-  assert _amax_casts(grads("xla"), x, w) == _transposed(grads("xla"), x, w) == []
-  cast_by_xla = grads("auto", cast_algorithm="xla")
-  assert _amax_casts(cast_by_xla, x, w) == _transposed(cast_by_xla, x, w) == []
-  assert any("jax_overlap_vendor_gemm" in c for c in custom_calls(cuda_text(jax.jit(cast_by_xla), x, w)))
+  targets = ("fp8_step_scales", "fp8_cast_amax_from", "fp8_cast_amax_from_transposed", "fp8_cast_amax",
+             "fp8_cast_amax_transposed")
+  for cast_algorithm in ("auto", "kernels"):
+    calls = {t: _calls(grads("auto", cast_algorithm), x, w, target=t) for t in targets}
+    assert [len(calls[t]) for t in targets] == [2, 2, 1, 1, 0], cast_algorithm
+    assert sum("tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>" in c for c in calls["fp8_step_scales"]) == 1
+    for c in calls["fp8_cast_amax_from"] + calls["fp8_cast_amax_from_transposed"]:
+      assert "output_operand_aliases" in c and "operand_index = 2" in c, c
+  for f in (grads("xla"), grads("auto", cast_algorithm="xla")):
+    assert all(_calls(f, x, w, target=t) == [] for t in targets)
+  assert any("jax_overlap_vendor_gemm" in c for c in custom_calls(cuda_text(jax.jit(grads("auto", "xla")), x, w)))
+
+
+def test_step_scales_lower_to_the_kernel_where_the_casts_do(fake_gpu, make_mesh, caplog):
+  """One device and each shard inside shard_map: one step kernel for all operands (their formats' largest values
+  as its attribute); XLA's form with algorithm="xla", on global arrays over several devices, and for more operands
+  than the kernel takes (why at DEBUG)."""
+  s, h = jnp.float32(1), jnp.zeros(16, jnp.float32)
+  steps = lambda n, **kw: lambda s, h: fp8_scales.step_scales([s] * n, [h] * n, [E4M3, E5M2, E4M3, E5M2, E4M3][:n],
+                                                              **kw)
+  calls = _calls(steps(2), s, h, target="fp8_step_scales")
+  assert len(calls) == 1 and "fp8_max = dense<[4.480000e+02, 5.734400e+04]> : tensor<2xf32>" in calls[0], calls
+  assert _calls(steps(2, algorithm="xla"), s, h, target="fp8_step_scales") == []
+  with caplog.at_level(logging.DEBUG, logger="jax_overlap"):
+    assert _calls(steps(5), s, h, target="fp8_step_scales") == []
+  assert "5 operands; the kernel takes at most 4" in caplog.text
+  mesh = make_mesh((4,), ("tp",))
+  inside = jax.shard_map(lambda s, h: steps(2)(s, h)[0], mesh=mesh, in_specs=(P(), P()), out_specs=P())
+  assert len(_calls(inside, s, h, target="fp8_step_scales")) == 1
+  replicated = jax.ShapeDtypeStruct((16,), jnp.float32, sharding=NamedSharding(mesh, P()))
+  assert _calls(steps(2), s, replicated, target="fp8_step_scales") == []
+
+
+def test_step_scales_bad_operands_are_errors_naming_them():
+  s, h = jnp.float32(1), jnp.zeros(16, jnp.float32)
+  with pytest.raises(ValueError, match="one scale, history and dtype per operand"):
+    fp8_scales.step_scales([s], [h, h], [E4M3])
+  with pytest.raises(TypeError, match="scales must be float32 scalars"):
+    fp8_scales.step_scales([jnp.ones(1)], [h], [E4M3])
+  with pytest.raises(TypeError, match="histories must be float32 vectors of one length"):
+    fp8_scales.step_scales([s, s], [h, jnp.zeros(8)], [E4M3, E4M3])
+  with pytest.raises(TypeError, match="dtypes must be float8 formats"):
+    fp8_scales.step_scales([s], [h], [jnp.bfloat16])
+  with pytest.raises(TypeError, match="amax_from must be a float32 scalar"):
+    fp8_cast.cast_with_amax(jnp.ones((4, 8)), s, E4M3, amax_from=jnp.zeros(2))
+
+
+def test_step_scales_vmapped_and_cast_with_amax_from():
+  """vmapped over states (XLA's form per element), and cast_with_amax's amax the max of amax_from and |x|."""
+  scales = jnp.asarray([0.5, 2.0], jnp.float32)
+  histories = jnp.asarray([[1.0, 3.0, 0.0], [0.0, 0.0, 0.0]], jnp.float32)
+  (steps,), (zeros,) = jax.vmap(lambda s, h: fp8_scales.step_scales([s], [h], [E4M3]))(scales, histories)
+  np.testing.assert_array_equal(np.asarray(steps), np.asarray([3.0 / 448.0, 2.0], np.float32))
+  np.testing.assert_array_equal(np.asarray(zeros), np.zeros(2, np.float32))
+  x = jnp.asarray([[-3.0, 1.0]], jnp.float32)
+  for start, want in ((0.0, 3.0), (5.0, 5.0), (np.nan, np.nan)):
+    _, amax = jax.jit(lambda x, a: fp8_cast.cast_with_amax(x, jnp.float32(1), E4M3, amax_from=a))(
+        x, jnp.float32(start))
+    np.testing.assert_array_equal(np.asarray(amax), np.float32(want))

@@ -20,6 +20,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_overlap
 from jax_overlap.layers import fp8_delayed
+from jax_overlap.ops import fp8_scales
 from jax_overlap.layers.fp8_delayed import Fp8DelayedAgDotGeneral, Fp8DelayedRsDotGeneral
 import tolerance
 
@@ -46,6 +47,11 @@ def draw(rng, shape, dtype, scale=1.0):
   return jnp.asarray(rng.standard_normal(shape) * scale, dtype)
 
 
+def flax_scale(scale, history, fmt):
+  """The scale Flax's rule gives a step with this state (its new scale: x does not enter it)."""
+  return fp8_ops.update_fp8_meta(jnp.zeros((), jnp.float32), jnp.dtype(fmt), scale, history)[0]
+
+
 def grads(module, state, x, w, dy, dims):
   """(y, dx, dW, the new state: the '_overwrite_with_gradient' cotangents)."""
   y, vjp = jax.vjp(lambda s, x, w: module.apply({OWG: s}, x, w, dims), state, x, w)
@@ -66,22 +72,41 @@ def assert_state_equal(got, want, what=""):
 
 @pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"])
 def test_update_rule_is_flaxs(fmt, rng):
-  """step_scale and recorded against fp8_ops.update_fp8_meta on an operand with that amax: histories with
-  amaxes, all zeros (the scale kept), an infinite one (kept); amaxes of zero, NaN and infinity recorded as they are."""
+  """step_scales (XLA's form, alone and with a second operand) and recorded against fp8_ops.update_fp8_meta on an
+  operand with that amax: histories with amaxes, all zeros (the scale kept), an infinite one (kept), a NaN (kept);
+  amaxes of zero, NaN and infinity recorded as they are. The zeros step_scales gives are zeros."""
   dtype = jnp.dtype(fmt)
-  histories = [rng.uniform(0, 50, 8), np.zeros(8), np.array([3.0, np.inf, 0, 0, 0, 0, 0, 1.0])]
+  histories = [rng.uniform(0, 50, 8), np.zeros(8), np.array([3.0, np.inf, 0, 0, 0, 0, 0, 1.0]),
+               np.array([3.0, 1.0, np.nan, 0, 0, 0, 0, 2.0])]
+  other = (jnp.float32(0.7), jnp.asarray(rng.uniform(0, 9, 8), jnp.float32), "float8_e5m2")
+
+  @jax.jit
+  def steps(scale, history):
+    alone = fp8_scales.step_scales([scale.reshape(())], [history], [dtype], algorithm="xla")
+    paired = fp8_scales.step_scales([scale.reshape(()), other[0]], [history, other[1]], [dtype, other[2]],
+                                    algorithm="xla")
+    return alone, paired
   for history in histories:
     history = jnp.asarray(history, jnp.float32)
     scale = jnp.asarray([rng.uniform(0.01, 2)], jnp.float32)
     for amax in (0.0, 0.37, 812.5, np.nan, np.inf):
       x = jnp.asarray([-amax, amax / 2, 0.0], jnp.float32)
       want_scale, want_history = jax.jit(fp8_ops.update_fp8_meta, static_argnums=1)(x, dtype, scale, history)
-      got_scale, got_history = jax.jit(fp8_delayed.recorded, static_argnums=1)(
-          jnp.max(jnp.abs(x)), fmt, scale, history)
+      ((step,), (zero,)), ((step2, other_step), zeros) = steps(scale, history)
+      got_scale, got_history = jax.jit(fp8_delayed.recorded)(jnp.max(jnp.abs(x)), step, scale, history)
       np.testing.assert_array_equal(bits(got_scale), bits(want_scale))
       np.testing.assert_array_equal(bits(got_history), bits(want_history))
-      np.testing.assert_array_equal(bits(jax.jit(fp8_delayed.step_scale, static_argnums=2)(scale, history, fmt)),
-                                    bits(want_scale))
+      for s in (step, step2):
+        np.testing.assert_array_equal(bits(s.reshape(1)), bits(want_scale))
+      np.testing.assert_array_equal(bits(other_step.reshape(1)),
+                                    bits(flax_scale(other[0].reshape(1), other[1], other[2])))
+      assert [float(z) for z in (zero, *zeros)] == [0.0] * 3
+  one = jnp.asarray([5.0], jnp.float32)  # amax_history_length=1: the history is the step's amax alone
+  want_scale, want_history = jax.jit(fp8_ops.update_fp8_meta, static_argnums=1)(jnp.float32(2.5), dtype,
+                                                                                 jnp.ones(1), one)
+  (step,), _ = fp8_scales.step_scales([jnp.float32(1)], [one], [dtype], algorithm="xla")
+  for got, want in zip(fp8_delayed.recorded(jnp.float32(2.5), step, jnp.ones(1), one), (want_scale, want_history)):
+    np.testing.assert_array_equal(bits(got), bits(want))
 
 
 # --- the state against Flax's op ---------------------------------------------------------------------------------
@@ -134,7 +159,7 @@ def _reference(parallel, family, state, x, w, dy):
   e4m3, e5m2 = FAMILIES[family]
 
   def scale(prefix, fmt):
-    return np.float32(fp8_delayed.step_scale(state[f"{prefix}_scale"], state[f"{prefix}_amax_history"], fmt)[0])
+    return np.float32(flax_scale(state[f"{prefix}_scale"], state[f"{prefix}_amax_history"], fmt)[0])
   xq = _quantized(x, e4m3, scale("input", e4m3))
   wq = _quantized(w, e4m3, scale("kernel", e4m3))
   dyq = _quantized(dy, e5m2, scale("output_grad", e5m2))
@@ -163,7 +188,7 @@ def test_values_and_gradients_against_float64(parallel, family, dtype, rng):
   y, dx, dw, _ = jax.jit(grads, static_argnums=(0, 5))(module, state, x, w, dy, dims)
   want = _reference(parallel, family, state, np.asarray(x, np.float32), np.asarray(w, np.float32),
                     np.asarray(dy, np.float32))
-  x_scale = fp8_delayed.step_scale(state["input_scale"], state["input_amax_history"], FAMILIES[family][0])
+  x_scale = flax_scale(state["input_scale"], state["input_amax_history"], FAMILIES[family][0])
   assert float(jnp.max(jnp.abs(x.astype(jnp.float32)))) / float(x_scale[0]) > float(jnp.finfo(FAMILIES[family][0]).max), \
       "no value of x saturates: the test lost its point"
   rows = int(np.prod(x_shape[:2]))

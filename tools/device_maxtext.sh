@@ -36,7 +36,7 @@ for step in "${STEPS[@]}"; do
         python3 -m pip install --no-build-isolation --no-deps -v -C build-dir=build/device . ;;
     gpu_tests)
       run gpu_fp8_cast 180 "${WITH_DEPS[@]}" JAX_PLATFORMS=cuda python3 -m pytest -q -rs \
-        tests/gpu/test_fp8_cast_kernel.py ;;
+        tests/gpu/test_fp8_cast_kernel.py tests/gpu/test_fp8_scales_kernel.py -s ;;
     bench_delayed)
       run bench_delayed 180 "${WITH_DEPS[@]}" python3 benchmarks/bench_fp8_delayed.py --out "$OUT" ;;
     bench_maxtext)

@@ -24,6 +24,9 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoVendorGemmNoGraphExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoFp8CastExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoFp8CastAmaxExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoFp8CastAmaxTransposedExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoFp8CastAmaxFromExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoFp8CastAmaxFromTransposedExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoFp8StepScalesExecute);
 
 namespace jo {
 
@@ -69,6 +72,12 @@ inline const std::vector<FfiTarget>& ffi_targets() {
       {"fp8_cast_amax", "jax_overlap_fp8_cast_amax", nullptr, JoFp8CastAmaxExecute},
       // And its transposing variant: a weight cast into the GEMM's K-major layout, amax from the same pass.
       {"fp8_cast_amax_transposed", "jax_overlap_fp8_cast_amax_transposed", nullptr, JoFp8CastAmaxTransposedExecute},
+      // The two with their amax starting from a given value (the step kernel's zero: no memset).
+      {"fp8_cast_amax_from", "jax_overlap_fp8_cast_amax_from", nullptr, JoFp8CastAmaxFromExecute},
+      {"fp8_cast_amax_from_transposed", "jax_overlap_fp8_cast_amax_from_transposed", nullptr,
+       JoFp8CastAmaxFromTransposedExecute},
+      // The delayed-scaling step before the casts: the step's scales and zeroed amaxes (kernels/fp8_scales.h).
+      {"fp8_step_scales", "jax_overlap_fp8_step_scales", nullptr, JoFp8StepScalesExecute},
   };
   return targets;
 }

@@ -284,7 +284,7 @@ hipError_t launch_fp8_cast(const Fp8Cast& c, int sm_count, hipStream_t stream) {
   }
   const bool vectors = reinterpret_cast<uintptr_t>(c.x) % 16 == 0 && reinterpret_cast<uintptr_t>(c.out) % 8 == 0;
   if (c.count < 0 || sm_count < 1) return e;
-  if (c.amax != nullptr) {
+  if (c.amax != nullptr && !c.amax_zeroed) {
     const hipError_t zeroed = hipMemsetAsync(c.amax, 0, sizeof(float), stream);
     if (zeroed != hipSuccess) return zeroed;
   }

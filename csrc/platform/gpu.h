@@ -279,6 +279,8 @@ JO_DEVICE uint32_t warp_max(uint32_t v) {
   }
   return v;
 }
+// a / b as XLA's GPU code divides float32: LLVM's AMDGPU fdiv, correctly rounded.
+JO_DEVICE float div_as_xla(float a, float b) { return a / b; }
 JO_DEVICE uint64_t timer_ticks() { return __builtin_amdgcn_s_memrealtime(); }
 JO_DEVICE void backoff() { __builtin_amdgcn_s_sleep(2); }
 JO_DEVICE void trap() { __builtin_trap(); }
@@ -314,6 +316,13 @@ JO_DEVICE uint32_t atomic_add_dev(uint32_t* p, uint32_t v) { return atomicAdd(p,
 JO_DEVICE uint32_t atomic_max_dev(uint32_t* p, uint32_t v) { return atomicMax(p, v); }
 // The max of v over the calling warp's lanes (all of them active): one redux.sync (sm_80+).
 JO_DEVICE uint32_t warp_max(uint32_t v) { return __reduce_max_sync(0xffffffffu, v); }
+// a / b as XLA's GPU code divides float32: div.full.f32 (XLA compiles with -nvptx-prec-divf32=1; within 2 ulp,
+// not always the correctly rounded quotient), so that a value computed here equals XLA's form bit for bit.
+JO_DEVICE float div_as_xla(float a, float b) {
+  float q;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b));
+  return q;
+}
 JO_DEVICE uint64_t timer_ticks() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

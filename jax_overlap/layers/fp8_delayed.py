@@ -11,10 +11,12 @@ variables' gradients, as Flax's do: a training loop that overwrites them with
 their gradients (MaxText's, Flax's examples) runs them unchanged, and a state
 or checkpoint of Flax's op carries over.
 
-What differs from Flax's op is where the arithmetic runs: x and the kernel are
-cast to e4m3 with the step's scale on ops/fp8_cast.py's cast_with_amax, which
-gives the amax the history records from the same pass over the operand (the
-kernel's cast is into the K-major layout the fp8 GEMM takes), and the GEMMs
+What differs from Flax's op is where the arithmetic runs: a step's scales come
+from ops/fp8_scales.py's step_scales (one kernel for x's and the kernel's, with
+the zeros their amaxes start from), x and the kernel are cast to e4m3 with them
+on ops/fp8_cast.py's cast_with_amax, which gives the amax the history records
+from the same pass over the operand (the kernel's cast is into the K-major
+layout the fp8 GEMM takes), and the GEMMs
 are the ops' in float8: the forward ag_matmul / matmul_rs, the data gradient
 the dual op on the cotangent cast to e5m2, the weight gradient one float8
 GEMM (layers/fp8.py's). Flax divides by
@@ -49,7 +51,7 @@ from jax_overlap import _compat, api, remat
 from jax_overlap.integration import autodiff
 from jax_overlap.layers import fp8
 from jax_overlap.layers.dot_general import check_column_parallel, check_dim, check_fields, check_row_parallel
-from jax_overlap.ops import fp8_cast
+from jax_overlap.ops import fp8_cast, fp8_scales
 from jax_overlap.quantization import formats
 
 
@@ -65,16 +67,28 @@ def _scalar(scale):
   return jnp.reshape(_float32(scale), ()).astype(jnp.float32)
 
 
-def step_scale(scale, history, dtype):
-  """The scale a step quantizes with: fp8_ops.update_fp8_meta's, which depends on the history and the previous scale
-  only, so it is known before the step's amax (the x it is given does not enter it)."""
-  return fp8_ops.update_fp8_meta(jnp.zeros((), jnp.float32), jnp.dtype(dtype), scale, history)[0]
+def step_scales(metas, dtypes, call: fp8._Fp8Call) -> tuple[tuple, tuple]:
+  """(the scales a step casts with, the zeros their casts' amaxes start from) for (scale, history) pairs `metas`
+  and float8 formats `dtypes`: fp8_ops.update_fp8_meta's new scales, which depend on the history and the previous
+  scale only, so they are known before the step's amaxes (ops/fp8_scales.py: one kernel for all of them)."""
+  return fp8_scales.step_scales([_scalar(s) for s, _ in metas], [_float32(h) for _, h in metas], dtypes,
+                                algorithm=fp8._cast_algorithm(call))
 
 
-def recorded(amax, dtype, scale, history) -> tuple:
-  """(scale, history) after a step whose operand's max |value| is `amax`: fp8_ops.update_fp8_meta with the amax in
-  place of the operand (the max of |amax| is amax), so Flax's own rule writes the state."""
-  return fp8_ops.update_fp8_meta(amax, jnp.dtype(dtype), scale, history)
+def recorded(amax, step, scale, history) -> tuple:
+  """(scale, history) variables after a step that cast with scale `step` an operand whose max |value| is `amax`:
+  fp8_ops.update_fp8_meta's new values (the new scale is the step's; the history rolled back one place, the amax
+  first), in the variables' dtypes and shapes. The history as one select of the rolled history, which XLA fuses
+  into one kernel (Flax's roll and then update in place take two)."""
+  fmax32 = scale.dtype == fp8_ops.fm32 and history.dtype == fp8_ops.fm32
+  h = lax.convert_element_type(history, jnp.float32) if fmax32 else history
+  first = lax.broadcasted_iota(jnp.int32, h.shape, 0) == 0
+  new_history = jnp.where(first, amax.astype(h.dtype), jnp.roll(h, -1, axis=0))
+  new_scale = jnp.reshape(step, jnp.shape(scale)).astype(jnp.float32)
+  if fmax32:
+    return lax.convert_element_type(new_scale, fp8_ops.fp32_max_grad), lax.convert_element_type(
+        new_history, fp8_ops.fp32_max_grad)
+  return new_scale, new_history
 
 
 def _whole_amax(amax, call: fp8._Fp8Call):
@@ -86,10 +100,11 @@ def _whole_amax(amax, call: fp8._Fp8Call):
   return lax.pmax(amax, axes)
 
 
-def _cast(v, scale, dtype, call: fp8._Fp8Call, lead: int = 0) -> tuple:
+def _cast(v, scale, amax_from, dtype, call: fp8._Fp8Call, lead: int = 0) -> tuple:
   """(v cast to `dtype` with the step's scale, saturated, its first `lead` dims moved last; the whole operand's
-  amax), from one pass over v."""
-  q, amax = fp8_cast.cast_with_amax(v, _scalar(scale), dtype, lead=lead, algorithm=fp8._cast_algorithm(call))
+  amax, the max of amax_from and |v|), from one pass over v."""
+  q, amax = fp8_cast.cast_with_amax(v, scale, dtype, lead=lead, algorithm=fp8._cast_algorithm(call),
+                                    amax_from=amax_from)
   return q, _whole_amax(amax, call)
 
 
@@ -111,20 +126,19 @@ def _forward_scales(x, w, meta, call: fp8._Fp8Call, lead: int) -> tuple:
   """(x8, x's step scale, w8 K-major (its first `lead` dims moved last), w's step scale, the new input and kernel
   meta)."""
   x_scale, x_history, w_scale, w_history = meta[:4]
-  xs = step_scale(x_scale, x_history, call.e4m3)
-  ws = step_scale(w_scale, w_history, call.e4m3)
-  x8, x_amax = _cast(x, xs, call.e4m3, call)
-  w8, w_amax = _cast(w, ws, call.e4m3, call, lead)
-  new_meta = (*recorded(x_amax, call.e4m3, x_scale, x_history), *recorded(w_amax, call.e4m3, w_scale, w_history))
-  return x8, _scalar(xs), w8, _scalar(ws), new_meta
+  (xs, ws), (x_from, w_from) = step_scales(((x_scale, x_history), (w_scale, w_history)), (call.e4m3,) * 2, call)
+  x8, x_amax = _cast(x, xs, x_from, call.e4m3, call)
+  w8, w_amax = _cast(w, ws, w_from, call.e4m3, call, lead)
+  new_meta = (*recorded(x_amax, xs, x_scale, x_history), *recorded(w_amax, ws, w_scale, w_history))
+  return x8, xs, w8, ws, new_meta
 
 
 def _cotangent(d, meta, call: fp8._Fp8Call) -> tuple:
   """(d cast to e5m2 with the step's output-gradient scale, that scale, the new output-gradient meta)."""
   g_scale, g_history = meta
-  gs = step_scale(g_scale, g_history, call.e5m2)
-  d8, amax = _cast(d, gs, call.e5m2, call)
-  return d8, _scalar(gs), recorded(amax, call.e5m2, g_scale, g_history)
+  (gs,), (g_from,) = step_scales(((g_scale, g_history),), (call.e5m2,), call)
+  d8, amax = _cast(d, gs, g_from, call.e5m2, call)
+  return d8, gs, recorded(amax, gs, g_scale, g_history)
 
 
 def _ag_forward(x, w, meta, call: fp8._Fp8Call):

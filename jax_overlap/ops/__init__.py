@@ -28,16 +28,17 @@ integration/ and planning/ look up (none of them names an op):
                    pipelined model); MOVERS, fused_traffic, fused_chunk_k, fused_units (the fused planner's)
 
 OPS maps names to GEMM op modules; importing this package checks that each
-defines every name above and registers every primitive's rules. Two ops of
-one operand have rules of their own: all_gather.py, the runtime's all-gather
-(tests), and fp8_cast.py, the float8 cast of the fp8 layers. reference.py holds
+defines every name above and registers every primitive's rules. Three other
+primitives have rules of their own: all_gather.py, the runtime's all-gather
+(tests); fp8_cast.py, the float8 cast of the fp8 layers, and fp8_scales.py, the
+delayed-scaling layers' step scales before their casts. reference.py holds
 the numerics the ops' reference decompositions share.
 """
 
 from __future__ import annotations
 
 from jax_overlap.integration import primitives
-from jax_overlap.ops import ag_matmul, all_gather, fp8_cast, matmul_rs
+from jax_overlap.ops import ag_matmul, all_gather, fp8_cast, fp8_scales, matmul_rs
 
 OPS = {op.NAME: op for op in (ag_matmul, matmul_rs)}
 
@@ -61,6 +62,7 @@ def _register() -> None:
     primitives.register(op)
   all_gather.register()
   fp8_cast.register()
+  fp8_scales.register()
 
 
 _register()

@@ -21,7 +21,10 @@ With lead > 0 the cast is of x with its first `lead` dims moved last (a
 weight [K, N] into the K-major [N, K] the fp8 GEMM takes, or [*k, N] into
 [N, *k]): the kernel's transposing variant, which takes x whose moved dims
 hold a multiple of 16 elements and whose others a multiple of 8; XLA's form
-(the move fused into its cast) otherwise.
+(the move fused into its cast) otherwise. With amax_from (a float32 >= 0,
+ops/fp8_scales.py's zero) the amax is max(amax_from, max |x|): the kernel
+accumulates into amax_from's buffer, given to it as its amax result
+(operand_output_aliases), so no launch zeroes the amax first.
 """
 
 from __future__ import annotations
@@ -60,17 +63,19 @@ def cast(x, scale, dtype, *, algorithm: str = "auto"):
   return primitive.bind(x, scale, dtype=formats.name(dtype), algorithm=algorithm)
 
 
-def cast_with_amax(x, scale, dtype, *, lead: int = 0, algorithm: str = "auto"):
+def cast_with_amax(x, scale, dtype, *, lead: int = 0, algorithm: str = "auto", amax_from=None):
   """(x / scale rounded to the float8 format `dtype`, saturated: numerics.quantize_saturated's value; max |x| as a
   float32 scalar: numerics.amax's), from one pass over x where the kernel takes the call. lead: the number of x's
-  leading dims the cast moves last (0: x's layout; else 1 to x.ndim - 1). algorithm: as cast's."""
+  leading dims the cast moves last (0: x's layout; else 1 to x.ndim - 1). algorithm: as cast's. amax_from: None,
+  or a float32 scalar >= 0 the amax starts from (the amax is then max(amax_from, max |x|))."""
   if not isinstance(lead, int) or isinstance(lead, bool) or not (lead == 0 or 0 < lead < jnp.ndim(x)):
     raise ValueError(f"jax_overlap.fp8_cast.cast_with_amax: lead must be 0 or an int from 1 to x.ndim - 1 "
                      f"({jnp.ndim(x) - 1}), got {lead!r}")
-  axes = tuple(sorted(_compat.varying_axes(x) | _compat.varying_axes(scale), key=str))
+  operands = (x, scale) if amax_from is None else (x, scale, amax_from)
+  axes = tuple(sorted(set().union(*(_compat.varying_axes(v) for v in operands)), key=str))
   if axes:
-    x, scale = _compat.make_varying(x, axes), _compat.make_varying(scale, axes)
-  return tuple(amax_primitive.bind(x, scale, dtype=formats.name(dtype), algorithm=algorithm, lead=lead))
+    operands = tuple(_compat.make_varying(v, axes) for v in operands)
+  return tuple(amax_primitive.bind(*operands, dtype=formats.name(dtype), algorithm=algorithm, lead=lead))
 
 
 def _moved(dims, lead: int) -> tuple:
@@ -93,7 +98,10 @@ def _abstract_eval(x, scale, *, dtype, algorithm):
   return x.update(dtype=jnp.dtype(dtype), weak_type=False)
 
 
-def _amax_abstract_eval(x, scale, *, dtype, algorithm, lead):
+def _amax_abstract_eval(x, scale, *amax_from, dtype, algorithm, lead):
+  if amax_from and (amax_from[0].shape != () or amax_from[0].dtype != jnp.float32):
+    raise TypeError(f"jax_overlap.fp8_cast: amax_from must be a float32 scalar, got "
+                    f"{amax_from[0].dtype}{list(amax_from[0].shape)}")
   q = _abstract_eval(x, scale, dtype=dtype, algorithm=algorithm)
   if lead:
     sharding = getattr(x, "sharding", None)
@@ -115,15 +123,15 @@ def _batch_rule(args, dims, *, dtype, algorithm):
 def _amax_batch_rule(args, dims, *, dtype, algorithm, lead):
   """An amax per batch element: XLA's form, vmapped (the kernel's amax is of all of x)."""
   del algorithm
-  (x, scale), (x_dim, scale_dim) = args, dims
   log.debug("jax_overlap.fp8_cast: XLA's cast with amax (vmapped)")
-  out = jax.vmap(lambda xi, si: _amax_reference(xi, si, dtype, lead), in_axes=(x_dim, scale_dim))(x, scale)
+  out = jax.vmap(lambda *a: _amax_reference(*a, dtype=dtype, lead=lead), in_axes=tuple(dims))(*args)
   return out, (0, 0)
 
 
-def _amax_reference(x, scale, dtype, lead: int = 0):
+def _amax_reference(x, scale, *amax_from, dtype, lead: int = 0):
   moved = jnp.transpose(x, _moved(range(x.ndim), lead)) if lead else x
-  return [numerics.quantize_saturated(moved, dtype, scale), numerics.amax(x)]
+  amax = numerics.amax(x)
+  return [numerics.quantize_saturated(moved, dtype, scale), jnp.maximum(amax_from[0], amax) if amax_from else amax]
 
 
 def _reference_lowering(ctx, x, scale, *, dtype, algorithm):
@@ -153,6 +161,15 @@ def _declined(ctx, dtype: str, algorithm: str, lead: int = 0) -> str | None:
     return f"x is {x_dtype}; the kernel takes {', '.join(INPUT_DTYPES)}"
   if lead and (why := _transposed_declined(ctx.avals_in[0].shape, lead)) is not None:
     return why
+  return kernel_declined(ctx, (dtype,), algorithm)
+
+
+def kernel_declined(ctx, dtypes: tuple, algorithm: str) -> str | None:
+  """Why the project's fp8 kernels (this cast's, ops/fp8_scales.py's) do not take a call into the float8 formats
+  `dtypes` in the lowering context `ctx`, or None: algorithm "xla", no native module or GPU, a format the GPU
+  cannot run, or global arrays over several devices (XLA partitions the call)."""
+  if algorithm == "xla":
+    return "algorithm='xla'"
   try:
     lowering.native_ready(ctx)
   except planning.Declined as e:
@@ -160,8 +177,9 @@ def _declined(ctx, dtype: str, algorithm: str, lead: int = 0) -> str | None:
   gpus = workspace.local_gpus()
   if not gpus:
     return "no GPU is known to this process"
-  if (declined := planning.fp8_declined(dtype)) is not None:
-    return declined
+  for dtype in dtypes:
+    if (declined := planning.fp8_declined(dtype)) is not None:
+      return declined
   axis_ctx = ctx.module_context.axis_context
   if isinstance(axis_ctx, _compat.spmd_axis_context_type()):
     mesh = axis_ctx.mesh
@@ -172,23 +190,26 @@ def _declined(ctx, dtype: str, algorithm: str, lead: int = 0) -> str | None:
 
 
 def _gpu_lowering(target: str, reference, what: str):
-  """The lowering of a cast primitive on a GPU: the custom call `target` (with lead > 0, its transposing variant
-  `target`_transposed), or XLA's form (`reference`) where the kernel declines the call (said at DEBUG)."""
-  def lower(ctx, x, scale, *, dtype, algorithm, **lead):
+  """The lowering of a cast primitive on a GPU: the custom call `target` (with amax_from, `target`_from, whose amax
+  result is amax_from's buffer; with lead > 0, the transposing variant `target`[_from]_transposed), or XLA's form
+  (`reference`) where the kernel declines the call (said at DEBUG)."""
+  def lower(ctx, x, scale, *amax_from, dtype, algorithm, **lead):
     why = _declined(ctx, dtype, algorithm, **lead)
     if why is not None:
       log.debug("jax_overlap.fp8_cast: XLA's %s (%s)", what, why)
-      return reference(ctx, x, scale, dtype=dtype, algorithm=algorithm, **lead)
-    if lead.get("lead"):
-      return jax.ffi.ffi_lowering(backend.current().target(target + "_transposed"))(
-          ctx, x, scale, lead=np.int64(lead["lead"]))
-    return jax.ffi.ffi_lowering(backend.current().target(target))(ctx, x, scale)
+      return reference(ctx, x, scale, *amax_from, dtype=dtype, algorithm=algorithm, **lead)
+    name = target + ("_from" if amax_from else "") + ("_transposed" if lead.get("lead") else "")
+    attrs = {"lead": np.int64(lead["lead"])} if lead.get("lead") else {}
+    aliases = {2: 1} if amax_from else None
+    return jax.ffi.ffi_lowering(backend.current().target(name), operand_output_aliases=aliases)(
+        ctx, x, scale, *amax_from, **attrs)
   return lower
 
 
-def _amax_reference_lowering(ctx, x, scale, *, dtype, algorithm, lead):
+def _amax_reference_lowering(ctx, *operands, dtype, algorithm, lead):
   del algorithm
-  return mlir.lower_fun(lambda x, s: _amax_reference(x, s, dtype, lead), multiple_results=True)(ctx, x, scale)
+  return mlir.lower_fun(lambda *a: _amax_reference(*a, dtype=dtype, lead=lead), multiple_results=True)(
+      ctx, *operands)
 
 
 def register() -> None:

@@ -194,8 +194,9 @@ def test_transposing_variant_is_the_exact_saturated_cast_of_the_moved_array(fmt,
 
 
 def test_delayed_layer_casts_x_with_the_amax_variant_and_matches_xla():
-  """Fp8DelayedAgDotGeneral on one GPU: x, the cotangent and the dual op's kernel lower to the variant, and the
-  state after a step is the XLA path's bit for bit (the amaxes are equal); values within float8 rounding."""
+  """Fp8DelayedAgDotGeneral on one GPU: x and the cotangent lower to the variant whose amax starts from the step
+  kernel's zero, the dual op's kernel to the plain one, and the state after a step is the XLA path's bit for bit
+  (the amaxes are equal); values within float8 rounding."""
   from jax_overlap.layers.fp8_delayed import Fp8DelayedAgDotGeneral
   rng = np.random.default_rng(7)
   x = jnp.asarray(rng.standard_normal((256, 512)), jnp.bfloat16)
@@ -210,8 +211,9 @@ def test_delayed_layer_casts_x_with_the_amax_variant_and_matches_xla():
   auto, state = step("auto")
   xla, _ = step("xla")
   text = auto.lower(state, x, w).as_text()
-  assert len(re.findall(r"custom_call @jax_overlap_fp8_cast_amax\(", text)) == 3
-  assert len(re.findall(r"custom_call @jax_overlap_fp8_cast_amax_transposed\(", text)) == 1
+  assert len(re.findall(r"custom_call @jax_overlap_fp8_cast_amax_from\(", text)) == 2  # x, the cotangent
+  assert len(re.findall(r"custom_call @jax_overlap_fp8_cast_amax\(", text)) == 1  # the dual op's kernel
+  assert len(re.findall(r"custom_call @jax_overlap_fp8_cast_amax_from_transposed\(", text)) == 1
   (v1, (s1, dx1, dw1)), (v2, (s2, dx2, dw2)) = auto(state, x, w), xla(state, x, w)
   for a, b in zip(jax.tree.leaves(s1), jax.tree.leaves(s2)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -1,0 +1,108 @@
+"""The delayed-scaling layers' step before their casts, as one primitive: for each operand a step casts, the scale it
+casts with and a float32 zero its cast's amax starts from.
+
+The scale is Flax's (fp8_ops.update_fp8_meta's new scale: compute_scale of the amax history's max and the previous
+scale), known before the step's amax. Its value is XLA's form of that rule, and jnp.zeros. On "cuda"/"rocm" it
+lowers to the project's kernel (csrc/kernels/fp8_scales.cu: one launch for every operand of a step) where the
+casts take theirs (ops/fp8_cast.py's conditions): a step's state then costs one launch before its casts, whose
+amaxes accumulate from its zeros (cast_with_amax's amax_from), in place of XLA's reduction, its division and a
+memset per cast. The kernel divides as XLA's GPU code does, so the two agree bit for bit
+(tests/gpu/test_fp8_scales_kernel.py) and the path a process takes never changes the state.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex_core
+from jax.interpreters import mlir
+
+from jax_overlap import _compat
+from jax_overlap.integration import primitives
+from jax_overlap.ops import fp8_cast
+from jax_overlap.quantization import formats
+from jax_overlap.runtime import backend
+
+log = logging.getLogger("jax_overlap")
+
+MAX_KERNEL_OPERANDS = 4  # the kernel's operands per launch (csrc/kernels/fp8_scales.h, kMaxStepScales)
+
+primitive = jex_core.Primitive("jax_overlap_fp8_step_scales")
+primitive.multiple_results = True
+
+
+def step_scales(scales, histories, dtypes, *, algorithm: str = "auto") -> tuple[tuple, tuple]:
+  """(the step's scales, float32 zeros), one of each per operand, for operands whose previous scales are `scales`
+  (float32 scalars), amax histories `histories` (float32 vectors of one length) and float8 formats `dtypes`.
+  algorithm: "auto" (the kernel where it takes the call) or "xla" (XLA's form)."""
+  if not (len(scales) == len(histories) == len(dtypes) >= 1):
+    raise ValueError(f"jax_overlap.fp8_scales.step_scales: one scale, history and dtype per operand, got "
+                     f"{len(scales)}, {len(histories)} and {len(dtypes)}")
+  operands = [v for pair in zip(scales, histories) for v in pair]
+  # Inside shard_map the results vary over what any operand varies over.
+  axes = tuple(sorted(set().union(*(_compat.varying_axes(v) for v in operands)), key=str))
+  if axes:
+    operands = [_compat.make_varying(v, axes) for v in operands]
+  out = primitive.bind(*operands, dtypes=tuple(formats.name(d) for d in dtypes), algorithm=algorithm)
+  return tuple(out[0::2]), tuple(out[1::2])
+
+
+def _abstract_eval(*operands, dtypes, algorithm):
+  del algorithm
+  scales, histories = operands[0::2], operands[1::2]
+  for s in scales:
+    if s.shape != () or s.dtype != jnp.float32:
+      raise TypeError(f"jax_overlap.fp8_scales: scales must be float32 scalars, got {s.dtype}{list(s.shape)}")
+  lengths = {h.shape for h in histories}
+  if any(h.dtype != jnp.float32 for h in histories) or len(lengths) != 1 or len(next(iter(lengths))) != 1 or \
+      next(iter(lengths))[0] < 1:
+    raise TypeError(f"jax_overlap.fp8_scales: histories must be float32 vectors of one length >= 1, got "
+                    f"{[f'{h.dtype}{list(h.shape)}' for h in histories]}")
+  for d in dtypes:
+    if not formats.is_fp8(d):
+      raise TypeError(f"jax_overlap.fp8_scales: dtypes must be float8 formats, got {d}")
+  scalar = scales[0].update(shape=(), dtype=jnp.float32, weak_type=False)
+  return [scalar] * (2 * len(dtypes))
+
+
+def _reference(*operands, dtypes):
+  """Flax's rule (fp8_ops.compute_scale of the history's max, margin 0) and a zero, per operand."""
+  from flax.linen import fp8_ops  # the delayed-scaling layers' dependency, imported where their rule runs
+  out = []
+  for scale, history, dtype in zip(operands[0::2], operands[1::2], dtypes):
+    fp8_max = fp8_ops.get_fp8_max(jnp.dtype(dtype), jnp.float32)
+    out += [fp8_ops.compute_scale(jnp.max(history, axis=0), scale, fp8_max), jnp.zeros((), jnp.float32)]
+  return out
+
+
+def _reference_lowering(ctx, *operands, dtypes, algorithm):
+  del algorithm
+  return mlir.lower_fun(lambda *a: _reference(*a, dtypes=dtypes), multiple_results=True)(ctx, *operands)
+
+
+def _gpu_lowering(ctx, *operands, dtypes, algorithm):
+  why = fp8_cast.kernel_declined(ctx, dtypes, algorithm)
+  if why is None and len(dtypes) > MAX_KERNEL_OPERANDS:
+    why = f"{len(dtypes)} operands; the kernel takes at most {MAX_KERNEL_OPERANDS}"
+  if why is not None:
+    log.debug("jax_overlap.fp8_scales: XLA's step scales (%s)", why)
+    return _reference_lowering(ctx, *operands, dtypes=dtypes, algorithm=algorithm)
+  fp8_max = np.array([float(jnp.finfo(jnp.dtype(d)).max) for d in dtypes], np.float32)
+  return jax.ffi.ffi_lowering(backend.current().target("fp8_step_scales"))(ctx, *operands, fp8_max=fp8_max)
+
+
+def _batch_rule(args, dims, *, dtypes, algorithm):
+  """A state per batch element: XLA's form, vmapped."""
+  del algorithm
+  log.debug("jax_overlap.fp8_scales: XLA's step scales (vmapped)")
+  out = jax.vmap(lambda *a: _reference(*a, dtypes=dtypes), in_axes=tuple(dims))(*args)
+  return out, [0] * len(out)
+
+
+def register() -> None:
+  primitives.register_rules(primitive, _abstract_eval, _batch_rule,
+                            primitives.untyped_lowering(_reference_lowering),
+                            primitives.untyped_lowering(_gpu_lowering))
