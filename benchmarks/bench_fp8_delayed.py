@@ -21,12 +21,13 @@ which a forward alone would leave to XLA to drop):
   bf16              the bf16 dot (XLA: cuBLAS)
   flax              flax.linen.Fp8DirectDotGeneralOp: Flax's delayed scaling in XLA's fp8 form (x / scale in
                     bf16, the fp8 dot, the dequantization), and its update_fp8_meta of x and w
-  delayed           Fp8DelayedAgDotGeneral(algorithm="auto"): x cast with the step's scale and its amax taken in
-                    the same pass (ops/fp8_cast.py's kernel), w cast into its K-major layout with its amax in the
-                    same pass (the kernel's transposing variant), the vendor's fp8 GEMM (the group of one) with
-                    fast accumulation, as Flax's forward runs
-  delayed_xla_cast  the same with cast_algorithm="xla": XLA's forms of the casts and amaxes: what the one-pass
-                    kernels gain
+  delayed           Fp8DelayedAgDotGeneral(algorithm="auto"): x's and w's step scales from one kernel
+                    (ops/fp8_scales.py's, which also zeroes their amaxes), x cast with its scale and its amax taken
+                    in the same pass (ops/fp8_cast.py's kernel), w cast into its K-major layout with its amax in
+                    the same pass (the kernel's transposing variant), the vendor's fp8 GEMM (the group of one) with
+                    fast accumulation, as Flax's forward runs; the histories' update, one XLA fusion
+  delayed_xla_cast  the same with cast_algorithm="xla": XLA's forms of the step scales, the casts and amaxes: what
+                    the kernels gain
   delayed_promoted  delayed with fast_accumulation=False (the GEMM promotes its sums to float32 as the K loop goes)
   current           Fp8AgDotGeneral (current scaling: x's amax, then its cast, a second pass; fast accumulation)
   *_vs_bf16, *_synced_vs_bf16, *_gpu_vs_bf16: bf16's time over the variant's, by each measure. Target: delayed
@@ -139,8 +140,9 @@ def layer_rows(m: int, n: int, k: int) -> list:
     try:
       fn = chained(f)
       text = fn.lower(*args).as_text()
-      row[f"{name}_cast_kernel"] = "jax_overlap_fp8_cast_amax(" in text
-      row[f"{name}_w_cast_kernel"] = "jax_overlap_fp8_cast_amax_transposed(" in text
+      row[f"{name}_step_kernel"] = "jax_overlap_fp8_step_scales(" in text
+      row[f"{name}_cast_kernel"] = "jax_overlap_fp8_cast_amax_from(" in text
+      row[f"{name}_w_cast_kernel"] = "jax_overlap_fp8_cast_amax_from_transposed(" in text
       timers[f"{name}_synced"] = _harness.synced_timer(fn, *args, calls=UNROLL)
       timers[name] = _harness.back_to_back_timer(fn, *args, calls=UNROLL, executions=EXECUTIONS)
     except Exception as e:  # noqa: BLE001 (a variant that cannot run here is a result, not the end)
@@ -161,8 +163,8 @@ def ratios(layer: dict, kernels: list) -> None:
 
 
 def _short(name: str) -> str:
-  name = name.split("(")[0].split("<")[0].replace("void ", "").replace("jo::(anonymous namespace)::", "")
-  return name[:44]
+  name = name.replace("void ", "").replace("jo::(anonymous namespace)::", "")
+  return name.split("(")[0].split("<")[0][:44]
 
 
 def kernel_rows(m: int, n: int, k: int) -> list:
@@ -230,7 +232,7 @@ def main(argv=None) -> None:
   for measure in ("", "_synced", "_gpu"):
     _harness.print_table(layer, [*(f"{v}{measure}_us" for v in VARIANTS), *(f"{v}{measure}_vs_bf16"
                                                                            for v in VARIANTS[1:])])
-  _harness.print_table(layer, ["m", "n", "k", "delayed_cast_kernel", "delayed_w_cast_kernel"])
+  _harness.print_table(layer, ["m", "n", "k", "delayed_step_kernel", "delayed_cast_kernel", "delayed_w_cast_kernel"])
 
 
 if __name__ == "__main__":
