@@ -35,8 +35,10 @@ calls back to back between CUDA events; us per call.
                           synced wall times
   host    the per-call cost of dispatching a group of one, in a process with XLA's command buffers off
           (--xla_gpu_enable_command_buffer=, so that XLA dispatches each call): CALLS chained calls of a
-          128 x 128 x 128 GEMM (the GPU idles), op against XLA's dot, wall time per call; and at
-          1024 x 3584 x 8192 (command buffers as configured), the GPU's idle time per chained call (profiler).
+          128 x 128 x 128 GEMM (the GPU idles), op against XLA's dot, wall time per call; handler_us the host
+          time inside the op's FFI handler per call, vendor_call_us the part of it in the vendor GEMM's call
+          (cublasLtMatmul), from the handler's counters in a pass of their own. With command buffers on (the
+          default) XLA replays a recorded group of one without calling the handler.
 Results: DIR/gemm_ab_<date>.json (with date, device, commit, command); the tables print last.
 """
 
@@ -179,7 +181,19 @@ x = jnp.ones((m, k), jnp.bfloat16); w = jnp.ones((k, n), jnp.bfloat16) / k; s = 
 timers = {name: bench_fp8._jax_timer(bench_fp8._chain(fn), x, w, s, s)
           for name, fn in (("op", bench_gemm_ab._op(False)), ("xla", bench_gemm_ab._xla(False)))}
 import _harness
-print(json.dumps(_harness.in_turns(timers, 7)))
+result = _harness.in_turns(timers, 7)
+from jax_overlap.runtime import native
+nat = native.module()
+op = bench_fp8._chain(bench_gemm_ab._op(False))
+nat.count_vendor_gemm_runs(True)  # a pass of its own: counting adds a capture query per call
+before = nat.vendor_gemm_runs()
+jax.block_until_ready([op(x, w, s, s) for _ in range(8)])
+after = nat.vendor_gemm_runs()
+nat.count_vendor_gemm_runs(False)
+runs = after["runs"] - before["runs"]
+result["handler_us"] = (after["handler_ns"] - before["handler_ns"]) / runs / 1e3
+result["vendor_call_us"] = (after["vendor_ns"] - before["vendor_ns"]) / runs / 1e3
+print(json.dumps(result))
 """
 
 
@@ -194,7 +208,8 @@ def host_rows() -> list:
     raise RuntimeError(f"the host-cost process failed:\n{run.stderr[-3000:]}")
   dispatched = json.loads(run.stdout.strip().splitlines()[-1])
   return [dict(table="host", m=128, n=128, k=128, command_buffers=False, op_us=dispatched["op_us"],
-               xla_us=dispatched["xla_us"], extra_us=dispatched["op_us"] - dispatched["xla_us"])]
+               xla_us=dispatched["xla_us"], extra_us=dispatched["op_us"] - dispatched["xla_us"],
+               handler_us=dispatched["handler_us"], vendor_call_us=dispatched["vendor_call_us"])]
 
 
 def main(argv=None) -> None:
@@ -224,7 +239,8 @@ def main(argv=None) -> None:
   _harness.print_table([r for r in rows if r["table"] == "gemm"],
                        ["dtype", "m", "n", "k", "op_us", "xla_us", "op_b2b_us", "xla_b2b_us", "torch_us",
                         "torch_tuned_us", "best_ratio", "b2b_ratio", "gpu_ratio"])
-  _harness.print_table([r for r in rows if r["table"] == "host"], ["m", "n", "k", "op_us", "xla_us", "extra_us"])
+  _harness.print_table([r for r in rows if r["table"] == "host"],
+                       ["m", "n", "k", "op_us", "xla_us", "extra_us", "handler_us", "vendor_call_us"])
   print(f"results: {path}.json")
 
 

@@ -136,7 +136,8 @@ void bind_pipelined(py::module_& m) {
   m.def("vendor_gemm_graph_safe", &blas::graph_capture_safe);
   m.def("vendor_gemm_runs", [] {
     const VendorGemmRuns r = vendor_gemm_runs();
-    return py::dict("runs"_a = r.runs, "captured"_a = r.captured);
+    return py::dict("runs"_a = r.runs, "captured"_a = r.captured, "handler_ns"_a = r.handler_ns,
+                    "vendor_ns"_a = r.vendor_ns);
   });
   m.def("count_vendor_gemm_runs", &count_vendor_gemm_runs, py::arg("on"));
   m.def("blas_counters", [] {

@@ -30,11 +30,14 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoFp8StepScalesExecute);
 
 namespace jo {
 
-// Executions of the vendor_gemm targets, and how many of them XLA recorded
-// under stream capture into a command buffer (what its compiled HLO text no
-// longer shows: it forms command buffers from thunks, after the HLO).
+// Executions of the vendor_gemm targets, how many of them XLA recorded under
+// stream capture into a command buffer (what its compiled HLO text no longer
+// shows: it forms command buffers from thunks, after the HLO), and the host
+// time they took inside the handler (what a call costs beyond XLA's dispatch).
 struct VendorGemmRuns {
   int64_t runs, captured;
+  int64_t handler_ns;  // host time inside the handler over those runs (the capture query excluded)
+  int64_t vendor_ns;   // of which in the vendor GEMM's call (cublasLtMatmul / hipblasLtMatmul)
 };
 VendorGemmRuns vendor_gemm_runs();
 // Whether the vendor_gemm targets count their executions (tests: off by default, the capture query costs host

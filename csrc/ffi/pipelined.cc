@@ -3,6 +3,7 @@
 // and the side streams. A group of one is the vendor GEMM alone, on XLA's
 // stream (command-buffer compatible where its capture check passed).
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -19,7 +20,12 @@
 namespace jo {
 namespace {
 
-std::atomic<int64_t> g_vendor_gemm_runs{0}, g_vendor_gemm_captured{0};
+std::atomic<int64_t> g_vendor_gemm_runs{0}, g_vendor_gemm_captured{0}, g_vendor_gemm_handler_ns{0},
+    g_vendor_gemm_vendor_ns{0};
+
+int64_t ns_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t).count();
+}
 
 // The call's state; its stage plan is checked here, once, not on every execute.
 ffi::ErrorOr<std::unique_ptr<CallState>> instantiate(OpKind kind, PipelinedConfig config,
@@ -226,6 +232,8 @@ ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer
                              ffi::AnyBuffer bias, ffi::AnyBuffer x_scale, ffi::AnyBuffer w_scale,
                              ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> scratch, int64_t w_kmajor,
                              int64_t fast_accumulation) {
+  const bool counting = g_count_vendor_gemm_runs.load(std::memory_order_relaxed);
+  const auto started = counting ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   const bool has_bias = bias.element_count() != 0;
   VendorGemmKey key;
   key.push(ordinal);
@@ -262,10 +270,13 @@ ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer
                                     scaled ? static_cast<const float*>(x_scale.untyped_data()) : nullptr,
                                     scaled ? static_cast<const float*>(w_scale.untyped_data()) : nullptr,
                                     y->untyped_data()};
+  const auto vendor_started = counting ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   JO_FFI_RETURN_IF_ERROR(
       call->blas->run(*call->plan, pointers, scratch->untyped_data(), stream, call->blas->stream_handle(stream)));
-  // Counted for the tests only (count_vendor_gemm_runs): the capture query costs host time on every call.
-  if (g_count_vendor_gemm_runs.load(std::memory_order_relaxed)) {
+  // Counted for the tests and benchmarks only (count_vendor_gemm_runs): the capture query costs host time.
+  if (counting) {
+    g_vendor_gemm_vendor_ns.fetch_add(ns_since(vendor_started), std::memory_order_relaxed);
+    g_vendor_gemm_handler_ns.fetch_add(ns_since(started), std::memory_order_relaxed);
     hipStreamCaptureStatus capture{};
     if (hipStreamIsCapturing(stream, &capture) == hipSuccess && capture == hipStreamCaptureStatusActive)
       g_vendor_gemm_captured.fetch_add(1, std::memory_order_relaxed);
@@ -292,7 +303,9 @@ auto vendor_gemm_binding() {
 }  // namespace
 
 VendorGemmRuns vendor_gemm_runs() {
-  return {g_vendor_gemm_runs.load(std::memory_order_relaxed), g_vendor_gemm_captured.load(std::memory_order_relaxed)};
+  constexpr auto relaxed = std::memory_order_relaxed;
+  return {g_vendor_gemm_runs.load(relaxed), g_vendor_gemm_captured.load(relaxed), g_vendor_gemm_handler_ns.load(relaxed),
+          g_vendor_gemm_vendor_ns.load(relaxed)};
 }
 
 void count_vendor_gemm_runs(bool on) { g_count_vendor_gemm_runs.store(on, std::memory_order_relaxed); }
