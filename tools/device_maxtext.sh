@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The MaxText integration on one GPU of the GPU machine (no network; Python 3.12, jax 0.11.2 and flax installed):
 # MaxText's wheels from .whl_maxtext/ (tools/maxtext_wheels.py: carry that folder), the CUDA build, the GPU tests
-# of the fp8 cast with its amax, bench_fp8_delayed.py (the delayed-scaling layer's forward against the bf16 dot) and
+# of the fp8 cast with its amax and of the delayed-scaling step kernel, bench_fp8_delayed.py (the delayed-scaling layer's forward against the bf16 dot) and
 # bench_maxtext.py (MaxText stock against jax_overlap: the tiny config, a llama2-1B-like one in bf16 and fp8); a
 # summary and the two benchmarks' tables last. About 8 minutes on an H200. Results go to $OUT (default
 # /tmp/device_maxtext): logs.txt (every step's log), fp8_delayed_<date>.json, maxtext_<date>.json; the installed
