@@ -2,8 +2,10 @@
 (eager, jit, vmap with a shared scale or a scale per element), and where its GPU lowering takes the kernel, from
 the custom calls of a lowering for "cuda" on the stand-in runtime (tests/fake_gpu.py, an H200's sm_90): one device
 and each shard inside shard_map take it; global arrays over several devices, a partially manual shard_map,
-algorithm="xla", JAX_OVERLAP_DISABLE, a format of the other family and a float8 input keep XLA's form. The kernel's
-values against XLA's, bit for bit: tests/gpu/test_fp8_cast_kernel.py."""
+algorithm="xla", JAX_OVERLAP_DISABLE, a format of the other family and a float8 input keep XLA's form. The
+delayed-scaling step scales (ops/fp8_scales.py) alike: one step kernel where the casts take theirs, the casts'
+amaxes then starting from its zeros. The kernels' values against XLA's, bit for bit:
+tests/gpu/test_fp8_cast_kernel.py, tests/gpu/test_fp8_scales_kernel.py."""
 
 from __future__ import annotations
 
