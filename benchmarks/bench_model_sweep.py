@@ -14,9 +14,12 @@ step runs at (0: none, the GPU as the previous timing left it):
   stages        the plan the cost model picks from this GPU's figures (the local copy standing in for the link)
   model_us      its estimate of that plan; loopback_us the schedule run as rank 0 of T in loopback
                 (csrc/pipelined/schedule.h: the chunk GEMMs, the copies, the streams; this GPU's data for the
-                peers'); model_ratio = model_us / loopback_us (target: within 10%)
-  gemm_us       one vendor GEMM of all T*M rows (the GEMMs tuned as calls tune them: planning/tuning.py);
-                vs_gemm = gemm_us / loopback_us (targets 0.93 bf16, 0.90 fp8 for M >= 2048)
+                peers'), calls back to back as gemm_us times its GEMMs and as a training step's calls run;
+                model_ratio = model_us / loopback_us (target: within 10%)
+  loopback_synced_us  the same, one call at a time between two events, waited for: it also times the host's
+                enqueue up to the call's first GEMM (vs_gemm_synced = gemm_us / loopback_synced_us)
+  gemm_us       one vendor GEMM of all T*M rows (the GEMMs tuned as calls tune them: planning/tuning.py), back to
+                back; vs_gemm = gemm_us / loopback_us (targets 0.93 bf16, 0.90 fp8 for M >= 2048)
   stages_gemm_us  the plan's GEMMs alone (the figures), and chunking_loss = stages_gemm_us / gemm_us - 1: what
                 cutting the GEMM into stages costs by M and T (whether a persistent GEMM fed by the copy
                 engines would pay)
@@ -115,7 +118,8 @@ def row(op: str, dtype: str, world: int, m: int, sustained_ms: float) -> tuple:
                                                warmup_ms=warmup_ms, **extra, **opts)[0]
   warm = (lambda: gemm(sustained_ms)) if sustained_ms > 0 else (lambda: None)
   timers = {
-      "loopback": _sustained(lambda: nat.time_loopback(0, op, world, call, 10), warm),
+      "loopback": _sustained(lambda: nat.time_loopback(0, op, world, call, 10, back_to_back=True), warm),
+      "loopback_synced": _sustained(lambda: nat.time_loopback(0, op, world, call, 10), warm),
       "gemm": lambda: gemm(sustained_ms),
       "xla_dot": _sustained(_xla_dot_timer(total, dtype), warm),
   }
@@ -126,7 +130,8 @@ def row(op: str, dtype: str, world: int, m: int, sustained_ms: float) -> tuple:
   moved = (world - 1) * f.chunk_bytes * (2 if op == "ag_matmul" else 1)  # ag: publish and pulls; rs: pulls
   r = dict(op=op, dtype=dtype, world=world, m=m, rows=total, n=N, k=K, stages=str(tuple(plan.stages)),
            model_us=plan.est_us, loopback_us=t["loopback_us"], model_ratio=plan.est_us / t["loopback_us"],
-           gemm_us=t["gemm_us"], vs_gemm=t["gemm_us"] / t["loopback_us"], stages_gemm_us=stages_gemm,
+           loopback_synced_us=t["loopback_synced_us"], gemm_us=t["gemm_us"], vs_gemm=t["gemm_us"] / t["loopback_us"],
+           vs_gemm_synced=t["gemm_us"] / t["loopback_synced_us"], stages_gemm_us=stages_gemm,
            chunking_loss=stages_gemm / f.gemm_us[-1] - 1, xla_dot_us=t["xla_dot_us"], xla_path_us=xla_path,
            model_xla_us=plan.est_xla_us, auto=auto, auto_wrong=auto and t["loopback_us"] > xla_path,
            residual_us=t["loopback_us"] - plan.est_us, moved_mb=moved / 2**20, stage_count=len(plan.stages))
@@ -180,7 +185,7 @@ def main(argv=None) -> None:
   path = _harness.write_results("model_sweep", rows + ([dict(table="fit", **fit)] if fit else []), args.out,
                                 command, plotted=lambda r: False, meta={"sustained_ms": args.sustained_ms})
   cols = ["op", "dtype", "world", "m", "stages", "model_us", "loopback_us", "model_ratio", "fit_ratio", "gemm_us",
-          "vs_gemm", "chunking_loss", "xla_path_us", "auto", "auto_wrong", "residual_us", "moved_mb"]
+          "vs_gemm", "vs_gemm_synced", "chunking_loss", "xla_path_us", "auto", "auto_wrong", "residual_us", "moved_mb"]
   _harness.print_table(rows, cols)
   if fit:
     wrong = [r for r in rows if r["auto_wrong"]]

@@ -83,7 +83,8 @@ if sweep:
         f"vs one GEMM below target (M >= 2048): {len(low)}")
   for r in off + wrong + low:
     print(f"  {r['op']:>9} {r['dtype']:>13} T={r['world']} M={r['m']:<5} {r['stages']:>16} model/loop "
-          f"{r['model_ratio']:.3f} vs_gemm {r['vs_gemm']:.3f} loop {r['loopback_us']:.0f} xla {r['xla_path_us']:.0f} "
+          f"{r['model_ratio']:.3f} vs_gemm {r['vs_gemm']:.3f} (synced {r['vs_gemm_synced']:.3f}) "
+          f"loop {r['loopback_us']:.0f} xla {r['xla_path_us']:.0f} "
           f"auto {r['auto']}")
   if fit:
     print(f"  fitted overheads: stage {fit[0]['stage_overhead_us']} us, call {fit[0]['call_overhead_us']} us; worst "

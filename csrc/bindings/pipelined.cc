@@ -358,7 +358,8 @@ void bind_pipelined(py::module_& m) {
       py::arg("ordinal"), py::arg("dtype"), py::arg("count"), py::arg("rows"), py::arg("n"), py::arg("repeats") = 5);
   m.def(
       "time_loopback",
-      [](int ordinal, const std::string& op, int world, py::dict call, int repeats, std::optional<std::string> path) {
+      [](int ordinal, const std::string& op, int world, py::dict call, int repeats, std::optional<std::string> path,
+         bool back_to_back) {
         std::vector<int64_t> stages;
         const pipelined::Operands o = loopback_operands(call, &stages);
         const pipelined::CopyPath p = copy_path_of(ordinal, path);
@@ -368,11 +369,11 @@ void bind_pipelined(py::module_& m) {
                                       "gathered_scales)");
         double us = 0;
         py::gil_scoped_release release;
-        throw_if_error(pipelined::time_loopback(ordinal, kind, o, world, repeats, p, &us));
+        throw_if_error(pipelined::time_loopback(ordinal, kind, o, world, repeats, p, back_to_back, &us));
         return us;
       },
       py::arg("ordinal"), py::arg("op"), py::arg("world"), py::arg("call"), py::arg("repeats") = 10,
-      py::arg("path") = py::none());
+      py::arg("path") = py::none(), py::arg("back_to_back") = false);
   // The cross-stream edges one loopback call enqueues (pipelined/streams.h): {"records": n, "waits": n}.
   m.def(
       "loopback_edges",

@@ -12,8 +12,8 @@
 namespace jo::pipelined {
 namespace {
 
-// GPU time each GEMM timing sample spans, at least (time_gemms).
-constexpr double kGemmSampleUs = 1000;
+// GPU time a back-to-back timing sample spans, at least (median_back_to_back_us).
+constexpr double kSampleUs = 1000;
 
 // A device allocation freed at scope exit.
 struct DeviceBuffer {
@@ -53,6 +53,16 @@ Status median_us(hipStream_t stream, int repeats, const std::function<Status(hip
   std::sort(times.begin(), times.end());
   *us = times.empty() ? 0.0 : times[times.size() / 2];
   return {};
+}
+
+// median_us with samples of enqueues back to back, each sample about kSampleUs long (one enqueue alone, as its
+// first estimate, also times the host's enqueue of it).
+Status median_back_to_back_us(hipStream_t stream, int repeats, const std::function<Status(hipStream_t)>& enqueue,
+                              double* us) {
+  double one = 0;
+  JO_RETURN_IF_ERROR(median_us(stream, 1, enqueue, &one));
+  const int per_sample = std::clamp(static_cast<int>(std::ceil(kSampleUs / std::max(one, 1.0))), 1, 64);
+  return median_us(stream, repeats, enqueue, us, per_sample);
 }
 
 // Keeps the GPU busy with enqueue(stream) for about `ms` milliseconds, then
@@ -135,10 +145,8 @@ Status time_gemms(int ordinal, const GemmTypes& types, const std::vector<int64_t
   // loopback fp8 ag_matmul of eight GEMMs at 1.31x its time, 1.18x with samples back to back).
   us->clear();
   for (size_t i = 0; i < rows.size() && status.ok(); ++i) {
-    double one = 0, t = 0;
-    status = median_us(stream, 1, gemm(rows[i]), &one);
-    const int per_sample = std::clamp(static_cast<int>(std::ceil(kGemmSampleUs / std::max(one, 1.0))), 1, 64);
-    if (status.ok()) status = median_us(stream, repeats, gemm(rows[i]), &t, per_sample);
+    double t = 0;
+    status = median_back_to_back_us(stream, repeats, gemm(rows[i]), &t);
     if (status.ok()) us->push_back(t);
   }
   return status;
@@ -237,7 +245,7 @@ Status loopback_context(int ordinal, OpKind op, const Operands& operands, int wo
 }  // namespace
 
 Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world, int repeats, CopyPath path,
-                     double* us) {
+                     bool back_to_back, double* us) {
   DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   std::unique_ptr<SideStreams> streams;
@@ -245,9 +253,8 @@ Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world
   JO_RETURN_IF_ERROR(loopback_context(ordinal, op, operands, world, path, &streams, &ctx));
   TimingStream timing;
   JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
-  return median_us(
-      timing.s, repeats,
-      [&](hipStream_t s) { return enqueue(op, operands, ctx, s); }, us);
+  const auto call = [&](hipStream_t s) { return enqueue(op, operands, ctx, s); };
+  return back_to_back ? median_back_to_back_us(timing.s, repeats, call, us) : median_us(timing.s, repeats, call, us);
 }
 
 Status loopback_edges(int ordinal, OpKind op, const Operands& operands, int world, CopyPath path, StreamEdges* out) {

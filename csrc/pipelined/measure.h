@@ -41,9 +41,13 @@ Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n,
 
 // Median time (us) of the op's schedule in loopback (schedule.h) as rank 0 of
 // `world`: the GEMM chunks, the copies (on `path`) and the streams of a real
-// call, with this GPU's data standing in for the peers'.
+// call, with this GPU's data standing in for the peers'. back_to_back: per
+// call of samples of calls enqueued back to back, as time_gemms times its
+// GEMMs and as a training step's calls run (the GPU busy when the host
+// enqueues a call); else of one call between two events, waited for, which
+// also times the host's enqueue up to the call's first GEMM.
 Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world, int repeats, CopyPath path,
-                     double* us);
+                     bool back_to_back, double* us);
 
 // The cross-stream edges (event records and waits: streams.h) one loopback call of the op enqueues.
 Status loopback_edges(int ordinal, OpKind op, const Operands& operands, int world, CopyPath path, StreamEdges* out);
