@@ -1,11 +1,12 @@
 """The pipelined cost model against the loopback schedule across sizes, and auto against XLA's path (issue 39, item 4).
 
   python benchmarks/bench_model_sweep.py [--out DIR] [--rows M ...] [--worlds T ...] [--ops OP ...]
-                                         [--dtypes D ...] [--budget-s S]
+                                         [--dtypes D ...] [--budget-s S] [--x-scale-shared]
 
 (DIR: $OUT when set, else benchmarks/results.) One row per (op, dtype, T, M), M the rows per rank (ag_matmul: x's
 shard; matmul_rs: the output's block), so that every rank's GEMM is [T*M, K] @ [K, N] (K = 8192, N = 3584, as in
-16384 x 3584 x 8192 at T = 8, M = 2048); bf16, and float8 (e4m3, tensor scales, w K-major, bf16 out). Rows run
+16384 x 3584 x 8192 at T = 8, M = 2048); bf16, and float8 (e4m3, tensor scales, w K-major, bf16 out; with
+--x-scale-shared, ag_matmul's x scale is every rank's: a stage's shards in one GEMM, column x_scale_shared). Rows run
 from the smallest M up and stop being started after --budget-s (default 280 s: about 5 minutes on the H200 with
 the compiles), the results file rewritten after each. Columns, measured in the same run (us, medians of ROUNDS
 rounds in turns), each timing after --sustained-ms of the row's GEMM back to back (default: the figures' own
@@ -85,11 +86,11 @@ def _xla_dot_timer(rows: int, dtype: str):
   return _xla_dots[(rows, dtype)]
 
 
-def _figures(op: str, world: int, m_x: int, dtype: str):
+def _figures(op: str, world: int, m_x: int, dtype: str, shared: bool = False):
   spec = OPS[op]
   fp8 = dtype == FP8
   f = planning.figures.measure(spec, dtype, m_x, K, N, world, fp8, types=(dtype, "bfloat16") if fp8 else None,
-                               scaling=scaling.TENSOR if fp8 else None)
+                               scaling=scaling.TENSOR.sharing_x(shared) if fp8 else None)
   return dataclasses.replace(f, link_bytes_per_us=f.local_bytes_per_us)  # loopback: the link is the copy engine
 
 
@@ -101,15 +102,17 @@ def _sustained(timed, warm):
   return run
 
 
-def row(op: str, dtype: str, world: int, m: int, sustained_ms: float) -> tuple:
-  """(the row, its figures) of M = m rows per rank; each timing after sustained_ms of GEMMs."""
+def row(op: str, dtype: str, world: int, m: int, sustained_ms: float, shared: bool = False) -> tuple:
+  """(the row, its figures) of M = m rows per rank; each timing after sustained_ms of GEMMs. shared: a float8
+  ag_matmul's x scale is every rank's (Scaling.x_shared)."""
   nat, spec = native.module(), OPS[op]
   total = world * m  # every rank's GEMM rows
   m_x = m if op == "ag_matmul" else total  # x's rows per rank
-  f = _figures(op, world, m_x, dtype)
+  shared = shared and op == "ag_matmul" and dtype == FP8
+  f = _figures(op, world, m_x, dtype, shared)
   plan = pipelined.plan(spec, world, f)
   call, _buffers = bench_fp8.loopback_call(op, world, total, N, K, dtype)
-  call = dict(call, stages=list(plan.stages))
+  call = dict(call, stages=list(plan.stages), x_scale_shared=shared)
   opts = tuning.options()
   for pid in nat.loopback_gemm_problems(0, op, world, call):  # the loopback's own GEMMs, tuned as a call's are
     nat.tune_gemm(0, pid, **opts)
@@ -128,7 +131,8 @@ def row(op: str, dtype: str, world: int, m: int, sustained_ms: float) -> tuple:
   xla_path = t["xla_dot_us"] + (world - 1) * f.chunk_bytes / f.local_bytes_per_us
   auto = planning.faster(plan.est_us, plan.est_xla_us)
   moved = (world - 1) * f.chunk_bytes * (2 if op == "ag_matmul" else 1)  # ag: publish and pulls; rs: pulls
-  r = dict(op=op, dtype=dtype, world=world, m=m, rows=total, n=N, k=K, stages=str(tuple(plan.stages)),
+  r = dict(op=op, dtype=dtype, x_scale_shared=shared, world=world, m=m, rows=total, n=N, k=K,
+           stages=str(tuple(plan.stages)),
            model_us=plan.est_us, loopback_us=t["loopback_us"], model_ratio=plan.est_us / t["loopback_us"],
            loopback_synced_us=t["loopback_synced_us"], gemm_us=t["gemm_us"], vs_gemm=t["gemm_us"] / t["loopback_us"],
            vs_gemm_synced=t["gemm_us"] / t["loopback_synced_us"], stages_gemm_us=stages_gemm,
@@ -167,6 +171,8 @@ def main(argv=None) -> None:
   ap.add_argument("--budget-s", type=float, default=280.0, help="no row starts after this many seconds")
   ap.add_argument("--sustained-ms", type=float, default=planning.figures.GEMM_WARMUP_MS,
                   help="GEMMs back to back before each timing (ms; 0: none)")
+  ap.add_argument("--x-scale-shared", action="store_true",
+                  help="float8 ag_matmul rows with one x scale on every rank (a stage's shards in one GEMM)")
   args = ap.parse_args(argv)
   work = [(op, dtype, world, m) for m in sorted(args.rows) for world in args.worlds for op in args.ops
           for dtype in args.dtypes]
@@ -176,7 +182,7 @@ def main(argv=None) -> None:
       _harness.note(f"budget of {args.budget_s:.0f} s spent: {len(work) - i} rows not run (from M = {m})")
       break
     _harness.progress(i, len(work), f"{op} {dtype} T={world} M={m}")
-    r, f = row(op, dtype, world, m, args.sustained_ms)
+    r, f = row(op, dtype, world, m, args.sustained_ms, args.x_scale_shared)
     rows.append(r)
     figures.append(f)
     path = _harness.write_results("model_sweep", rows, args.out, command, plotted=lambda r: False,

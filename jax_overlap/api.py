@@ -422,10 +422,12 @@ def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
   _check_out_sharding("ag_matmul", out_sharding, (*x.shape[:-1], *n), axis_name)
   outputs = (2 if scales is None else 3) if return_gathered else 1
   if axis_name is None:
+    scales = _shared_x_scale(scales, None, x)
     call = Call("ag_matmul", None, 1, algorithm, gather, w_kmajor=bool(w_kmajor), outputs=outputs,
                 out_dtype=out_name)
   else:
     axes, size = _group("ag_matmul", axis_name)
+    scales = _shared_x_scale(scales, axes, x)
     x, w, bias, scales = _varying_operands(axes, x, w, bias, scales)
     call = Call("ag_matmul", axes, size, algorithm, gather, w_kmajor=bool(w_kmajor), outputs=outputs,
                 out_dtype=out_name)
@@ -544,6 +546,16 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
 
 
 matmul_rs.__doc__ += _FP8_ARGS
+
+
+def _shared_x_scale(scales, axes, x):
+  """scales, marked x_shared (quantization/scaling.py) where every rank's x_scale is the same value: a global
+  x_scale (axes None), or inside shard_map one that JAX types as invariant over `axes` (x, a shard, varies over
+  them whenever shard_map checks these types: without the check nothing is known, and nothing is shared)."""
+  if scales is None or scales.scaling.follows_x:
+    return scales
+  shared = axes is None or (set(axes) <= _compat.varying_axes(x) and not set(axes) & _compat.varying_axes(scales.x))
+  return dataclasses.replace(scales, scaling=scales.scaling.sharing_x(shared))
 
 
 def _varying_operands(axes, x, w, bias, scales) -> tuple:

@@ -93,6 +93,24 @@ def test_fast_accumulation_reaches_the_custom_call(fake_gpu_runtime, make_mesh, 
 
 
 @pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
+def test_a_shared_x_scale_reaches_the_custom_call(fake_gpu_runtime, make_mesh, op):
+  """x_scale_shared is 1 in the pipelined call's config where x_scale is the same on every rank: replicated into
+  shard_map (invariant over "tp"), not where each rank has its own; matmul_rs reduces partials and never shares."""
+  mesh = make_mesh((4,), ("tp",))
+  fn = getattr(jax_overlap, op)
+  for x_scale_spec, shared in ((P("tp"), False), (P(), op == "ag_matmul")):
+    body = lambda x, w, sx, sw: fn(x, w, x_scale=sx[0], w_scale=sw[0], axis_name="tp",  # noqa: E731
+                                   algorithm="pipelined")
+    specs = (P("tp"), P(None, "tp")) if op == "ag_matmul" else (P(None, "tp"), P("tp", None))
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(*specs, x_scale_spec, P("tp")),
+                              out_specs=P(None, "tp") if op == "ag_matmul" else P("tp")))
+    x, w, _, sw = _operands(op, 4)
+    calls = _custom_calls(_lowered(f, x, w, _spec(4 if x_scale_spec == P("tp") else 1, dtype=jnp.float32), sw))
+    assert len(calls) == 1 and f"@jax_overlap_{op}_pipelined(" in calls[0], calls
+    assert f"x_scale_shared = {int(shared)}" in calls[0], calls[0]
+
+
+@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
 def test_float8_region_follows_the_element_sizes(fake_gpu_runtime, make_mesh, op):
   """A float8 call's region is sized for its 1-byte x, its output's partials and (ag_matmul) its shards' scale
   headers, and keyed by them."""

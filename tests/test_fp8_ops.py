@@ -234,6 +234,25 @@ def test_one_dot_per_shard_of_scalar_scales(fp8, scales, normal, make_mesh):
   assert hlo.count("stablehlo.convert") >= WORLD and "tensor<4x32xf8E4M3FN>) -> tensor<4x32xf32>" in hlo, hlo
 
 
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_a_shared_x_scale_takes_one_dot(check_vma, fp8, scales, normal, make_mesh, assert_close):
+  """An x_scale replicated into shard_map (invariant over "tp") is every shard's: the XLA path multiplies the
+  gathered x in one dot, to the same values. Without shard_map's type checks nothing says it is shared: one dot
+  per shard."""
+  mesh = make_mesh((WORLD,), ("tp",))
+  sx, sw = scales(1), scales(WORLD)
+  x, w, b = fp8((WORLD * 4, 32), "float8_e4m3fn"), fp8((32, WORLD * 8), "float8_e4m3fn"), normal((WORLD * 8,), "f4")
+  f = jax.jit(jax.shard_map(
+      lambda x, w, b, sx, sw: jax_overlap.ag_matmul(x, w, b, x_scale=sx[0], w_scale=sw[0], axis_name="tp",
+                                                    out_dtype=jnp.float32),
+      mesh=mesh, in_specs=(P("tp"), P(None, "tp"), P("tp"), P(), P("tp")), out_specs=P(None, "tp"),
+      check_vma=check_vma))
+  hlo = f.lower(x, w, b, sx, sw).as_text()
+  assert hlo.count("stablehlo.dot_general") == (1 if check_vma else WORLD), hlo
+  want = dequantized(x, sx, 0) @ dequantized(w, sw, 1) + b.astype(np.float64)
+  assert_close(f(x, w, b, sx, sw), want, jnp.float32, 32, term_scale(sx, sw))
+
+
 def _equations(jaxpr):
   for eqn in jaxpr.eqns:
     yield eqn

@@ -77,6 +77,22 @@ def test_a_float8_ag_matmul_plan_takes_one_shard_per_stage(fake, world):
   assert pipelined.plan(ag_matmul, world, bf16).stages != (1,) * world
 
 
+@pytest.mark.parametrize("world", [4, 8])
+def test_a_shared_x_scale_lets_a_float8_ag_matmul_stage_take_several_shards(fake, world):
+  """Shards that share one x scale (Scaling.x_shared) take one GEMM over a stage's rows, as 16-bit shards do, and
+  so does the XLA path: the figures and plans of a bf16 call, timed on the same float8 GEMMs (one figure)."""
+  types = ("float8_e4m3fn", "bfloat16")
+  shared = scaling.TENSOR.sharing_x(True)
+  f = figures.measure(ag_matmul, "float8_e4m3fn", 1024, 512, 256, world, True, types=types, scaling=shared)
+  assert f.stage_gemm_us is None
+  assert pipelined.xla_us(world, f) == (world - 1) * f.chunk_bytes / f.link_bytes_per_us + f.gemm_us[-1]
+  assert pipelined.plan(ag_matmul, world, f).stages != (1,) * world
+  g = figures.measure(ag_matmul, "float8_e4m3fn", 1024, 512, 256, world, True, types=types, scaling=scaling.TENSOR)
+  assert g.gemm_us == f.gemm_us and len(fake.timed_gemms) == 1  # the unshared call found the shared call's figure
+  assert _problem("ag_matmul").x_scale_shared is False
+  assert dataclasses.replace(_problem("ag_matmul"), scaling=shared).x_scale_shared is True
+
+
 @pytest.mark.parametrize("out,itemsize", [("bfloat16", 2), ("float32", 4)])
 def test_matmul_rs_float8_figures(fake, out, itemsize):
   """A float8 matmul_rs moves and reduces partials in its output's dtype, one GEMM per stage (one scale pair);

@@ -149,6 +149,17 @@ def test_float8_ag_matmul_runs_one_gemm_per_shard():
 
 
 @needs_native
+def test_float8_shards_sharing_one_scale_take_a_stage_in_one_gemm():
+  """x_scale_shared (every rank's x_scale the same): a stage's shards in one GEMM per range, as 16-bit shards, with
+  the call's own x_scale; without it one GEMM per shard whatever the stages."""
+  fp8 = dict(dtype="float8_e4m3fn", out_dtype="bfloat16", w_kmajor=True, bias=False)
+  rows = lambda **kw: sorted(p["rows"] for p in _fields(  # noqa: E731
+      native.module().gemm_problems("ag_matmul", 4, _call(**fp8, **kw), 132)))
+  assert rows(x_scale_shared=True) == [1024, 2048, 3072]
+  assert rows(x_scale_shared=False) == rows() == [1024]
+
+
+@needs_native
 def test_fast_accumulation_is_part_of_a_float8_problem():
   """Fast accumulation is another GEMM (another plan and tuned algorithm): its problem id says so, round trips,
   and only tensor-scaled float8 takes it."""

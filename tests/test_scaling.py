@@ -92,3 +92,15 @@ def test_block_gpu_eligibility(archs, rows, batch, world, why):
   got = scaling.BLOCK.gpu_refused(archs, rows, batch, world)
   assert got is None if why is None else why in got
   assert scaling.TENSOR.gpu_refused(archs, rows, batch, world) is None
+
+
+def test_a_shared_x_scale_is_a_variant_of_tensor_scales():
+  """x_shared is part of a mode's identity (primitives carry it as a parameter); block scales never share."""
+  shared = scaling.TENSOR.sharing_x(True)
+  assert shared.x_shared and not scaling.TENSOR.x_shared and shared != scaling.TENSOR
+  assert hash(shared) != hash(scaling.TENSOR) and repr(shared) == "tensor+x_shared"
+  assert shared.sharing_x(False) == scaling.TENSOR and scaling.TENSOR.sharing_x(False) is scaling.TENSOR
+  assert shared.accumulating(True).x_shared and repr(shared.accumulating(True)) == "tensor+fast_accumulation+x_shared"
+  assert scaling.BLOCK.sharing_x(False) is scaling.BLOCK
+  with pytest.raises(ValueError, match="follow x's rows"):
+    scaling.BLOCK.sharing_x(True)

@@ -50,6 +50,7 @@ pipelined::Operands loopback_operands(py::dict c, std::vector<int64_t>* stages) 
                                 "gathered_scales)");
   o.overlap_reduction = c.contains("overlap_reduction") ? c["overlap_reduction"].cast<bool>()
                                                         : pipelined::overlaps_reduction(o.gemm.types);
+  o.x_scale_shared = c.contains("x_scale_shared") && c["x_scale_shared"].cast<bool>();
   *stages = c["stages"].cast<std::vector<int64_t>>();
   o.stages = stages->data();
   o.stage_count = static_cast<int>(stages->size());
@@ -148,7 +149,8 @@ void bind_pipelined(py::module_& m) {
   });
   // The GEMM problems (blas/gemm.h problem_id) a call of the op runs on any rank of `world` (pipelined::gemm_problems:
   // host work only). call: "dtype" (and "w_dtype", "out_dtype", "blocks", "fast_accumulation": gemm_types_arg),
-  // "batch", "m", "k", "n", "w_kmajor", "bias" (bool), "stages", optionally "overlap_reduction".
+  // "batch", "m", "k", "n", "w_kmajor", "bias" (bool), "stages", optionally "overlap_reduction" and
+  // "x_scale_shared".
   m.def(
       "gemm_problems",
       [](const std::string& op, int world, py::dict c, int sm_count) {
@@ -161,6 +163,7 @@ void bind_pipelined(py::module_& m) {
         shape.stage_count = static_cast<int>(stages.size());
         shape.overlap_reduction = c.contains("overlap_reduction") ? c["overlap_reduction"].cast<bool>()
                                                                   : pipelined::overlaps_reduction(shape.gemm.types);
+        shape.x_scale_shared = c.contains("x_scale_shared") && c["x_scale_shared"].cast<bool>();
         std::vector<GemmProblem> problems;
         throw_if_error(pipelined::gemm_problems(gemm_op_arg(op), shape, world, sm_count, &problems));
         std::vector<std::string> ids;

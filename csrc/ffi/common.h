@@ -46,6 +46,7 @@ struct RegionConfig {
 struct PipelinedConfig {
   int64_t w_kmajor;
   int64_t fast_accumulation;  // GemmTypes::fast_accumulation
+  int64_t x_scale_shared;     // pipelined::Operands::x_scale_shared
   int64_t region_offset;
   int64_t region_bytes;
   int64_t site;
@@ -202,6 +203,7 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::RegionConfig, ::xla::ffi::StructMemb
                                       ::xla::ffi::StructMember<int64_t>("generation"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::PipelinedConfig, ::xla::ffi::StructMember<int64_t>("w_kmajor"),
                                       ::xla::ffi::StructMember<int64_t>("fast_accumulation"),
+                                      ::xla::ffi::StructMember<int64_t>("x_scale_shared"),
                                       ::xla::ffi::StructMember<int64_t>("region_offset"),
                                       ::xla::ffi::StructMember<int64_t>("region_bytes"),
                                       ::xla::ffi::StructMember<int64_t>("site"),

@@ -138,6 +138,7 @@ ffi::Error AgMatmulPipelinedExecute(hipStream_t stream, int32_t ordinal, CallSta
                             data_type_name(gathered_scales->element_type()));
   o.gathered = gathered->untyped_data();
   o.gathered_scales = g.types.scaled ? static_cast<float*>(gathered_scales->untyped_data()) : nullptr;
+  o.x_scale_shared = config.x_scale_shared != 0;
   return run("ag_matmul", OpKind::kAgMatmul, stream, ordinal, state, o);
 }
 

@@ -40,12 +40,12 @@ struct AgCall {
   float* scale_slots(const Operands& op) const {
     return reinterpret_cast<float*>(static_cast<char*>(op.scratch) + 2 * blas::kWorkspaceBytes);
   }
-  // The x scales of each gathered shard's GEMM (one GEMM per shard), or none (one GEMM per range of shards):
-  // tensor scales on their slots, block scales in gathered_scales itself (each shard's whole 16-byte vectors:
-  // m a multiple of 4).
+  // The x scales of each gathered shard's GEMM (one GEMM per shard), or none (one GEMM per range of shards,
+  // with op.x_scale: 16-bit x, or tensor scales every rank shares): tensor scales on their slots, block scales in
+  // gathered_scales itself (each shard's whole 16-byte vectors: m a multiple of 4).
   UnitScales shard_scales(const Operands& op) const {
     if (blocks) return {op.gathered_scales, scale_floats};
-    return scaled ? UnitScales{scale_slots(op), blas::kScaleSlot} : UnitScales{};
+    return scaled && !op.x_scale_shared ? UnitScales{scale_slots(op), blas::kScaleSlot} : UnitScales{};
   }
   // Where shard s's block scales land in gathered_scales.
   float* gathered_scales(const Operands& op, int shard) const { return op.gathered_scales + shard * scale_floats; }

@@ -113,6 +113,10 @@ struct Operands {
                           // (tensor scales: the gathered scales its GEMMs read) or matmul_rs's receive area
   const int64_t* stages;  // ring positions per stage, in order; they sum to the world size
   int stage_count;
+  // ag_matmul with float8 tensor scales: every rank's x_scale is the same value (the caller's x_scale is
+  // replicated over the group: jax_overlap's Scaling.x_shared), so the gathered shards' GEMMs take my own, one
+  // per contiguous range of shards as for 16-bit x, instead of one per shard with its rank's.
+  bool x_scale_shared = false;
   // matmul_rs: the reduction of the first columns under the GEMM of the last ones (calls: overlaps_reduction of
   // their types; the benchmarks and tests also time and check the schedule the other way).
   bool overlap_reduction = true;

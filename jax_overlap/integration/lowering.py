@@ -154,7 +154,7 @@ def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: operands.Ge
       results_out.append(jax.core.ShapedArray((0,), np.float32))
   sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, *results_out, scratch])
   config_attr = {"w_kmajor": np.int64(problem.w_kmajor), "fast_accumulation": np.int64(problem.fast_accumulation),
-                 "region_offset": np.int64(choice.offset),
+                 "x_scale_shared": np.int64(problem.x_scale_shared), "region_offset": np.int64(choice.offset),
                  "region_bytes": np.int64(region_bytes), "site": np.int64(_site(ctx, region_key)),
                  "generation": np.int64(workspace.generation())}
   y, *rest = jax.ffi.ffi_lowering(machine.target(op.NAME + "_pipelined"))(

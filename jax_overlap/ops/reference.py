@@ -56,10 +56,12 @@ def gathered_matmul(gathered, w, *, w_kmajor: bool = False, gather: int = -2, sc
   scales: the Scales of the gathered x (gathered_scales: tensor scales (T,), one per shard in gathered order;
   block scales gathered with x, which take one dot) and w, or None. One dot per shard keeps each in the form XLA
   rewrites into its fp8 GEMM; the products are joined along the gathered dim of the result (x's leading dims
-  come first in it).
+  come first in it). Shards that share one scale (Scaling.x_shared) take one dot.
   """
   if scales is None or scales.scaling.follows_x:
     return local_matmul(gathered, w, w_kmajor=w_kmajor, scales=scales)
+  if scales.scaling.x_shared:
+    return local_matmul(gathered, w, w_kmajor=w_kmajor, scales=dataclasses.replace(scales, x=scales.x[0]))
   axis = gathered.ndim + gather
   shards = scales.x.shape[0]
   rows = gathered.shape[axis] // shards

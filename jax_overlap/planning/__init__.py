@@ -80,6 +80,11 @@ class Problem:
     return self.scaled and self.scaling.fast_accumulation
 
   @property
+  def x_scale_shared(self) -> bool:
+    """ag_matmul's gathered shards share one x scale (Scaling.x_shared): its GEMMs take several at once."""
+    return self.scaled and self.scaling.x_shared and not self.scaling.follows_x
+
+  @property
   def rows(self) -> int:
     return self.batch * self.m
 

@@ -77,7 +77,8 @@ def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmaj
   """The vendor GEMM's time (us) over s chunks of `chunk_rows` rows, s = 1 .. world. types: a float8 call's
   (w dtype, out dtype), its x of dtype_name, and scaling its scales' Scaling."""
   rows = [chunk_rows * s for s in range(1, world + 1)]
-  name = dtype_name if types is None else f"{dtype_name}x{types[0]}->{types[1]}/{scaling}"
+  unshared = scaling if scaling is None else scaling.sharing_x(False)  # the same GEMMs either way: one figure
+  name = dtype_name if types is None else f"{dtype_name}x{types[0]}->{types[1]}/{unshared}"
   extra = {} if types is None else {"w_dtype": types[0], "out_dtype": types[1]}
   if scaling is not None and scaling.blocks:
     extra["blocks"] = True
@@ -102,8 +103,8 @@ def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor
   SetupError when a measurement failed.
 
   An op that reduces moves partial products (in the output's dtype) and reduces them; one that gathers moves
-  x, and with float8 x one GEMM per shard (each shard's own x scale); with block scales either op runs one GEMM
-  per chunk (its scales contiguous)."""
+  x, and with float8 x one GEMM per shard (each shard's own x scale) unless the shards share one
+  (scaling.x_shared); with block scales either op runs one GEMM per chunk (its scales contiguous)."""
   blocks = scaling is not None and scaling.blocks
   link, local = workspace.link_bytes_per_us(), workspace.local_bytes_per_us()
   if link is None:
@@ -113,7 +114,7 @@ def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor
   chunk_rows = op.chunk_rows(rows, world)
   gemm = gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor, types, scaling)
   moved = out_dtype if op.REDUCES else dtype_name
-  per_shard = (types is not None and not op.REDUCES) or blocks
+  per_shard = (types is not None and not op.REDUCES and not (scaling is not None and scaling.x_shared)) or blocks
   return Figures(gemm_us=gemm, chunk_bytes=op.chunk_bytes(rows, k, n, world, formats.itemsize(moved)),
                  link_bytes_per_us=link, local_bytes_per_us=local,
                  reduce_us=reduce_us(out_dtype, chunk_rows, world, n) if op.REDUCES else None,

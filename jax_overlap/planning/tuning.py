@@ -48,7 +48,7 @@ def problems(problem, op, stages: tuple) -> list:
           "w_kmajor": problem.w_kmajor, "bias": problem.gemm_bias, "stages": list(stages)}
   if problem.scaled:
     call.update(w_dtype=problem.w_dtype, out_dtype=problem.out_dtype, blocks=problem.scaling.blocks,
-                fast_accumulation=problem.fast_accumulation)
+                fast_accumulation=problem.fast_accumulation, x_scale_shared=problem.x_scale_shared)
   return list(backend.current().native.gemm_problems(op.NAME, problem.world, call,
                                                      workspace.device_props().sm_count))
 

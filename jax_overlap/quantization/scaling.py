@@ -15,6 +15,13 @@ mode). What differs between modes is written once, here, as a Scaling:
   with it);
   and how the GEMM accumulates their products (fast_accumulation, which a mode
   carries as a variant of itself: accumulating).
+x_shared (tensor scales, a variant of its own: sharing_x): every rank of
+ag_matmul's group passes the same x_scale, as a global x_scale is, and inside
+shard_map one that JAX types as invariant over the group's axes (a replicated
+delayed-scaling scale). The gathered shards then share it: the pipelined
+schedule multiplies several shards in one GEMM, and XLA's path all of them in
+one dot, where otherwise each shard takes a GEMM of its own with its rank's
+scale.
 Scales (the pair of arrays and their mode, a pytree) is how scales travel
 through the Python code: by name, never by position.
 
@@ -64,15 +71,18 @@ class Scaling:
   follows_x: bool = False  # x_scale has x's leading dims: batch dims fold and vmap batches it with x
   blocks: bool = False  # the native side's block scales (csrc/core/gemm_problem.h GemmTypes::blocks)
   fast_accumulation: bool = False  # the GEMM's fast fp8 accumulation (module docstring; GemmTypes alike)
+  x_shared: bool = False  # every rank of the group has the same x_scale (module docstring)
 
   def __repr__(self) -> str:
-    return self.name + ("+fast_accumulation" if self.fast_accumulation else "")
+    return (self.name + ("+fast_accumulation" if self.fast_accumulation else "")
+            + ("+x_shared" if self.x_shared else ""))
 
   def __eq__(self, other) -> bool:
-    return type(other) is type(self) and other.fast_accumulation == self.fast_accumulation
+    return (type(other) is type(self) and other.fast_accumulation == self.fast_accumulation
+            and other.x_shared == self.x_shared)
 
   def __hash__(self) -> int:
-    return hash((self.name, self.fast_accumulation))
+    return hash((self.name, self.fast_accumulation, self.x_shared))
 
   def accumulating(self, fast: bool) -> Scaling:
     """This mode with fast accumulation on or off (ValueError for a mode that takes none)."""
@@ -83,6 +93,16 @@ class Scaling:
                        "GEMM promotes its sums to float32 anyway")
     variant = copy.copy(self)
     variant.fast_accumulation = bool(fast)
+    return variant
+
+  def sharing_x(self, shared: bool) -> Scaling:
+    """This mode with x_shared set or not (block scales, which follow x's rows, are never shared)."""
+    if bool(shared) == self.x_shared:
+      return self
+    if shared and self.follows_x:
+      raise ValueError(f"{self.name} scales follow x's rows: no rank's x_scale stands for another's")
+    variant = copy.copy(self)
+    variant.x_shared = bool(shared)
     return variant
 
   @property

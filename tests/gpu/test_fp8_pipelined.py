@@ -64,12 +64,13 @@ def _scratch(op, world, batch, m, n, out_dtype, loopback=False):
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 @pytest.mark.parametrize("formats", FORMATS, ids=lambda f: f"{_name(f[0])}x{_name(f[1])}")
 @pytest.mark.parametrize("world", [2, 4, 8])
-@pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
-def test_loopback_fp8_schedule(op, world, formats, out_dtype):
-  """ag_matmul gives [x; x; ...] @ w with every shard's scale gathered; matmul_rs world times its own block's
-  partial, staged in out_dtype. A bias in out_dtype (ag_matmul, a 16-bit output: the GEMM epilogue adds it) or
-  float32 (matmul_rs: the reduction adds it); odd shard rows, two batch elements, n wide enough for the
-  reduction's split (768 of 1024 columns first)."""
+@pytest.mark.parametrize("op,shared", [("ag_matmul", False), ("ag_matmul", True), ("matmul_rs", False)],
+                         ids=["ag_matmul", "ag_matmul-x_scale_shared", "matmul_rs"])
+def test_loopback_fp8_schedule(op, shared, world, formats, out_dtype):
+  """ag_matmul gives [x; x; ...] @ w with every shard's scale gathered (x_scale_shared: a stage's shards in one
+  GEMM with the call's own scale); matmul_rs world times its own block's partial, staged in out_dtype. A bias in
+  out_dtype (ag_matmul, a 16-bit output: the GEMM epilogue adds it) or float32 (matmul_rs: the reduction adds it);
+  odd shard rows, two batch elements, n wide enough for the reduction's split (768 of 1024 columns first)."""
   rng = np.random.default_rng(zlib.crc32(repr((op, world, formats, _name(out_dtype))).encode()))
   batch, k, n = 2, 512, 1024
   m = 100 if op == "ag_matmul" else 24 * world  # x's rows per batch element
@@ -92,7 +93,8 @@ def test_loopback_fp8_schedule(op, world, formats, out_dtype):
               w=_ptr(w_dev), bias=_ptr(b_dev), x_scale=_ptr(xs_dev),
               w_scale=_ptr(ws_dev), out=_ptr(out), gathered=_ptr(gathered), gathered_scales=_ptr(scales),
               scratch=_ptr(scratch), batch=batch, m=m, k=k, n=n,
-              w_kmajor=True, stages=[1, world - 1] if op == "ag_matmul" else [world // 2, world - world // 2])
+              w_kmajor=True, stages=[1, world - 1] if op == "ag_matmul" else [world // 2, world - world // 2],
+              x_scale_shared=shared)
   if bias_dtype is not None:
     call["bias_dtype"] = _name(bias_dtype)
   assert native.module().time_loopback(0, op, world, call, 3) > 0

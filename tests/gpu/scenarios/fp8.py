@@ -3,7 +3,8 @@ scales of its own (each quantized its shards with its own scale: no amax all-red
 dequantized operands (x.astype(float64) * x_scale):
   ag_matmul   y, the gathered x (its bytes) and the gathered scales (each shard's rank's x scale, in gathered
               order), w given [K, N] (the lowering transposes it), a bfloat16 bias; under every stage plan kind
-              (a stage of several shards runs one GEMM per shard, each with its own scale);
+              (a stage of several shards runs one GEMM per shard, each with its own scale); and with one x scale
+              replicated to every rank (x_scale_shared: a stage's shards in one GEMM);
   matmul_rs   each rank's partial scaled by its own x and w scales, a float32 bias added once in the reduction,
               bfloat16 and float32 outputs, every stage plan kind; the bits repeat from call to call; with fast
               accumulation, bfloat16's tolerance.
@@ -22,7 +23,8 @@ from tolerance import close
 
 ENV = {"JAX_OVERLAP_ON_TIMEOUT": "raise"}
 WORLDS = (2, 4)
-CHECKS = ("fp8_ag_matmul", "fp8_ag_matmul_gathered", "fp8_matmul_rs_bfloat16", "fp8_matmul_rs_float32",
+CHECKS = ("fp8_ag_matmul", "fp8_ag_matmul_gathered", "fp8_ag_matmul_shared_scale",
+          "fp8_matmul_rs_bfloat16", "fp8_matmul_rs_float32",
           "fp8_matmul_rs_bitwise_repeat", "fp8_matmul_rs_fast_accumulation")
 
 
@@ -80,6 +82,26 @@ def run(ctx: Ctx) -> None:
   ctx.check("fp8_ag_matmul", all(ok for ok, _ in verdicts.values()),
             "; ".join(f"stages {s}: {detail}" for s, (ok, detail) in verdicts.items() if not ok))
   ctx.check("fp8_ag_matmul_gathered", all(gathered_ok), f"gathered x and scales right under each plan: {gathered_ok}")
+
+  # The same with one x scale on every rank, replicated into shard_map: the call says so (x_scale_shared), and its
+  # stage of several shards is one GEMM scaled by the rank's own (equal) scale.
+  shared = jax.jit(jax.shard_map(
+      lambda x, w, b, sx, sw: jo.ag_matmul(x, w, b, x_scale=sx[0], w_scale=sw[0], out_dtype=jnp.bfloat16,
+                                           axis_name="tp", algorithm="pipelined"),
+      mesh=mesh, in_specs=(P("tp"), P(None, "tp"), P("tp"), P(), P("tp")), out_specs=P(None, "tp")))
+  sx1 = sx[:1]
+  args = (ctx.shard(X, P("tp")), ctx.shard(W, P(None, "tp")), ctx.shard(B, P("tp")), ctx.shard(sx1, P()),
+          ctx.shard(sw, P("tp")))
+  want = (_f64(X) * sx1[0]) @ (_f64(W[:, cols]) * sw[rank]) + _f64(B[cols])
+  verdicts, lowered = {}, []
+  for stages in stage_plans(world)["ag_matmul"]:
+    os.environ["JAX_OVERLAP_PIPELINE_STAGES"] = ",".join(map(str, stages))
+    jax.clear_caches()
+    lowered.append("x_scale_shared = 1" in shared.lower(*args).as_text())
+    verdicts[stages] = close(ctx.local(shared(*args)), want, jnp.bfloat16, k, sx1[0] * max(sw))
+  ctx.check("fp8_ag_matmul_shared_scale", all(ok for ok, _ in verdicts.values()) and all(lowered),
+            f"x_scale_shared in each call: {lowered}; " +
+            "; ".join(f"stages {s}: {detail}" for s, (ok, detail) in verdicts.items() if not ok))
 
   # matmul_rs: rank q's contraction slice of x at scale sx[q], its rows of w at sw[q]; a float32 bias.
   mb, kl, n = 48, 256, 384
