@@ -12,8 +12,10 @@
 namespace jo::pipelined {
 namespace {
 
-// GPU time a back-to-back timing sample spans, at least (median_back_to_back_us).
+// A back-to-back timing sample (median_back_to_back_us): at least this much GPU time and this many enqueues, so
+// that the host's latency before the first is a small share of it.
 constexpr double kSampleUs = 1000;
+constexpr int kMinBackToBack = 4;
 
 // A device allocation freed at scope exit.
 struct DeviceBuffer {
@@ -61,7 +63,7 @@ Status median_back_to_back_us(hipStream_t stream, int repeats, const std::functi
                               double* us) {
   double one = 0;
   JO_RETURN_IF_ERROR(median_us(stream, 1, enqueue, &one));
-  const int per_sample = std::clamp(static_cast<int>(std::ceil(kSampleUs / std::max(one, 1.0))), 1, 64);
+  const int per_sample = std::clamp(static_cast<int>(std::ceil(kSampleUs / std::max(one, 1.0))), kMinBackToBack, 64);
   return median_us(stream, repeats, enqueue, us, per_sample);
 }
 
