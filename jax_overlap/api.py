@@ -342,7 +342,10 @@ _FP8_ARGS = """
   gfx950; float8_e4m3fnuz or float8_e5m2fnuz on gfx942; one family, not both e5m2):
     x_scale, w_scale: float32 scalars (shape ()), required: an operand's value is x.astype(float32) * x_scale.
               Inside shard_map each rank's own (ranks may differ: no amax all-reduce is needed before
-              quantizing); on global arrays one scale per array. Refused for other dtypes.
+              quantizing); on global arrays one scale per array. Refused for other dtypes. An ag_matmul
+              x_scale that is every rank's (global, or passed into shard_map replicated: invariant over
+              axis_name) is shared by the gathered shards, which then take one GEMM per stage and one dot on
+              the XLA path instead of one per shard.
               Or block scales (DeepSeek-V3's recipe), float32 arrays for both: x_scale [..., rows, K/128], one
               per row and 128 elements of K; w_scale one per 128x128 tile of w, [K/128, N/128] ([N/128, K/128]
               with w_kmajor); w 2-D, K and N multiples of 128. Each element's value is its block's scale
@@ -359,12 +362,12 @@ _FP8_ARGS = """
               precision DEFAULT; the forward GEMM of Flax's and TransformerEngine's recipes). AMD's MFMA
               accumulates in float32 either way.
   The GEMM accumulates in float32 with both scales applied. On the XLA path (every format, every backend)
-  the operands are converted to float32 and scaled into one dot per shard, the form XLA rewrites into its
-  own fp8 GEMM (at precision HIGHEST, or DEFAULT with fast_accumulation). A format the GPU cannot run is an
-  error for algorithm="pipelined" naming the dtype and the device, and takes the XLA path under "auto"; "fused"
-  is 16-bit only. Differentiating a float8 call raises
-  (its operands are quantized values): train through Fp8AgDotGeneral / Fp8RsDotGeneral, or pass
-  algorithm="xla" for JAX's own derivative of the plain ops.
+  the operands are converted to float32 and scaled into one dot (per shard, unless shared), the form XLA
+  rewrites into its own fp8 GEMM (at precision HIGHEST, or DEFAULT with fast_accumulation). A format the GPU
+  cannot run is an error for algorithm="pipelined" naming the dtype and the device, and takes the XLA path under
+  "auto"; "fused" is 16-bit only. Differentiating a float8 call raises (its operands are quantized values):
+  train through Fp8AgDotGeneral / Fp8RsDotGeneral, or pass algorithm="xla" for JAX's own derivative of the
+  plain ops.
   w_kmajor=True: w is stored with the contraction last (every dtype); Hopper's fp8 GEMM takes K-major
   operands only, so on the GPU path a float8 w in the other layout is transposed, one pass of w per call.
 """
