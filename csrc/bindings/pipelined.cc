@@ -28,6 +28,14 @@ namespace {
 
 constexpr const char* kTakes = "the pipelined algorithm takes";
 
+// The schedule's options a call dict may name: "overlap_reduction" (default: the calls' own for its types) and
+// "x_scale_shared" (default false).
+void read_schedule_options(py::dict c, pipelined::Operands* o) {
+  o->overlap_reduction = c.contains("overlap_reduction") ? c["overlap_reduction"].cast<bool>()
+                                                         : pipelined::overlaps_reduction(o->gemm.types);
+  o->x_scale_shared = c.contains("x_scale_shared") && c["x_scale_shared"].cast<bool>();
+}
+
 // A loopback call of the op (pipelined/schedule.h) from a dict of device pointers and sizes (and dtypes:
 // gemm_types_arg; the scales' layouts with "blocks": pipelined::Operands).
 pipelined::Operands loopback_operands(py::dict c, std::vector<int64_t>* stages) {
@@ -48,9 +56,7 @@ pipelined::Operands loopback_operands(py::dict c, std::vector<int64_t>* stages) 
   if (o.gemm.types.scaled && (o.x_scale == nullptr || o.w_scale == nullptr))
     throw std::invalid_argument("jax_overlap: a float8 loopback call takes x_scale and w_scale (and ag_matmul "
                                 "gathered_scales)");
-  o.overlap_reduction = c.contains("overlap_reduction") ? c["overlap_reduction"].cast<bool>()
-                                                        : pipelined::overlaps_reduction(o.gemm.types);
-  o.x_scale_shared = c.contains("x_scale_shared") && c["x_scale_shared"].cast<bool>();
+  read_schedule_options(c, &o);
   *stages = c["stages"].cast<std::vector<int64_t>>();
   o.stages = stages->data();
   o.stage_count = static_cast<int>(stages->size());
@@ -161,9 +167,7 @@ void bind_pipelined(py::module_& m) {
         const std::vector<int64_t> stages = c["stages"].cast<std::vector<int64_t>>();
         shape.stages = stages.data();
         shape.stage_count = static_cast<int>(stages.size());
-        shape.overlap_reduction = c.contains("overlap_reduction") ? c["overlap_reduction"].cast<bool>()
-                                                                  : pipelined::overlaps_reduction(shape.gemm.types);
-        shape.x_scale_shared = c.contains("x_scale_shared") && c["x_scale_shared"].cast<bool>();
+        read_schedule_options(c, &shape);
         std::vector<GemmProblem> problems;
         throw_if_error(pipelined::gemm_problems(gemm_op_arg(op), shape, world, sm_count, &problems));
         std::vector<std::string> ids;

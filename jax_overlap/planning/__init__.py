@@ -82,7 +82,7 @@ class Problem:
   @property
   def x_scale_shared(self) -> bool:
     """ag_matmul's gathered shards share one x scale (Scaling.x_shared): its GEMMs take several at once."""
-    return self.scaled and self.scaling.x_shared and not self.scaling.follows_x
+    return self.scaled and self.scaling.x_shared
 
   @property
   def rows(self) -> int:
