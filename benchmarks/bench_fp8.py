@@ -1,5 +1,5 @@
 """Float8 ag_matmul / matmul_rs on one GPU: the op's vendor float8 GEMM against torch._scaled_mm and XLA's fp8
-forms, the T-chunk schedule in loopback, and matmul_rs's trailing reduction with and without its overlap.
+forms, and the T-chunk schedule in loopback.
 
   python benchmarks/bench_fp8.py [--out DIR] [--quick] [--tables T ...] [--shapes M,N,K ...] [--worlds T ...]
 
@@ -7,7 +7,7 @@ forms, the T-chunk schedule in loopback, and matmul_rs's trailing reduction with
 autotunes its float8 dots when it compiles them), the loopback tables seconds. The results file is
 rewritten after every row.
 
-Four tables, every column measured in the same run (us per call, medians; e4m3 x and w, bfloat16 out):
+Three tables, every column measured in the same run (us per call, medians; e4m3 x and w, bfloat16 out):
   world 1    per M x N x K: jax_overlap.ag_matmul with algorithm="pipelined" in shard_map over one GPU (the vendor
              float8 GEMM as an FFI call), w K-major (`op_kmajor_us`) and w given [K, N] (`op_kn_us`: the lowering
              transposes w in each call, as XLA's forms do); XLA's direct f8 dot (`xla_f8_us`) and its
@@ -31,10 +31,6 @@ Four tables, every column measured in the same run (us per call, medians; e4m3 x
              gemm_vs_loopback >= 0.90. `model_us`: the cost model's estimate. `scales`: tensor (one per
              operand), or blocks (1x128 x 128x128: one GEMM per chunk, each with its own scales, against one
              block-scaled GEMM; the first shape only).
-  reduction  matmul_rs in loopback, bf16 and fp8, with the reduction of its first columns under the GEMM of its
-             last (`overlap_us`: bf16 calls' schedule) and with one reduction after the GEMMs (`trailing_us`:
-             float8 calls', pipelined::overlaps_reduction), in alternation; `reduce_us` is the reduction alone
-             (T blocks into one), `hidden` the share of it the overlap took off the call.
 Results: DIR/fp8_<date>.json (with date, device, commit, command); the tables print last.
 """
 
@@ -273,23 +269,7 @@ def schedule(op: str, world: int, m_total: int, n: int, k: int, blocks: bool = F
               gemm_vs_loopback=gemm / loop)
 
 
-def reduction(world: int, m_total: int, n: int, k: int, dtype: str) -> dict:
-  nat = native.module()
-  call, _buffers = loopback_call("matmul_rs", world, m_total, n, k, dtype)
-  stages = list(planned("matmul_rs", world, m_total, n, k, dtype).stages)
-  timed = {True: [], False: []}
-  for _ in range(ROUNDS):
-    for overlap in timed:
-      timed[overlap].append(nat.time_loopback(0, "matmul_rs", world, dict(call, stages=stages,
-                                                                           overlap_reduction=overlap), 10))
-  overlap, trailing = statistics.median(timed[True]), statistics.median(timed[False])
-  reduce = nat.time_reduce(0, "bfloat16", world, m_total // world, n)
-  return dict(table="reduction", dtype=dtype, world=world, m=m_total, n=n, k=k, stages=str(tuple(stages)),
-              split_cols=nat.reduce_split_columns(n), overlap_us=overlap, trailing_us=trailing, reduce_us=reduce,
-              reduce_share=reduce / trailing, hidden=(trailing - overlap) / reduce)
-
-
-TABLES = ("world1", "blocks", "schedule", "reduction")
+TABLES = ("world1", "blocks", "schedule")
 
 
 def main(argv=None) -> None:
@@ -309,9 +289,8 @@ def main(argv=None) -> None:
   work += [("schedule", (op, world, *shape, blocks)) for blocks in (False, True)
            for shape in (shapes[:2] if not blocks else shapes[:1]) for op in ("ag_matmul", "matmul_rs")
            for world in worlds]
-  work += [("reduction", (world, *shapes[0], dtype)) for dtype in ("bfloat16", FP8) for world in worlds]
   work = [(table, a) for table, a in work if table in args.tables]
-  run = {"world1": world_one, "blocks": world_one_blocks, "schedule": schedule, "reduction": reduction}
+  run = {"world1": world_one, "blocks": world_one_blocks, "schedule": schedule}
   command, rows = "python " + " ".join(sys.argv), []
   for table, a in work:
     _harness.progress(len(rows), len(work), f"{table} {a}")
@@ -332,9 +311,6 @@ def main(argv=None) -> None:
   _harness.print_table([r for r in rows if r["table"] == "schedule"],
                        ["op", "scales", "world", "m", "n", "k", "stages", "model_us", "loopback_us", "gemm_us",
                         "gemm_vs_loopback"])
-  _harness.print_table([r for r in rows if r["table"] == "reduction"],
-                       ["dtype", "world", "m", "n", "k", "stages", "split_cols", "overlap_us", "trailing_us",
-                        "reduce_us", "reduce_share", "hidden"])
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def test_ag_matmul_float8_figures(fake):
   one-shard GEMMs, and so does the XLA path (one dot per shard and its scale), not the one GEMM over every row."""
   f = figures.measure(ag_matmul, "float8_e4m3fn", 1024, 512, 256, 4, True, types=("float8_e5m2", "bfloat16"))
   assert fake.timed_gemms == [("float8_e4m3fn", "float8_e5m2", "bfloat16", True)]
-  assert f.chunk_bytes == 1024 * 512 and f.reduce_us is None and f.split_share == 0.0
+  assert f.chunk_bytes == 1024 * 512 and f.reduce_us is None
   assert f.stage_gemm_us == tuple(s * f.gemm_us[0] for s in range(1, 5))
   assert pipelined.gemm_us(f, 4) == 4 * f.gemm_us[0] != f.gemm_us[3]  # the fake's whole GEMM runs 5% faster
   assert pipelined.xla_us(4, f) == 3 * f.chunk_bytes / f.link_bytes_per_us + 4 * f.gemm_us[0]
@@ -95,27 +95,13 @@ def test_a_shared_x_scale_lets_a_float8_ag_matmul_stage_take_several_shards(fake
 
 @pytest.mark.parametrize("out,itemsize", [("bfloat16", 2), ("float32", 4)])
 def test_matmul_rs_float8_figures(fake, out, itemsize):
-  """A float8 matmul_rs moves and reduces partials in its output's dtype, one GEMM per stage (one scale pair);
-  its reduction runs after its last GEMM, unsplit (pipelined.overlaps_reduction), where a 16-bit call's reduction
-  of 768 of 1024 columns runs under the GEMM of the rest."""
+  """A float8 matmul_rs moves and reduces partials in its output's dtype, one GEMM per stage (one scale pair)."""
   calls = []
   timed = fake.time_reduce
   fake.time_reduce = lambda *args: calls.append(args) or timed(*args)
   f = figures.measure(matmul_rs, "float8_e4m3fn", 4096, 512, 1024, 4, True, types=("float8_e4m3fn", out))
   assert calls == [(workspace.first_ordinal(), out, 4, 1024, 1024)]
   assert f.chunk_bytes == 1024 * 1024 * itemsize and f.stage_gemm_us is None
-  assert f.split_share == 0.0
-  assert figures.measure(matmul_rs, "bfloat16", 4096, 512, 1024, 4, False).split_share == 768 / 1024
-
-
-def test_the_reduction_split_matches_the_schedules():
-  if native.platform() != "cuda":
-    pytest.skip("needs the CUDA build of the extension (csrc/pipelined/schedule.h reduce_split_columns)")
-  for n in (64, 336, 344, 512, 1000, 1024, 3584, 8192):
-    assert pipelined.reduce_split_columns(n) == native.module().reduce_split_columns(n), n
-  for types in (dict(dtype="bfloat16"), dict(dtype="float16"),
-                dict(dtype="float8_e4m3fn", w_dtype="float8_e5m2", out_dtype="bfloat16")):
-    assert pipelined.overlaps_reduction("float8" in types["dtype"]) == native.module().overlaps_reduction(types), types
 
 
 def test_a_float8_shard_carries_its_scale_in_a_slot_header():
@@ -126,24 +112,23 @@ def test_a_float8_shard_carries_its_scale_in_a_slot_header():
   assert region("matmul_rs", True) == region("matmul_rs", False)
 
 
-def _rs_figures(world=4, reduce_us=200.0, split_share=0.0):
+def _rs_figures(world=4, reduce_us=200.0):
   gemm = tuple(1000.0 * s / world for s in range(1, world + 1))
-  return figures.Figures(gemm, 8 << 20, 3e5, 2e6, reduce_us=reduce_us, split_share=split_share)
+  return figures.Figures(gemm, 8 << 20, 3e5, 2e6, reduce_us=reduce_us)
 
 
 @pytest.mark.parametrize("stages", [(1, 1, 1, 1), (2, 2), (4,), (1, 3)])
-def test_matmul_rs_model_overlaps_the_reduction_with_the_last_gemm(stages):
-  """The split takes up to the first part's reduction off the call: never more, never a loss. Without it the
-  model is the stages' GEMMs (or the last pull), then the whole reduction."""
-  share = 0.75
-  whole = matmul_rs.pipelined_us(stages, _rs_figures())
-  split = matmul_rs.pipelined_us(stages, _rs_figures(split_share=share))
-  assert whole - share * 200.0 - pipelined.STAGE_OVERHEAD_US <= split < whole
-  no_reduce = matmul_rs.pipelined_us(stages, _rs_figures(reduce_us=0.0))
-  assert whole == pytest.approx(no_reduce + 200.0)
+def test_matmul_rs_model_reduces_after_the_last_gemm_and_pull(stages):
+  """The model is the stages' GEMMs (or the last pull, if later), then the whole reduction."""
+  f = _rs_figures()
+  gemms = sum(f.stage_overhead_us + pipelined.gemm_us(f, s) for s in stages)
+  whole = matmul_rs.pipelined_us(stages, f)
+  assert whole >= gemms + 200.0 + f.call_overhead_us
+  assert whole == pytest.approx(matmul_rs.pipelined_us(stages, _rs_figures(reduce_us=0.0)) + 200.0)
 
 
-def test_matmul_rs_model_releases_the_last_stages_peer_blocks_before_its_own():
-  """In a last stage of several blocks, the peers' blocks are staged before mine: their pulls start earlier."""
-  f = dataclasses.replace(_rs_figures(), link_bytes_per_us=1e3)  # a slow link: the pulls decide
-  assert matmul_rs.pipelined_us((4,), dataclasses.replace(f, split_share=0.75)) < matmul_rs.pipelined_us((4,), f)
+def test_matmul_rs_model_starts_the_pulls_of_an_early_stage_under_the_later_gemms():
+  """With a slow link the pulls decide: a plan that stages the peers' blocks before my own, (3, 1), ends before
+  one that stages every block in one GEMM, (4,), whose pulls all start after it."""
+  f = dataclasses.replace(_rs_figures(), link_bytes_per_us=1e3)
+  assert matmul_rs.pipelined_us((3, 1), f) < matmul_rs.pipelined_us((4,), f)

@@ -176,15 +176,16 @@ def test_fast_accumulation_is_part_of_a_float8_problem():
 
 
 @needs_native
-def test_matmul_rs_problems_split_the_last_gemm_by_columns():
-  """16-bit matmul_rs reduces the first 3/4 of its own block's columns under the GEMM of the rest: the peers'
-  blocks before it in one GEMM per range (rank 0's three blocks at once, rank 1's 2 + 1 past the wrap), then its
-  own block's columns in two GEMMs. No GEMM adds the bias (the reduction does)."""
-  split = native.module().reduce_split_columns(3584)
-  ps = _fields(native.module().gemm_problems("matmul_rs", 4, _call(m=4096, stages=[4]), 132))
-  assert sorted((p["rows"], p["n"], p["bias"]) for p in ps) == [
-      (1024, 3584 - split, False), (1024, split, False), (1024, 3584, False), (2048, 3584, False),
-      (3072, 3584, False)]
+def test_matmul_rs_problems_are_one_gemm_per_range_of_blocks():
+  """matmul_rs GEMMs each stage's blocks in one GEMM per range of consecutive blocks (rank 1's (3, 1): blocks
+  2, 3 then 0 past the wrap, then its own), and a stage of every block in one GEMM of all rows, whatever the
+  rank. No GEMM adds the bias (the reduction does)."""
+  nat = native.module()
+  whole = _fields(nat.gemm_problems("matmul_rs", 4, _call(m=4096, stages=[4]), 132))
+  assert [(p["rows"], p["n"], p["bias"]) for p in whole] == [(4096, 3584, False)]
+  split = _fields(nat.gemm_problems("matmul_rs", 4, _call(m=4096, stages=[3, 1]), 132))
+  assert sorted((p["rows"], p["n"], p["bias"]) for p in split) == [
+      (1024, 3584, False), (2048, 3584, False), (3072, 3584, False)]
 
 
 @needs_native

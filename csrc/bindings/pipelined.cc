@@ -28,11 +28,8 @@ namespace {
 
 constexpr const char* kTakes = "the pipelined algorithm takes";
 
-// The schedule's options a call dict may name: "overlap_reduction" (default: the calls' own for its types) and
-// "x_scale_shared" (default false).
+// The schedule's options a call dict may name: "x_scale_shared" (default false).
 void read_schedule_options(py::dict c, pipelined::Operands* o) {
-  o->overlap_reduction = c.contains("overlap_reduction") ? c["overlap_reduction"].cast<bool>()
-                                                         : pipelined::overlaps_reduction(o->gemm.types);
   o->x_scale_shared = c.contains("x_scale_shared") && c["x_scale_shared"].cast<bool>();
 }
 
@@ -112,9 +109,6 @@ void bind_pipelined(py::module_& m) {
       },
       py::arg("op"), py::arg("world"), py::arg("batch"), py::arg("m"), py::arg("n"), py::arg("out_bytes"),
       py::arg("loopback") = false);
-  m.def("reduce_split_columns", &pipelined::reduce_split_columns, py::arg("n"));
-  // Whether matmul_rs's calls of a call dict's types ("dtype", "w_dtype", "out_dtype") reduce under their last GEMM.
-  m.def("overlaps_reduction", [](py::dict c) { return pipelined::overlaps_reduction(gemm_types_arg(c, kTakes)); });
   // The float8 formats the vendor GEMM runs on a GPU of architecture `arch` ("sm_90", "gfx942": the
   // runtime's device_info), by jax's names.
   m.def(
@@ -155,8 +149,7 @@ void bind_pipelined(py::module_& m) {
   });
   // The GEMM problems (blas/gemm.h problem_id) a call of the op runs on any rank of `world` (pipelined::gemm_problems:
   // host work only). call: "dtype" (and "w_dtype", "out_dtype", "blocks", "fast_accumulation": gemm_types_arg),
-  // "batch", "m", "k", "n", "w_kmajor", "bias" (bool), "stages", optionally "overlap_reduction" and
-  // "x_scale_shared".
+  // "batch", "m", "k", "n", "w_kmajor", "bias" (bool), "stages", optionally "x_scale_shared".
   m.def(
       "gemm_problems",
       [](const std::string& op, int world, py::dict c, int sm_count) {

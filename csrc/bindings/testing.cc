@@ -35,7 +35,6 @@ SimMatmul sim_call(py::dict c) {
   if (c.contains("x_scale")) s.x_scale = c["x_scale"].cast<std::vector<uintptr_t>>();
   if (c.contains("w_scale")) s.w_scale = c["w_scale"].cast<std::vector<uintptr_t>>();
   if (c.contains("gathered_scales")) s.gathered_scales = c["gathered_scales"].cast<std::vector<uintptr_t>>();
-  if (c.contains("overlap_reduction")) s.overlap_reduction = c["overlap_reduction"].cast<bool>();
   if (c.contains("stages")) s.stages = c["stages"].cast<std::vector<int64_t>>();
   if (c.contains("site")) s.site = c["site"].cast<uint32_t>();
   if (c.contains("ranks")) s.ranks = c["ranks"].cast<std::vector<int>>();

@@ -74,7 +74,6 @@ ffi::ErrorOr<pipelined::Operands> operands(const char* name, OpKind kind, const 
   }
   op.out = y.untyped_data();
   op.scratch = scratch.untyped_data();
-  op.overlap_reduction = pipelined::overlaps_reduction(op.gemm.types);
   const GemmProblem& g = op.gemm;
   const uint64_t want = pipelined::scratch_bytes(kind, world, g.batch, g.rows, g.n, element_bytes(g.types.out),
                                                  /*loopback=*/false);

@@ -224,15 +224,14 @@ template <typename T, typename B>
 __global__ void pipeline_reduce_kernel(ReduceArgs a) {
   constexpr int kVec = 16 / sizeof(T);
   const bool aborted = a.abort != nullptr && *static_cast<const volatile uint32_t*>(a.abort) != 0;
-  // cols and col_first are multiples of kVec: a vector never straddles a row or the range's edge.
-  const int64_t row_vecs = a.cols / kVec;
-  const int64_t range_vecs = a.rows * row_vecs;
+  // n is a multiple of kVec: a vector never straddles a row.
+  const int64_t vecs = a.rows * a.n / kVec;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t b = blockIdx.y; b < a.batch; b += gridDim.y) {
     T* out = static_cast<T*>(a.out) + b * a.rows * a.n;
-    for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < range_vecs; v += step) {
-      const int64_t col = a.col_first + v % row_vecs * kVec;
-      const int64_t at = v / row_vecs * a.n + col;
+    for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vecs; v += step) {
+      const int64_t at = v * kVec;
+      const int64_t col = at % a.n;
       gpu::Vec16 raw[kMaxWorld];
 #pragma unroll
       for (int q = 0; q < kMaxWorld; ++q)
@@ -357,17 +356,17 @@ hipError_t launch_reduce(const ReduceArgs& args, int sm_count, hipStream_t strea
   with_value_type(args.dtype, [&](auto type) {
     using T = typename decltype(type)::type;
     constexpr int64_t kVec = 16 / sizeof(T);
-    if (args.cols % kVec || args.col_first % kVec || args.col_first + args.cols > args.n) return;
+    if (args.n % kVec) return;
     if (args.bias_dtype != args.dtype && args.bias_dtype != DType::kF32) return;
     // Batch elements along y, each one's 16-byte vectors along x; about 4
     // workgroups per CU in all, each thread looping over its share.
-    const int64_t range_vecs = args.rows * args.cols / kVec;
-    if (range_vecs < 1 || args.batch < 1) {
+    const int64_t vecs = args.rows * args.n / kVec;
+    if (vecs < 1 || args.batch < 1) {
       e = hipSuccess;
       return;
     }
     const int64_t grid_y = std::min<int64_t>(args.batch, 65535);
-    const int64_t grid_x = std::min((range_vecs + kReduceThreads - 1) / kReduceThreads,
+    const int64_t grid_x = std::min((vecs + kReduceThreads - 1) / kReduceThreads,
                                     std::max<int64_t>(4 * static_cast<int64_t>(sm_count) / grid_y, 1));
     const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
     if (args.bias_dtype == DType::kF32)

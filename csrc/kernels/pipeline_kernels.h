@@ -166,13 +166,11 @@ struct CompareStats {
 hipError_t launch_compare(const void* got, const void* want, uint64_t elems, DType dtype, float rel,
                           CompareStats* stats, hipStream_t stream);
 
-// matmul_rs's reduction of one rank's row block, columns [col_first,
-// col_first + cols) of rows of n:
+// matmul_rs's reduction of one rank's row block, rows of n:
 //   out[b][i][j] = round(sum_{q = 0 .. count-1} partial_q[b][i][j] + bias[j])
 // summed in fp32 in rank order (bitwise reproducible; the fused kernel's
 // numerics), the bias (the partials' dtype or float32) added once, NaN
-// everywhere when the watchdog has fired. A column range is the whole
-// reduction's on those columns, bit for bit: each element's sum is its own.
+// everywhere when the watchdog has fired.
 struct ReduceArgs {
   DType dtype;       // the partials' and out's (bfloat16, float16 or float32)
   DType bias_dtype;  // dtype or float32
@@ -181,8 +179,7 @@ struct ReduceArgs {
   int count;
   const void* bias;  // [n] or nullptr
   void* out;         // [batch][rows][n]
-  int64_t batch, rows, n;
-  int64_t col_first, cols;  // multiples of 16 bytes' elements
+  int64_t batch, rows, n;  // n a multiple of 16 bytes' elements
   const uint32_t* abort;  // nullptr: never poisoned (loopback)
 };
 hipError_t launch_reduce(const ReduceArgs& args, int sm_count, hipStream_t stream);

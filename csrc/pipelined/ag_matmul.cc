@@ -95,13 +95,10 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
   const auto [world, rank, parity] = ring_place(ctx);
   const int64_t m = op.gemm.rows;
   const AgCall c(op, ctx);
-  // My own shard straight from x, first: nothing of this call waits yet when it is launched (the launch
-  // of a kernel not loaded yet waits for the device's running kernels).
-  JO_RETURN_IF_ERROR(
-      chunk_gemm(op, ctx, c.x, 0, c.y, rank * m, m, ChunkPart{/*bias=*/true, op.x_scale}, /*stream_index=*/0));
-
-  // Copy stream: publish my shard (and its scales), then (tensor scales) the peers' scales, then pull their
-  // shards in ring order (block scales: each with its scales).
+  // Copy stream, first: its copies within this GPU (the publish, my own rows of `gathered`) run on SMs, so
+  // enqueued after the first GEMM they would wait for its last wave (and the peers' pulls for the publish).
+  // Nothing on it waits for a peer before the first GEMM is launched (the launch of a kernel not loaded yet
+  // waits for the device's running kernels): the wait for the slot's readers ends with calls two epochs old.
   const PipeFlag* pulled[kMaxWorld];
   PipeFlag* done[kMaxWorld];
   uint32_t owners[kMaxWorld];
@@ -119,13 +116,26 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     JO_RETURN_IF_ERROR(copy_bytes(ctx.copy_path, c.region.slot(mine, parity), op.x, c.shard_bytes, s.copy));
     if (c.blocks) {  // whole 16-byte vectors (m a multiple of 4): the copy path's
       JO_RETURN_IF_ERROR(copy_bytes(ctx.copy_path, c.region.scales(mine, parity), op.x_scale, c.scale_bytes(), s.copy));
-    } else if (c.scaled) {
+    } else if (c.scaled && !op.x_scale_shared) {  // a shared scale: the peers have it already
       const ScaleCopy header{{op.x_scale}, {c.region.scales(mine, parity)}, 1};
       JO_RETURN_IF_HIP_ERROR(launch_copy_scales(header, s.copy));
     }
     JO_RETURN_IF_ERROR(release(pub, ctx.epoch, ctx.site, s.copy));
     progress->released = 1;
     JO_RETURN_IF_ERROR(fail_after_release_if_asked(rank));
+  }
+  JO_RETURN_IF_ERROR(copy_rows(ctx.copy_path, c.gathered.at(rank * m), c.gathered.batch_stride(), c.x.base,
+                               c.x.batch_stride(), op.gemm.batch, m, op.gemm.k, c.x.elem_bytes, s.copy));
+  if (c.blocks)
+    JO_RETURN_IF_ERROR(copy_bytes(ctx.copy_path, c.gathered_scales(op, rank), op.x_scale, c.scale_bytes(), s.copy));
+
+  // Compute stream 0: my own shard straight from x.
+  JO_RETURN_IF_ERROR(
+      chunk_gemm(op, ctx, c.x, 0, c.y, rank * m, m, ChunkPart{/*bias=*/true, op.x_scale}, /*stream_index=*/0));
+
+  // Copy stream, then: (tensor scales of their own: the peers' scales,) the peers' shards in ring order (block
+  // scales: each with its scales).
+  if (!ctx.loopback) {
     for (int i = 1; i < world; ++i) {
       const int q = (rank + i) % world;
       pulled[i - 1] = c.region.pub_flag(ctx.peers.regions[q], parity);
@@ -134,7 +144,7 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     }
     JO_RETURN_IF_ERROR(wait_flags(ctx, pulled, owners, world - 1, ctx.epoch, ctx.site, WaitOn::kPublished, s.copy));
   }
-  if (c.scaled && !c.blocks) {
+  if (c.scaled && !c.blocks && !op.x_scale_shared) {
     // Every shard's scale into its slot, read from the peers' slot headers after the wait for their pub
     // flags (in loopback my own scale stands in for theirs; the check after the pulls covers them as it does
     // the shards), then from the slots into gathered_scales, the result.
@@ -169,10 +179,13 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     JO_RETURN_IF_ERROR(verify_and_release(ctx, pulled, done, owners, world - 1, s.copy));
     progress->verified = true;
   }
-  JO_RETURN_IF_ERROR(copy_rows(ctx.copy_path, c.gathered.at(rank * m), c.gathered.batch_stride(), c.x.base,
-                               c.x.batch_stride(), op.gemm.batch, m, op.gemm.k, c.x.elem_bytes, s.copy));
-  if (c.blocks)
-    JO_RETURN_IF_ERROR(copy_bytes(ctx.copy_path, c.gathered_scales(op, rank), op.x_scale, c.scale_bytes(), s.copy));
+  if (c.scaled && !c.blocks && op.x_scale_shared) {
+    // Every shard's scale is mine: gathered_scales from my own, after the pulls (no GEMM reads it).
+    ScaleCopy result{};
+    for (int q = 0; q < world; ++q) result.src[q] = op.x_scale, result.dst[q] = op.gathered_scales + q;
+    result.count = world;
+    JO_RETURN_IF_HIP_ERROR(launch_copy_scales(result, s.copy));
+  }
 
   // Compute streams: each stage once its last shard arrived.
   for (int j = 1, position = 1; j < op.stage_count; position += static_cast<int>(op.stages[j]), ++j) {

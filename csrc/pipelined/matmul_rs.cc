@@ -1,7 +1,6 @@
 // matmul_rs's part of the pipelined schedule (schedule.h): its stages' GEMMs
 // staged block by block for their owners, its own block pulled from every
-// peer, then the fixed-order reduction, its first columns under the GEMM of
-// the last ones.
+// peer, then the fixed-order reduction.
 #include "core/block_scales.h"
 #include "pipelined/layout.h"
 #include "pipelined/schedule_core.h"
@@ -17,7 +16,6 @@ struct RsCall {
   ReduceRegion region;
   RowRange x, partial;
   char* received;  // the peers' partials of my block, q != rank, in rank order
-  int64_t split;   // columns of my block reduced under the GEMM of the rest (0: no split)
   // Block scales: each row block's x scales, [world][k/128][m / world] (one GEMM per block); else none (the
   // blocks share op.x_scale).
   UnitScales block_scales;
@@ -31,7 +29,6 @@ struct RsCall {
         x{static_cast<char*>(const_cast<void*>(op.x)), op.gemm.rows, op.gemm.k, element_bytes(op.gemm.types.x)},
         partial{nullptr, op.gemm.rows, op.gemm.n, out_bytes},
         received(static_cast<char*>(op.scratch) + 2 * blas::kWorkspaceBytes),
-        split(op.overlap_reduction ? reduce_split_columns(op.gemm.n) : 0),
         block_scales(op.gemm.types.blocks ? UnitScales{op.x_scale, x_block_scales(block_rows, op.gemm.k)}
                                           : UnitScales{}) {
     const int world = ctx.peers.world;
@@ -40,47 +37,16 @@ struct RsCall {
                                 : region.partial(ctx.peers.regions[ctx.peers.rank], static_cast<int>(ctx.epoch & 1u));
   }
   char* received_block(int q, int rank) const { return received + (q < rank ? q : q - 1) * block_bytes; }
-  const float* x_scale(const Operands& op, int block) const {
-    return block_scales.first != nullptr ? block_scales.of(block) : op.x_scale;
-  }
 };
 
-// The units of a stage but its last (my own block, the last ring position, in the last stage).
-UnitRanges all_but_last(UnitRanges units) {
-  if (--units.count[units.n - 1] == 0) --units.n;
-  return units;
+// Stage j's GEMMs on compute stream j % 2 (with `enqueue` false: only their plans).
+Status stage_gemms_of(const Operands& op, const Context& ctx, const RsCall& c, int j, int position, bool enqueue) {
+  const UnitRanges units = stage_units(ctx.peers.rank + 1, position, static_cast<int>(op.stages[j]), ctx.peers.world);
+  return stage_gemms(op, ctx, c.x, c.partial, c.block_rows, units, /*bias=*/false, c.block_scales, j % 2, enqueue);
 }
 
-// Stage j's GEMMs on compute stream j % 2, and then (enqueue) its peers' blocks released by `release`.
-// The last stage, when the reduction is split: its peers' blocks whole, released, then my own block's
-// columns [0, split), recording staged[0], and [split, n), recording staged[1].
-template <class Release>
-Status stage(const Operands& op, const Context& ctx, const RsCall& c, int j, int position, bool enqueue,
-             Release&& release) {
-  const int rank = ctx.peers.rank;
-  const int s = j % 2;
-  const UnitRanges units = stage_units(rank + 1, position, static_cast<int>(op.stages[j]), ctx.peers.world);
-  if (j < op.stage_count - 1 || c.split == 0) {
-    JO_RETURN_IF_ERROR(stage_gemms(op, ctx, c.x, c.partial, c.block_rows, units, false, c.block_scales, s, enqueue));
-    return enqueue ? release() : Status{};
-  }
-  JO_RETURN_IF_ERROR(
-      stage_gemms(op, ctx, c.x, c.partial, c.block_rows, all_but_last(units), false, c.block_scales, s, enqueue));
-  if (enqueue) JO_RETURN_IF_ERROR(release());
-  const int64_t mine = rank * c.block_rows;
-  const hipStream_t stream = enqueue ? ctx.streams->compute[s] : nullptr;  // none while only planning
-  JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, c.x, mine, c.partial, mine, c.block_rows,
-                                ChunkPart{false, c.x_scale(op, rank), 0, c.split}, s, enqueue));
-  if (enqueue) JO_RETURN_IF_ERROR(ctx.streams->record(ctx.streams->staged[0], stream));
-  JO_RETURN_IF_ERROR(chunk_gemm(op, ctx, c.x, mine, c.partial, mine, c.block_rows,
-                                ChunkPart{false, c.x_scale(op, rank), c.split, -1}, s, enqueue));
-  if (enqueue) JO_RETURN_IF_ERROR(ctx.streams->record(ctx.streams->staged[1], stream));
-  return {};
-}
-
-// The reduction of my block's columns [col_first, col_first + cols) on `stream`.
-Status reduce(const Operands& op, const Context& ctx, const RsCall& c, int64_t col_first, int64_t cols,
-              hipStream_t stream) {
+// The reduction of my block on `stream`.
+Status reduce(const Operands& op, const Context& ctx, const RsCall& c, hipStream_t stream) {
   const int world = ctx.peers.world, rank = ctx.peers.rank;
   ReduceArgs r{};
   r.dtype = op.gemm.types.out;
@@ -95,8 +61,6 @@ Status reduce(const Operands& op, const Context& ctx, const RsCall& c, int64_t c
   r.batch = op.gemm.batch;
   r.rows = c.block_rows;
   r.n = op.gemm.n;
-  r.col_first = col_first;
-  r.cols = cols;
   r.abort = ctx.wd.abort;
   JO_RETURN_IF_HIP_ERROR(launch_reduce(r, ctx.sm_count, stream));
   return {};
@@ -115,15 +79,12 @@ uint64_t receive_bytes(int world, int64_t batch, int64_t m, int64_t n, int out_b
   return bytes;
 }
 
-StreamSet streams_used(const Operands& op) {
-  const bool split = op.overlap_reduction && reduce_split_columns(op.gemm.n) > 0;
-  return kCopy | kCompute0 | (op.stage_count > 1 || split ? kCompute1 : 0);
-}
+StreamSet streams_used(const Operands& op) { return kCopy | kCompute0 | (op.stage_count > 1 ? kCompute1 : 0); }
 
 Status make_plans(const Operands& op, const Context& ctx) {
   const RsCall c(op, ctx);
   for (int j = 0, position = 0; j < op.stage_count; position += static_cast<int>(op.stages[j]), ++j)
-    JO_RETURN_IF_ERROR(stage(op, ctx, c, j, position, /*enqueue=*/false, [] { return Status{}; }));
+    JO_RETURN_IF_ERROR(stage_gemms_of(op, ctx, c, j, position, /*enqueue=*/false));
   return {};
 }
 
@@ -171,15 +132,13 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
       for (int i = 0; i < count; ++i)
         JO_RETURN_IF_ERROR(mark_rewriting(c.region.ready_flag(mine, parity, blocks[i]), stream));
     }
-    JO_RETURN_IF_ERROR(stage(op, ctx, c, j, position, /*enqueue=*/true, [&]() -> Status {
-      for (int i = 0; i < count && !ctx.loopback; ++i) {
-        JO_RETURN_IF_ERROR(release(c.region.ready_flag(ctx.peers.regions[rank], parity, blocks[i]), ctx.epoch,
-                                   ctx.site, stream));
-        progress->released |= 1u << blocks[i];
-        JO_RETURN_IF_ERROR(fail_after_release_if_asked(rank));
-      }
-      return {};
-    }));
+    JO_RETURN_IF_ERROR(stage_gemms_of(op, ctx, c, j, position, /*enqueue=*/true));
+    for (int i = 0; i < count && !ctx.loopback; ++i) {
+      JO_RETURN_IF_ERROR(release(c.region.ready_flag(ctx.peers.regions[rank], parity, blocks[i]), ctx.epoch,
+                                 ctx.site, stream));
+      progress->released |= 1u << blocks[i];
+      JO_RETURN_IF_ERROR(fail_after_release_if_asked(rank));
+    }
   }
 
   // Copy stream: my block from each peer, in the order they compute it.
@@ -207,23 +166,9 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     progress->verified = true;
   }
 
-  if (c.split == 0) {
-    JO_RETURN_IF_ERROR(s.join_into(origin, progress->forked));
-    progress->forked = 0;
-    return reduce(op, ctx, c, 0, n, origin);
-  }
-  // The first columns on the compute stream the last stage leaves free, once they are staged and every
-  // peer's partial is pulled and checked (so a failed check poisons them), under the GEMM of the rest.
-  const hipStream_t free = s.compute[op.stage_count % 2];
-  JO_RETURN_IF_ERROR(s.record(s.pulled, s.copy));
-  JO_RETURN_IF_ERROR(s.wait(free, s.pulled));
-  JO_RETURN_IF_ERROR(s.wait(free, s.staged[0]));
-  JO_RETURN_IF_ERROR(reduce(op, ctx, c, 0, c.split, free));
-  JO_RETURN_IF_ERROR(s.wait(free, s.staged[1]));
-  JO_RETURN_IF_ERROR(reduce(op, ctx, c, c.split, n - c.split, free));
   JO_RETURN_IF_ERROR(s.join_into(origin, progress->forked));
   progress->forked = 0;
-  return {};
+  return reduce(op, ctx, c, origin);
 }
 
 }  // namespace jo::pipelined::matmul_rs

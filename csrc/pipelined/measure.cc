@@ -209,7 +209,6 @@ Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n,
   r.batch = 1;
   r.rows = rows;
   r.n = n;
-  r.cols = n;
   return median_us(
       timing.s, repeats,
       [&](hipStream_t s) -> Status {

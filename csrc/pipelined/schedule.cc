@@ -106,7 +106,9 @@ Status plan_of(const Context& ctx, const GemmProblem& problem, const blas::GemmP
 
 UnitRanges stage_units(int first_unit, int position, int size, int world) {
   UnitRanges r{};
-  for (int unit = (first_unit + position) % world, left = size; left > 0; r.n++) {
+  // A stage of every unit is one range from unit 0: nothing of it is released before all of it is done, so the
+  // order of its units does not matter, and one GEMM of all rows beats two.
+  for (int unit = size == world ? 0 : (first_unit + position) % world, left = size; left > 0; r.n++) {
     r.first[r.n] = unit;
     r.count[r.n] = left < world - unit ? left : world - unit;
     left -= r.count[r.n];
@@ -275,18 +277,6 @@ uint64_t region_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t k,
     case OpKind::kAllGather: break;
   }
   return 0;
-}
-
-int64_t reduce_split_columns(int64_t n) {
-  constexpr int64_t kTile = 256;
-  return 3 * n / 4 / kTile * kTile;
-}
-
-bool overlaps_reduction(const GemmTypes& types) {
-  // Not for float8: the vendor's float8 GEMM (persistent, on every SM) leaves the reduction no SM until its last
-  // wave, and the two narrower GEMMs of the split run slower than one. In two H200 runs at T = 2, 4 and 8 the
-  // split cost float8 calls up to 46 us and saved none more than 1 us (6a98e4b:benchmarks/results/fp8_2026-12-02.md).
-  return !types.scaled;
 }
 
 int gemm_sm_count(int sm_count) {

@@ -5,19 +5,23 @@
 // (docs/protocol.md; a flag's values: kernels/pipeline_kernels.h PipeFlag).
 //
 // ag_matmul, rank r of T, y = all_gather(x) @ w + bias:
-//   copy stream:    [wait: readers done with slot(e-2)] mark pub rewriting; copy x -> my slot
-//                   (float8: and x's scales into its header); release pub(e); wait: every peer's
-//                   pub(e); (tensor scales: every peer's scale from its slot header into
-//                   gathered_scales, by one small kernel;) for s = r+1, r+2, ... (ring order, so
-//                   each rank is read by one peer at a time): pull peer s's slot (block scales: its
-//                   header into s's scales of gathered_scales, then) into s's rows of `gathered`,
-//                   record arrived[i]; verify that every peer's pub still holds (e) and release
-//                   done(e) in their regions; finally copy x (and its block scales) into my own
-//                   rows of `gathered` (and gathered_scales).
-//   compute streams: stage 0 = my own shard from x, at once; then the stages of the plan
-//                   (consecutive ring positions, one GEMM per contiguous range of rows; float8:
-//                   one per shard, each with its own x scales, back to back), each after its last
-//                   shard arrived, alternating between the two streams.
+//   copy stream, first (its copies within this GPU run on SMs: enqueued before the first GEMM, they
+//                   run at once instead of after its last wave): [wait: readers done with slot(e-2)]
+//                   mark pub rewriting; copy x -> my slot (float8: and x's scales into its header,
+//                   unless every rank shares one x scale); release pub(e); copy x (and its block
+//                   scales) into my own rows of `gathered` (and gathered_scales).
+//   compute stream 0: stage 0 = my own shard from x.
+//   copy stream, then: wait: every peer's pub(e); (tensor scales of their own: every peer's scale
+//                   from its slot header into gathered_scales, by one small kernel;) for s = r+1,
+//                   r+2, ... (ring order, so each rank is read by one peer at a time): pull peer s's
+//                   slot (block scales: its header into s's scales of gathered_scales, then) into
+//                   s's rows of `gathered`, record arrived[i]; verify that every peer's pub still
+//                   holds (e) and release done(e) in their regions; (a shared x scale: mine into
+//                   every shard's place in gathered_scales.)
+//   compute streams: the stages of the plan after stage 0 (consecutive ring positions, one GEMM per
+//                   contiguous range of rows; float8 with scales of their own: one per shard, each
+//                   with its own x scales, back to back), each after its last shard arrived,
+//                   alternating between the two streams.
 //   then:           join; NaN over y, gathered (and its scales) if the watchdog fired (or a check
 //                   failed).
 // matmul_rs, rank r of T, out = psum_scatter(x @ w) + bias:
@@ -26,17 +30,14 @@
 //                   rewriting; GEMM the blocks' rows of x into my staging slot (in the output
 //                   dtype; float8: scaled by my own x and w scales; block scales: one GEMM per
 //                   block, each with its block's x scales), release ready(e) per block.
-//                   The last stage releases its peers' blocks first, then GEMMs my own block in
-//                   two parts by columns (overlap_reduction; 16-bit calls): the first ~3/4, then the rest.
+//                   A stage of every block is one GEMM of all rows.
 //   copy stream:    for q = r-1, r-2, ... (the order in which peers compute my block): wait for
 //                   q's ready(e) of block r, pull it into my receive area; then verify that every
 //                   ready(e) pulled still holds and release done(e) in the stagers' regions.
-//   reduction:      the fixed-order reduction (fp32, ranks 0..T-1, bias once) into out, NaN if
-//                   the watchdog fired (or a check failed): of the first columns on the other
-//                   compute stream once they are staged and the pulls checked, under the GEMM of
-//                   the rest; then of the rest; then join. Each element's sum is the same either
-//                   way (kernels/pipeline_kernels.h ReduceArgs). Without the split (narrow
-//                   outputs, or overlap_reduction off): join, then one reduction.
+//   then:           join; the fixed-order reduction (fp32, ranks 0..T-1, bias once) into out, NaN
+//                   if the watchdog fired (or a check failed). (Not under the last GEMM: the vendor
+//                   GEMM, persistent on every SM, leaves a kernel beside it no SM until its last
+//                   wave, and splitting the GEMM to make room costs more than it hides.)
 // Every wait is a bounded wait kernel (kernels/pipeline_kernels.h): a stream-
 // memory-op wait cannot time out, a kernel records the error and returns.
 // The rewriting mark and the check after the pulls are for writers that run
@@ -117,9 +118,6 @@ struct Operands {
   // replicated over the group: jax_overlap's Scaling.x_shared), so the gathered shards' GEMMs take my own, one
   // per contiguous range of shards as for 16-bit x, instead of one per shard with its rank's.
   bool x_scale_shared = false;
-  // matmul_rs: the reduction of the first columns under the GEMM of the last ones (calls: overlaps_reduction of
-  // their types; the benchmarks and tests also time and check the schedule the other way).
-  bool overlap_reduction = true;
 };
 
 // Sizes of a call's buffers. x_bytes: x's element; out_bytes: y's (the
@@ -131,16 +129,9 @@ uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n
 // The symmetric region (0 for a group of one):
 uint64_t region_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int x_bytes,
                       int out_bytes, bool scaled, bool blocks);
-// matmul_rs's columns of output reduced under the GEMM of the rest: 3/4 of n rounded down to whole 256-column
-// tiles of the vendor GEMM; 0 (no split) when that is none.
-int64_t reduce_split_columns(int64_t n);
-// Whether matmul_rs's calls of these types split their last GEMM to reduce under it (Operands::overlap_reduction;
-// the benchmarks and tests set either way).
-bool overlaps_reduction(const GemmTypes& types);
-
 // The SMs a schedule's GEMMs may take on a GPU of sm_count SMs (0: all): all but JAX_OVERLAP_GEMM_SM_MARGIN
-// (default kGemmSmMargin), left to the kernels that run beside them: the copy stream's flag waits and float8 scale
-// copies, matmul_rs's reduction. A persistent vendor GEMM on every SM holds them off until its last wave.
+// (default kGemmSmMargin), left to the kernels that run beside them: the copy stream's flag waits, float8 scale
+// copies and copies within the GPU. A persistent vendor GEMM on every SM holds them off until its last wave.
 inline constexpr int kGemmSmMargin = 0;
 int gemm_sm_count(int sm_count);
 // Checks a stage plan: positive sizes summing to `world`, ag_matmul's first stage its own shard alone.
@@ -185,8 +176,8 @@ Status enqueue_local_gemm(const Operands& op, blas::DeviceBlas& blas, hipStream_
 // The side streams a call of the op gives work (pipelined/streams.h): it forks and joins those only.
 StreamSet streams_used(OpKind kind, const Operands& op);
 
-// Every GEMM problem a call of the op with `shape` (its gemm, stages and
-// overlap_reduction; pointers unused) runs on any rank of `world` (each rank's
+// Every GEMM problem a call of the op with `shape` (its gemm and stages;
+// pointers unused) runs on any rank of `world` (each rank's
 // stages cover other units, and epochs alternate between two slots), on
 // buffers as XLA gives them (256-byte aligned) and a GPU of `sm_count` SMs: the
 // problems jax_overlap tunes at lowering. A group of one's is local_problem's.

@@ -23,7 +23,8 @@ struct RowRange {
 
 // A stage's units (shards or row blocks) as at most two ranges of consecutive
 // units: ring position p is unit (first_unit + p) % world, so a stage that
-// wraps past the last unit splits.
+// wraps past the last unit splits; a stage of all `world` units is the one
+// range [0, world).
 struct UnitRanges {
   int first[2];
   int count[2];
@@ -153,7 +154,7 @@ namespace matmul_rs {
 uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t n, int out_bytes);
 // The scratch beyond the compute streams' vendor workspaces.
 uint64_t receive_bytes(int world, int64_t batch, int64_t m, int64_t n, int out_bytes, bool loopback);
-// compute[1] only with two stages or more, or a reduction under the last GEMM (which runs there).
+// compute[1] only with two stages or more.
 StreamSet streams_used(const Operands& op);
 Status make_plans(const Operands& op, const Context& ctx);
 Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipStream_t origin);

@@ -31,8 +31,6 @@ Status SideStreams::create(int ordinal, std::unique_ptr<SideStreams>* out) {
     JO_RETURN_IF_HIP_ERROR(hipEventCreateWithFlags(&s->fork, hipEventDisableTiming));
     for (hipEvent_t& e : s->finished) JO_RETURN_IF_HIP_ERROR(hipEventCreateWithFlags(&e, hipEventDisableTiming));
     for (hipEvent_t& e : s->arrived) JO_RETURN_IF_HIP_ERROR(hipEventCreateWithFlags(&e, hipEventDisableTiming));
-    JO_RETURN_IF_HIP_ERROR(hipEventCreateWithFlags(&s->pulled, hipEventDisableTiming));
-    for (hipEvent_t& e : s->staged) JO_RETURN_IF_HIP_ERROR(hipEventCreateWithFlags(&e, hipEventDisableTiming));
     return {};
   }();
   JO_RETURN_IF_ERROR(scope.restore());
@@ -46,9 +44,6 @@ SideStreams::~SideStreams() {
   // Runtime::release, each after a device sync); errors have nowhere to go.
   for (hipEvent_t e : arrived)
     if (e) (void)hipEventDestroy(e);
-  for (hipEvent_t e : staged)
-    if (e) (void)hipEventDestroy(e);
-  if (pulled) (void)hipEventDestroy(pulled);
   for (hipEvent_t e : finished)
     if (e) (void)hipEventDestroy(e);
   if (fork) (void)hipEventDestroy(fork);

@@ -45,8 +45,6 @@ struct SideStreams {
   hipEvent_t fork = nullptr;                // recorded on the caller's stream
   hipEvent_t finished[3] = {};             // copy, compute[0], compute[1]
   hipEvent_t arrived[kMaxWorld] = {};      // ag_matmul: ring position i's shard is in `gathered`
-  hipEvent_t pulled = nullptr;             // matmul_rs: the peers' partials are pulled and checked
-  hipEvent_t staged[2] = {};               // matmul_rs: my own block's partial, its first columns / all of it
   StreamEdges edges;                        // under mu
   // One call enqueues at a time: calls share the events (a later call's
   // record does not disturb waits an earlier one already enqueued).

@@ -235,7 +235,6 @@ Status SimGroup::pipelined(OpKind op, const SimMatmul& c) {
     o.scratch = reinterpret_cast<void*>(c.scratch[r]);
     o.stages = c.stages.data();
     o.stage_count = static_cast<int>(c.stages.size());
-    o.overlap_reduction = c.overlap_reduction;
     // The epoch is run_call's to take (after the plans).
     const pipelined::Context ctx{side_streams_[r].get(), blas_, peers(r, offset), 0, c.site, false, watchdog(r, op),
                                  info_.sm_count, false};

@@ -42,7 +42,6 @@ struct SimMatmul {
   std::vector<uintptr_t> x_scale, w_scale;
   std::vector<uintptr_t> gathered_scales;
   std::vector<uintptr_t> scratch;  // pipelined: each rank's scratch (pipelined::scratch_bytes)
-  bool overlap_reduction = true;   // pipelined matmul_rs (pipelined::Operands)
   std::vector<int64_t> stages;     // pipelined: the stage plan
   uint32_t site = 1;               // the call site's number among those sharing the region
   std::vector<int> ranks;          // the ranks to launch; empty: all

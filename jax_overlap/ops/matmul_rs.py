@@ -329,29 +329,19 @@ def check_stages(stages: tuple, text: str) -> None:
 def pipelined_us(stages: tuple, f) -> float:
   """Model of a pipelined call: the stages' GEMMs back to back (peers run the same schedule, so the peer at ring
   distance i has my block ready when its stage holding position i - 1 ends), the pulls of my block in that
-  order, then the reduction of world partials (read) into one (written). With f.split_share, the last stage
-  releases its peers' blocks before it GEMMs my own (the last position) in two parts by columns, and the
-  reduction of the first part runs once it is staged and the pulls are done, under the GEMM of the rest."""
+  order, then the reduction of world partials (read) into one (written), after the last GEMM."""
   world = sum(stages)
   ready, t = [], 0.0
-  for size in stages[:-1]:
+  for size in stages:
     t += f.stage_overhead_us + pipelined.gemm_us(f, size)
     ready += [t] * size
-  last = stages[-1]
-  others = pipelined.gemm_us(f, last - 1) if last > 1 else 0.0
-  start, t = t + f.stage_overhead_us, t + f.stage_overhead_us + pipelined.gemm_us(f, last)
-  ready += [start + others if f.split_share else t] * (last - 1) + [t]
   pull, pulled = f.chunk_bytes / f.link_bytes_per_us, 0.0
   for i in range(1, world):
     pulled = max(pulled, ready[i - 1] + f.stage_overhead_us) + pull
   reduce = f.reduce_us
   if reduce is None:  # a copy moves each byte twice (read and write); the reduction reads world blocks, writes one
     reduce = (world + 1) * f.chunk_bytes / (2 * f.local_bytes_per_us)
-  if not f.split_share:
-    return max(t, pulled) + reduce + f.call_overhead_us
-  head_staged = start + others + f.split_share * (t - start - others)
-  head_reduced = max(head_staged, pulled) + f.stage_overhead_us + f.split_share * reduce
-  return max(head_reduced, t) + (1 - f.split_share) * reduce + f.call_overhead_us
+  return max(t, pulled) + reduce + f.call_overhead_us
 
 
 def fused_traffic(rows: int, k: int, n: int, world: int, itemsize: int) -> tuple:

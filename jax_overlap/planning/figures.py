@@ -53,9 +53,6 @@ class Figures:
   # stage_gemm_us[s - 1]: what a stage of s chunks spends in GEMMs where that is not one GEMM over their rows
   # (a float8 call that gathers x: one GEMM per shard, each with its rank's scale); None: gemm_us.
   stage_gemm_us: tuple | None = None
-  # The share of the output's columns whose reduction runs under the GEMM of the rest (matmul_rs's last stage,
-  # csrc/pipelined/schedule.h); 0: none.
-  split_share: float = 0.0
   # The schedule's fixed costs (planning/pipelined.py): a stage's wait and launch, a call's fork, join and trailing
   # kernel. benchmarks/bench_model_sweep.py fits them to loopback runs.
   stage_overhead_us: float = pipelined.STAGE_OVERHEAD_US
@@ -118,6 +115,4 @@ def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor
   return Figures(gemm_us=gemm, chunk_bytes=op.chunk_bytes(rows, k, n, world, formats.itemsize(moved)),
                  link_bytes_per_us=link, local_bytes_per_us=local,
                  reduce_us=reduce_us(out_dtype, chunk_rows, world, n) if op.REDUCES else None,
-                 stage_gemm_us=tuple(s * gemm[0] for s in range(1, world + 1)) if per_shard else None,
-                 split_share=pipelined.reduce_split_columns(n) / n
-                 if op.REDUCES and pipelined.overlaps_reduction(types is not None) else 0.0)
+                 stage_gemm_us=tuple(s * gemm[0] for s in range(1, world + 1)) if per_shard else None)

@@ -48,23 +48,6 @@ def compositions(total: int):
     yield tuple(sizes + [size])
 
 
-# matmul_rs's last stage GEMMs my own block in two parts by columns and reduces the first under the second:
-# the first part is 3/4 of the columns in whole tiles of this many (csrc/pipelined/schedule.h
-# reduce_split_columns; a CPU test compares the two).
-REDUCE_SPLIT_TILE = 256
-
-
-def reduce_split_columns(n: int) -> int:
-  """Columns of matmul_rs's output reduced under the GEMM of the rest (0: no split)."""
-  return 3 * n // 4 // REDUCE_SPLIT_TILE * REDUCE_SPLIT_TILE
-
-
-def overlaps_reduction(float8: bool) -> bool:
-  """Whether matmul_rs's calls split their last GEMM to reduce under it: not with float8 operands, where the split
-  measured slower than none (csrc/pipelined/schedule.h overlaps_reduction says why; a CPU test compares the two)."""
-  return not float8
-
-
 def gemm_us(f, chunks: int) -> float:
   """What a stage of `chunks` chunks spends in GEMMs (f: figures.Figures): one vendor GEMM over their rows, or
   where the schedule runs several (f.stage_gemm_us), those."""

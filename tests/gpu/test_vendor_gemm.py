@@ -231,18 +231,16 @@ def test_a_group_of_one_looks_up_no_plan_and_writes_no_pointer_after_its_first_r
 
 # --- cross-stream edges per call -------------------------------------------------------------------------------------
 
-def _edges(op, stages, split):
+def _edges(op, stages):
   """(records, waits) the schedule enqueues (pipelined/streams.h): the fork (one record, a wait per stream with
-  work), ag_matmul's arrivals (a record per pulled shard, a wait per stage after the first), matmul_rs's
-  reduction under its last GEMM (two records of the staged columns, one of the pulls, three waits), the join (a
-  record and a wait per stream with work)."""
+  work), ag_matmul's arrivals (a record per pulled shard, a wait per stage after the first), the join (a record
+  and a wait per stream with work; matmul_rs's second compute stream only with two stages or more)."""
   world = sum(stages)
   if op == "ag_matmul":
     streams = 3
     return 1 + (world - 1) + streams, streams + (len(stages) - 1) + streams
-  streams = 3 if len(stages) > 1 or split else 2
-  extra_records, extra_waits = (3, 3) if split else (0, 0)
-  return 1 + extra_records + streams, streams + extra_waits + streams
+  streams = 3 if len(stages) > 1 else 2
+  return 1 + streams, streams + streams
 
 
 @pytest.mark.parametrize("op,dtype,world,stages", [
@@ -264,6 +262,5 @@ def test_a_call_forks_and_joins_only_the_streams_with_work(op, dtype, world, sta
   if fp8:
     base = pointer(scales)
     call.update(out_dtype="bfloat16", x_scale=base, w_scale=base + 16, gathered_scales=base + 32)
-  split = op == "matmul_rs" and not fp8 and nat.reduce_split_columns(n) > 0
   edges = nat.loopback_edges(0, op, world, call)
-  assert (edges["records"], edges["waits"]) == _edges(op, stages, split), edges
+  assert (edges["records"], edges["waits"]) == _edges(op, stages), edges
