@@ -16,8 +16,8 @@ process, and with the cache once per machine. JAX_OVERLAP_GEMM_TUNING=0 leaves
 each GPU the heuristic's first.
 
 The problems are the call's GEMMs on every rank (csrc/pipelined/schedule.h
-gemm_problems: the stages' row ranges, both slot parities, the column split of
-matmul_rs's last stage) on buffers as XLA gives them, 256-byte aligned; a GEMM
+gemm_problems: the stages' row ranges and both slot parities) on buffers as XLA
+gives them, 256-byte aligned; a GEMM
 on buffers aligned otherwise runs the heuristic's first (its plan is another
 problem).
 """
