@@ -209,7 +209,7 @@ Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n,
   r.batch = 1;
   r.rows = rows;
   r.n = n;
-  return median_us(
+  return median_back_to_back_us(
       timing.s, repeats,
       [&](hipStream_t s) -> Status {
         JO_RETURN_IF_HIP_ERROR(launch_reduce(r, sm_count, s));

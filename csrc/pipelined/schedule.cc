@@ -177,27 +177,15 @@ Status wait_flags(const Context& ctx, const PipeFlag* const* flags, const uint32
 Status chunk_gemm(const Operands& op, const Context& ctx, const RowRange& x, int64_t x_first, const RowRange& out,
                   int64_t out_first, int64_t rows, const ChunkPart& part, int stream_index, bool enqueue) {
   const GemmProblem& g = op.gemm;
-  const GemmTypes& t = g.types;
-  const int64_t cols = part.cols < 0 ? g.n - part.col_first : part.cols;
-  // Block scales: w's scale rows are per 128 columns (core/block_scales.h).
-  if (t.blocks && part.col_first % kScaleBlock != 0)
-    return Status{"jax_overlap: a GEMM with float8 block scales splits columns at multiples of " +
-                  std::to_string(kScaleBlock) + ", not at " + std::to_string(part.col_first)};
-  const float* w_scale =
-      t.blocks ? op.w_scale + part.col_first / kScaleBlock * w_scale_row_stride(g.k) : op.w_scale;
-  // Column c of w is row c of [n, k] (w_kmajor), else column c of [k, n].
-  const char* w = static_cast<const char*>(op.w) + part.col_first * (g.w_kmajor ? g.ldw : 1) * element_bytes(t.w);
+  const char* w = static_cast<const char*>(op.w);
   const char* a = x.at(x_first);
-  char* d = out.at(out_first) + part.col_first * out.elem_bytes;
-  const void* b = part.bias && op.bias != nullptr
-                      ? static_cast<const char*>(op.bias) + part.col_first * element_bytes(t.bias)
-                      : nullptr;
+  char* d = out.at(out_first);
+  const void* b = part.bias ? op.bias : nullptr;
   void* workspace = static_cast<char*>(op.scratch) + stream_index * blas::kWorkspaceBytes;
   const hipStream_t stream = enqueue ? ctx.streams->compute[stream_index] : nullptr;
   const blas::Handle handle = enqueue ? ctx.streams->blas[stream_index] : nullptr;
   GemmProblem problem = g;
   problem.rows = rows;
-  problem.n = cols;
   problem.ldx = x.cols;
   problem.ldy = out.cols;
   // Strides only where a batch uses them: one problem (one plan, one tuning) per GEMM however its rows are reached.
@@ -211,7 +199,7 @@ Status chunk_gemm(const Operands& op, const Context& ctx, const RowRange& x, int
     return {};
   }
   const auto pointers = [&](const char* xe, char* ye) {
-    return blas::GemmPointers{xe, w, b, part.x_scale, w_scale, ye};
+    return blas::GemmPointers{xe, w, b, part.x_scale, op.w_scale, ye};
   };
   const blas::GemmPlan* plan = nullptr;
   const Status batched = plan_of(ctx, problem, &plan);

@@ -83,15 +83,11 @@ Status verify_and_release(const Context& ctx, const PipeFlag* const* flags, Pipe
 Status wait_flags(const Context& ctx, const PipeFlag* const* flags, const uint32_t* peers, int count, uint64_t epoch,
                   uint32_t site, WaitOn what, hipStream_t stream);
 
-// What one chunk GEMM covers besides its rows: its columns of w and out
-// (and the bias, and with block scales w's scales), whether it adds the
-// bias, and the x scale of its rows (scaled calls; block scales: its rows'
-// [k/128][rows]). Block scales split columns only at multiples of 128.
+// What one chunk GEMM takes besides its rows: whether it adds the bias, and
+// the x scale of its rows (scaled calls; block scales: its rows' [k/128][rows]).
 struct ChunkPart {
   bool bias;
   const float* x_scale;
-  int64_t col_first = 0;
-  int64_t cols = -1;  // -1: every column from col_first
 };
 
 // The x scales of each unit of a stage whose units have scales of their own:
