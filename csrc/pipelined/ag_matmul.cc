@@ -97,8 +97,8 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
   const AgCall c(op, ctx);
   // Copy stream, first: its copies within this GPU (the publish, my own rows of `gathered`) run on SMs, so
   // enqueued after the first GEMM they would wait for its last wave (and the peers' pulls for the publish).
-  // Nothing on it waits for a peer before the first GEMM is launched (the launch of a kernel not loaded yet
-  // waits for the device's running kernels): the wait for the slot's readers ends with calls two epochs old.
+  // Its one wait before the first GEMM's launch, for the slot's readers, ends with the peers' work of calls two
+  // epochs old, never with this call's (the launch of a kernel not loaded yet waits for the running kernels).
   const PipeFlag* pulled[kMaxWorld];
   PipeFlag* done[kMaxWorld];
   uint32_t owners[kMaxWorld];
