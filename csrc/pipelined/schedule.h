@@ -30,7 +30,7 @@
 //                   rewriting; GEMM the blocks' rows of x into my staging slot (in the output
 //                   dtype; float8: scaled by my own x and w scales; block scales: one GEMM per
 //                   block, each with its block's x scales), release ready(e) per block.
-//                   A stage of every block is one GEMM of all rows.
+//                   A stage of every block is one GEMM of all rows (block scales: one per block).
 //   copy stream:    for q = r-1, r-2, ... (the order in which peers compute my block): wait for
 //                   q's ready(e) of block r, pull it into my receive area; then verify that every
 //                   ready(e) pulled still holds and release done(e) in the stagers' regions.
