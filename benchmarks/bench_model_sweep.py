@@ -31,6 +31,8 @@ step runs at (0: none, the GPU as the previous timing left it):
   auto          whether algorithm="auto" takes the pipelined path here (the model's margin, planning.AUTO_MARGIN);
                 auto_wrong: it does while loopback_us > xla_path_us (must never be)
   residual_us   loopback_us - model_us, beside stages and moved_mb (the bytes the copy engine moves), for fits
+  figures       what the model was given (planning/figures.py Figures), so that a changed model can be checked
+                against the row without the GPU
 Last, the schedule's fixed costs fitted to every row (planning/figures.py Figures.stage_overhead_us and
 call_overhead_us, by a grid search for the least worst |model / loopback - 1|), and each row's ratio with them
 (fit_ratio). Results: DIR/model_sweep_<date>.json (with date, device, commit, command); the tables print last.
@@ -138,7 +140,8 @@ def row(op: str, dtype: str, world: int, m: int, sustained_ms: float, shared: bo
            vs_gemm_synced=t["gemm_us"] / t["loopback_synced_us"], stages_gemm_us=stages_gemm,
            chunking_loss=stages_gemm / f.gemm_us[-1] - 1, xla_dot_us=t["xla_dot_us"], xla_path_us=xla_path,
            model_xla_us=plan.est_xla_us, auto=auto, auto_wrong=auto and t["loopback_us"] > xla_path,
-           residual_us=t["loopback_us"] - plan.est_us, moved_mb=moved / 2**20, stage_count=len(plan.stages))
+           residual_us=t["loopback_us"] - plan.est_us, moved_mb=moved / 2**20, stage_count=len(plan.stages),
+           figures=dataclasses.asdict(f))
   return r, f
 
 
