@@ -84,20 +84,11 @@ __device__ __forceinline__ uint64_t cast8(const Vector& v, float inv, float limi
   return packed;
 }
 
-// The workgroup's max of `bits` into *amax (one atomic per workgroup): each warp's max in one warp-wide step,
-// then the warps' maxes by the first thread after a single barrier (a tree of shared-memory steps took a barrier
-// each: eight, at the end of every workgroup's short life). Every thread of the workgroup calls it.
+// The workgroup's max of `bits` into *amax: one atomic per workgroup, at the end of its short life. Every thread
+// of the workgroup calls it.
 __device__ __forceinline__ void reduce_amax(uint32_t bits, float* amax) {
-  constexpr int kWarps = kThreads / gpu::kWarpSize;
-  __shared__ uint32_t partial[kWarps];
-  bits = gpu::warp_max(bits);
-  if (threadIdx.x % gpu::kWarpSize == 0) partial[threadIdx.x / gpu::kWarpSize] = bits;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int i = 1; i < kWarps; ++i) bits = umax(bits, partial[i]);
-    gpu::atomic_max_dev(reinterpret_cast<uint32_t*>(amax), bits);
-  }
+  bits = gpu::workgroup_max<kThreads>(bits);
+  if (threadIdx.x == 0) gpu::atomic_max_dev(reinterpret_cast<uint32_t*>(amax), bits);
 }
 
 // kVectors: x 16-byte and out 8-byte aligned; workgroup b casts vectors [b, b + 1) * kUnroll<T> * kThreads (of the

@@ -36,14 +36,8 @@ __global__ void __launch_bounds__(kThreads) fp8_step_scales_kernel(StepScales s,
     const uint32_t k = order_key(o.history[i]);
     key = k > key ? k : key;
   }
-  constexpr int kWarps = kThreads / gpu::kWarpSize;
-  __shared__ uint32_t partial[kWarps];
-  key = gpu::warp_max(key);
-  if (threadIdx.x % gpu::kWarpSize == 0) partial[threadIdx.x / gpu::kWarpSize] = key;
-  __syncthreads();
+  key = gpu::workgroup_max<kThreads>(key);
   if (threadIdx.x != 0) return;
-#pragma unroll
-  for (int i = 1; i < kWarps; ++i) key = partial[i] > key ? partial[i] : key;
   const float amax = from_key(key);
   // fp8_ops.compute_scale: the previous scale's reciprocal, fp8_max / amax where the amax is positive and finite,
   // the step's scale the reciprocal of that (two divisions that XLA does not rewrite into one).

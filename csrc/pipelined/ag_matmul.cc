@@ -20,6 +20,9 @@ struct AgCall {
   RowRange x, gathered, y;
   uint64_t shard_bytes;
   bool scaled, blocks;
+  // Tensor scales: each rank's own (it travels in the slot header, and each shard's GEMM takes its shard's), or
+  // one that every rank shares (none travels; a stage's shards are one GEMM with op.x_scale).
+  bool own_tensor_scales, shared_tensor_scale;
   int64_t scale_floats;  // block scales: one shard's x scales, [k/128][m]; else 0
   GatherRegion region;
 
@@ -30,6 +33,8 @@ struct AgCall {
         shard_bytes(static_cast<uint64_t>(op.gemm.batch) * op.gemm.rows * op.gemm.k * x.elem_bytes),
         scaled(op.gemm.types.scaled),
         blocks(op.gemm.types.blocks),
+        own_tensor_scales(scaled && !blocks && !op.x_scale_shared),
+        shared_tensor_scale(scaled && !blocks && op.x_scale_shared),
         scale_floats(blocks ? x_block_scales(op.gemm.rows, op.gemm.k) : 0),
         region(GatherRegion::make(ctx.peers.world, shard_bytes,
                                   header_bytes(scaled, blocks, op.gemm.rows, op.gemm.k))) {}
@@ -45,7 +50,7 @@ struct AgCall {
   // gathered_scales itself (each shard's whole 16-byte vectors: m a multiple of 4).
   UnitScales shard_scales(const Operands& op) const {
     if (blocks) return {op.gathered_scales, scale_floats};
-    return scaled && !op.x_scale_shared ? UnitScales{scale_slots(op), blas::kScaleSlot} : UnitScales{};
+    return own_tensor_scales ? UnitScales{scale_slots(op), blas::kScaleSlot} : UnitScales{};
   }
   // Where shard s's block scales land in gathered_scales.
   float* gathered_scales(const Operands& op, int shard) const { return op.gathered_scales + shard * scale_floats; }
@@ -116,7 +121,7 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     JO_RETURN_IF_ERROR(copy_bytes(ctx.copy_path, c.region.slot(mine, parity), op.x, c.shard_bytes, s.copy));
     if (c.blocks) {  // whole 16-byte vectors (m a multiple of 4): the copy path's
       JO_RETURN_IF_ERROR(copy_bytes(ctx.copy_path, c.region.scales(mine, parity), op.x_scale, c.scale_bytes(), s.copy));
-    } else if (c.scaled && !op.x_scale_shared) {  // a shared scale: the peers have it already
+    } else if (c.own_tensor_scales) {  // a shared scale: the peers have it already
       const ScaleCopy header{{op.x_scale}, {c.region.scales(mine, parity)}, 1};
       JO_RETURN_IF_HIP_ERROR(launch_copy_scales(header, s.copy));
     }
@@ -144,7 +149,7 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     }
     JO_RETURN_IF_ERROR(wait_flags(ctx, pulled, owners, world - 1, ctx.epoch, ctx.site, WaitOn::kPublished, s.copy));
   }
-  if (c.scaled && !c.blocks && !op.x_scale_shared) {
+  if (c.own_tensor_scales) {
     // Every shard's scale into its slot, read from the peers' slot headers after the wait for their pub
     // flags (in loopback my own scale stands in for theirs; the check after the pulls covers them as it does
     // the shards), then from the slots into gathered_scales, the result.
@@ -179,7 +184,7 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
     JO_RETURN_IF_ERROR(verify_and_release(ctx, pulled, done, owners, world - 1, s.copy));
     progress->verified = true;
   }
-  if (c.scaled && !c.blocks && op.x_scale_shared) {
+  if (c.shared_tensor_scale) {
     // Every shard's scale is mine: gathered_scales from my own, after the pulls (no GEMM reads it).
     ScaleCopy result{};
     for (int q = 0; q < world; ++q) result.src[q] = op.x_scale, result.dst[q] = op.gathered_scales + q;

@@ -333,6 +333,24 @@ JO_DEVICE void backoff() { __nanosleep(64); }
 JO_DEVICE void trap() { __trap(); }
 #endif
 
+// The max of v over a workgroup of kThreads threads (every one calls it), valid in thread 0 only: each warp's max
+// in one warp-wide step, then the warps' maxes by thread 0 after a single barrier (a tree of shared-memory steps
+// takes a barrier each). Once per kernel: its shared array is the caller's.
+template <int kThreads>
+JO_DEVICE uint32_t workgroup_max(uint32_t v) {
+  static_assert(kThreads % kWarpSize == 0, "workgroup_max: whole warps");
+  constexpr int kWarps = kThreads / kWarpSize;
+  __shared__ uint32_t partial[kWarps];
+  v = warp_max(v);
+  if (threadIdx.x % kWarpSize == 0) partial[threadIdx.x / kWarpSize] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int i = 1; i < kWarps; ++i) v = partial[i] > v ? partial[i] : v;
+  }
+  return v;
+}
+
 // ---------------------------------------------------------------------------
 // 16-byte moves. Data that another GPU wrote is read past the non-coherent
 // caches (L1 on NVIDIA; the acquire above already invalidated L2 on AMD).
