@@ -30,7 +30,8 @@ step runs at (0: none, the GPU as the previous timing left it):
                 scale: one dot of all rows is a lower bound of it); model_xla_us the model's XLA path
   auto          whether algorithm="auto" takes the pipelined path here (the model's margin, planning.AUTO_MARGIN);
                 auto_wrong: it does while loopback_us > xla_path_us (must never be)
-  residual_us   loopback_us - model_us, beside stages and moved_mb (the bytes the copy engine moves), for fits
+  residual_us   loopback_us - model_us, beside stages and moved_mb, the bytes the loopback call copies within
+                the GPU (ag_matmul: its own rows and T - 1 stand-in pulls; matmul_rs: T - 1 pulls), for fits
   figures       what the model was given (planning/figures.py Figures), so that a changed model can be checked
                 against the row without the GPU
 Last, the schedule's fixed costs fitted to every row (planning/figures.py Figures.stage_overhead_us and
@@ -93,7 +94,9 @@ def _figures(op: str, world: int, m_x: int, dtype: str, shared: bool = False):
   fp8 = dtype == FP8
   f = planning.figures.measure(spec, dtype, m_x, K, N, world, fp8, types=(dtype, "bfloat16") if fp8 else None,
                                scaling=scaling.TENSOR.sharing_x(shared) if fp8 else None)
-  return dataclasses.replace(f, link_bytes_per_us=f.local_bytes_per_us)  # loopback: the link is the copy engine
+  # Loopback's pulls are copies within this GPU: at its local copy rate, and on NVIDIA on its SMs, where the model
+  # (made for pulls on the copy engines) overlaps them with the GEMMs.
+  return dataclasses.replace(f, link_bytes_per_us=f.local_bytes_per_us)
 
 
 def _sustained(timed, warm):
@@ -132,7 +135,7 @@ def row(op: str, dtype: str, world: int, m: int, sustained_ms: float, shared: bo
   stages_gemm = sum(pipelined.gemm_us(f, s) for s in plan.stages)
   xla_path = t["xla_dot_us"] + (world - 1) * f.chunk_bytes / f.local_bytes_per_us
   auto = planning.faster(plan.est_us, plan.est_xla_us)
-  moved = (world - 1) * f.chunk_bytes * (2 if op == "ag_matmul" else 1)  # ag: publish and pulls; rs: pulls
+  moved = (world if op == "ag_matmul" else world - 1) * f.chunk_bytes
   r = dict(op=op, dtype=dtype, x_scale_shared=shared, world=world, m=m, rows=total, n=N, k=K,
            stages=str(tuple(plan.stages)),
            model_us=plan.est_us, loopback_us=t["loopback_us"], model_ratio=plan.est_us / t["loopback_us"],
