@@ -335,7 +335,8 @@ JO_DEVICE void trap() { __trap(); }
 
 // The max of v over a workgroup of kThreads threads (every one calls it), valid in thread 0 only: each warp's max
 // in one warp-wide step, then the warps' maxes by thread 0 after a single barrier (a tree of shared-memory steps
-// takes a barrier each). Once per kernel: its shared array is the caller's.
+// takes a barrier each). At most once per kernel: a second call would write the same shared array while thread 0
+// may still read it.
 template <int kThreads>
 JO_DEVICE uint32_t workgroup_max(uint32_t v) {
   static_assert(kThreads % kWarpSize == 0, "workgroup_max: whole warps");
