@@ -19,6 +19,8 @@ step runs at (0: none, the GPU as the previous timing left it):
                 model_ratio = model_us / loopback_us (target: within 10%)
   loopback_synced_us  the same, one call at a time between two events, waited for: it also times the host's
                 enqueue up to the call's first GEMM (vs_gemm_synced = gemm_us / loopback_synced_us)
+  loopback_host_us  the host's time to enqueue one loopback call, calls back to back; host_ratio =
+                loopback_host_us / loopback_us: near 1, calls back to back run at the host's pace, not the GPU's
   gemm_us       one vendor GEMM of all T*M rows (the GEMMs tuned as calls tune them: planning/tuning.py), back to
                 back; vs_gemm = gemm_us / loopback_us (targets 0.93 bf16, 0.90 fp8 for M >= 2048)
   stages_gemm_us  the plan's GEMMs alone (the figures), and chunking_loss = stages_gemm_us / gemm_us - 1: what
@@ -132,6 +134,7 @@ def row(op: str, dtype: str, world: int, m: int, sustained_ms: float, shared: bo
       "xla_dot": _sustained(_xla_dot_timer(total, dtype), warm),
   }
   t = _harness.in_turns(timers, ROUNDS)
+  host = nat.time_loopback_enqueue(0, op, world, call, 10)
   stages_gemm = sum(pipelined.gemm_us(f, s) for s in plan.stages)
   xla_path = t["xla_dot_us"] + (world - 1) * f.chunk_bytes / f.local_bytes_per_us
   auto = planning.faster(plan.est_us, plan.est_xla_us)
@@ -139,7 +142,8 @@ def row(op: str, dtype: str, world: int, m: int, sustained_ms: float, shared: bo
   r = dict(op=op, dtype=dtype, x_scale_shared=shared, world=world, m=m, rows=total, n=N, k=K,
            stages=str(tuple(plan.stages)),
            model_us=plan.est_us, loopback_us=t["loopback_us"], model_ratio=plan.est_us / t["loopback_us"],
-           loopback_synced_us=t["loopback_synced_us"], gemm_us=t["gemm_us"], vs_gemm=t["gemm_us"] / t["loopback_us"],
+           loopback_synced_us=t["loopback_synced_us"], loopback_host_us=host, host_ratio=host / t["loopback_us"],
+           gemm_us=t["gemm_us"], vs_gemm=t["gemm_us"] / t["loopback_us"],
            vs_gemm_synced=t["gemm_us"] / t["loopback_synced_us"], stages_gemm_us=stages_gemm,
            chunking_loss=stages_gemm / f.gemm_us[-1] - 1, xla_dot_us=t["xla_dot_us"], xla_path_us=xla_path,
            model_xla_us=plan.est_xla_us, auto=auto, auto_wrong=auto and t["loopback_us"] > xla_path,
@@ -196,7 +200,7 @@ def main(argv=None) -> None:
   fit = fit_overheads(rows, figures) if rows else {}
   path = _harness.write_results("model_sweep", rows + ([dict(table="fit", **fit)] if fit else []), args.out,
                                 command, plotted=lambda r: False, meta={"sustained_ms": args.sustained_ms})
-  cols = ["op", "dtype", "world", "m", "stages", "model_us", "loopback_us", "model_ratio", "fit_ratio", "gemm_us",
+  cols = ["op", "dtype", "world", "m", "stages", "model_us", "loopback_us", "model_ratio", "fit_ratio", "host_ratio", "gemm_us",
           "vs_gemm", "vs_gemm_synced", "chunking_loss", "xla_path_us", "auto", "auto_wrong", "residual_us", "moved_mb"]
   _harness.print_table(rows, cols)
   if fit:

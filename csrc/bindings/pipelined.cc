@@ -60,6 +60,12 @@ pipelined::Operands loopback_operands(py::dict c, std::vector<int64_t>* stages) 
   return o;
 }
 
+// A timed loopback call enqueues the whole schedule: ag_matmul's needs its gathered x (and float8 scales).
+void check_timed_loopback(OpKind kind, const pipelined::Operands& o) {
+  if (kind == OpKind::kAgMatmul && (o.gathered == nullptr || (o.gemm.types.scaled && !o.gathered_scales)))
+    throw std::invalid_argument("jax_overlap: a loopback ag_matmul takes gathered (and, float8, gathered_scales)");
+}
+
 // The copy path a timing or test names ("copy_engine", ...); none: the path initialize() verified on the
 // GPU, or before it did, the first candidate (planning/figures.py's guess of the link precedes initialize()).
 pipelined::CopyPath copy_path_of(int ordinal, const std::optional<std::string>& name) {
@@ -364,9 +370,7 @@ void bind_pipelined(py::module_& m) {
         const pipelined::Operands o = loopback_operands(call, &stages);
         const pipelined::CopyPath p = copy_path_of(ordinal, path);
         const OpKind kind = gemm_op_arg(op);
-        if (kind == OpKind::kAgMatmul && (o.gathered == nullptr || (o.gemm.types.scaled && !o.gathered_scales)))
-          throw std::invalid_argument("jax_overlap: a loopback ag_matmul takes gathered (and, float8, "
-                                      "gathered_scales)");
+        check_timed_loopback(kind, o);
         double us = 0;
         py::gil_scoped_release release;
         throw_if_error(pipelined::time_loopback(ordinal, kind, o, world, repeats, p, back_to_back, &us));
@@ -374,6 +378,22 @@ void bind_pipelined(py::module_& m) {
       },
       py::arg("ordinal"), py::arg("op"), py::arg("world"), py::arg("call"), py::arg("repeats") = 10,
       py::arg("path") = py::none(), py::arg("back_to_back") = false);
+  // The host's time (us) to enqueue one loopback call, calls back to back (pipelined/measure.h).
+  m.def(
+      "time_loopback_enqueue",
+      [](int ordinal, const std::string& op, int world, py::dict call, int repeats, std::optional<std::string> path) {
+        std::vector<int64_t> stages;
+        const pipelined::Operands o = loopback_operands(call, &stages);
+        const pipelined::CopyPath p = copy_path_of(ordinal, path);
+        const OpKind kind = gemm_op_arg(op);
+        check_timed_loopback(kind, o);
+        double us = 0;
+        py::gil_scoped_release release;
+        throw_if_error(pipelined::time_loopback_enqueue(ordinal, kind, o, world, repeats, p, &us));
+        return us;
+      },
+      py::arg("ordinal"), py::arg("op"), py::arg("world"), py::arg("call"), py::arg("repeats") = 10,
+      py::arg("path") = py::none());
   // The cross-stream edges one loopback call enqueues (pipelined/streams.h): {"records": n, "waits": n}.
   m.def(
       "loopback_edges",

@@ -1,6 +1,7 @@
 #include "pipelined/measure.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <vector>
@@ -65,6 +66,26 @@ Status median_back_to_back_us(hipStream_t stream, int repeats, const std::functi
   JO_RETURN_IF_ERROR(median_us(stream, 1, enqueue, &one));
   const int per_sample = std::clamp(static_cast<int>(std::ceil(kSampleUs / std::max(one, 1.0))), kMinBackToBack, 64);
   return median_us(stream, repeats, enqueue, us, per_sample);
+}
+
+// Median over `repeats` of the host's wall time (us) per enqueue(stream) of kHostSample enqueues back to back,
+// each sample after the stream has drained (a queue that fills would block the host), after one warm-up.
+constexpr int kHostSample = 8;
+Status median_host_us(hipStream_t stream, int repeats, const std::function<Status(hipStream_t)>& enqueue,
+                      double* us) {
+  JO_RETURN_IF_ERROR(enqueue(stream));
+  std::vector<double> times;
+  for (int i = 0; i < repeats; ++i) {
+    JO_RETURN_IF_HIP_ERROR(hipStreamSynchronize(stream));
+    const auto start = std::chrono::steady_clock::now();
+    for (int j = 0; j < kHostSample; ++j) JO_RETURN_IF_ERROR(enqueue(stream));
+    times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() /
+                    kHostSample);
+  }
+  JO_RETURN_IF_HIP_ERROR(hipStreamSynchronize(stream));
+  std::sort(times.begin(), times.end());
+  *us = times.empty() ? 0.0 : times[times.size() / 2];
+  return {};
 }
 
 // Keeps the GPU busy with enqueue(stream) for about `ms` milliseconds, then
@@ -256,6 +277,18 @@ Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world
   JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
   const auto call = [&](hipStream_t s) { return enqueue(op, operands, ctx, s); };
   return back_to_back ? median_back_to_back_us(timing.s, repeats, call, us) : median_us(timing.s, repeats, call, us);
+}
+
+Status time_loopback_enqueue(int ordinal, OpKind op, const Operands& operands, int world, int repeats, CopyPath path,
+                             double* us) {
+  DeviceScope scope(ordinal);
+  JO_RETURN_IF_HIP_ERROR(scope.status());
+  std::unique_ptr<SideStreams> streams;
+  Context ctx{};
+  JO_RETURN_IF_ERROR(loopback_context(ordinal, op, operands, world, path, &streams, &ctx));
+  TimingStream timing;
+  JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
+  return median_host_us(timing.s, repeats, [&](hipStream_t s) { return enqueue(op, operands, ctx, s); }, us);
 }
 
 Status loopback_edges(int ordinal, OpKind op, const Operands& operands, int world, CopyPath path, StreamEdges* out) {

@@ -50,6 +50,11 @@ Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n,
 Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world, int repeats, CopyPath path,
                      bool back_to_back, double* us);
 
+// Median host wall time (us) of enqueuing one loopback call (as time_loopback's), calls enqueued back to back:
+// where it exceeds the call's GPU time, calls back to back run at the host's pace, not the GPU's.
+Status time_loopback_enqueue(int ordinal, OpKind op, const Operands& operands, int world, int repeats, CopyPath path,
+                             double* us);
+
 // The cross-stream edges (event records and waits: streams.h) one loopback call of the op enqueues.
 Status loopback_edges(int ordinal, OpKind op, const Operands& operands, int world, CopyPath path, StreamEdges* out);
 

@@ -313,13 +313,13 @@ def test_ranks_running_call_sites_in_different_orders_fail_loudly():
   assert all(np.all(np.isnan(_f64(o))) for o in ranks.outs)
 
 
-@pytest.mark.parametrize("back_to_back", [False, True])
+@pytest.mark.parametrize("timing", ["synced", "back_to_back", "enqueue"])
 @pytest.mark.parametrize("op", ["ag_matmul", "matmul_rs"])
 @pytest.mark.parametrize("world", [2, 8])
-def test_loopback_schedule_computes_the_op(op, world, back_to_back):
+def test_loopback_schedule_computes_the_op(op, world, timing):
   """The one-GPU benchmark's loopback: the real schedule with this rank's data standing in for every
   peer's, so ag_matmul gives [x; x; ...] @ w and matmul_rs world times its own block's partial, timed
-  either way (calls one at a time or back to back)."""
+  each way (calls one at a time, back to back, and the host's enqueue of calls back to back)."""
   rng = np.random.default_rng(70 + world)
   batch, m, k, n = 2, 64 * world, 512, 256
   dtype = jnp.bfloat16
@@ -333,8 +333,12 @@ def test_loopback_schedule_computes_the_op(op, world, back_to_back):
               batch=batch, m=m, k=k, n=n, w_kmajor=False, stages=[1, world - 1] if op == "ag_matmul" else [world])
   if gathered is not None:
     call["gathered"] = _ptr(gathered)
-  us = native.module().time_loopback(0, op, world, call, 3, back_to_back=back_to_back)
-  assert us > 0
+  nat = native.module()
+  if timing == "enqueue":
+    us = nat.time_loopback_enqueue(0, op, world, call, 3)
+  else:
+    us = nat.time_loopback(0, op, world, call, 3, back_to_back=timing == "back_to_back")
+  assert 0 < us < 1e6
   if op == "ag_matmul":
     ref = np.concatenate([_f64(x)] * world, axis=1) @ _f64(w) + _f64(b)
     np.testing.assert_array_equal(np.asarray(gathered), np.concatenate([np.asarray(x)] * world, axis=1))
