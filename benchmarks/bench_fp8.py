@@ -37,7 +37,6 @@ Results: DIR/fp8_<date>.json (with date, device, commit, command); the tables pr
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import sys
@@ -245,7 +244,7 @@ def planned(op: str, world: int, m_total: int, n: int, k: int, dtype: str, block
   types = (dtype, "bfloat16") if dtype == FP8 else None
   f = planning.figures.measure(spec, dtype, m, k, n, world, dtype == FP8, types=types,
                               scaling=(scaling.BLOCK if blocks else scaling.TENSOR) if dtype == FP8 else None)
-  f = dataclasses.replace(f, link_bytes_per_us=f.local_bytes_per_us)
+  f = planning.figures.in_loopback(f)
   pinned = os.environ.get(settings.PIPELINE_STAGES)
   return pipelined.plan(spec, world, f, pipelined.parse_stages(pinned, spec, world) if pinned else None)
 

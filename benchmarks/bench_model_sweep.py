@@ -96,9 +96,7 @@ def _figures(op: str, world: int, m_x: int, dtype: str, shared: bool = False):
   fp8 = dtype == FP8
   f = planning.figures.measure(spec, dtype, m_x, K, N, world, fp8, types=(dtype, "bfloat16") if fp8 else None,
                                scaling=scaling.TENSOR.sharing_x(shared) if fp8 else None)
-  # Loopback's pulls are copies within this GPU: at its local copy rate, and on NVIDIA on its SMs, where the model
-  # (made for pulls on the copy engines) overlaps them with the GEMMs.
-  return dataclasses.replace(f, link_bytes_per_us=f.local_bytes_per_us)
+  return planning.figures.in_loopback(f)
 
 
 def _sustained(timed, warm):

@@ -69,3 +69,27 @@ def test_a_failed_measurement_is_a_setup_error_and_is_not_tried_again(timings):
     with pytest.raises(errors.SetupError, match=r"gemm/bfloat16/1024x4/256/512/0: time_gemms: out of memory"):
       figures.measure(ag_matmul, "bfloat16", 1024, 512, 256, 4, False)
   assert len(timings.gemms) == 1
+
+
+def test_figures_say_where_the_copies_run(timings):
+  # Before initialize() chose the copy path: the copy engine's, across GPUs; on NVIDIA a copy within the GPU (the
+  # publish) still runs on the SMs.
+  f = figures.measure(ag_matmul, "bfloat16", 1024, 512, 256, 4, False)
+  assert (f.publish_on_sms, f.pulls_on_sms) == (True, False)
+  backend.current().state.copies_on_sms = (True, True)  # as initialize() records the kernel path
+  g = figures.measure(ag_matmul, "bfloat16", 1024, 512, 256, 4, False)
+  assert (g.publish_on_sms, g.pulls_on_sms) == (True, True)
+
+
+@pytest.mark.parametrize("platform, path, shares_gpu, want", [
+    ("cuda", "copy_engine", False, (True, False)),
+    ("cuda", "copy_engine", True, (True, True)),  # ranks on one GPU: a pull is a copy within it
+    ("cuda", "kernel", False, (True, True)),
+    ("rocm", "copy_engine", False, (False, False)),  # SDMA
+    ("rocm", "copy_engine", True, (False, False)),
+    ("rocm", "device_to_device", False, (True, False)),
+    ("rocm", "kernel", False, (True, True)),
+])
+def test_where_each_copy_path_runs_its_copies(monkeypatch, platform, path, shares_gpu, want):
+  monkeypatch.setattr(backend, "_current", backend.Backend(_Timings(), platform))
+  assert workspace._copies_on_sms(path, shares_gpu) == want

@@ -77,12 +77,49 @@ def test_ag_matmul_model_by_hand():
 def test_matmul_rs_model_by_hand():
   f = Figures(gemm_us=(100.0, 190.0), chunk_bytes=3_000_000, link_bytes_per_us=30_000.0,
                  local_bytes_per_us=1_500_000.0)
-  # Two single-block stages: 102 and 204; the peer's partial of my block is ready at 102, pulled by 204;
-  # then the reduction of 2 blocks into 1: 3 blocks' bytes at twice the copy rate.
+  # Two single-block stages, each a stage overhead and 100 us; the peer's partial of my block is ready when the
+  # first ends and pulled (100 us) as the second ends; then the reduction of 2 blocks into 1: 3 blocks' bytes at
+  # twice the copy rate.
   gemm_end = 2 * (pp.STAGE_OVERHEAD_US + 100.0)
   pulled = pp.STAGE_OVERHEAD_US + 100.0 + pp.STAGE_OVERHEAD_US + 100.0
   want = max(gemm_end, pulled) + 3 * 3_000_000 / (2 * 1_500_000.0) + pp.CALL_OVERHEAD_US
   assert matmul_rs.pipelined_us((1, 1), f) == pytest.approx(want)
+
+
+def test_ag_matmul_copies_on_the_sms_take_the_gemms_time():
+  f = Figures(gemm_us=(100.0, 190.0, 280.0), chunk_bytes=3_000_000, link_bytes_per_us=30_000.0,
+              local_bytes_per_us=1_500_000.0)
+  overlapped = ag_matmul.pipelined_us((1, 2), f)
+  # The publish (2 us) on the SMs: the own shard's GEMM starts after it, the pulls still overlap.
+  published = ag_matmul.pipelined_us((1, 2), dataclasses.replace(f, publish_on_sms=True))
+  assert published == pytest.approx(max(102.0, 2.0 + 2 * 100.0) + pp.STAGE_OVERHEAD_US + 190.0 + pp.CALL_OVERHEAD_US)
+  assert overlapped == pytest.approx(max(100.0, 2.0 + 2 * 100.0) + pp.STAGE_OVERHEAD_US + 190.0 + pp.CALL_OVERHEAD_US)
+  # Pulls on the SMs too: each stage's pulls before its GEMM, less the share the last waves hide.
+  serial = ag_matmul.pipelined_us((1, 2), dataclasses.replace(f, publish_on_sms=True, pulls_on_sms=True))
+  want = 2.0 + 100.0 + (1 - pp.SM_PULL_HIDDEN) * 2 * 100.0 + pp.STAGE_OVERHEAD_US + 190.0 + pp.CALL_OVERHEAD_US
+  assert serial == pytest.approx(want)
+
+
+def test_matmul_rs_pulls_on_the_sms_follow_its_gemms():
+  f = Figures(gemm_us=(100.0, 190.0, 280.0), chunk_bytes=3_000_000, link_bytes_per_us=30_000.0,
+              local_bytes_per_us=1_500_000.0, reduce_us=7.0, pulls_on_sms=True)
+  gemms = 3 * (pp.STAGE_OVERHEAD_US + 100.0)
+  want = gemms + (1 - pp.SM_PULL_HIDDEN) * 2 * 100.0 + 7.0 + pp.CALL_OVERHEAD_US
+  assert matmul_rs.pipelined_us((1, 1, 1), f) == pytest.approx(want)
+  assert matmul_rs.pipelined_us((1, 1, 1), dataclasses.replace(f, pulls_on_sms=False)) < want
+
+
+@pytest.mark.parametrize("op, world, chunk_mib", [("ag_matmul", 4, 128), ("ag_matmul", 8, 64), ("matmul_rs", 8, 128)])
+def test_copies_on_the_sms_take_away_the_gain_overlap_would_give(op, world, chunk_mib):
+  # In loopback (and with every rank on one GPU) the pulls are copies within the GPU, on its SMs: where pulls on
+  # copy engines at the same rate would pay, those do not.
+  op = OPS[op]
+  f = dataclasses.replace(figures(world, chunk_bytes=chunk_mib << 20), publish_on_sms=True)
+  loopback = planning.figures.in_loopback(f)
+  assert loopback.pulls_on_sms and loopback.link_bytes_per_us == loopback.local_bytes_per_us
+  engines = dataclasses.replace(loopback, pulls_on_sms=False)
+  assert planning.faster(pp.plan(op, world, engines).est_us, pp.xla_us(world, engines))
+  assert not planning.faster(pp.plan(op, world, loopback).est_us, pp.xla_us(world, loopback))
 
 
 @pytest.mark.parametrize("op", list(OPS))

@@ -311,13 +311,19 @@ def check_stages(stages: tuple, text: str) -> None:
 
 def pipelined_us(stages: tuple, f) -> float:
   """Model of a pipelined call: stage 0 (the own shard) at once; stage j once its last shard has arrived (a
-  copy of x into the published slot, then one pull per ring position, in order)."""
+  copy of x into the published slot, then one pull per ring position, in order). Copies on the SMs take them
+  from the GEMMs: the publish (f.publish_on_sms) before the first GEMM, a stage's pulls (f.pulls_on_sms) before
+  its GEMM, less the share the GEMMs' last waves hide."""
   pull = f.chunk_bytes / f.link_bytes_per_us
   publish = f.chunk_bytes / f.local_bytes_per_us
-  end, position = pipelined.gemm_us(f, stages[0]), stages[0]
+  end = (publish if f.publish_on_sms else 0.0) + pipelined.gemm_us(f, stages[0])
+  position = stages[0]
   for size in stages[1:]:
-    arrived = publish + (position + size - 1) * pull
-    end = max(end, arrived) + f.stage_overhead_us + pipelined.gemm_us(f, size)
+    if f.pulls_on_sms:
+      end += (1 - pipelined.SM_PULL_HIDDEN) * size * pull
+    else:
+      end = max(end, publish + (position + size - 1) * pull)
+    end += f.stage_overhead_us + pipelined.gemm_us(f, size)
     position += size
   return end + f.call_overhead_us
 

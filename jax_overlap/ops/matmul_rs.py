@@ -329,15 +329,19 @@ def check_stages(stages: tuple, text: str) -> None:
 def pipelined_us(stages: tuple, f) -> float:
   """Model of a pipelined call: the stages' GEMMs back to back (peers run the same schedule, so the peer at ring
   distance i has my block ready when its stage holding position i - 1 ends), the pulls of my block in that
-  order, then the reduction of world partials (read) into one (written), after the last GEMM."""
+  order, then the reduction of world partials (read) into one (written), after the last GEMM. Pulls on the SMs
+  (f.pulls_on_sms) take them from the GEMMs, less the share the GEMMs' last waves hide."""
   world = sum(stages)
   ready, t = [], 0.0
   for size in stages:
     t += f.stage_overhead_us + pipelined.gemm_us(f, size)
     ready += [t] * size
   pull, pulled = f.chunk_bytes / f.link_bytes_per_us, 0.0
-  for i in range(1, world):
-    pulled = max(pulled, ready[i - 1] + f.stage_overhead_us) + pull
+  if f.pulls_on_sms:
+    pulled = t + (1 - pipelined.SM_PULL_HIDDEN) * (world - 1) * pull
+  else:
+    for i in range(1, world):
+      pulled = max(pulled, ready[i - 1] + f.stage_overhead_us) + pull
   reduce = f.reduce_us
   if reduce is None:  # a copy moves each byte twice (read and write); the reduction reads world blocks, writes one
     reduce = (world + 1) * f.chunk_bytes / (2 * f.local_bytes_per_us)

@@ -9,7 +9,8 @@
 - The reduction of an op that reduces (matmul_rs): its kernel timed on one
   block of each rank count and shape, once, like the GEMMs.
 - The peer link and the local copy rate: copy-engine copies timed when
-  initialize() maps the peers (workspace._measure_copies). Before that, the
+  initialize() maps the peers (workspace._measure_copies), and whether the
+  copies run on the SMs (workspace.copies_on_sms). Before that, the
   decision whether to set the workspace up at all guesses the link at a
   quarter of the local copy rate (H200: about 0.5 of 2 TB/s, near NVLink's
   450 GB/s per direction; MI300X: about 0.4 TB/s, near its 7 xGMI links): the
@@ -57,6 +58,16 @@ class Figures:
   # kernel. benchmarks/bench_model_sweep.py fits them to loopback runs.
   stage_overhead_us: float = pipelined.STAGE_OVERHEAD_US
   call_overhead_us: float = pipelined.CALL_OVERHEAD_US
+  # Whether the copy of x into its published slot (within this GPU) and the pulls run on the SMs
+  # (workspace.copies_on_sms), where they take the GEMMs' SMs instead of overlapping with the GEMMs.
+  publish_on_sms: bool = False
+  pulls_on_sms: bool = False
+
+
+def in_loopback(f: Figures) -> Figures:
+  """f for the one-GPU loopback of the benchmarks (csrc/pipelined/measure.h): its stand-in pulls are copies within
+  this GPU, at its local copy rate and where such a copy runs."""
+  return dataclasses.replace(f, link_bytes_per_us=f.local_bytes_per_us, pulls_on_sms=f.publish_on_sms)
 
 
 def _native():
@@ -107,6 +118,7 @@ def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor
   if link is None:
     local = _local_copy_bytes_per_us()
     link = LINK_GUESS_FRACTION * local
+  publish_on_sms, pulls_on_sms = workspace.copies_on_sms()
   out_dtype = dtype_name if types is None else types[1]
   chunk_rows = op.chunk_rows(rows, world)
   gemm = gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor, types, scaling)
@@ -115,4 +127,5 @@ def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor
   return Figures(gemm_us=gemm, chunk_bytes=op.chunk_bytes(rows, k, n, world, formats.itemsize(moved)),
                  link_bytes_per_us=link, local_bytes_per_us=local,
                  reduce_us=reduce_us(out_dtype, chunk_rows, world, n) if op.REDUCES else None,
-                 stage_gemm_us=tuple(s * gemm[0] for s in range(1, world + 1)) if per_shard else None)
+                 stage_gemm_us=tuple(s * gemm[0] for s in range(1, world + 1)) if per_shard else None,
+                 publish_on_sms=publish_on_sms, pulls_on_sms=pulls_on_sms)

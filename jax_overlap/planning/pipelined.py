@@ -16,11 +16,15 @@ import dataclasses
 import itertools
 
 # A stage's wait on its data and its launch on a side stream (event wait, GEMM
-# launch gap), and a call's fork, join and trailing kernel: the order of
-# magnitude of the launch gaps on a stream, the figures' defaults
-# (figures.Figures); benchmarks/bench_model_sweep.py fits them to loopback runs.
-STAGE_OVERHEAD_US = 2.0
-CALL_OVERHEAD_US = 6.0
+# launch gap), and a call's fork, join and trailing kernel, the figures' defaults
+# (figures.Figures); and the share of a pull on the SMs (Figures.pulls_on_sms)
+# that the GEMMs' last waves hide. Fitted on the H200 to 144 loopback rows of
+# benchmarks/bench_model_sweep.py (M = 128 to 4096, two runs: the least rows off
+# by more than 10%, none at M >= 1024); loopback has no flag waits, which a
+# stage across GPUs adds.
+STAGE_OVERHEAD_US = 0.5
+CALL_OVERHEAD_US = 3.0
+SM_PULL_HIDDEN = 0.5
 
 
 @dataclasses.dataclass(frozen=True)

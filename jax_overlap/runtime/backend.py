@@ -110,6 +110,7 @@ class LocalDevice:
   name: str
   arch: str
   ranks_per_gpu: int = 1
+  copy_path: str = ""  # the pipelined copies' path initialize() verified (csrc/pipelined/copy.h), once it has
 
 
 @dataclasses.dataclass
@@ -133,6 +134,7 @@ class State:
   next_offset: int = 0
   link_bytes_per_us: float | None = None   # measured peer pull rate
   local_bytes_per_us: float | None = None  # measured local copy rate
+  copies_on_sms: tuple | None = None  # (publish, pulls) on the SMs, once the copy path is known (workspace.py)
   clears: int = 0  # collective clear_errors() calls so far (key-value barrier names)
   # processes.agree()'s outcomes by key-value name (which holds the runtime generation): each taken once.
   agreed: dict = dataclasses.field(default_factory=dict)

@@ -267,6 +267,7 @@ def _choose_copy_paths() -> None:
   nat = _native()
   for d in state.devices.values():
     choice = nat.choose_copy_path(d.ordinal)
+    d.copy_path = choice["path"]
     if choice["rejected"]:
       log.info("jax_overlap: GPU %d moves the pipelined algorithm's bytes by %s: %s", d.ordinal, choice["description"],
                "; ".join(choice["rejected"]))
@@ -287,9 +288,28 @@ def _measure_copies() -> None:
     local_us = nat.time_copy(mine.ordinal, nat.workspace_peer_base(mine.ordinal, mine.global_id), probe)
     link_us = (nat.time_copy(mine.ordinal, nat.workspace_peer_base(mine.ordinal, peers[0]), probe) if peers
                else local_us)
-    return [probe / link_us, probe / local_us]
+    publish, pulls = _copies_on_sms(mine.copy_path, shares_gpu=mine.ranks_per_gpu > 1)
+    return [probe / link_us, probe / local_us, publish, pulls]
 
-  state.link_bytes_per_us, state.local_bytes_per_us = processes.agree("copies", measure)
+  link, local, publish, pulls = processes.agree("copies", measure)
+  state.link_bytes_per_us, state.local_bytes_per_us, state.copies_on_sms = link, local, (publish, pulls)
+
+
+def _copies_on_sms(path: str, shares_gpu: bool) -> tuple:
+  """(publish, pulls): whether the copy of x into its published slot, a copy within this GPU, and the pulls run
+  on the SMs, on copy path `path` (csrc/pipelined/copy.h). A copy within one GPU does on NVIDIA (on the H200 it
+  waits for the SMs a GEMM leaves free: docs/performance.md) and on every path but the copy engine's on AMD
+  (SDMA; never run); every copy does on the kernel path. Pulls from peers on this same GPU (several ranks on one
+  GPU) run as a copy within it; from another GPU, on its copy engines."""
+  publish = backend.current().platform == "cuda" or path != "copy_engine"
+  return publish, path == "kernel" or (shares_gpu and publish)
+
+
+def copies_on_sms() -> tuple:
+  """(publish, pulls) on the SMs (_copies_on_sms) for the cost model: as initialize() found the GPU, or before it,
+  on the copy engine's path across GPUs."""
+  state = _state()
+  return state.copies_on_sms or _copies_on_sms("copy_engine", shares_gpu=False)
 
 
 def _map_local_peers() -> None:
@@ -569,3 +589,4 @@ def shutdown() -> None:
     state.sites = {}
     state.link_bytes_per_us = None
     state.local_bytes_per_us = None
+    state.copies_on_sms = None
