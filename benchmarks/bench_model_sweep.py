@@ -2,6 +2,7 @@
 
   python benchmarks/bench_model_sweep.py [--out DIR] [--rows M ...] [--worlds T ...] [--ops OP ...]
                                          [--dtypes D ...] [--budget-s S] [--x-scale-shared]
+  python benchmarks/bench_model_sweep.py --fit JSON ...
 
 (DIR: $OUT when set, else benchmarks/results.) One row per (op, dtype, T, M), M the rows per rank (ag_matmul: x's
 shard; matmul_rs: the output's block), so that every rank's GEMM is [T*M, K] @ [K, N] (K = 8192, N = 3584, as in
@@ -36,9 +37,9 @@ step runs at (0: none, the GPU as the previous timing left it):
                 the GPU (ag_matmul: its own rows and T - 1 stand-in pulls; matmul_rs: T - 1 pulls), for fits
   figures       what the model was given (planning/figures.py Figures), so that a changed model can be checked
                 against the row without the GPU
-Last, the schedule's fixed costs fitted to every row (planning/figures.py Figures.stage_overhead_us and
-call_overhead_us, by a grid search for the least worst |model / loopback - 1|), and each row's ratio with them
-(fit_ratio). Results: DIR/model_sweep_<date>.json (with date, device, commit, command); the tables print last.
+Last, the model's fixed figures fitted to every row (planning/figures.py Figures: stage_overhead_us,
+call_overhead_us, sm_pull_hidden; a grid search for the fewest rows off by more than 10%), and each row's ratio
+with them (fit_ratio). --fit FILE ... fits them to recorded sweeps instead, without a GPU. Results: DIR/model_sweep_<date>.json (with date, device, commit, command); the tables print last.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import json
 import os
 import statistics
 import sys
@@ -150,23 +152,61 @@ def row(op: str, dtype: str, world: int, m: int, sustained_ms: float, shared: bo
   return r, f
 
 
-def fit_overheads(rows: list, figures: list) -> dict:
-  """The stage and call overheads (us) that minimize the worst |model / loopback - 1| over the rows, each row's
-  ratio with them, and the worst before and after."""
-  def ratios(stage, call):
-    out = []
-    for r, f in zip(rows, figures):
-      g = dataclasses.replace(f, stage_overhead_us=stage, call_overhead_us=call)
-      stages = tuple(int(s) for s in r["stages"].strip("()").split(",") if s.strip())
-      out.append(OPS[r["op"]].pipelined_us(stages, g) / r["loopback_us"])
-    return out
-  grid = itertools.product(np.arange(0.0, 20.5, 0.5), np.arange(0.0, 60.5, 1.0))
-  stage, call = min(grid, key=lambda sc: max(abs(x - 1) for x in ratios(*sc)))
-  fitted = ratios(stage, call)
-  for r, x in zip(rows, fitted):
+# The grid the fit searches: stage and call overheads (us), and the share of a pull on the SMs the GEMMs hide.
+FIT_GRID = (np.arange(0.0, 3.1, 0.5), np.arange(0.0, 10.1, 1.0), np.arange(0.0, 0.61, 0.1))
+FITTED = ("stage_overhead_us", "call_overhead_us", "sm_pull_hidden")
+
+
+def _stages(r: dict) -> tuple:
+  return tuple(int(s) for s in r["stages"].strip("()").split(",") if s.strip())
+
+
+def fit_model(rows: list, figures: list) -> dict:
+  """The model's fitted figures (FITTED: planning/figures.py Figures) that leave the fewest rows off the loopback
+  by more than 10% (then the least worst |model / loopback - 1|) over FIT_GRID, with the settings tied with them,
+  each row's ratio with them (fit_ratio), and the count and worst before and after."""
+  def ratios(values):
+    fitted = dict(zip(FITTED, values))
+    return [OPS[r["op"]].pipelined_us(_stages(r), dataclasses.replace(f, **fitted)) / r["loopback_us"]
+            for r, f in zip(rows, figures)]
+  def score(values):
+    x = ratios(values)
+    return sum(abs(v - 1) > 0.10 for v in x), round(max(abs(v - 1) for v in x), 4)
+  scored = sorted((score(v), tuple(round(float(p), 2) for p in v)) for v in itertools.product(*FIT_GRID))
+  (off, worst), best = scored[0]
+  for r, x in zip(rows, ratios(best)):
     r["fit_ratio"] = x
-  return {"stage_overhead_us": float(stage), "call_overhead_us": float(call),
-          "worst_before": max(abs(r["model_ratio"] - 1) for r in rows), "worst_after": max(abs(x - 1) for x in fitted)}
+  before = [r["model_ratio"] for r in rows]
+  return dict(zip(FITTED, best), rows_off_before=sum(abs(x - 1) > 0.10 for x in before),
+              worst_before=max(abs(x - 1) for x in before), rows_off_after=off, worst_after=worst,
+              tied=[dict(zip(FITTED, v)) for (o, _), v in scored if o == off])
+
+
+def _recorded(paths: list) -> tuple:
+  """The rows of recorded sweeps and the figures their model was given (on the SMs where a file's device is an
+  NVIDIA GPU and its figures predate the field: loopback's copies within one GPU)."""
+  rows, figs = [], []
+  for path in paths:
+    with open(path) as fh:
+      recorded = json.load(fh)
+    nvidia = recorded["meta"]["device"].startswith("NVIDIA")
+    for r in recorded["rows"]:
+      if "op" not in r:
+        continue
+      f = dict(r["figures"])
+      f.update({k: tuple(f[k]) for k in ("gemm_us", "stage_gemm_us") if f[k] is not None})
+      f.setdefault("publish_on_sms", nvidia)
+      f.setdefault("pulls_on_sms", nvidia)
+      figs.append(planning.figures.Figures(**{k: v for k, v in f.items() if k not in FITTED}))
+      rows.append(r)
+  return rows, figs
+
+
+def _print_fit(fit: dict) -> None:
+  print(f"fitted: stage {fit['stage_overhead_us']:.1f} us, call {fit['call_overhead_us']:.1f} us, pulls on the SMs "
+        f"hidden {fit['sm_pull_hidden']:.1f}: rows off by > 10% {fit['rows_off_before']} -> {fit['rows_off_after']}, "
+        f"worst |model/loopback - 1| {fit['worst_before']:.3f} -> {fit['worst_after']:.3f}; "
+        f"{len(fit['tied'])} settings leave as few rows off")
 
 
 def main(argv=None) -> None:
@@ -181,7 +221,17 @@ def main(argv=None) -> None:
                   help="GEMMs back to back before each timing (ms; 0: none)")
   ap.add_argument("--x-scale-shared", action="store_true",
                   help="float8 ag_matmul rows with one x scale on every rank (a stage's shards in one GEMM)")
+  ap.add_argument("--fit", nargs="+", metavar="JSON",
+                  help="no GPU: fit the model's fixed figures to the rows of these recorded sweeps, print them")
   args = ap.parse_args(argv)
+  if args.fit:
+    rows, figs = _recorded(args.fit)
+    fit = fit_model(rows, figs)
+    now = [OPS[r["op"]].pipelined_us(_stages(r), f) / r["loopback_us"] for r, f in zip(rows, figs)]
+    print(f"{len(rows)} rows; the model as it is: {sum(abs(x - 1) > 0.10 for x in now)} off by > 10%, worst "
+          f"{max(abs(x - 1) for x in now):.3f}")
+    _print_fit(fit)
+    return
   work = [(op, dtype, world, m) for m in sorted(args.rows) for world in args.worlds for op in args.ops
           for dtype in args.dtypes]
   command, rows, figures, t0 = "python " + " ".join(sys.argv), [], [], time.monotonic()
@@ -195,7 +245,7 @@ def main(argv=None) -> None:
     figures.append(f)
     path = _harness.write_results("model_sweep", rows, args.out, command, plotted=lambda r: False,
                                   meta={"sustained_ms": args.sustained_ms})
-  fit = fit_overheads(rows, figures) if rows else {}
+  fit = fit_model(rows, figures) if rows else {}
   path = _harness.write_results("model_sweep", rows + ([dict(table="fit", **fit)] if fit else []), args.out,
                                 command, plotted=lambda r: False, meta={"sustained_ms": args.sustained_ms})
   cols = ["op", "dtype", "world", "m", "stages", "model_us", "loopback_us", "model_ratio", "fit_ratio", "host_ratio", "gemm_us",
@@ -205,8 +255,7 @@ def main(argv=None) -> None:
     wrong = [r for r in rows if r["auto_wrong"]]
     off = [r for r in rows if abs(r["model_ratio"] - 1) > 0.10]
     low = [r for r in rows if r["m"] >= 2048 and r["vs_gemm"] < (0.93 if r["dtype"] == "bfloat16" else 0.90)]
-    print(f"fitted overheads: stage {fit['stage_overhead_us']:.1f} us, call {fit['call_overhead_us']:.1f} us; worst "
-          f"|model/loopback - 1| {fit['worst_before']:.3f} -> {fit['worst_after']:.3f} with them")
+    _print_fit(fit)
     print(f"rows: {len(rows)} of {len(work)}; model off by > 10%: {len(off)}; auto slower than XLA's path: "
           f"{len(wrong)}; below the vs_gemm target at M >= 2048: {len(low)}")
     print("chunking loss by T (median over M >= 2048): " + ", ".join(

@@ -96,7 +96,7 @@ def test_ag_matmul_copies_on_the_sms_take_the_gemms_time():
   assert overlapped == pytest.approx(max(100.0, 2.0 + 2 * 100.0) + pp.STAGE_OVERHEAD_US + 190.0 + pp.CALL_OVERHEAD_US)
   # Pulls on the SMs too: each stage's pulls before its GEMM, less the share the last waves hide.
   serial = ag_matmul.pipelined_us((1, 2), dataclasses.replace(f, publish_on_sms=True, pulls_on_sms=True))
-  want = 2.0 + 100.0 + (1 - pp.SM_PULL_HIDDEN) * 2 * 100.0 + pp.STAGE_OVERHEAD_US + 190.0 + pp.CALL_OVERHEAD_US
+  want = 2.0 + 100.0 + (1 - f.sm_pull_hidden) * 2 * 100.0 + pp.STAGE_OVERHEAD_US + 190.0 + pp.CALL_OVERHEAD_US
   assert serial == pytest.approx(want)
 
 
@@ -104,7 +104,7 @@ def test_matmul_rs_pulls_on_the_sms_follow_its_gemms():
   f = Figures(gemm_us=(100.0, 190.0, 280.0), chunk_bytes=3_000_000, link_bytes_per_us=30_000.0,
               local_bytes_per_us=1_500_000.0, reduce_us=7.0, pulls_on_sms=True)
   gemms = 3 * (pp.STAGE_OVERHEAD_US + 100.0)
-  want = gemms + (1 - pp.SM_PULL_HIDDEN) * 2 * 100.0 + 7.0 + pp.CALL_OVERHEAD_US
+  want = gemms + (1 - f.sm_pull_hidden) * 2 * 100.0 + 7.0 + pp.CALL_OVERHEAD_US
   assert matmul_rs.pipelined_us((1, 1, 1), f) == pytest.approx(want)
   assert matmul_rs.pipelined_us((1, 1, 1), dataclasses.replace(f, pulls_on_sms=False)) < want
 

@@ -320,7 +320,7 @@ def pipelined_us(stages: tuple, f) -> float:
   position = stages[0]
   for size in stages[1:]:
     if f.pulls_on_sms:
-      end += (1 - pipelined.SM_PULL_HIDDEN) * size * pull
+      end += (1 - f.sm_pull_hidden) * size * pull
     else:
       end = max(end, publish + (position + size - 1) * pull)
     end += f.stage_overhead_us + pipelined.gemm_us(f, size)

@@ -338,7 +338,7 @@ def pipelined_us(stages: tuple, f) -> float:
     ready += [t] * size
   pull, pulled = f.chunk_bytes / f.link_bytes_per_us, 0.0
   if f.pulls_on_sms:
-    pulled = t + (1 - pipelined.SM_PULL_HIDDEN) * (world - 1) * pull
+    pulled = t + (1 - f.sm_pull_hidden) * (world - 1) * pull
   else:
     for i in range(1, world):
       pulled = max(pulled, ready[i - 1] + f.stage_overhead_us) + pull

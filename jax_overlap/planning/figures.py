@@ -55,9 +55,11 @@ class Figures:
   # (a float8 call that gathers x: one GEMM per shard, each with its rank's scale); None: gemm_us.
   stage_gemm_us: tuple | None = None
   # The schedule's fixed costs (planning/pipelined.py): a stage's wait and launch, a call's fork, join and trailing
-  # kernel. benchmarks/bench_model_sweep.py fits them to loopback runs.
+  # kernel; and the share of a pull on the SMs the GEMMs hide. benchmarks/bench_model_sweep.py fits them to loopback
+  # runs.
   stage_overhead_us: float = pipelined.STAGE_OVERHEAD_US
   call_overhead_us: float = pipelined.CALL_OVERHEAD_US
+  sm_pull_hidden: float = pipelined.SM_PULL_HIDDEN
   # Whether the copy of x into its published slot (within this GPU) and the pulls run on the SMs
   # (workspace.copies_on_sms), where they take the GEMMs' SMs instead of overlapping with the GEMMs.
   publish_on_sms: bool = False
