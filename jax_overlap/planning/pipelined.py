@@ -18,9 +18,10 @@ import itertools
 # A stage's wait on its data and its launch on a side stream (event wait, GEMM
 # launch gap), a call's fork, join and trailing kernel, and the share of a pull
 # on the SMs (Figures.pulls_on_sms) that the GEMMs' last waves hide: the figures'
-# defaults (figures.Figures), fitted on the H200 to loopback rows of
-# benchmarks/bench_model_sweep.py (its --fit: the fewest rows off by more than
-# 10%). Loopback has no flag waits, which a stage across GPUs adds.
+# defaults (figures.Figures): among the settings bench_model_sweep.py --fit finds
+# leaving the fewest loopback rows off by more than 10% on the H200 (11 of 144 at
+# M = 128 to 4096, none at M >= 1024: docs/performance.md). Loopback has no flag
+# waits, which a stage across GPUs adds.
 STAGE_OVERHEAD_US = 0.5
 CALL_OVERHEAD_US = 3.0
 SM_PULL_HIDDEN = 0.5
