@@ -256,8 +256,8 @@ def _setup(workspace_bytes: int) -> None:
   _measure_copies()
   state.active = True
   log.debug("jax_overlap: workspace of %d bytes on %d GPU(s); %d peer(s) reachable; peer link %.0f GB/s, local copy "
-            "%.0f GB/s", workspace_bytes, len(state.devices), len(state.reachable),
-            (state.link_bytes_per_us or 0) / 1e3, (state.local_bytes_per_us or 0) / 1e3)
+            "%.0f GB/s; on the SMs (publish, pulls): %s", workspace_bytes, len(state.devices), len(state.reachable),
+            (state.link_bytes_per_us or 0) / 1e3, (state.local_bytes_per_us or 0) / 1e3, state.copies_on_sms)
 
 
 def _choose_copy_paths() -> None:
