@@ -39,7 +39,8 @@ step runs at (0: none, the GPU as the previous timing left it):
                 against the row without the GPU
 Last, the model's fixed figures fitted to every row (planning/figures.py Figures: stage_overhead_us,
 call_overhead_us, sm_pull_hidden; a grid search for the fewest rows off by more than 10%), and each row's ratio
-with them (fit_ratio). --fit FILE ... fits them to recorded sweeps instead, without a GPU. Results: DIR/model_sweep_<date>.json (with date, device, commit, command); the tables print last.
+with them (fit_ratio). --fit FILE ... fits them to recorded sweeps instead, without a GPU.
+Results: DIR/model_sweep_<date>.json (with date, device, commit, command); the tables print last.
 """
 
 from __future__ import annotations
@@ -171,14 +172,15 @@ def fit_model(rows: list, figures: list) -> dict:
             for r, f in zip(rows, figures)]
   def score(values):
     x = ratios(values)
-    return sum(abs(v - 1) > 0.10 for v in x), round(max(abs(v - 1) for v in x), 4)
-  scored = sorted((score(v), tuple(round(float(p), 2) for p in v)) for v in itertools.product(*FIT_GRID))
+    return int(sum(abs(v - 1) > 0.10 for v in x)), round(float(max(abs(v - 1) for v in x)), 4)
+  grid = [tuple(round(float(p), 2) for p in v) for v in itertools.product(*FIT_GRID)]
+  scored = sorted((score(v), v) for v in grid)
   (off, worst), best = scored[0]
   for r, x in zip(rows, ratios(best)):
     r["fit_ratio"] = x
   before = [r["model_ratio"] for r in rows]
-  return dict(zip(FITTED, best), rows_off_before=sum(abs(x - 1) > 0.10 for x in before),
-              worst_before=max(abs(x - 1) for x in before), rows_off_after=off, worst_after=worst,
+  return dict(zip(FITTED, best), rows_off_before=int(sum(abs(x - 1) > 0.10 for x in before)),
+              worst_before=float(max(abs(x - 1) for x in before)), rows_off_after=off, worst_after=worst,
               tied=[dict(zip(FITTED, v)) for (o, _), v in scored if o == off])
 
 
@@ -248,8 +250,8 @@ def main(argv=None) -> None:
   fit = fit_model(rows, figures) if rows else {}
   path = _harness.write_results("model_sweep", rows + ([dict(table="fit", **fit)] if fit else []), args.out,
                                 command, plotted=lambda r: False, meta={"sustained_ms": args.sustained_ms})
-  cols = ["op", "dtype", "world", "m", "stages", "model_us", "loopback_us", "model_ratio", "fit_ratio", "host_ratio", "gemm_us",
-          "vs_gemm", "vs_gemm_synced", "chunking_loss", "xla_path_us", "auto", "auto_wrong", "residual_us", "moved_mb"]
+  cols = ["op", "dtype", "world", "m", "stages", "model_us", "loopback_us", "model_ratio", "fit_ratio", "host_ratio",
+          "gemm_us", "vs_gemm", "vs_gemm_synced", "chunking_loss", "xla_path_us", "auto", "auto_wrong", "residual_us", "moved_mb"]
   _harness.print_table(rows, cols)
   if fit:
     wrong = [r for r in rows if r["auto_wrong"]]

@@ -39,6 +39,7 @@ def test_the_fit_finds_the_figures_the_rows_were_made_with():
   assert {k: fit[k] for k in sweep.FITTED} == pytest.approx(truth)
   assert fit["rows_off_after"] == 0 and fit["worst_after"] == pytest.approx(0.0, abs=1e-9)
   assert all(r["fit_ratio"] == pytest.approx(1.0) for r in rows)
+  json.dumps(dict(table="fit", **fit))  # the sweep writes it with its rows
 
 
 def test_recorded_rows_take_their_figures_and_where_their_copies_ran(tmp_path):
