@@ -28,7 +28,8 @@ import threading
 
 import jax
 
-from jax_overlap.planning import Choice, Declined, Problem, decide
+from jax_overlap.planning.decision import decide
+from jax_overlap.planning.problem import Choice, Declined, Problem
 from jax_overlap.runtime import processes, settings, workspace
 from jax_overlap.runtime.errors import SetupError, WorkspaceFullError
 
