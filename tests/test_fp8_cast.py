@@ -18,6 +18,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_overlap
+from jax_overlap.integration import fp8_lowering
 from jax_overlap.ops import fp8_cast, fp8_scales
 from jax_overlap.quantization import numerics
 from jax_overlap.runtime import native
@@ -277,7 +278,7 @@ def test_transposing_variants_rule_is_the_kernels():
   nat = native.module()
   for rows in (16, 24, 32, 48, 128, 130, 8192, 128 * 65535, 128 * 65535 + 16):
     for cols in (8, 12, 40, 128, 3584, 3588):
-      python = fp8_cast._transposed_declined((rows, cols), 1)
+      python = fp8_lowering.transposed_declined((rows, cols), 1)
       assert (python is None) == (nat.transposed_cast_declined(rows, cols) is None), (rows, cols, python)
 
 

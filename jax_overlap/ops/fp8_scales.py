@@ -4,7 +4,7 @@ casts with and a float32 zero its cast's amax starts from.
 The scale is Flax's (fp8_ops.update_fp8_meta's new scale: compute_scale of the amax history's max and the previous
 scale), known before the step's amax. Its value is XLA's form of that rule, and jnp.zeros. On "cuda"/"rocm" it
 lowers to the project's kernel (csrc/kernels/fp8_scales.cu: one launch for every operand of a step) where the
-casts take theirs (ops/fp8_cast.py's conditions): a step's state then costs one launch before its casts, whose
+casts take theirs (integration/fp8_lowering.py): a step's state then costs one launch before its casts, whose
 amaxes accumulate from its zeros (cast_with_amax's amax_from), in place of XLA's reduction, its division and a
 memset per cast. The kernel divides as XLA's GPU code does, so the two agree bit for bit
 (tests/gpu/test_fp8_scales_kernel.py) and the path a process takes never changes the state.
@@ -16,19 +16,14 @@ import logging
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.extend import core as jex_core
 from jax.interpreters import mlir
 
 from jax_overlap import _compat
-from jax_overlap.integration import primitives
-from jax_overlap.ops import fp8_cast
+from jax_overlap.integration import fp8_lowering, primitives
 from jax_overlap.quantization import formats
-from jax_overlap.runtime import backend
 
 log = logging.getLogger("jax_overlap")
-
-MAX_KERNEL_OPERANDS = 4  # the kernel's operands per launch (csrc/kernels/fp8_scales.h, kMaxStepScales)
 
 primitive = jex_core.Primitive("jax_overlap_fp8_step_scales")
 primitive.multiple_results = True
@@ -83,17 +78,6 @@ def _reference_lowering(ctx, *operands, dtypes, algorithm):
   return mlir.lower_fun(lambda *a: _reference(*a, dtypes=dtypes), multiple_results=True)(ctx, *operands)
 
 
-def _gpu_lowering(ctx, *operands, dtypes, algorithm):
-  why = fp8_cast.kernel_declined(ctx, dtypes, algorithm)
-  if why is None and len(dtypes) > MAX_KERNEL_OPERANDS:
-    why = f"{len(dtypes)} operands; the kernel takes at most {MAX_KERNEL_OPERANDS}"
-  if why is not None:
-    log.debug("jax_overlap.fp8_scales: XLA's step scales (%s)", why)
-    return _reference_lowering(ctx, *operands, dtypes=dtypes, algorithm=algorithm)
-  fp8_max = np.array([float(jnp.finfo(jnp.dtype(d)).max) for d in dtypes], np.float32)
-  return jax.ffi.ffi_lowering(backend.current().target("fp8_step_scales"))(ctx, *operands, fp8_max=fp8_max)
-
-
 def _batch_rule(args, dims, *, dtypes, algorithm):
   """A state per batch element: XLA's form, vmapped."""
   del algorithm
@@ -105,4 +89,4 @@ def _batch_rule(args, dims, *, dtypes, algorithm):
 def register() -> None:
   primitives.register_rules(primitive, _abstract_eval, _batch_rule,
                             primitives.untyped_lowering(_reference_lowering),
-                            primitives.untyped_lowering(_gpu_lowering))
+                            primitives.untyped_lowering(fp8_lowering.step_scales_lowering(_reference_lowering)))
