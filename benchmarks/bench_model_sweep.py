@@ -168,7 +168,7 @@ def fit_model(rows: list, figures: list) -> dict:
   each row's ratio with them (fit_ratio), and the count and worst before and after."""
   def ratios(values):
     fitted = dict(zip(FITTED, values))
-    return [OPS[r["op"]].pipelined_us(_stages(r), dataclasses.replace(f, **fitted)) / r["loopback_us"]
+    return [OPS[r["op"]].planning.pipelined_us(_stages(r), dataclasses.replace(f, **fitted)) / r["loopback_us"]
             for r, f in zip(rows, figures)]
   def score(values):
     x = ratios(values)
@@ -229,7 +229,7 @@ def main(argv=None) -> None:
   if args.fit:
     rows, figs = _recorded(args.fit)
     fit = fit_model(rows, figs)
-    now = [OPS[r["op"]].pipelined_us(_stages(r), f) / r["loopback_us"] for r, f in zip(rows, figs)]
+    now = [OPS[r["op"]].planning.pipelined_us(_stages(r), f) / r["loopback_us"] for r, f in zip(rows, figs)]
     print(f"{len(rows)} rows; the model as it is: {sum(abs(x - 1) > 0.10 for x in now)} off by > 10%, worst "
           f"{max(abs(x - 1) for x in now):.3f}")
     _print_fit(fit)

@@ -86,7 +86,7 @@ def schedule(op: str, world: int, m_total: int, n: int, k: int, every_plan: bool
   ptr = lambda a: a.unsafe_buffer_pointer() if a is not None else 0
   base = dict(dtype="bfloat16", x=ptr(x), w=ptr(w), bias=0, out=ptr(out), gathered=ptr(gathered),
               scratch=ptr(scratch), batch=1, m=m, k=k, n=n, w_kmajor=False)
-  chunk = spec.chunk_rows(m, world)
+  chunk = spec.planning.chunk_rows(m, world)
   models = {}
   for ms in WARMUPS_MS:
     warm = nat.time_gemms(0, "bfloat16", [chunk * s for s in range(1, world + 1)], n, k, warmup_ms=ms)
@@ -110,7 +110,7 @@ def schedule(op: str, world: int, m_total: int, n: int, k: int, every_plan: bool
     row.update(reduce_us=reduce, reduce_tb_s=(world + 1) * chunk * n * 2 / reduce / 1e6)
   rows = [row]
   if every_plan:
-    plans = spec.stage_candidates(world)
+    plans = spec.planning.stage_candidates(world)
     times, gemms = {p: [] for p in plans}, []
     for _ in range(ROUNDS):  # the reference GEMM again in each round: the clocks drift between the tables
       gemms.append(nat.time_gemms(0, "bfloat16", [m_total], n, k)[0])

@@ -33,7 +33,6 @@ import logging
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
@@ -164,12 +163,12 @@ def _check_gpu_dtype(op_name: str, algorithm: str, x, w) -> None:
                      f"or 'xla' (the XLA path serves every float8 format)")
 
 
-def _check_operands(op_name: str, x, w, bias, w_kmajor):
-  """The op's output dims after its rows (ag_matmul: w's n; matmul_rs: N), or a TypeError / ValueError."""
-  _check_arrays(op_name, x, w, bias)
+def _check_operands(op, x, w, bias, w_kmajor) -> tuple:
+  """The op's output shape, or a TypeError / ValueError."""
+  _check_arrays(op.name, x, w, bias)
   if not isinstance(w_kmajor, (bool, np.bool_)):
-    raise TypeError(f"jax_overlap.{op_name}: w_kmajor must be a bool, got {w_kmajor!r}")
-  return OPS[op_name].check_operands(x, w, bias, bool(w_kmajor))
+    raise TypeError(f"jax_overlap.{op.name}: w_kmajor must be a bool, got {w_kmajor!r}")
+  return op.arguments.check_operands(x, w, bias, bool(w_kmajor))
 
 
 _LOCAL_SHAPES = " (inside jax.shard_map the shapes are each rank's local blocks, not the global arrays')"
@@ -187,15 +186,14 @@ def _local_shapes(axis_name):
     raise ValueError(f"{e}{_LOCAL_SHAPES}") from None
 
 
-def _check_axis(op: str, name: str, value, ndim: int, last: int) -> int:
-  """A dim index in [-ndim, last] (negative) or its non-negative equivalent, as a negative index."""
+def _check_axis(op: str, name: str, value, ndim: int, last: int, of: str) -> int:
+  """A dim index in [-ndim, last] (negative) or its non-negative equivalent, as a negative index, of `of`'s dims."""
   valid = f"an int in [{-ndim}, {last}] or [0, {ndim + last}]"
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
     raise TypeError(f"jax_overlap.{op}: {name} must be {valid}, got {value!r}")
   index = int(value) - ndim if value >= 0 else int(value)
   if not -ndim <= index <= last:
-    raise ValueError(f"jax_overlap.{op}: {name} must be {valid} for this call's {ndim}-dim "
-                     f"{'x' if name == 'gather_axis' else 'output'}, got {value}")
+    raise ValueError(f"jax_overlap.{op}: {name} must be {valid} for this call's {ndim}-dim {of}, got {value}")
   return index
 
 
@@ -271,7 +269,7 @@ def _forward(x, w, bias, scales, call: Call) -> tuple:
   else:
     results = op.on_shards(x, w, bias, scales, axes=call.axes, size=call.size, algorithm=call.algorithm,
                            w_kmajor=call.w_kmajor, out_dtype=call.out_dtype, axis=call.axis)
-  return tuple(results) if op.primitive.multiple_results else (results,)
+  return tuple(results) if op.results.multiple else (results,)
 
 
 def _taken(results: tuple, call: Call):
@@ -293,12 +291,12 @@ def _differentiable_fwd(x, w, bias, scales, call: Call):
                     f"JAX's own derivative of the plain ops")
   results = _forward(x, w, bias, scales, call)
   layouts = tuple(autodiff.layout(v, call.axes) for v in (x, w, bias))
-  return _taken(results, call), (OPS[call.op].residual(x, results), w, bias, layouts)
+  return _taken(results, call), (OPS[call.op].backward.residual(x, results), w, bias, layouts)
 
 
 def _differentiable_bwd(call: Call, residuals, cotangents):
   cotangents = cotangents if call.outputs > 1 else (cotangents,)
-  return (*OPS[call.op].backward(call, residuals, cotangents, _differentiable), None)
+  return (*OPS[call.op].backward.grads(call, residuals, cotangents, _differentiable), None)
 
 
 _differentiable.defvjp(_differentiable_fwd, _differentiable_bwd)
@@ -327,15 +325,50 @@ def _reverse_mode(x, w, bias, scales, call: Call):
     raise TypeError(message) from e
 
 
-def _empty_result(shape, dtype, bias, axes):
-  """The value of a call with an empty dimension: the bias (or zeros) in the output's shape."""
-  out = jnp.zeros(shape, dtype)
-  if bias is not None:
-    out = out + bias.astype(dtype)
-  return out if axes is None else _compat.make_varying(out, axes)
-
-
 # --- the public functions ------------------------------------------------------------
+
+def _drive(op, x, w, bias, *, x_scale, w_scale, out_dtype, fast_accumulation, w_kmajor, axis_name, algorithm,
+           dim, every_result: bool, out_sharding):
+  """A public op's call, every step but reading its own arguments: `dim` is the op's dim argument
+  (op.arguments.dim). Returns its first result, or with every_result a tuple of all."""
+  name, arguments = op.name, op.arguments
+  _check_algorithm(name, algorithm)
+  with _local_shapes(axis_name):
+    out_shape = _check_operands(op, x, w, bias, w_kmajor)
+    scales, out_name = _check_dtypes(name, x, w, bias, x_scale, w_scale, out_dtype, w_kmajor, fast_accumulation)
+  _check_gpu_dtype(name, algorithm, x, w)
+  outputs = len(op.results.of_call(scales is not None)) if every_result else 1
+  if dim is not None or not arguments.dim_optional:
+    of = "x" if arguments.dim_of_x else "output"
+    dim = _check_axis(name, arguments.dim, dim, x.ndim if arguments.dim_of_x else len(out_shape),
+                      arguments.dim_last, of)
+  _check_out_sharding(name, out_sharding, out_shape, axis_name)
+  if axis_name is None:
+    request = None if out_sharding is None else tuple(spec_of(out_sharding, len(out_shape)))
+    call = Call(name, None, 1, algorithm, dim, request, w_kmajor=bool(w_kmajor), outputs=outputs,
+                out_dtype=out_name)
+    if op.results.gathers:
+      scales = _shared_x_scale(scales, None, x)
+  else:
+    axes, size = _group(name, axis_name)
+    with _local_shapes(axis_name):
+      dim, out_shape = arguments.grouped(dim, x, out_shape, size, axis_name)
+    call = Call(name, axes, size, algorithm, dim, w_kmajor=bool(w_kmajor), outputs=outputs, out_dtype=out_name)
+    if op.results.gathers:
+      scales = _shared_x_scale(scales, axes, x)
+    x, w, bias, scales = _varying_operands(axes, x, w, bias, scales)
+  if 0 in x.shape or 0 in w.shape:
+    results = arguments.empty(x, w, bias, scales, call, out_shape)
+  elif algorithm == "xla" or op.xla.required(call):
+    results = op.xla.plain(x, w, bias, scales, call)
+    results = tuple(results) if op.results.multiple else (results,)
+  else:
+    taken = _reverse_mode(x, w, bias, scales, call)
+    results = taken if outputs > 1 else (taken,)
+  results = (_constrain(results[0], out_sharding), *results[1:outputs])
+  tagged = tuple(remat.tag(v, tag) for v, tag in zip(results, op.results.tags))
+  return tagged[0] if outputs == 1 else tagged
+
 
 _FP8_ARGS = """
   Float8 operands (x and w both float8: float8_e4m3fn or float8_e5m2 where the GPU has OCP fp8, sm_89+ and
@@ -415,60 +448,12 @@ def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
                       in_specs=(P("tp", None), P(None, "tp")), out_specs=P(None, "tp"))
     y = jax.jit(f)(x, w)   # x [M, K], w [K, N] global; y [M, N], its columns on "tp"
   """
-  _check_algorithm("ag_matmul", algorithm)
-  with _local_shapes(axis_name):
-    n = _check_operands("ag_matmul", x, w, bias, w_kmajor)
-    scales, out_name = _check_dtypes("ag_matmul", x, w, bias, x_scale, w_scale, out_dtype, w_kmajor,
-                                     fast_accumulation)
-  _check_gpu_dtype("ag_matmul", algorithm, x, w)
-  gather = _check_axis("ag_matmul", "gather_axis", gather_axis, x.ndim, -2)
-  _check_out_sharding("ag_matmul", out_sharding, (*x.shape[:-1], *n), axis_name)
-  outputs = (2 if scales is None else 3) if return_gathered else 1
-  if axis_name is None:
-    scales = _shared_x_scale(scales, None, x)
-    call = Call("ag_matmul", None, 1, algorithm, gather, w_kmajor=bool(w_kmajor), outputs=outputs,
-                out_dtype=out_name)
-  else:
-    axes, size = _group("ag_matmul", axis_name)
-    scales = _shared_x_scale(scales, axes, x)
-    x, w, bias, scales = _varying_operands(axes, x, w, bias, scales)
-    call = Call("ag_matmul", axes, size, algorithm, gather, w_kmajor=bool(w_kmajor), outputs=outputs,
-                out_dtype=out_name)
-  if 0 in x.shape or 0 in w.shape:
-    results = _ag_empty(x, w, bias, scales, call, n)
-  elif algorithm == "xla":
-    results = OPS["ag_matmul"].plain(x, w, bias, scales, call)
-  else:
-    taken = _reverse_mode(x, w, bias, scales, call)
-    results = taken if return_gathered else (taken,)
-  y = remat.tag(_constrain(results[0], out_sharding), remat.AG_OUTPUT)
-  if not return_gathered:
-    return y
-  names = (remat.AG_GATHERED, remat.AG_GATHERED_SCALES)
-  return (y, *(remat.tag(v, name) for v, name in zip(results[1:outputs], names)))
+  return _drive(OPS["ag_matmul"], x, w, bias, x_scale=x_scale, w_scale=w_scale, out_dtype=out_dtype,
+                fast_accumulation=fast_accumulation, w_kmajor=w_kmajor, axis_name=axis_name, algorithm=algorithm,
+                dim=gather_axis, every_result=return_gathered, out_sharding=out_sharding)
 
 
 ag_matmul.__doc__ += _FP8_ARGS
-
-
-def _ag_empty(x, w, bias, scales, call: Call, n: tuple) -> tuple:
-  """Nothing to multiply (collectives of empty arrays do not lower): the bias, x gathered (and its scales)."""
-  gathered_shape = list(x.shape)
-  gathered_shape[call.axis] *= call.size
-  y = _empty_result((*gathered_shape[:-1], *n), call.out_dtype, bias, call.axes)
-  if scales is None:
-    x_scales = ()
-  elif call.axes is None:
-    x_scales = (scales.scaling.of_whole_x(scales.x),)
-  else:
-    x_scales = (scales.scaling.gather(scales.x, call.axes, call.axis),)
-  if 0 in x.shape:
-    gathered = jnp.zeros(gathered_shape, x.dtype)
-  elif call.axes is None:
-    gathered = x
-  else:
-    gathered = lax.all_gather(x, call.axes, axis=x.ndim + call.axis, tiled=True)
-  return (y, gathered, *x_scales)
 
 
 def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fast_accumulation: bool = False,
@@ -514,38 +499,9 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
                       in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None))
     z = jax.jit(f)(h, w)   # h [M, F], w [F, N] global; z [M, N], its rows on "tp"
   """
-  _check_algorithm("matmul_rs", algorithm)
-  with _local_shapes(axis_name):
-    n = _check_operands("matmul_rs", x, w, bias, w_kmajor)
-    scales, out_name = _check_dtypes("matmul_rs", x, w, bias, x_scale, w_scale, out_dtype, w_kmajor,
-                                     fast_accumulation)
-  _check_gpu_dtype("matmul_rs", algorithm, x, w)
-  out_shape = [*x.shape[:x.ndim - (w.ndim - 1)], n]
-  scatter = None if scatter_axis is None else _check_axis("matmul_rs", "scatter_axis", scatter_axis,
-                                                          len(out_shape), -1)
-  _check_out_sharding("matmul_rs", out_sharding, tuple(out_shape), axis_name)
-  if axis_name is None:
-    request = None if out_sharding is None else tuple(spec_of(out_sharding, len(out_shape)))
-    call = Call("matmul_rs", None, 1, algorithm, scatter, request, w_kmajor=bool(w_kmajor), out_dtype=out_name)
-  else:
-    axes, size = _group("matmul_rs", axis_name)
-    scatter = -2 if scatter is None else scatter
-    if out_shape[scatter] % size:
-      what = "x's rows" if scatter == -2 else f"the output's dim {scatter}"
-      raise ValueError(f"jax_overlap.matmul_rs: {what} ({out_shape[scatter]}) must be divisible by the size of "
-                       f"axis {axis_name!r} ({size}){_LOCAL_SHAPES}")
-    out_shape[scatter] //= size
-    x, w, bias, scales = _varying_operands(axes, x, w, bias, scales)
-    call = Call("matmul_rs", axes, size, algorithm, scatter, w_kmajor=bool(w_kmajor), out_dtype=out_name)
-  if 0 in x.shape or 0 in w.shape:
-    if call.axes is not None and scatter == -1 and bias is not None:
-      bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(call.axes) * out_shape[-1], out_shape[-1])
-    z = _empty_result(out_shape, out_name, bias, call.axes)
-  elif algorithm == "xla" or (call.axes is not None and scatter == -1):  # the columns: the XLA path, as JAX ops
-    z = OPS["matmul_rs"].plain(x, w, bias, scales, call)
-  else:
-    z = _reverse_mode(x, w, bias, scales, call)
-  return remat.tag(_constrain(z, out_sharding), remat.RS_OUTPUT)
+  return _drive(OPS["matmul_rs"], x, w, bias, x_scale=x_scale, w_scale=w_scale, out_dtype=out_dtype,
+                fast_accumulation=fast_accumulation, w_kmajor=w_kmajor, axis_name=axis_name, algorithm=algorithm,
+                dim=scatter_axis, every_result=False, out_sharding=out_sharding)
 
 
 matmul_rs.__doc__ += _FP8_ARGS

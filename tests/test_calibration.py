@@ -42,7 +42,7 @@ def timings(monkeypatch):
 
 
 def test_matmul_rs_figures_carry_its_measured_reduction(timings):
-  f = figures.measure(matmul_rs, "bfloat16", 4096, 512, 256, 4, False)
+  f = figures.measure(matmul_rs.OP, "bfloat16", 4096, 512, 256, 4, False)
   assert timings.reductions == [("bfloat16", 4, 1024, 256)]  # world blocks of rows / world rows each
   assert f.reduce_us == 42.0
   assert f.gemm_us == (1024.0, 2048.0, 3072.0, 4096.0)
@@ -50,15 +50,15 @@ def test_matmul_rs_figures_carry_its_measured_reduction(timings):
 
 
 def test_ag_matmul_figures_have_no_reduction(timings):
-  f = figures.measure(ag_matmul, "bfloat16", 1024, 512, 256, 4, False)
+  f = figures.measure(ag_matmul.OP, "bfloat16", 1024, 512, 256, 4, False)
   assert f.reduce_us is None and timings.reductions == []
   assert f.gemm_us == (1024.0, 2048.0, 3072.0, 4096.0) and f.chunk_bytes == 1024 * 512 * 2
 
 
 def test_each_shape_is_measured_once(timings):
   for _ in range(3):
-    figures.measure(matmul_rs, "bfloat16", 4096, 512, 256, 4, False)
-  figures.measure(matmul_rs, "bfloat16", 4096, 512, 256, 2, False)
+    figures.measure(matmul_rs.OP, "bfloat16", 4096, 512, 256, 4, False)
+  figures.measure(matmul_rs.OP, "bfloat16", 4096, 512, 256, 2, False)
   assert timings.gemms == [(1024, 2048, 3072, 4096), (2048, 4096)] and len(timings.reductions) == 2
 
 
@@ -67,17 +67,17 @@ def test_a_failed_measurement_is_a_setup_error_and_is_not_tried_again(timings):
   timings.fail = True
   for _ in range(2):
     with pytest.raises(errors.SetupError, match=r"gemm/bfloat16/1024x4/256/512/0: time_gemms: out of memory"):
-      figures.measure(ag_matmul, "bfloat16", 1024, 512, 256, 4, False)
+      figures.measure(ag_matmul.OP, "bfloat16", 1024, 512, 256, 4, False)
   assert len(timings.gemms) == 1
 
 
 def test_figures_say_where_the_copies_run(timings):
   # Before initialize() chose the copy path: the copy engine's, across GPUs; on NVIDIA a copy within the GPU (the
   # publish) still runs on the SMs.
-  f = figures.measure(ag_matmul, "bfloat16", 1024, 512, 256, 4, False)
+  f = figures.measure(ag_matmul.OP, "bfloat16", 1024, 512, 256, 4, False)
   assert (f.publish_on_sms, f.pulls_on_sms) == (True, False)
   backend.current().state.copies_on_sms = (True, True)  # as initialize() records the kernel path
-  g = figures.measure(ag_matmul, "bfloat16", 1024, 512, 256, 4, False)
+  g = figures.measure(ag_matmul.OP, "bfloat16", 1024, 512, 256, 4, False)
   assert (g.publish_on_sms, g.pulls_on_sms) == (True, True)
 
 

@@ -49,7 +49,7 @@ def test_pipelined_takes_the_float8_formats_the_device_runs(fake, op, x, w, refu
 def test_a_device_without_float8_refuses_every_format(fake, monkeypatch):
   info = fake.device_info
   monkeypatch.setattr(fake, "device_info", lambda ordinal: dict(info(ordinal), arch="sm_80"))
-  why = planning.eligible(_problem("ag_matmul"), ag_matmul, "pipelined")
+  why = planning.eligible(_problem("ag_matmul"), ag_matmul.OP, "pipelined")
   assert why == ("float8_e4m3fn on this device (FakeNative GPU, sm_80): OCP float8 formats run on sm_89+ or "
                  "gfx950")
 
@@ -57,7 +57,7 @@ def test_a_device_without_float8_refuses_every_format(fake, monkeypatch):
 def test_ag_matmul_float8_figures(fake):
   """A float8 ag_matmul moves 1-byte shards and runs one GEMM per gathered shard: a stage of s shards takes s
   one-shard GEMMs, and so does the XLA path (one dot per shard and its scale), not the one GEMM over every row."""
-  f = figures.measure(ag_matmul, "float8_e4m3fn", 1024, 512, 256, 4, True, types=("float8_e5m2", "bfloat16"))
+  f = figures.measure(ag_matmul.OP, "float8_e4m3fn", 1024, 512, 256, 4, True, types=("float8_e5m2", "bfloat16"))
   assert fake.timed_gemms == [("float8_e4m3fn", "float8_e5m2", "bfloat16", True)]
   assert f.chunk_bytes == 1024 * 512 and f.reduce_us is None
   assert f.stage_gemm_us == tuple(s * f.gemm_us[0] for s in range(1, 5))
@@ -69,12 +69,12 @@ def test_ag_matmul_float8_figures(fake):
 def test_a_float8_ag_matmul_plan_takes_one_shard_per_stage(fake, world):
   """One GEMM per shard whatever the stages: the plan waits for no shard but its own, where the model alone would
   group the peers' shards to save stage overheads (and a 16-bit call, whose stage is one GEMM, still groups)."""
-  f = figures.measure(ag_matmul, "float8_e4m3fn", 1024, 512, 256, world, True, types=("float8_e4m3fn", "bfloat16"))
-  assert pipelined.plan(ag_matmul, world, f).stages == (1,) * world
+  f = figures.measure(ag_matmul.OP, "float8_e4m3fn", 1024, 512, 256, world, True, types=("float8_e4m3fn", "bfloat16"))
+  assert pipelined.plan(ag_matmul.OP, world, f).stages == (1,) * world
   assert min(ag_matmul.stage_candidates(world), key=lambda c: (ag_matmul.pipelined_us(c, f), len(c))) != (1,) * world
-  assert pipelined.plan(ag_matmul, world, f, (1, world - 1)).stages == (1, world - 1)  # a pinned plan stays
-  bf16 = figures.measure(ag_matmul, "bfloat16", 1024, 512, 256, world, True)
-  assert pipelined.plan(ag_matmul, world, bf16).stages != (1,) * world
+  assert pipelined.plan(ag_matmul.OP, world, f, (1, world - 1)).stages == (1, world - 1)  # a pinned plan stays
+  bf16 = figures.measure(ag_matmul.OP, "bfloat16", 1024, 512, 256, world, True)
+  assert pipelined.plan(ag_matmul.OP, world, bf16).stages != (1,) * world
 
 
 @pytest.mark.parametrize("world", [4, 8])
@@ -83,11 +83,11 @@ def test_a_shared_x_scale_lets_a_float8_ag_matmul_stage_take_several_shards(fake
   so does the XLA path: the figures and plans of a bf16 call, timed on the same float8 GEMMs (one figure)."""
   types = ("float8_e4m3fn", "bfloat16")
   shared = scaling.TENSOR.sharing_x(True)
-  f = figures.measure(ag_matmul, "float8_e4m3fn", 1024, 512, 256, world, True, types=types, scaling=shared)
+  f = figures.measure(ag_matmul.OP, "float8_e4m3fn", 1024, 512, 256, world, True, types=types, scaling=shared)
   assert f.stage_gemm_us is None
   assert pipelined.xla_us(world, f) == (world - 1) * f.chunk_bytes / f.link_bytes_per_us + f.gemm_us[-1]
-  assert pipelined.plan(ag_matmul, world, f).stages != (1,) * world
-  g = figures.measure(ag_matmul, "float8_e4m3fn", 1024, 512, 256, world, True, types=types, scaling=scaling.TENSOR)
+  assert pipelined.plan(ag_matmul.OP, world, f).stages != (1,) * world
+  g = figures.measure(ag_matmul.OP, "float8_e4m3fn", 1024, 512, 256, world, True, types=types, scaling=scaling.TENSOR)
   assert g.gemm_us == f.gemm_us and len(fake.timed_gemms) == 1  # the unshared call found the shared call's figure
   assert _problem("ag_matmul").x_scale_shared is False
   assert dataclasses.replace(_problem("ag_matmul"), scaling=shared).x_scale_shared is True
@@ -99,7 +99,7 @@ def test_matmul_rs_float8_figures(fake, out, itemsize):
   calls = []
   timed = fake.time_reduce
   fake.time_reduce = lambda *args: calls.append(args) or timed(*args)
-  f = figures.measure(matmul_rs, "float8_e4m3fn", 4096, 512, 1024, 4, True, types=("float8_e4m3fn", out))
+  f = figures.measure(matmul_rs.OP, "float8_e4m3fn", 4096, 512, 1024, 4, True, types=("float8_e4m3fn", out))
   assert calls == [(workspace.first_ordinal(), out, 4, 1024, 1024)]
   assert f.chunk_bytes == 1024 * 1024 * itemsize and f.stage_gemm_us is None
 

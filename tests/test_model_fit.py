@@ -25,8 +25,8 @@ def _rows(truth: dict) -> tuple:
       gemm = tuple(scale * 400.0 * s / world * (1.1 if s < world else 1.0) for s in range(1, world + 1))
       f = Figures(gemm, int(scale * (8 << 20)), 2e6, 2e6, reduce_us=scale * 9.0, publish_on_sms=True,
                   pulls_on_sms=True)
-      loopback = OPS[op].pipelined_us(stages, dataclasses.replace(f, **truth))
-      model = OPS[op].pipelined_us(stages, f)
+      loopback = OPS[op].planning.pipelined_us(stages, dataclasses.replace(f, **truth))
+      model = OPS[op].planning.pipelined_us(stages, f)
       rows.append(dict(op=op, stages=str(stages), loopback_us=loopback, model_ratio=model / loopback))
       figs.append(f)
   return rows, figs

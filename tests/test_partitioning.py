@@ -159,7 +159,7 @@ def test_ag_sharding_rule(has_bias, scaled, w_kmajor, w_ndim, expected):
   the gathered x's K dim is q, not k: it comes whole, whatever w's K is sharded on (tests/test_grads.py
   no_involuntary_rematerialization). A float8 call's gathered_scales are not among the partitioned results (x_scale
   is added after)."""
-  rule = partitioning.custom_partitioned(ag_matmul, 3, w_ndim, has_bias, scaling.TENSOR if scaled else None,
+  rule = partitioning.custom_partitioned(ag_matmul.OP, 3, w_ndim, has_bias, scaling.TENSOR if scaled else None,
                                          w_kmajor, "auto", -2, None, "bfloat16").sharding_rule
   assert rule.operand_mappings == expected
   n = tuple(f"n{i}" for i in range(w_ndim - 1))
@@ -167,7 +167,7 @@ def test_ag_sharding_rule(has_bias, scaled, w_kmajor, w_ndim, expected):
 
 
 def test_ag_sharding_rule_gather_axis():
-  rule = partitioning.custom_partitioned(ag_matmul, 3, 2, False, None, False, "auto", -3, None,
+  rule = partitioning.custom_partitioned(ag_matmul.OP, 3, 2, False, None, False, "auto", -3, None,
                                          "float32").sharding_rule
   assert rule.operand_mappings == (("g", "b1", "k"), ("k", "n0"))
   assert rule.result_mappings == (("p", "b1", "n0"), ("p", "b1", "q"))
@@ -179,7 +179,7 @@ def test_ag_sharding_rule_gather_axis():
     (2, True, (("b0", "b1", "k0"), ("k0", "n"), ("n",), (), ())),
 ])
 def test_rs_sharding_rule(w_ndim, scaled, expected):
-  rule = partitioning.custom_partitioned(matmul_rs, 3, w_ndim, True, scaling.TENSOR if scaled else None, False,
+  rule = partitioning.custom_partitioned(matmul_rs.OP, 3, w_ndim, True, scaling.TENSOR if scaled else None, False,
                                          "auto", None, None, "float32").sharding_rule
   assert rule.operand_mappings == expected
   out_lead = expected[0][:3 - (w_ndim - 1)]

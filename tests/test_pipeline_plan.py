@@ -32,7 +32,7 @@ def test_plan_covers_the_ring(op, world):
   assert sum(plan.stages) == world and min(plan.stages) >= 1
   if op == "ag_matmul":
     assert plan.stages[0] == 1  # its own shard, at once
-  assert plan.est_us == min(OPS[op].pipelined_us(s, figures(world))
+  assert plan.est_us == min(OPS[op].planning.pipelined_us(s, figures(world))
                             for s in ((1,) + r if op == "ag_matmul" else r
                                       for r in pp.compositions(world - 1 if op == "ag_matmul" else world)))
 
@@ -61,7 +61,7 @@ def test_pinned_stages_that_cannot_be_a_plan_raise(op, text, why):
 
 def test_a_pinned_plan_is_modelled_not_replaced():
   f = figures(4)
-  plan = pp.plan(matmul_rs, 4, f, (4,))
+  plan = pp.plan(matmul_rs.OP, 4, f, (4,))
   assert plan.stages == (4,) and plan.est_us == matmul_rs.pipelined_us((4,), f) and plan.est_xla_us == pp.xla_us(4, f)
 
 
@@ -140,15 +140,15 @@ def test_a_free_transfer_leaves_only_the_chunking_cost(op):
 
 def test_stages_follow_the_data_and_the_chunk_cost():
   # A fast link: everything arrives at once, so one stage for all the peers' shards.
-  assert pp.plan(ag_matmul, 8, figures(8, gemm_whole_us=2000.0, link=1e9, local=1e9)).stages == (1, 7)
+  assert pp.plan(ag_matmul.OP, 8, figures(8, gemm_whole_us=2000.0, link=1e9, local=1e9)).stages == (1, 7)
   # Free chunks, data arriving one shard at a time: many small stages, each close behind its data.
-  slow = pp.plan(ag_matmul, 8, figures(8, gemm_whole_us=2000.0, chunk_penalty=1.0, link=1e5))
+  slow = pp.plan(ag_matmul.OP, 8, figures(8, gemm_whole_us=2000.0, chunk_penalty=1.0, link=1e5))
   assert len(slow.stages) >= 5
 
 
 def test_gemm_figures_must_cover_every_stage_size():
   with pytest.raises(ValueError, match=r"gemm_us needs 4 entries \(1 \.\. world chunks\), got 3"):
-    pp.plan(ag_matmul, 4, Figures((1.0, 2.0, 3.0), 1, 1.0, 1.0))
+    pp.plan(ag_matmul.OP, 4, Figures((1.0, 2.0, 3.0), 1, 1.0, 1.0))
 
 
 @pytest.mark.parametrize("args,why", [

@@ -32,6 +32,7 @@ from jax.interpreters import mlir
 
 from jax_overlap import _compat
 from jax_overlap.integration import operands
+from jax_overlap.integration.results import Kind
 from jax_overlap.planning import Choice, Declined, Problem
 from jax_overlap.planning.agreement import DECLINED, choose
 from jax_overlap.quantization import formats
@@ -108,62 +109,62 @@ def _emit_fused(ctx, problem: Problem, op, choice: Choice, call: operands.GemmCa
   attrs = plan.attribute(w_kmajor=problem.w_kmajor, region_offset=choice.offset, site=site,
                          generation=workspace.generation())
   log.debug("jax_overlap.%s: fused (world %d, tile %d, comm workgroups %d, chunk_k %d; model %.0f us vs xla %.0f us)",
-            op.NAME, problem.world, plan.tile, plan.comm_workgroups, plan.chunk_k, plan.est_us, plan.est_xla_us)
+            op.name, problem.world, plan.tile, plan.comm_workgroups, plan.chunk_k, plan.est_us, plan.est_xla_us)
   if problem.world == 1:
     # No protocol, but the GPU's device state, which shutdown() frees: a target XLA dispatches each run (no
     # command buffer), whose handler checks the generation. The second result is the stream-K tail's scratch
     # (FusedPlan.tail_slots).
     sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[ctx.avals_out[0], _u8(plan.tail_scratch_bytes)])
-    y = jax.ffi.ffi_lowering(machine.target(op.NAME + "_local"))(sub_ctx, *args, config=attrs)[0]
-    return op.results_of_one(y, call.values.x)
+    y = jax.ffi.ffi_lowering(machine.target(op.name + "_local"))(sub_ctx, *args, config=attrs)[0]
+    return op.results.of_one(y, call.values.x, None, scaled=False)  # the fused kernels are 16-bit only
   sub_ctx = ctx.replace(avals_in=avals_in, avals_out=list(ctx.avals_out))
-  return jax.ffi.ffi_lowering(machine.target(op.NAME))(
+  return jax.ffi.ffi_lowering(machine.target(op.name))(
       sub_ctx, *args, config=attrs, groups=_groups_attribute(problem), world=np.int64(problem.world))
 
 
 def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: operands.GemmCall):
   machine, plan = backend.current(), choice.plan
-  bias_after = operands.bias_by_xla(call, op.REDUCES and problem.world > 1)
-  x_groups = 1 if problem.world == 1 else problem.m // op.chunk_rows(problem.m, problem.world)
+  bias_after = operands.bias_by_xla(call, op.planning.reduces and problem.world > 1)
+  x_groups = 1 if problem.world == 1 else problem.m // op.planning.chunk_rows(problem.m, problem.world)
   args, avals_in = operands.gemm_operands(ctx, call, bias_after, x_groups)
   y_aval = ctx.avals_out[0].update(dtype=np.dtype(np.float32) if bias_after else call.out_dtype)
-  scratch = _u8(machine.native.pipelined_scratch_bytes(op.NAME, problem.world, problem.batch, problem.m, problem.n,
+  scratch = _u8(machine.native.pipelined_scratch_bytes(op.name, problem.world, problem.batch, problem.m, problem.n,
                                                        formats.itemsize(problem.out_dtype)))
   if problem.world == 1:
-    log.debug("jax_overlap.%s: pipelined, a group of one: the vendor GEMM", op.NAME)
+    log.debug("jax_overlap.%s: pipelined, a group of one: the vendor GEMM", op.name)
     sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, scratch])
     # In XLA's command buffers only where the vendor GEMM passed its capture check (planning._vendor_blas).
     target = machine.target("vendor_gemm" if machine.native.vendor_gemm_graph_safe() else "vendor_gemm_no_graph")
     y = jax.ffi.ffi_lowering(target)(sub_ctx, *args, w_kmajor=np.int64(problem.w_kmajor),
                                      fast_accumulation=np.int64(problem.fast_accumulation))[0]
-    results = list(op.results_of_one(operands.finished(ctx, call, y, y_aval, bias_after), call.values.x))
-    if len(results) < len(ctx.avals_out):  # a float8 call's gathered_scales: x's own
-      results.append(operands.own_gathered_scales(ctx, call, ctx.avals_out[len(results)]))
-    return results
+    return op.results.of_one(operands.finished(ctx, call, y, y_aval, bias_after), call.values.x,
+                             lambda i: operands.own_gathered_scales(ctx, call, ctx.avals_out[i]), call.scaled)
   region_key, region_bytes = choice.region
-  log.debug("jax_overlap.%s: pipelined (world %d, stages %s; model %.0f us vs xla %.0f us)", op.NAME, problem.world,
+  log.debug("jax_overlap.%s: pipelined (world %d, stages %s; model %.0f us vs xla %.0f us)", op.name, problem.world,
             plan.stages, plan.est_us, plan.est_xla_us)
-  # A call that gathers x (results y and the gathered x) also returns the gathered scales, flat as the GEMMs read
-  # them (f32[0] when unscaled).
-  gathers = len(ctx.avals_out) > 1
-  results_out = list(ctx.avals_out[1:])
-  if gathers:
+  # The target of an op that gathers x returns, between y and its scratch, the gathered x and the gathered scales,
+  # flat as the GEMMs read them (f32[0] when unscaled).
+  kinds = op.results.of_call(call.scaled)
+  between = []
+  if op.results.gathers:
+    between = [ctx.avals_out[kinds.index(Kind.GATHERED)], jax.core.ShapedArray((0,), np.float32)]
     if call.scaled:
-      results_out[1] = operands.flat_scales_aval(results_out[1])
-    else:
-      results_out.append(jax.core.ShapedArray((0,), np.float32))
-  sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, *results_out, scratch])
+      between[1] = operands.flat_scales_aval(ctx.avals_out[kinds.index(Kind.GATHERED_SCALES)])
+  sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, *between, scratch])
   config_attr = {"w_kmajor": np.int64(problem.w_kmajor), "fast_accumulation": np.int64(problem.fast_accumulation),
                  "x_scale_shared": np.int64(problem.x_scale_shared), "region_offset": np.int64(choice.offset),
                  "region_bytes": np.int64(region_bytes), "site": np.int64(_site(ctx, region_key)),
                  "generation": np.int64(workspace.generation())}
-  y, *rest = jax.ffi.ffi_lowering(machine.target(op.NAME + "_pipelined"))(
+  y, *rest = jax.ffi.ffi_lowering(machine.target(op.name + "_pipelined"))(
       sub_ctx, *args, config=config_attr, groups=_groups_attribute(problem), world=np.int64(problem.world),
       stages=np.array(plan.stages, np.int64))
-  rest = rest[:len(ctx.avals_out) - 1]
-  if gathers and call.scaled:
-    rest[1] = operands.gathered_scales(ctx, call, rest[1], problem.world, ctx.avals_out[2])
-  return [operands.finished(ctx, call, y, y_aval, bias_after), *rest]
+  by_kind = {Kind.PRODUCT: operands.finished(ctx, call, y, y_aval, bias_after)}
+  if op.results.gathers:
+    by_kind[Kind.GATHERED] = rest[0]
+    if call.scaled:
+      by_kind[Kind.GATHERED_SCALES] = operands.gathered_scales(
+          ctx, call, rest[1], problem.world, ctx.avals_out[kinds.index(Kind.GATHERED_SCALES)])
+  return [by_kind[k] for k in kinds]
 
 
 _EMITTERS = {"pipelined": _emit_pipelined, "fused": _emit_fused}
@@ -183,7 +184,7 @@ def gpu_rule(ctx, *args, op, axis_name, axis_size, algorithm, w_kmajor, has_bias
   results, or None where the call takes the XLA path. args: the primitive's operands (operands.Operands)."""
   if algorithm == "xla" or settings.disabled():
     if algorithm != "xla":
-      log.debug("jax_overlap.%s: XLA path (%s is set)", op.NAME, settings.DISABLE)
+      log.debug("jax_overlap.%s: XLA path (%s is set)", op.name, settings.DISABLE)
     return None
   call = operands.gemm_call(ctx, args, has_bias=has_bias, scaling=scaling, out_dtype=out_dtype, w_kmajor=w_kmajor)
   x_aval, w_aval = call.avals.x, call.avals.w
@@ -193,14 +194,14 @@ def gpu_rule(ctx, *args, op, axis_name, axis_size, algorithm, w_kmajor, has_bias
     groups = () if axis_name is None else group_ids(ctx, axis_name)
     # A float8 w reaches the GPU K-major whatever its layout here (operands.gemm_operands).
     world = axis_size if axis_name is not None else 1
-    problem = Problem(op.NAME, formats.name(x_aval.dtype), math.prod(lead), m, k,
+    problem = Problem(op.name, formats.name(x_aval.dtype), math.prod(lead), m, k,
                       w_aval.shape[0 if w_kmajor else 1], world, groups,
                       bool(w_kmajor) or call.scaled, out_dtype_name=call.out_dtype.name,
                       w_dtype_name=formats.name(w_aval.dtype), scaling=scaling,
-                      gemm_bias=has_bias and not operands.bias_by_xla(call, op.REDUCES and world > 1))
+                      gemm_bias=has_bias and not operands.bias_by_xla(call, op.planning.reduces and world > 1))
     choice = choose(problem, op, algorithm)
   except DECLINED as e:
-    _fallback(op.NAME, algorithm, e)
+    _fallback(op.name, algorithm, e)
     return None
   return _EMITTERS[choice.algorithm](ctx, problem, op, choice, call)
 

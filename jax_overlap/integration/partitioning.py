@@ -1,16 +1,16 @@
-"""Global-array mode (axis_name=None under jit): custom partitioning with Shardy rules, for any op (ops/).
+"""Global-array mode (axis_name=None under jit): custom partitioning with Shardy rules, for any op (ops/op.py).
 
-The op's plan (its sharding_plan) decides from the operands' shardings; the
+The op's plan (op.sharding.plan) decides from the operands' shardings; the
 partitioned body is the op on shards (its `partitioned`) when the plan gathers
 or reduces, and a local product otherwise, so the answer is right either way.
-The op's sharding_rule gives Shardy the factors; an op whose plan reads the
+The op's rule gives Shardy the factors; an op whose plan reads the
 requested output layout (matmul_rs's scatter dim) gets the `request` argument,
 or what propagation settled on (a constraint or jit's out_shardings downstream).
 Float8 scales are laid out as their Scaling says (partition_specs): tensor
 scales replicated, block scales as their operands are (the plan is made even
 for them too: a dim of blocks is a 128th of its operand's). The partitioned
-results are the plan's (op.global_results(..., None)), and ag_matmul's
-gathered_scales is x_scale itself, added after the partitioning.
+results are the plan's (global_results(..., None)); gathered scales are x_scale
+itself, added after the partitioning.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_km
   """The custom_partitioning of `op` for operands of these ranks (and with a Scaling, the two scales after them).
   `axis`: the op's gather / scatter dim argument; `request`: the output spec asked for (aligned to the end: vmap
   adds leading dims), or None."""
-  out_ndim = op.result_ndim(ndim, w_ndim)
-  multiple = op.primitive.multiple_results
+  out_ndim = op.sharding.result_ndim(ndim, w_ndim)
+  multiple = op.results.multiple
   if request is not None:
     request = (None,) * (out_ndim - len(request)) + tuple(request)
 
@@ -75,13 +75,14 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_km
     x_shape, w_shape = o.x.shape, o.w.shape
     if scaling is not None:
       x_shape, w_shape = scaling.plan_shapes((o.x_scale.shape, o.w_scale.shape), x_shape, w_shape)
-    return op.sharding_plan(mesh, _spec(mesh, o.x, ndim, "x"), _spec(mesh, o.w, w_ndim, "w"), x_shape, w_shape,
+    return op.sharding.plan(mesh, _spec(mesh, o.x, ndim, "x"), _spec(mesh, o.w, w_ndim, "w"), x_shape, w_shape,
                             w_kmajor, axis, asked)
 
   def product(*args, out_specs=None):
     x, w, bias, scales = split_operands(args, has_bias, scaling)
-    return op.global_results(op.bind(x, w, bias, scales, axis_name=None, axis_size=1, algorithm=algorithm,
-                                     w_kmajor=w_kmajor, out_dtype=out_dtype, out_specs=out_specs), None)
+    return op.sharding.global_results(op.rules.bind(x, w, bias, scales, axis_name=None, axis_size=1,
+                                                    algorithm=algorithm, w_kmajor=w_kmajor, out_dtype=out_dtype,
+                                                    out_specs=out_specs), None)
 
   def traced(*args):
     mesh = _sharding.explicit_mesh(jax.typeof(args[0]))
@@ -109,17 +110,17 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_km
 
   def partition(mesh, arg_shapes, result_shape):
     p = plan(mesh, arg_shapes, asked(mesh, result_shape))
-    log.debug("jax_overlap.%s: global arrays, %s", op.NAME, p.why if p.axes else f"plain partitioning ({p.why})")
+    log.debug("jax_overlap.%s: global arrays, %s", op.name, p.why if p.axes else f"plain partitioning ({p.why})")
     scale_sh = () if scaling is None else scaling.partition_specs(p.x, p.w)
     arg_sh = _named(mesh, p.x, p.w, *((p.bias,) if has_bias else ()), *scale_sh)
     if p.axes is None:
       return mesh, _body(product), result_shardings(mesh, p), arg_sh
     size = math.prod(mesh.shape[a] for a in p.axes)
-    body = op.partitioned(p, size=size, algorithm=algorithm, w_kmajor=w_kmajor, axis=axis, has_bias=has_bias,
+    body = op.sharding.partitioned(p, size=size, algorithm=algorithm, w_kmajor=w_kmajor, axis=axis, has_bias=has_bias,
                           scaling=scaling, out_dtype=out_dtype)
     return mesh, _body(body), result_shardings(mesh, p), arg_sh
 
-  rule, reductions = op.sharding_rule(ndim, w_ndim, has_bias, scaling, w_kmajor, axis)
+  rule, reductions = op.sharding.rule(ndim, w_ndim, has_bias, scaling, w_kmajor, axis)
   # decode_shardings=False: JAX's decoding of the operands' shardings into NamedShardings raises on a sub-axis
   # (IndivisibleError, KeyError) before partition runs; _spec decodes the ones the plan reads (x's, w's, the
   # result's), and the scales' and the bias's are never read: they are laid out as the plan says.
@@ -159,8 +160,8 @@ def _vmap_rule(op, fn, has_bias: bool, scaling, w_kmajor: bool, out_dtype: str):
 
     def product(*args):
       x, w, bias, scales = split_operands(args, has_bias, scaling)
-      return op.global_results(op.reference(x, w, bias, scales, axis_name=None, w_kmajor=w_kmajor,
-                                            out_dtype=out_dtype), None)
+      return op.sharding.global_results(op.xla.reference(x, w, bias, scales, axis_name=None, w_kmajor=w_kmajor,
+                                                         out_dtype=out_dtype), None)
     out = jax.vmap(product)(*args)
     return out, jax.tree.map(lambda _: True, out)
   return rule
@@ -192,10 +193,10 @@ def call(op, x, w, bias, scales, *, algorithm: str, w_kmajor: bool, axis, out_dt
   except NotImplementedError as e:
     if not str(e).startswith(_NO_DERIVATIVE):
       raise
-    raise NotImplementedError(primitives.unsupported(op.NAME, "a second derivative (jax.hessian, jax.grad of "
+    raise NotImplementedError(primitives.unsupported(op.name, "a second derivative (jax.hessian, jax.grad of "
                                                               "jax.grad) on global arrays", algorithm)) from e
-  outs = jax.tree.map(functools.partial(export_guard_p.bind, op=op.NAME, algorithm=algorithm), outs)
-  return op.global_results(outs, scales)
+  outs = jax.tree.map(functools.partial(export_guard_p.bind, op=op.name, algorithm=algorithm), outs)
+  return op.sharding.global_results(outs, scales)
 
 
 # --- jax.export -----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """How a GEMM op's primitive is defined to JAX: impl, batching, differentiation's refusal and lowering per platform.
 
-Each op module (ops/) holds its primitive and what is its own: the abstract
+Each op (ops/op.py) holds its primitive and what is its own: the abstract
 eval, the reference decomposition, the matrix view of its weights. register(op)
 adds the rules every GEMM op shares:
   impl       JAX's own dispatch
@@ -81,17 +81,15 @@ def along_x(has_bias: bool, scaling) -> tuple:
 
 def _batch_rule(op, args, dims, **params):
   # x's own leading dims take the batch: x batched (and scales that follow x batched alike), the weights not.
-  blocks = params["scaling"] is not None and params["scaling"].follows_x
   along = along_x(params["has_bias"], params["scaling"])
   if any(dims[i] is not None for i in along) and all(d is None for i, d in enumerate(dims) if i not in along):
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     args = [(jnp.broadcast_to(a, (size, *a.shape)) if dims[i] is None else jnp.moveaxis(a, dims[i], 0))
             if i in along else a for i, a in enumerate(args)]
-    out = op.primitive.bind(*args, **params)
-    if not op.primitive.multiple_results:
+    out = op.rules.primitive.bind(*args, **params)
+    if not op.results.multiple:
       return out, 0
-    # ag_matmul's gathered_scales belong to the shards, not to an element of the batch (unless they follow x)
-    return out, (0, 0, 0 if blocks else None)[:len(out)]
+    return out, op.results.batch_dims(params["scaling"])
   out = jax.vmap(functools.partial(_reference_call, op, **params), in_axes=tuple(dims))(*args)
   return out, jax.tree.map(lambda _: 0, out)
 
@@ -100,7 +98,7 @@ def _reference_call(op, *args, axis_name, axis_size, algorithm, w_kmajor, has_bi
                     out_specs=None):
   del axis_size, algorithm, out_specs
   x, w, bias, scales = split_operands(args, has_bias, scaling)
-  return op.reference(x, w, bias, scales, axis_name=axis_name, w_kmajor=w_kmajor, out_dtype=out_dtype)
+  return op.xla.reference(x, w, bias, scales, axis_name=axis_name, w_kmajor=w_kmajor, out_dtype=out_dtype)
 
 
 # --- differentiation ---------------------------------------------------------
@@ -136,15 +134,15 @@ def untyped_lowering(rule):
 
 def lower_reference(ctx, *args, op, **params):
   fn = functools.partial(_reference_call, op, **params)
-  return mlir.lower_fun(fn, multiple_results=op.primitive.multiple_results)(ctx, *args)
+  return mlir.lower_fun(fn, multiple_results=op.results.multiple)(ctx, *args)
 
 
 def _default_lowering(ctx, *args, op, **params):
   platforms = ", ".join(ctx.module_context.platforms)
   if params["algorithm"] in formats.GPU_ALGORITHMS:
-    raise ValueError(f"jax_overlap.{op.NAME}: algorithm={params['algorithm']!r} runs on GPU, but this computation "
+    raise ValueError(f"jax_overlap.{op.name}: algorithm={params['algorithm']!r} runs on GPU, but this computation "
                      f"is lowered for {platforms}; use algorithm='auto' or 'xla'")
-  log.debug("jax_overlap.%s: XLA path (lowered for %s)", op.NAME, platforms)
+  log.debug("jax_overlap.%s: XLA path (lowered for %s)", op.name, platforms)
   return lower_reference(ctx, *args, op=op, **params)
 
 
@@ -154,21 +152,21 @@ def _gpu_lowering(ctx, *args, op, out_specs, **params):
   dtype_name = formats.name(ctx.avals_in[0].dtype)
   if params["algorithm"] == "auto" and not formats.gpu_capable(dtype_name):
     # Such dtypes serve checks on the XLA path; the GPU algorithms' planning has no figures for them.
-    log.debug("jax_overlap.%s: XLA path (%s; the GPU algorithms take %s)", op.NAME, dtype_name,
+    log.debug("jax_overlap.%s: XLA path (%s; the GPU algorithms take %s)", op.name, dtype_name,
               ", ".join(formats.dtypes_for("pipelined")))
     return lower_reference(ctx, *args, op=op, **params)
   declined = planning.fp8_declined(ctx.avals_in[0].dtype, ctx.avals_in[1].dtype)
   if declined and params["algorithm"] != "xla":
     if params["algorithm"] != "auto":
-      raise ValueError(f"jax_overlap.{op.NAME}: algorithm={params['algorithm']!r} cannot run {declined}; use "
+      raise ValueError(f"jax_overlap.{op.name}: algorithm={params['algorithm']!r} cannot run {declined}; use "
                        f"algorithm='auto' or 'xla' (the XLA path serves every float8 format)")
-    log.debug("jax_overlap.%s: XLA path (%s)", op.NAME, declined)
+    log.debug("jax_overlap.%s: XLA path (%s)", op.name, declined)
     return lower_reference(ctx, *args, op=op, **params)
   if ctx.avals_in[1].ndim == 2:
     out = lowering.gpu_rule(ctx, *args, op=op, **params)
     return lower_reference(ctx, *args, op=op, **params) if out is None else out
-  return mlir.lower_fun(functools.partial(op.as_matrix, **params),
-                        multiple_results=op.primitive.multiple_results)(ctx, *args)
+  return mlir.lower_fun(functools.partial(op.rules.as_matrix, **params),
+                        multiple_results=op.results.multiple)(ctx, *args)
 
 
 # --- registration ---------------------------------------------------------------
@@ -185,8 +183,8 @@ def register_rules(prim, abstract_eval, batch_rule, default_lowering, gpu_loweri
 
 
 def register(op) -> None:
-  """Registers the rules above for the primitive of `op`, a GEMM op module (ops/)."""
-  register_rules(op.primitive, op.abstract_eval, functools.partial(_batch_rule, op),
+  """Registers the rules above for the primitive of `op`, a GEMM Op (ops/op.py)."""
+  register_rules(op.rules.primitive, op.rules.abstract_eval, functools.partial(_batch_rule, op),
                  untyped_lowering(functools.partial(_default_lowering, op=op)),
                  untyped_lowering(functools.partial(_gpu_lowering, op=op)))
-  ad.primitive_jvps[op.primitive] = functools.partial(_no_jvp, op.NAME)
+  ad.primitive_jvps[op.rules.primitive] = functools.partial(_no_jvp, op.name)

@@ -219,8 +219,8 @@ def _weight_grad(at8, a_scale, bt8, b_scale, w, w_layout, call: _Fp8Call):
                        algorithm=algorithm)
   else:  # the local product on this rank's operands
     at8, bt8, a_scale, b_scale = autodiff.varying(_axes(call), at8, bt8, a_scale, b_scale)
-    dw = OPS["matmul_rs"].bind(at8, bt8, None, Scales(a_scale, b_scale, call.scaling), axis_name=None,
-                               axis_size=1, algorithm=algorithm, w_kmajor=True, out_dtype=call.w_dtype)
+    dw = OPS["matmul_rs"].rules.bind(at8, bt8, None, Scales(a_scale, b_scale, call.scaling), axis_name=None,
+                                     axis_size=1, algorithm=algorithm, w_kmajor=True, out_dtype=call.w_dtype)
   return autodiff.like(_sharding.reshape(dw, w.shape), w_layout)
 
 

@@ -1,4 +1,4 @@
-"""ag_matmul: y = all_gather(x) @ w + bias, the column-parallel linear layer, as one unit (protocol: ops/__init__.py).
+"""ag_matmul: y = all_gather(x) @ w + bias, the column-parallel linear layer, as one Op (ops/op.py).
 
 Shapes: x [..., m, K] (a rank's shard of the gathered dim), w [K, *n] (or
 [*n, K] when w_kmajor), bias [*n]; results y [..., T*m, *n] and the gathered x
@@ -27,18 +27,16 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_overlap import _sharding, remat
 from jax_overlap.integration import autodiff, primitives
+from jax_overlap.integration.results import Kind, Results
 from jax_overlap.integration.operands import Operands, operands, split_operands
 from jax_overlap.ops import reference as ref
+from jax_overlap.ops.op import Arguments, Backward, Op, PlanningFigures, Rules, Sharding, XlaPath
 from jax_overlap.planning import pipelined
 from jax_overlap.quantization.scaling import mode
 
 log = logging.getLogger("jax_overlap")
 
-NAME = "ag_matmul"
 DUAL = "matmul_rs"  # its gradient's op: dx = RS(dy @ W^T), over the same axes
-ALGORITHMS = ("pipelined", "fused")  # auto's candidates
-MOVERS = "fetchers"  # the fused kernel's workgroups that pull the peers' shards
-REDUCES = False  # no reduction kernel to measure
 
 primitive = jex_core.Primitive("jax_overlap_ag_matmul")
 primitive.multiple_results = True
@@ -104,12 +102,6 @@ def _product(gathered, w, bias, x_scales, scales, *, w_kmajor: bool, gather: int
   acc = ref.gathered_matmul(gathered, w, w_kmajor=w_kmajor, gather=gather,
                             scales=dataclasses.replace(scales, x=x_scales))
   return ref.finish(acc, bias, out_dtype), gathered, x_scales
-
-
-def results_of_one(y, x) -> list:
-  """The results of a group of one (MLIR values of its lowering), whose custom call computes y alone: x is its
-  own gathered x (a float8 call's gathered_scales, its own x_scale, the lowering adds)."""
-  return [y, x]
 
 
 def global_results(results, scales):
@@ -230,7 +222,7 @@ def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis: 
 # --- the public function's parts (api.py) ---------------------------------------------------
 
 def check_operands(x, w, bias, w_kmajor: bool) -> tuple:
-  """w [K, *n] (w_kmajor: [*n, K]) against x [..., K] (arrays of accepted dtypes, api.py): returns n."""
+  """The output's shape [..., m, *n] for w [K, *n] (w_kmajor: [*n, K]) against x [..., K]."""
   k_dim, which = (-1, "last") if w_kmajor else (0, "first")
   if w.shape[k_dim] != x.shape[-1]:
     raise ValueError(f"jax_overlap.ag_matmul: w's {which} dim must equal x's last dim (K = {x.shape[-1]}"
@@ -238,7 +230,40 @@ def check_operands(x, w, bias, w_kmajor: bool) -> tuple:
   n = tuple(w.shape[:-1] if w_kmajor else w.shape[1:])
   if bias is not None and tuple(bias.shape) != n:
     raise ValueError(f"jax_overlap.ag_matmul: bias must have shape {n} to match w's columns, got {bias.shape}")
-  return n
+  return (*x.shape[:-1], *n)
+
+
+def grouped(gather: int, x, out_shape: tuple, size: int, axis_name) -> tuple:
+  """(gather, y's shape) inside shard_map: the gathered dim holds every rank's shard."""
+  del axis_name
+  out_shape = list(out_shape)
+  out_shape[x.ndim + gather] *= size
+  return gather, tuple(out_shape)
+
+
+def empty(x, w, bias, scales, call, out_shape) -> tuple:
+  """Nothing to multiply (collectives of empty arrays do not lower): the bias, x gathered (and its scales)."""
+  del w
+  gathered_shape = list(x.shape)
+  gathered_shape[call.axis] *= call.size
+  y = ref.empty_product(out_shape, call.out_dtype, bias, call.axes)
+  if 0 in x.shape:
+    gathered = jnp.zeros(gathered_shape, x.dtype)
+  elif call.axes is None:
+    gathered = x
+  else:
+    gathered = lax.all_gather(x, call.axes, axis=x.ndim + call.axis, tiled=True)
+  if scales is None:
+    return y, gathered
+  if call.axes is None:
+    return y, gathered, scales.scaling.of_whole_x(scales.x)
+  return y, gathered, scales.scaling.gather(scales.x, call.axes, call.axis)
+
+
+def xla_only(call) -> bool:
+  """The GPU algorithms serve every gather dim."""
+  del call
+  return False
 
 
 def plain(x, w, bias, scales, call) -> tuple:
@@ -344,3 +369,17 @@ def fused_units(rows: int, k: int, n: int, world: int, tile, chunk_k: int) -> in
   """The fetchers' units of work (no more fetchers than these): the chunks of a shard."""
   del n, world
   return math.ceil(rows / tile.bm) * math.ceil(k / chunk_k)
+
+
+OP = Op(
+    name="ag_matmul", dual=DUAL,
+    results=Results((Kind.PRODUCT, Kind.GATHERED, Kind.GATHERED_SCALES),
+                    (remat.AG_OUTPUT, remat.AG_GATHERED, remat.AG_GATHERED_SCALES)),
+    rules=Rules(primitive, bind, abstract_eval, as_matrix),
+    xla=XlaPath(reference, plain, xla_only),
+    on_shards=on_shards,
+    sharding=Sharding(Plan, sharding_plan, sharding_rule, result_ndim, partitioned, global_results),
+    planning=PlanningFigures(("pipelined", "fused"), eligible, chunk_rows, chunk_bytes, False, stage_candidates,
+                             check_stages, pipelined_us, "fetchers", fused_traffic, fused_chunk_k, fused_units),
+    backward=Backward(residual, backward),
+    arguments=Arguments(check_operands, "gather_axis", True, -2, False, grouped, empty))

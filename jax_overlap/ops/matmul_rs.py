@@ -1,4 +1,4 @@
-"""matmul_rs: z = reduce_scatter(x @ w) + bias, the row-parallel linear layer, as one unit (protocol: ops/__init__.py).
+"""matmul_rs: z = reduce_scatter(x @ w) + bias, the row-parallel linear layer, as one Op (ops/op.py).
 
 Shapes: x [..., M, *k] (the contraction sharded: k local), w [*k, N] (or
 [N, *k] when w_kmajor), bias [N] added once after the reduction; result
@@ -24,21 +24,18 @@ from jax import lax
 from jax.extend import core as jex_core
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jax_overlap import _sharding, remat
 from jax_overlap.integration import autodiff, primitives
-
-from jax_overlap import _sharding
+from jax_overlap.integration.results import Kind, Results
 from jax_overlap.integration.operands import operands, split_operands
 from jax_overlap.ops import reference as ref
+from jax_overlap.ops.op import Arguments, Backward, Op, PlanningFigures, Rules, Sharding, XlaPath
 from jax_overlap.planning import pipelined
 from jax_overlap.quantization.scaling import mode
 
 log = logging.getLogger("jax_overlap")
 
-NAME = "matmul_rs"
 DUAL = "ag_matmul"  # its gradient's op: dx = AG(dz) @ W^T, over the same axes
-ALGORITHMS = ("pipelined", "fused")  # auto's candidates
-MOVERS = "reducers"  # the fused kernel's workgroups that pull and sum the peers' partials
-REDUCES = True  # the pipelined call ends in a reduction kernel, measured for its model
 
 primitive = jex_core.Primitive("jax_overlap_matmul_rs")
 
@@ -90,12 +87,6 @@ def reference_all_reduce(x, w, bias=None, scales=None, *, axis_name, w_kmajor: b
   """psum(x @ w) + bias: the reduction without the scatter, summed as reference's is."""
   acc = ref.local_matmul(x, w, w_kmajor=w_kmajor, contract=w.ndim - 1, scales=scales)
   return ref.all_reduce(acc.astype(out_dtype or x.dtype), axis_name, bias)
-
-
-def results_of_one(y, x) -> list:
-  """The results of a group of one, whose custom call computes y alone."""
-  del x
-  return [y]
 
 
 def global_results(results, scales):
@@ -234,9 +225,8 @@ def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis, 
 
 # --- the public function's parts (api.py) ---------------------------------------------------
 
-def check_operands(x, w, bias, w_kmajor: bool) -> int:
-  """w [*k, N] (w_kmajor: [N, *k]), contracted with x's trailing dims (arrays of accepted dtypes, api.py):
-  returns N."""
+def check_operands(x, w, bias, w_kmajor: bool) -> tuple:
+  """The output's shape [..., M, N] for w [*k, N] (w_kmajor: [N, *k]), contracted with x's trailing dims."""
   k = tuple(w.shape[1:] if w_kmajor else w.shape[:-1])
   if x.ndim < len(k) + 1:
     raise ValueError(f"jax_overlap.matmul_rs: x must have rank >= {len(k) + 1} (rows and w's {len(k)} contracted "
@@ -252,7 +242,34 @@ def check_operands(x, w, bias, w_kmajor: bool) -> int:
   n = w.shape[0] if w_kmajor else w.shape[-1]
   if bias is not None and tuple(bias.shape) != (n,):
     raise ValueError(f"jax_overlap.matmul_rs: bias must have shape ({n},) to match w's columns, got {bias.shape}")
-  return n
+  return (*x.shape[:x.ndim - len(k)], n)
+
+
+def grouped(scatter, x, out_shape: tuple, size: int, axis_name) -> tuple:
+  """(scatter, z's shape) inside shard_map: the rows unless another dim is asked for, a size-th of it each rank's."""
+  del x
+  scatter = -2 if scatter is None else scatter
+  out_shape = list(out_shape)
+  if out_shape[scatter] % size:
+    what = "x's rows" if scatter == -2 else f"the output's dim {scatter}"
+    raise ValueError(f"jax_overlap.matmul_rs: {what} ({out_shape[scatter]}) must be divisible by the size of axis "
+                     f"{axis_name!r} ({size})")
+  out_shape[scatter] //= size
+  return scatter, tuple(out_shape)
+
+
+def empty(x, w, bias, scales, call, out_shape) -> tuple:
+  """Nothing to multiply (collectives of empty arrays do not lower): the bias, this rank's block of it where the
+  columns are scattered."""
+  del x, w, scales
+  if call.axes is not None and call.axis == -1 and bias is not None:
+    bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(call.axes) * out_shape[-1], out_shape[-1])
+  return (ref.empty_product(out_shape, call.out_dtype, bias, call.axes),)
+
+
+def xla_only(call) -> bool:
+  """A scatter of the output's columns inside shard_map: not a row layout, which the GPU algorithms scatter."""
+  return call.axes is not None and call.axis == -1
 
 
 def plain(x, w, bias, scales, call):
@@ -365,3 +382,16 @@ def fused_units(rows: int, k: int, n: int, world: int, tile, chunk_k: int) -> in
   """The reducers' units of work (no more reducers than these): the tiles of a row block."""
   del k, chunk_k
   return math.ceil(rows // world / tile.bm) * math.ceil(n / tile.bn)
+
+
+OP = Op(
+    name="matmul_rs", dual=DUAL,
+    results=Results((Kind.PRODUCT,), (remat.RS_OUTPUT,)),
+    rules=Rules(primitive, bind, abstract_eval, as_matrix),
+    xla=XlaPath(reference, plain, xla_only),
+    on_shards=on_shards,
+    sharding=Sharding(Plan, sharding_plan, sharding_rule, result_ndim, partitioned, global_results),
+    planning=PlanningFigures(("pipelined", "fused"), eligible, chunk_rows, chunk_bytes, True, stage_candidates,
+                             check_stages, pipelined_us, "reducers", fused_traffic, fused_chunk_k, fused_units),
+    backward=Backward(residual, backward),
+    arguments=Arguments(check_operands, "scatter_axis", False, -1, True, grouped, empty))

@@ -31,6 +31,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
+from jax_overlap import _compat
 from jax_overlap.quantization import formats, numerics
 
 
@@ -112,3 +113,12 @@ def all_reduce(partial, axis_name, bias=None):
     bias = bias[(start + jnp.arange(chunk)) % bias.shape[-1]]
   mine = reduce_scatter(flat, axis_name, -1, bias)
   return lax.all_gather(mine, axis_name, tiled=True)[:total].reshape(shape)
+
+
+def empty_product(shape, dtype, bias, axes):
+  """The product of a call with an empty dim: the bias (or zeros) in the output's shape, varying over the group's
+  axes inside shard_map as the product would."""
+  out = jnp.zeros(shape, dtype)
+  if bias is not None:
+    out = out + bias.astype(dtype)
+  return out if axes is None else _compat.make_varying(out, axes)

@@ -83,10 +83,10 @@ def _plan_pipelined(problem: Problem, op, auto: bool) -> Choice:
   sizes = (formats.itemsize(problem.dtype_name), formats.itemsize(problem.out_dtype), problem.scaled,
            problem.scaled and problem.scaling.blocks)
   nbytes = backend.current().native.pipelined_region_bytes(
-      op.NAME, problem.world, problem.batch, problem.m, problem.k, problem.n, *sizes)
+      op.name, problem.world, problem.batch, problem.m, problem.k, problem.n, *sizes)
   # Calls of one key share a region: its bytes follow the element sizes (and a float8 shard's scale header) as
   # they do the shape.
-  key = (f"{op.NAME}/pipelined", problem.groups, (problem.batch, problem.m, problem.k, problem.n, *sizes))
+  key = (f"{op.name}/pipelined", problem.groups, (problem.batch, problem.m, problem.k, problem.n, *sizes))
   return Choice("pipelined", plan, (key, nbytes))
 
 
@@ -98,12 +98,12 @@ def _plan_fused(problem: Problem, op, auto: bool) -> Choice:
   f = _measured(problem, op) if auto else None
   device = workspace.device_props()
   if f is not None:
-    chunk_rows = op.chunk_rows(problem.rows, problem.world)
+    chunk_rows = op.planning.chunk_rows(problem.rows, problem.world)
     vendor = 2.0 * problem.world * chunk_rows * problem.k * problem.n / f.gemm_us[-1]
     device = dataclasses.replace(device, vendor_flops=vendor, engine_flops=FUSED_ENGINE_RATIO * vendor,
                                  link_bytes=f.link_bytes_per_us)
   machine = backend.current()
-  geometry = functools.partial(machine.gemm_geometry, op.NAME, dtype_name=problem.dtype_name,
+  geometry = functools.partial(machine.gemm_geometry, op.name, dtype_name=problem.dtype_name,
                                w_kmajor=problem.w_kmajor, world=problem.world, batch=problem.batch, m=problem.m,
                                k=problem.k, n=problem.n, device=device)
   plan, why = fused.plan(op, dtype_name=problem.dtype_name, rows=problem.rows, k=problem.k, n=problem.n,
@@ -112,7 +112,7 @@ def _plan_fused(problem: Problem, op, auto: bool) -> Choice:
     raise Declined(why)
   if problem.world == 1:
     return Choice("fused", plan)
-  key = (f"{op.NAME}/fused", problem.groups, (problem.batch, problem.m, problem.k, problem.n,
+  key = (f"{op.name}/fused", problem.groups, (problem.batch, problem.m, problem.k, problem.n,
                                               formats.itemsize(problem.dtype_name), plan.tile, plan.chunk_k))
   return Choice("fused", plan, (key, plan.region_bytes))
 
@@ -135,7 +135,7 @@ def decide(problem: Problem, op, requested: str, *, again: str | None = None) ->
   """The algorithm and plan that take the call, or Declined saying why none does.
 
   requested: an algorithm (its plan, whatever the models predict), or "auto":
-  the fastest of op.ALGORITHMS the models predict AUTO_MARGIN faster than the
+  the fastest of op.planning.algorithms the models predict AUTO_MARGIN faster than the
   XLA path. again: auto's choice made before the workspace existed, judged once
   more now that it does (the link measured, the ranks sharing a GPU known).
   """
@@ -158,7 +158,7 @@ def decide(problem: Problem, op, requested: str, *, again: str | None = None) ->
                      f"{est_xla:.0f} us")
     return choice
   reasons, options = [], []
-  for algorithm in op.ALGORITHMS:
+  for algorithm in op.planning.algorithms:
     try:
       choice = _PLANNERS[algorithm](problem, op, auto=True)
     except Declined as e:

@@ -26,12 +26,12 @@ def eligible(problem: Problem, op, algorithm: str) -> str | None:
     return "empty operand"
   if problem.scaled and algorithm == "pipelined":
     archs = tuple(sorted({arch for _, arch in workspace.local_gpus()}))
-    rows = problem.rows if problem.world == 1 else op.chunk_rows(problem.m, problem.world)
+    rows = problem.rows if problem.world == 1 else op.planning.chunk_rows(problem.m, problem.world)
     why = (fp8_declined(problem.dtype_name, problem.w_dtype)
            or problem.scaling.gpu_refused(archs, rows, problem.batch, problem.world))
     if why:
       return why
-  return op.eligible(problem.rows, problem.world)
+  return op.planning.eligible(problem.rows, problem.world)
 
 
 def fp8_declined(*operand_dtypes) -> str | None:

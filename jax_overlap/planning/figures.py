@@ -122,12 +122,12 @@ def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor
     link = LINK_GUESS_FRACTION * local
   publish_on_sms, pulls_on_sms = workspace.copies_on_sms()
   out_dtype = dtype_name if types is None else types[1]
-  chunk_rows = op.chunk_rows(rows, world)
+  chunk_rows = op.planning.chunk_rows(rows, world)
   gemm = gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor, types, scaling)
-  moved = out_dtype if op.REDUCES else dtype_name
-  per_shard = (types is not None and not op.REDUCES and not (scaling is not None and scaling.x_shared)) or blocks
-  return Figures(gemm_us=gemm, chunk_bytes=op.chunk_bytes(rows, k, n, world, formats.itemsize(moved)),
+  moved = out_dtype if op.planning.reduces else dtype_name
+  per_shard = (types is not None and not op.planning.reduces and not (scaling is not None and scaling.x_shared)) or blocks
+  return Figures(gemm_us=gemm, chunk_bytes=op.planning.chunk_bytes(rows, k, n, world, formats.itemsize(moved)),
                  link_bytes_per_us=link, local_bytes_per_us=local,
-                 reduce_us=reduce_us(out_dtype, chunk_rows, world, n) if op.REDUCES else None,
+                 reduce_us=reduce_us(out_dtype, chunk_rows, world, n) if op.planning.reduces else None,
                  stage_gemm_us=tuple(s * gemm[0] for s in range(1, world + 1)) if per_shard else None,
                  publish_on_sms=publish_on_sms, pulls_on_sms=pulls_on_sms)

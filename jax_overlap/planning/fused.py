@@ -112,13 +112,13 @@ def plan(op, *, dtype_name: str, rows: int, k: int, n: int, world: int, device: 
   tiles = fitting_tiles(tiles, device)
   if not tiles:
     return None, f"no compiled tile fits {device.smem_per_block} bytes of shared memory per workgroup"
-  moved_bytes, pull_bytes, flops = op.fused_traffic(rows, k, n, world, formats.itemsize(dtype_name))
+  moved_bytes, pull_bytes, flops = op.planning.fused_traffic(rows, k, n, world, formats.itemsize(dtype_name))
   tile, movers = _plan_tile(tiles, world, moved_bytes, flops, device, geometry)
   if tile is None:
-    return None, f"no GEMM workgroup left beside the {op.MOVERS}"
-  chunk_k = op.fused_chunk_k(tile, k)
+    return None, f"no GEMM workgroup left beside the {op.planning.movers}"
+  chunk_k = op.planning.fused_chunk_k(tile, k)
   if world > 1:  # no more movers than they have units of work
-    movers = min(movers, op.fused_units(rows, k, n, world, tile, chunk_k))
+    movers = min(movers, op.planning.fused_units(rows, k, n, world, tile, chunk_k))
   geo = geometry(tile, movers, chunk_k)
   est_us, est_xla_us = _estimates(flops, pull_bytes, device, geo)
   return FusedPlan(tile.index, geo.comm_workgroups, chunk_k, geo.tail_slots, geo.tail_scratch_bytes,

@@ -76,7 +76,7 @@ def parse_stages(text: str, op, world: int) -> tuple | None:
     return None
   if any(s < 1 for s in stages):
     raise ValueError(f"stage plan {text!r}: every stage needs at least one chunk")
-  op.check_stages(stages, text)
+  op.planning.check_stages(stages, text)
   return stages
 
 
@@ -86,7 +86,7 @@ def candidates(op, world: int, f) -> list:
   rate and only waits for its last chunk: one chunk per stage. (The model, whose copies finish under the first
   GEMM, would rather save the stages' overheads; on the H200 in loopback, ag_matmul at T = 8 ran 0.88x one
   float8 GEMM with one shard per stage, 0.83x with the model's (1, 7): 6a98e4b:benchmarks/results/fp8_2026-12-02.md.)"""
-  plans = op.stage_candidates(world)
+  plans = op.planning.stage_candidates(world)
   if f.stage_gemm_us is None:
     return plans
   return [c for c in plans if max(c) == 1]
@@ -98,5 +98,5 @@ def plan(op, world: int, f, stages: tuple | None = None) -> PipelinedPlan:
   if len(f.gemm_us) != world:
     raise ValueError(f"pipelined.plan: gemm_us needs {world} entries (1 .. world chunks), got {len(f.gemm_us)}")
   best = stages if stages is not None else min(candidates(op, world, f),
-                                               key=lambda c: (op.pipelined_us(c, f), len(c)))
-  return PipelinedPlan(best, op.pipelined_us(best, f), xla_us(world, f))
+                                               key=lambda c: (op.planning.pipelined_us(c, f), len(c)))
+  return PipelinedPlan(best, op.planning.pipelined_us(best, f), xla_us(world, f))

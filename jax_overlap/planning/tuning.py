@@ -49,7 +49,7 @@ def problems(problem, op, stages: tuple) -> list:
   if problem.scaled:
     call.update(w_dtype=problem.w_dtype, out_dtype=problem.out_dtype, blocks=problem.scaling.blocks,
                 fast_accumulation=problem.fast_accumulation, x_scale_shared=problem.x_scale_shared)
-  return list(backend.current().native.gemm_problems(op.NAME, problem.world, call,
+  return list(backend.current().native.gemm_problems(op.name, problem.world, call,
                                                      workspace.device_props().sm_count))
 
 

@@ -1,0 +1,60 @@
+"""What a GEMM op's results are, by kind: how the lowerings and rules below ops/ produce each one without knowing
+which op they serve (an op declares its Results: ops/op.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Kind(enum.Enum):
+  PRODUCT = "product"  # the GEMM's result, bias added, in the output dtype: what every custom call computes
+  GATHERED = "gathered"  # x with its shards gathered; a group of one's is x itself
+  # Float8 calls only: each shard's x scale, as it travelled with its shard; a group of one's is x's own
+  # (Scaling.of_whole_x). Batched with x where the scales follow x's rows (block scales), else per shard.
+  GATHERED_SCALES = "gathered_scales"
+
+
+@dataclasses.dataclass(frozen=True)
+class Results:
+  """An op's results in the order its primitive returns them, and their checkpoint names (remat.py)."""
+
+  kinds: tuple
+  tags: tuple
+
+  def __post_init__(self):
+    kinds, tags = self.kinds, self.tags
+    if not isinstance(kinds, tuple) or not kinds or not all(isinstance(k, Kind) for k in kinds):
+      raise TypeError(f"jax_overlap Results: kinds must be a non-empty tuple of Kind, got {kinds!r}")
+    if kinds[0] is not Kind.PRODUCT or len(set(kinds)) != len(kinds):
+      raise TypeError(f"jax_overlap Results: kinds must start with Kind.PRODUCT and name each kind once, got "
+                      f"{kinds!r}")
+    if Kind.GATHERED_SCALES in kinds and kinds[-1] is not Kind.GATHERED_SCALES:
+      raise TypeError(f"jax_overlap Results: Kind.GATHERED_SCALES (float8 calls only) must come last, got {kinds!r}")
+    if not isinstance(tags, tuple) or len(tags) != len(kinds) or not all(isinstance(t, str) for t in tags):
+      raise TypeError(f"jax_overlap Results: tags must be one checkpoint name (str) per kind ({len(kinds)}), got "
+                      f"{tags!r}")
+
+  @property
+  def multiple(self) -> bool:
+    """Whether the primitive returns a tuple (its multiple_results)."""
+    return len(self.kinds) > 1
+
+  @property
+  def gathers(self) -> bool:
+    return Kind.GATHERED in self.kinds
+
+  def of_call(self, scaled: bool) -> tuple:
+    """The kinds a call returns: Kind.GATHERED_SCALES with float8 operands only."""
+    return self.kinds if scaled else tuple(k for k in self.kinds if k is not Kind.GATHERED_SCALES)
+
+  def batch_dims(self, scaling) -> tuple:
+    """Each result's batch dim when x's leading dims take a batch (None: the result belongs to the shards)."""
+    follows = scaling is not None and scaling.follows_x
+    return tuple(None if k is Kind.GATHERED_SCALES and not follows else 0 for k in self.of_call(scaling is not None))
+
+  def of_one(self, product, x, own_scales, scaled: bool) -> list:
+    """The results of a group of one, whose custom call computes the product alone: x is its own gathered x, and
+    own_scales(i) gives result i, x's own scale."""
+    mine = {Kind.PRODUCT: lambda i: product, Kind.GATHERED: lambda i: x, Kind.GATHERED_SCALES: own_scales}
+    return [mine[k](i) for i, k in enumerate(self.of_call(scaled))]
