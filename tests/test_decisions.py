@@ -132,6 +132,17 @@ def test_a_process_that_lowers_a_program_once_more_keeps_its_site_numbers(two_ho
   assert _site(first["calls"]["other"][0]) != _site(first["calls"]["layer"][0])  # another program, another site
 
 
+def test_two_programs_of_one_name_lowered_in_opposite_orders_keep_sites_of_their_own(two_hosts):
+  """Issue 52.9: process 0 lowers program A then B, process 1 B then A (one jit name, calls of one shape): each
+  program's call has one site on both processes, and the two programs' sites differ."""
+  first, second = _scenario(two_hosts, "programs")
+  assert first["errors"] == second["errors"] == {}
+  for program in ("times 2.0", "times 3.0"):
+    assert len(first["calls"][program]) == 1 and first["calls"][program] == second["calls"][program]
+  for record in (first, second):
+    assert _site(record["calls"]["times 2.0"][0]) != _site(record["calls"]["times 3.0"][0])
+
+
 # --- the agreement itself ----------------------------------------------------------
 
 @pytest.fixture
@@ -252,6 +263,30 @@ def test_lowering_a_program_again_keeps_its_site_numbers(fake, make_mesh):
   (other,) = _calls(_ag(mesh, "pipelined", name="other"), *_operands(mesh))
   assert _site(inspected[0]) == _site(first) == _site(again) == 1
   assert _site(other) == 2  # another program's call of the same region
+
+
+def test_two_programs_of_one_name_get_sites_of_their_own(fake, make_mesh):
+  """Issue 52.9: a site is named by its program, not by the jit's name alone: two lambdas (both jit__lambda_) and a
+  retrace with other static arguments, calls of one shape and region, get different sites; each keeps its own when
+  lowered again."""
+  mesh = make_mesh((8,), ("tp",))
+
+  def program(f):
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("tp"), P(None, "tp")), out_specs=P(None, "tp")))
+
+  x, w = _operands(mesh)
+  first = program(lambda x, w: jax_overlap.ag_matmul(x * 2, w, axis_name="tp", algorithm="pipelined"))
+  second = program(lambda x, w: jax_overlap.ag_matmul(x + 1, w, axis_name="tp", algorithm="pipelined"))
+  sites = [_site(c) for f in (first, second, first) for c in _calls(f, x, w)]
+  assert sites[0] != sites[1] and sites[2] == sites[0], sites
+
+  def scaled(x, w, scale):
+    return jax.shard_map(lambda x, w: jax_overlap.ag_matmul(x * scale, w, axis_name="tp", algorithm="pipelined"),
+                         mesh=mesh, in_specs=(P("tp"), P(None, "tp")), out_specs=P(None, "tp"))(x, w)
+
+  retraced = jax.jit(scaled, static_argnums=2)
+  (two,), (three,) = (_calls(retraced, x, w, s) for s in (2.0, 3.0))
+  assert len({_site(two), _site(three), *sites}) == 4
 
 
 def test_call_sites_of_one_program_sharing_a_region_are_numbered_in_order(fake, make_mesh):

@@ -45,13 +45,13 @@ def _custom_calls(text: str) -> list:
   return [line.strip() for line in text.splitlines() if "stablehlo.custom_call @jax_overlap" in line]
 
 
-def _tp_fn(op: str, mesh: Mesh, algorithm: str, name: str):
+def _tp_fn(op: str, mesh: Mesh, algorithm: str, name: str, scale=None):
   fn = getattr(jo, op)
   specs = {"ag_matmul": (P("tp"), P(None, "tp"), P(None, "tp")), "matmul_rs": (P(None, "tp"), P("tp"), P("tp"))}
   x_spec, w_spec, out_spec = specs[op]
 
-  def body(x, w):
-    return fn(x, w, axis_name="tp", algorithm=algorithm)
+  def body(x, w):  # with a scale, another program of the same name
+    return fn(x if scale is None else x * scale, w, axis_name="tp", algorithm=algorithm)
 
   body.__name__ = body.__qualname__ = name  # the module's name: jit_<name>
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec)), (x_spec, w_spec)
@@ -64,8 +64,8 @@ def _operands(op: str, world: int, mesh: Mesh, specs, sharded: bool = True):
           for shape, spec in zip(shapes[op], specs)]
 
 
-def _lower(op: str, mesh: Mesh, algorithm: str, name: str = "layer", sharded: bool = True) -> list:
-  f, specs = _tp_fn(op, mesh, algorithm, name)
+def _lower(op: str, mesh: Mesh, algorithm: str, name: str = "layer", sharded: bool = True, scale=None) -> list:
+  f, specs = _tp_fn(op, mesh, algorithm, name, scale)
   return _custom_calls(f.trace(*_operands(op, mesh.shape["tp"], mesh, specs, sharded)).lower(
       lowering_platforms=("cuda",)).as_text())
 
@@ -92,6 +92,9 @@ def scenario(name: str, rank: int, fake, meshes) -> dict:
       _attempt(record, "inspected", lambda: _lower("ag_matmul", local, "auto", sharded=False))
     _attempt(record, "layer", lambda: _lower("ag_matmul", local, "auto"))
     _attempt(record, "other", lambda: _lower("ag_matmul", local, "auto", name="other"))
+  elif name == "programs":  # two programs of one name, lowered in opposite orders by the two processes
+    for scale in ((2.0, 3.0) if rank == 0 else (3.0, 2.0)):
+      _attempt(record, f"times {scale}", lambda scale=scale: _lower("ag_matmul", local, "auto", scale=scale))
   elif name.startswith(("blas", "oom")):  # one step fails on one process: no vendor BLAS, or no memory for the workspace
     failing = 0 if name.endswith("_leader") else 1
     fake.fail = ({"prepare_vendor_blas"} if name.startswith("blas") else {"allocate_workspace"}) if rank == failing \
@@ -108,7 +111,7 @@ def scenario(name: str, rank: int, fake, meshes) -> dict:
   return record
 
 
-SCENARIOS = ("hosts", "figures", "inspect", "blas", "blas_leader", "oom", "oom_leader", "tuning")
+SCENARIOS = ("hosts", "figures", "inspect", "programs", "blas", "blas_leader", "oom", "oom_leader", "tuning")
 
 
 def main() -> None:

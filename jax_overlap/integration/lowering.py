@@ -22,8 +22,11 @@ For each call on "cuda"/"rocm" (primitives.py and ops/all_gather.py register the
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import math
+import re
+import sys
 import weakref
 
 import jax
@@ -77,18 +80,39 @@ def native_ready(ctx) -> None:
 
 
 # --- call sites --------------------------------------------------------------------
-# The module being lowered -> {region key: its calls lowered so far}: a call site's name is its module and its
-# place among that module's calls of the region (workspace.site).
-_lowered_sites = weakref.WeakKeyDictionary()
+# A call site is named by its program: the module's name, a digest of the computation lowered into it, and the
+# call's place among the module's calls of the region; workspace.site numbers the names (agreed between processes).
+# Two programs of one name (two jits of lambdas, a retrace with other static arguments) then differ, and the flags
+# tell ranks that run their calls in different orders apart (docs/protocol.md).
+_lowered_sites = weakref.WeakKeyDictionary()  # module -> (its program's digest, {region key: calls so far})
+# A set of names prints in hash order, which differs between processes.
+_NAME_SET = re.compile(r"\{('[^'{}]*'(?:, '[^'{}]*')+)\}")
+
+
+def _program_digest() -> str:
+  """A digest of the jaxpr JAX is lowering into the current module (mlir.lower_jaxpr_to_module's), printed with
+  sets of names sorted and object addresses left out: one program, one digest, in every process and lowering.
+  "" where no such lowering is on the stack (a custom partitioning's body, lowered at compile time)."""
+  frame = sys._getframe(1)
+  while frame is not None and frame.f_code.co_name != "lower_jaxpr_to_module":
+    frame = frame.f_back
+  jaxpr = None if frame is None else frame.f_locals.get("jaxpr")
+  if jaxpr is None:
+    return ""
+  text = re.sub(r" at 0x[0-9a-f]+", "", str(jaxpr))
+  text = _NAME_SET.sub(lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", text)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _site(ctx, region_key: tuple) -> int:
   module = ctx.module_context.module
-  seen = _lowered_sites.setdefault(module, collections.Counter())
+  if module not in _lowered_sites:
+    _lowered_sites[module] = (_program_digest(), collections.Counter())
+  digest, seen = _lowered_sites[module]
   seen[region_key] += 1
   attributes = module.operation.attributes
   module_name = mlir.ir.StringAttr(attributes["sym_name"]).value if "sym_name" in attributes else ""
-  return workspace.site(region_key, (module_name, seen[region_key]))
+  return workspace.site(region_key, (module_name, digest, seen[region_key]))
 
 
 # --- emitting the custom calls ---------------------------------------------------
