@@ -1,27 +1,13 @@
-"""Public functions: argument checks at trace time, dispatch to the op (ops/), and the custom VJP.
+"""Public functions: argument checks at trace time, one driver (_drive) for both GEMM ops, and their custom VJP.
 
-The two ops are each other's gradient (integration/autodiff.py), so the fused kernels serve
-the backward pass too: one custom VJP serves both, its forward the op's call
-and its backward the op's `backward`, which calls the dual op through it. The
-results the backward pass reads carry checkpoint names (remat.py).
+The ops are each other's gradient (integration/autodiff.py): one custom VJP serves both, its backward the op's
+Backward, which calls the dual op through it, so the GPU algorithms serve the backward pass too.
 
-Inside shard_map every operand is first made varying over the group's axes,
-so the gradient of a replicated operand (a shared bias, replicated weights)
-is summed over the group by JAX's own transpose of that cast. On global arrays
-the gradients come back in their primal's layout: resharded to its type on an
-Explicit mesh, tied to it with shard_alike on an Auto mesh.
-
-The custom VJP serves first-order reverse mode (jax.grad, jax.vjp,
-jax.linearize). Forward mode, second derivatives and (on global arrays over
-several devices) jax.export raise errors that say so; algorithm="xla" is the
-XLA decomposition as plain JAX ops (each op's `plain`), which takes every
-transformation.
-
-Float8 operands are quantized values: no cotangent of theirs means anything in
-a float8 format without a scale of its own, so differentiating a float8 call
-raises, pointing to the fp8 layers (layers/fp8.py), whose custom VJP quantizes
-the cotangents with scales and runs these ops on them. algorithm="xla" is JAX's
-own derivative of its plain ops, as for any dtype.
+Inside shard_map every operand is first made varying over the group's axes, so that JAX's transpose of that cast
+sums the gradient of a replicated operand over the group. The custom VJP serves first-order reverse mode;
+forward mode, second derivatives and jax.export over several devices raise errors that say so, and
+algorithm="xla" (plain JAX ops) takes every transformation. Differentiating a float8 call raises: a cotangent
+rounded to float8 without a scale of its own means nothing; the fp8 layers (layers/fp8.py) quantize theirs.
 """
 
 from __future__ import annotations
@@ -54,14 +40,14 @@ ALGORITHMS = ("auto", "xla", *formats.GPU_ALGORITHMS)
 class Call:
   """How one call runs, besides its operands (static under jit)."""
 
-  op: str  # its op's NAME (ops.OPS)
+  op: str  # its Op's name (ops.OPS)
   axes: tuple | None  # the shard_map group's mesh axes; None for global arrays
   size: int  # the group's size (1 for global arrays)
   algorithm: str
-  axis: int | None  # ag_matmul: x's gather dim; matmul_rs: the output's scatter dim (negative; None: the plan's)
-  request: tuple | None = None  # global matmul_rs: the output spec asked for (_sharding.spec_of form)
+  axis: int | None  # the op's dim argument (Op.arguments.dim), negative; None: the plan's
+  request: tuple | None = None  # global arrays: the output spec asked for (_sharding.spec_of form)
   w_kmajor: bool = False  # w stored with the contraction last (w_kmajor=True, and the backward passes' calls)
-  outputs: int = 1  # how many of the op's results the caller takes (ag_matmul: 2 with its gathered x, 3 with scales)
+  outputs: int = 1  # how many of the op's results the caller takes
   out_dtype: str = ""  # the result's dtype name (x's for 16-bit operands)
 
   def dual(self, op: str, axis, request=None, outputs: int = 1) -> Call:

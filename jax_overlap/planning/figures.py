@@ -107,7 +107,7 @@ def reduce_us(dtype_name: str, block_rows: int, world: int, n: int) -> float:
 
 def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor: bool,
             types: tuple | None = None, scaling=None) -> Figures:
-  """The figures for one call of `op` (an op module, ops/) with x of `dtype_name` (types: a float8 call's
+  """The figures for one call of `op` (an Op, ops/op.py) with x of `dtype_name` (types: a float8 call's
   (w dtype, out dtype); None: x's dtype throughout; scaling: a float8 call's Scaling): measured link and copy rates
   once the workspace exists, else the local copy rate and the link guessed from it (see the module docstring).
   SetupError when a measurement failed.
