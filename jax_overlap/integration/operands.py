@@ -109,7 +109,7 @@ def bias_by_xla(call: GemmCall, reduces_with_peers: bool) -> bool:
   float8 GEMM epilogue takes a bias in a 16-bit output's dtype only (csrc/blas/cublaslt_api.h), so a float32
   bias (or a float32 output) goes that way when a GEMM adds it: then the custom call writes y in float32
   without it, and XLA adds the bias in float32 and rounds once, as the epilogue would (one more pass over y).
-  A reduction with peers (matmul_rs) adds its bias itself, in float32 from either dtype. Some scalings have no
+  A reduction with peers adds its bias itself, in float32 from either dtype. Some scalings have no
   bias epilogue at all (Scaling.bias_epilogue)."""
   if not call.scaled or call.values.bias is None or reduces_with_peers:
     return False
@@ -149,17 +149,17 @@ def finished(ctx, call: GemmCall, y, y_aval, bias_after: bool):
 
 
 def own_gathered_scales(ctx, call: GemmCall, aval_out):
-  """A group of one's gathered_scales: x's own scale as the op returns it (Scaling.of_whole_x)."""
+  """A group of one's Kind.GATHERED_SCALES: x's own scale as the op returns it (Scaling.of_whole_x)."""
   return lowered(ctx, call.scaling.of_whole_x, [call.values.x_scale], [call.avals.x_scale], aval_out)
 
 
 def gathered_scales(ctx, call: GemmCall, flat, world: int, aval_out):
-  """ag_matmul's gathered_scales as the op returns them, from the flat form its custom call returns (each
+  """Kind.GATHERED_SCALES as the op returns it, from the flat form its custom call returns (each
   shard's scales as its GEMM read them)."""
   return lowered(ctx, lambda s: call.scaling.gathered_from_gemm(s, world, aval_out.shape), [flat],
                  [flat_scales_aval(aval_out)], aval_out)
 
 
 def flat_scales_aval(aval):
-  """The type of gathered_scales as the custom call returns them: flat."""
+  """The type of Kind.GATHERED_SCALES as the custom call returns them: flat."""
   return jax.core.ShapedArray((math.prod(aval.shape),), np.float32)
