@@ -92,7 +92,8 @@ _NAME_SET = re.compile(r"\{('[^'{}]*'(?:, '[^'{}]*')+)\}")
 def _program_digest() -> str:
   """A digest of the jaxpr JAX is lowering into the current module (mlir.lower_jaxpr_to_module's), printed with
   sets of names sorted and object addresses left out: one program, one digest, in every process and lowering.
-  "" where no such lowering is on the stack (a custom partitioning's body, lowered at compile time)."""
+  A custom partitioning's body (global arrays) is a program of its own, lowered when XLA partitions the caller's;
+  "" where JAX lowers by another path."""
   frame = sys._getframe(1)
   while frame is not None and frame.f_code.co_name != "lower_jaxpr_to_module":
     frame = frame.f_back
