@@ -49,3 +49,22 @@ def test_no_module_imports_from_a_layer_above_its_own(path):
 def test_every_module_has_a_layer():
   for path in FILES:
     _layer(".".join(path.relative_to(PACKAGE).with_suffix("").parts))
+
+
+@pytest.mark.parametrize("package", ["planning", "integration", "quantization", "runtime"])
+def test_a_package_init_is_a_face(package):
+  """Issue 53.4: a package's __init__.py holds its docstring, imports and __all__; its logic is in named modules."""
+  tree = ast.parse((PACKAGE / package / "__init__.py").read_text())
+  logic = [f"{type(node).__name__} at line {node.lineno}" for node in tree.body
+           if not isinstance(node, (ast.Import, ast.ImportFrom))
+           and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+           and not (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"])]
+  assert not logic, f"jax_overlap/{package}/__init__.py holds logic: {logic}"
+
+
+def test_no_op_decides_its_own_gpu_lowering():
+  """Issue 53.4: what takes a call on the GPU (the native module, the devices, the workspace) is integration/'s to
+  ask; an op module imports nothing of the runtime."""
+  for path in sorted((PACKAGE / "ops").glob("*.py")):
+    runtime = sorted(m for m in _imports(path) if m.split(".")[0] == "runtime")
+    assert not runtime, f"jax_overlap/ops/{path.name} imports {runtime}"
