@@ -158,7 +158,7 @@ def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: operands.Ge
   if problem.world == 1:
     log.debug("jax_overlap.%s: pipelined, a group of one: the vendor GEMM", op.name)
     sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, scratch])
-    # In XLA's command buffers only where the vendor GEMM passed its capture check (planning._vendor_blas).
+    # In XLA's command buffers only where the vendor GEMM passed its capture check (planning/decision.py _vendor_blas).
     target = machine.target("vendor_gemm" if machine.native.vendor_gemm_graph_safe() else "vendor_gemm_no_graph")
     y = jax.ffi.ffi_lowering(target)(sub_ctx, *args, w_kmajor=np.int64(problem.w_kmajor),
                                      fast_accumulation=np.int64(problem.fast_accumulation))[0]
