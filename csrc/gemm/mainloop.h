@@ -152,10 +152,10 @@ struct Mainloop {
   // (row, k, n) for each 16-byte chunk of every k-tile: in the k-loop that
   // integer work competed with the MMAs for issue slots and registers.
   static constexpr bool kHasFastLoad = !(kBSmemKMajor && !kBKMajor);  // not for B transposed in registers
-  // plain_gemm's pipeline across tiles (gemm_tile.h): for the tiles that
-  // pipeline fragments, the 8-warp tile that has an SM to itself; the 4-warp
-  // tile shares its SM with a second workgroup, which hides its epilogue, and
-  // measured 22% slower with it (H200; git show 6a98e4b:benchmarks/results/NOTES.md).
+  // plain_gemm's pipeline across tiles (gemm_tile.h), for the 8-warp tile that
+  // has an SM to itself: the 4-warp tile shares its SM with a second
+  // workgroup, which hides its epilogue, and ran 22% slower with it
+  // (docs/performance.md, "Where the code's constants come from").
   static constexpr bool kCrossTilePipeline = kHasFastLoad && kPipelineFrags;
   // The stream-K tail (gemm/tile_scheduler.h StreamKScheduler) runs inside
   // that pipeline, where the arch has it.
