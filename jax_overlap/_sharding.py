@@ -82,7 +82,6 @@ def w_spec(k_specs, n_specs, w_kmajor: bool) -> P:
 
 
 def factors(prefix: str, count: int) -> list:
-  """Names of `count` factors of a Shardy sharding rule."""
   return [f"{prefix}{i}" for i in range(count)]
 
 
@@ -113,7 +112,6 @@ def reshape(a, shape, like=None):
 
 
 def _reshaped_spec(mesh, old: tuple, spec: list, new: tuple) -> list:
-  """Matches old's and new's dims in groups of equal products."""
   out, i, j = [None] * len(new), 0, 0
   while i < len(old) and j < len(new):
     olds, news, po, pn = [i], [j], old[i], new[j]

@@ -24,13 +24,13 @@ _LOCAL_COPY_PROBE_BYTES = 64 << 20
 
 @dataclasses.dataclass(frozen=True)
 class Figures:
-  """What the models know of one call on this machine (times in us, rates in bytes per us)."""
+  """Times in us, rates in bytes per us."""
 
   gemm_us: tuple  # [s - 1]: the vendor GEMM over s chunks' rows
   chunk_bytes: int  # one chunk a rank receives
   link_bytes_per_us: float
   local_bytes_per_us: float
-  reduce_us: float | None = None  # None: from the local copy rate
+  reduce_us: float | None = None
   # [s - 1]: a stage's GEMMs where they are not one GEMM over its rows (one per shard's scale); None: gemm_us.
   stage_gemm_us: tuple | None = None
   stage_overhead_us: float = pipelined.STAGE_OVERHEAD_US

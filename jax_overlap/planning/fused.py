@@ -21,12 +21,11 @@ COMM_SHARE = 0.5
 
 @dataclasses.dataclass(frozen=True)
 class FusedPlan:
-  """One fused call's launch; attribute() is its FFI `config` attribute."""
 
   tile: int  # TileShape.index
   comm_workgroups: int  # fetchers or reducers; 0 at world 1
   chunk_k: int  # K columns covered by one ready flag
-  tail_slots: int  # group of one: its stream-K tail scratch
+  tail_slots: int
   tail_scratch_bytes: int
   region_bytes: int
   est_us: float
