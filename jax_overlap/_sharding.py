@@ -97,7 +97,7 @@ def reshape(a, shape, like=None):
   """a.reshape(shape), typed on an Explicit mesh, where JAX's own rule refuses all but one split or merge of a
   sharded-major dim (tiles [a, b] -> [a/128, 128, b/128, 128]; [B, S, K] -> [B*S, K] with S sharded). `like`: an
   array whose layout the result takes. Otherwise merged dims keep all their axes in order, and a split dim's axes go
-  to the first part they divide."""
+  to the first part they divide (none: gathered)."""
   if -1 in shape:
     rest = math.prod(d for d in shape if d != -1)
     shape = tuple(math.prod(a.shape) // rest if d == -1 else d for d in shape)

@@ -37,8 +37,8 @@ log = logging.getLogger("jax_overlap.maxtext")
 LOCAL = "local"  # a float8 dot on one device (the group of one)
 SEQUENCE_PARALLEL_SETTING = "ici_tensor_sequence_parallelism"
 
-# In MaxText the operands come out of XLA's fusions, which XLA fuses its casts into; the cast kernels would read
-# them back from memory (measured slower: docs/performance.md, "Where the code's constants come from").
+# Unlike the layers' own "auto" (the cast kernels): in MaxText the operands come out of XLA's fusions, which XLA
+# fuses its casts into, and the cast kernels would read them back from memory (docs/performance.md, "MaxText").
 AUTO_FP8_CAST = "xla"
 
 _sites = itertools.count(1)  # the census counts call sites once
