@@ -91,7 +91,8 @@ __device__ __forceinline__ void pipelined_units(Scheduler& sched, typename ML::E
 // loader, the stream-K tail (StreamKScheduler) when the launch has one, and
 // the pipeline across units (pipelined_units), which overlaps only the fill
 // with the previous epilogue: carrying the whole stage ring into the next tile
-// ran 5% slower (docs/performance.md). Other GEMMs run whole tiles, one after the other (BandScheduler).
+// ran 5% slower (docs/performance.md). Other GEMMs run whole tiles, one after
+// the other (BandScheduler).
 template <class ML, typename T, class OnTile, class OnStall>
 __device__ __forceinline__ void plain_gemm(const PlainGemm<T>& g, T* smem, int first, int stride,
                                            const TailSplit& split, OnTile&& on_tile, OnStall&& on_stall) {
