@@ -1,20 +1,11 @@
 """Shardings every layer reads: specs, the pieces of the ops' global-array plans, and meshes with Explicit axes.
 
-Specs are lists with one entry per dim: a tuple of mesh axes, or None. A dim
-whose size is not a multiple of its axes' size is treated as unsharded (XLA
-pads uneven shards with values that must not reach a product or a gather), so
-every plan partitions evenly. Each op's plan is its own module's
-(ops/<op>.py sharding_plan); integration/partitioning.py applies it. Below
-every layer (like _compat.py): the quantization's block views of an operand
-keep its type on Explicit meshes through reshape() here.
+A spec has one entry per dim: a tuple of mesh axes, or None. A dim its axes do not divide is unsharded: XLA pads
+uneven shards with values that must not reach a product or a gather.
 
-Explicit axes. A lowering or a partitioned body is per-shard code, which must
-not be typed by the caller's mesh: a call on a one-device mesh is inlined by
-JAX with its global operand types (x's rows and w's columns on one axis make
-the local dot_general an illegal sharding), and a custom partitioning's body
-is lowered under the caller's mesh, where the reducer of a collective would be
-typed too (XLA's CPU collectives accept only a plain binary reducer). So they
-run with that mesh's Explicit axes Auto: auto_axes(), untyped().
+Lowerings and partitioned bodies are per-shard code and run with the mesh's Explicit axes Auto (auto_axes, untyped):
+typed by the caller's mesh, a one-device call is inlined with global operand types (an illegal local dot_general),
+and a collective's reducer would be typed too (XLA's CPU collectives take only a plain binary reducer).
 """
 
 from __future__ import annotations
@@ -42,9 +33,8 @@ def spec_of(sharding, ndim: int) -> list:
 
 
 def spec_on(mesh, s, ndim: int) -> list | None:
-  """spec_of a sharding that custom partitioning hands over undecoded (integration/partitioning.py), on `mesh`;
-  None where no PartitionSpec of the mesh names it (a dim split over part of an axis: Shardy makes such sub-axes
-  through reshapes, e.g. a dim of 2 blocks that was a dim of 256 on an axis of 4)."""
+  """spec_of an undecoded sharding from custom partitioning; None where no PartitionSpec names it (Shardy's
+  sub-axes from reshapes, e.g. a dim of 2 blocks that was 256 on an axis of 4)."""
   if isinstance(s, (NamedSharding, P)):
     return spec_of(s, ndim)
   spec = _compat.named_spec(s, mesh, ndim)
@@ -75,10 +65,9 @@ def disjoint(specs, taken: set) -> list:
 
 
 def settle(free, n_specs, request) -> tuple[list, list]:
-  """(free, n_specs): x's batch dims' specs and w's output dims', with no axis in both (the product's batch and
-  output dims cannot share one). The output dims keep theirs where the requested output spec has them (on an Auto
-  mesh what propagation settled on: partitioning to it spares XLA a reshard of the result that its SPMD
-  partitioner can only do by replicating it, "Involuntary full rematerialization"); else the batch dims do."""
+  """(free, n_specs) with no axis in both. The output dims win where the requested output spec has them: a
+  reshard of the result is one XLA's SPMD partitioner does by replicating it ("Involuntary full
+  rematerialization"); else the batch dims win."""
   n_specs = list(n_specs)
   if request is not None and axes_in(free) & axes_in(n_specs):
     asked = list(request[len(request) - len(n_specs):])
@@ -93,25 +82,22 @@ def w_spec(k_specs, n_specs, w_kmajor: bool) -> P:
 
 
 def factors(prefix: str, count: int) -> list:
-  """Names of `count` factors of a Shardy sharding rule."""
   return [f"{prefix}{i}" for i in range(count)]
 
 
 def fold(a, axis: int, end: int):
-  """a with dims axis..end-1 (negative, end exclusive) merged into one: a tiled gather or scatter along `axis`
-  moves whole blocks of everything after it, so on row-major arrays it is one along the merged dim (free)."""
+  """a with dims axis..end-1 (negative) merged: on row-major arrays a tiled gather or scatter along `axis` is one
+  along the merged dim."""
   shape = a.shape
   start, stop = a.ndim + axis, a.ndim + end
   return a.reshape(*shape[:start], math.prod(shape[start:stop]), *shape[stop:])
 
 
 def reshape(a, shape, like=None):
-  """a.reshape(shape), typed on a mesh with Explicit axes, where JAX's own rule for reshapes takes one split or
-  merge of a dim whose major part is sharded and refuses the rest (tiles [a, b] -> [a/128, 128, b/128, 128] are
-  two splits; [B, S, K] -> [B*S, K] with S sharded merges a sharded minor dim). `like`: an array whose layout the
-  result takes (a reshape back to it). Otherwise dims merged into one keep all their axes on it, in order, and a dim
-  split into several puts its axes on the first of them where they divide it (whole blocks of its shards), else on
-  the first they divide, else nowhere; data moves where the result's shards are not the operand's."""
+  """a.reshape(shape), typed on an Explicit mesh, where JAX's own rule refuses all but one split or merge of a
+  sharded-major dim (tiles [a, b] -> [a/128, 128, b/128, 128]; [B, S, K] -> [B*S, K] with S sharded). `like`: an
+  array whose layout the result takes. Otherwise merged dims keep all their axes in order, and a split dim's axes go
+  to the first part they divide (none: gathered)."""
   if -1 in shape:
     rest = math.prod(d for d in shape if d != -1)
     shape = tuple(math.prod(a.shape) // rest if d == -1 else d for d in shape)
@@ -126,7 +112,6 @@ def reshape(a, shape, like=None):
 
 
 def _reshaped_spec(mesh, old: tuple, spec: list, new: tuple) -> list:
-  """reshape's layout of the result: old's dims and new's in groups of equal products, in order."""
   out, i, j = [None] * len(new), 0, 0
   while i < len(old) and j < len(new):
     olds, news, po, pn = [i], [j], old[i], new[j]
@@ -139,9 +124,9 @@ def _reshaped_spec(mesh, old: tuple, spec: list, new: tuple) -> list:
         news.append(j)
         pn, j = pn * new[j], j + 1
     axes = tuple(a for d in olds for a in (spec[d] or ()))
-    if not axes or (len(olds) > 1 and len(news) > 1):  # unsharded, or neither a split nor a merge: gathered
+    if not axes or (len(olds) > 1 and len(news) > 1):  # neither a split nor a merge: gathered
       continue
-    if len(olds) > 1:  # a merge
+    if len(olds) > 1:
       out[news[0]] = axes
       continue
     first = next((d for d in news if new[d] > 1), news[0])
@@ -152,17 +137,15 @@ def _reshaped_spec(mesh, old: tuple, spec: list, new: tuple) -> list:
 
 
 def resharded(v, mesh, spec):
-  """v (None passes) in the layout `spec` of `mesh`, resharded only when its type has another."""
+  """v (or None) in layout `spec`, resharded only when its type has another."""
   if v is None or spec_of(jax.typeof(v).sharding, v.ndim) == spec_of(spec, v.ndim):
     return v
   return jax.sharding.reshard(v, NamedSharding(mesh, spec))
 
 
 def blocks_like(scale, x):
-  """A block scale (x's rank, each dim x's or a whole fraction of it) in its operand x's layout on a mesh with
-  Explicit axes, as the plans lay it out on global arrays: each dim with x's axes where they divide it, else none. A
-  scale laid out otherwise is resharded (small: a 128th of x or less); its product with x would be an illegal
-  layout."""
+  """A block scale in its operand x's layout on an Explicit mesh (x's axes where they divide a dim): its product
+  with x is illegal otherwise, and the reshard is small (a 128th of x or less)."""
   aval = jax.typeof(x)
   mesh = explicit_mesh(aval)
   if mesh is None:
@@ -170,15 +153,11 @@ def blocks_like(scale, x):
   return resharded(scale, mesh, P(*even(mesh, spec_of(aval.sharding, x.ndim), scale.shape)))
 
 
-# --- meshes with Explicit axes --------------------------------------------------
-
 def has_explicit_axes(mesh) -> bool:
-  """Whether `mesh` (or None) has an axis of type Explicit."""
   return any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
 
 
 def explicit_mesh(aval):
-  """The mesh of an aval typed with a sharding on a mesh with Explicit axes, else None."""
   mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
   return mesh if has_explicit_axes(mesh) else None
 
@@ -189,7 +168,6 @@ def _auto_axes(mesh):
 
 
 def untyped(aval):
-  """aval without an Explicit sharding in its type."""
   mesh = explicit_mesh(aval)
   if mesh is None:
     return aval
@@ -198,7 +176,6 @@ def untyped(aval):
 
 @contextlib.contextmanager
 def auto_axes():
-  """The current abstract mesh with its Explicit axes Auto: ops traced inside carry no sharding in their types."""
   mesh = jax.sharding.get_abstract_mesh()
   with jax.sharding.use_abstract_mesh(_auto_axes(mesh)):
     yield

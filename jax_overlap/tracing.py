@@ -1,11 +1,8 @@
-"""Per-workgroup traces of the fused kernels, exported as Chrome/Perfetto JSON.
+"""Per-workgroup traces of the fused kernels as Chrome/Perfetto JSON.
 
-Enable with jax_overlap.initialize(trace=True) (or JAX_OVERLAP_TRACE=1) before
-running the calls to trace; then `export(path)` writes what the GPUs recorded
-since the last export (the buffer holds 65536 events per GPU) and returns the
-time split: busy time per event kind, summed over workgroups. The switch is a
-word in GPU memory that kernels read as they record, so it also reaches calls
-compiled earlier, including those XLA replays from its command buffers.
+jax_overlap.initialize(trace=True) (or JAX_OVERLAP_TRACE=1), run the calls, then export(path): up to 65536 events
+per GPU since the last export. The switch is a word in GPU memory, so it also reaches calls compiled earlier and
+XLA's command-buffer replays.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ KINDS = ("gemm_tile", "wait", "fetch", "publish", "reduce")
 
 
 def events(ordinal: int) -> tuple[np.ndarray, float]:
-  """Raw events of one local GPU (and clears them), with timer ticks per microsecond."""
+  """(one local GPU's events, cleared after reading; timer ticks per us)."""
   raw, ticks_per_us = backend.current().native.read_trace(ordinal)
   return np.frombuffer(raw, dtype=EVENT_DTYPE), ticks_per_us
 

@@ -1,11 +1,9 @@
 // Whether the vendor GEMM runs right when XLA records it into a command
-// buffer (a CUDA/HIP graph captured from its stream) and replays it. hipBLASLt
-// is reported not graph-capture safe under JAX (ROCm/TransformerEngine #401),
-// so a group of one's pipelined call (the vendor GEMM alone) lowers to its
-// command-buffer target only on GPUs where this check passed; elsewhere XLA
-// dispatches it from the host (about 5 us a call). The check runs at lowering,
-// outside any capture, on both vendors (cheap: one small GEMM), so that its
-// failure path runs on NVIDIA too under fault injection.
+// buffer and replays it: hipBLASLt is reported not graph-capture safe under
+// JAX (ROCm/TransformerEngine #401), so a group of one lowers to its
+// command-buffer target only where this check passed (elsewhere XLA
+// dispatches it from the host, about 5 us a call). It runs on both vendors so
+// that its failure path runs on NVIDIA too under fault injection.
 #pragma once
 
 #include <string>
@@ -20,16 +18,13 @@ struct CaptureCheck {
   bool checked_now = false;  // this call ran the check (the first for the GPU under the faults in effect)
 };
 
-// The check on GPU `ordinal`, run once per GPU (again when the faults in
-// effect change): a small GEMM captured into a graph on a stream of its own,
-// its plan made inside the capture as a call's may be when XLA records it
-// first; the graph replayed twice, each replay's output compared with the
-// exact product; then a direct run compared the same way. An error only when
-// the check cannot run, or the direct run itself is wrong.
+// Once per GPU (and per set of faults): a small GEMM whose plan is made inside
+// the capture, as a call's may be when XLA records it first, replayed twice
+// against the exact product. An error only when the check cannot run or the
+// direct run is wrong.
 Status check_graph_capture(int ordinal, CaptureCheck* out);
 
-// False once the check failed on a GPU of this process under the faults in
-// effect (true before any check: nothing known against the graph).
+// False once the check failed on a GPU of this process.
 bool graph_capture_safe();
 
 }  // namespace jo::blas

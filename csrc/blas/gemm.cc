@@ -78,7 +78,7 @@ Status vendor_types(const GemmProblem& s, VendorTypes* out) {
   if (t.fast_accumulation) return refused(s, "block scales take no fast accumulation (they apply per 128 of k)");
   if (kDescAScaleMode < 0) return refused(s, "float8 block scales are built for cuBLASLt (sm_90) only");
   if (!s.w_kmajor) return refused(s, "block scales take w K-major ([n, k])");
-  // No algorithm on the H200 (cuBLASLt 13.1): the caller adds the bias after the GEMM.
+  // cuBLASLt 13.1 has no algorithm for it: the caller adds the bias after the GEMM.
   if (s.bias) return refused(s, "block scales take no bias epilogue");
   // The x scales are laid out over one matrix's rows (core/block_scales.h): a batch folds into the rows.
   if (s.batch > 1) return refused(s, "block scales take one batch element");

@@ -1,21 +1,12 @@
-// Row-major GEMMs through the vendor BLAS, for the pipelined algorithm: one
-// GemmProblem (core/gemm_problem.h) per plan, the bias added by the GEMM's
-// epilogue in fp32 before y is rounded; float8 operands with their scales as
-// device pointers (the vendor's A and B scale: the product is scaled in fp32
-// before the bias is added), or with block scales (core/block_scales.h;
-// cuBLASLt only, no bias). A plan (descriptors and an algorithm) is made once
-// per problem and device and kept for the process: its algorithm is the
-// vendor heuristic's first unless tune() measured a faster one of the
-// heuristic's candidates on this GPU (blas/tuning.h), or install() took
-// another process's choice (every rank runs the same algorithm).
+// Row-major GEMMs through the vendor BLAS, for the pipelined algorithm. The
+// bias is added in fp32 by the GEMM's epilogue before y is rounded; float8
+// scales are device pointers, applied in fp32 before the bias. A plan is made
+// once per problem and device and kept for the process.
 //
-// Handles: one per stream that runs GEMMs (hipBLASLt keeps its stream-K
-// flags per handle, and two streams sharing one deadlock: rocm-libraries
-// #10951; cuBLASLt takes the same rule). All are made at prepare(), outside
-// any execute handler: kOriginHandles for XLA's streams, bound to a stream on
-// its first call; one for the tools (timings, tuning, the capture check), each
-// on a stream of its own and one at a time; the pipelined side streams make
-// theirs with create_handle() when they are made (pipelined/streams.h).
+// One handle per stream that runs GEMMs: hipBLASLt keeps its stream-K flags
+// per handle, and two streams sharing one deadlock (rocm-libraries #10951).
+// Handles are made at prepare() or with the side streams, never in an execute
+// handler.
 #pragma once
 
 #include <atomic>
@@ -34,38 +25,31 @@
 
 namespace jo::blas {
 
-// Workspace of one GEMM in flight (cuBLAS's own size on sm_90 and hipBLASLt's
-// default); the pipelined calls take one per compute stream from their XLA
-// scratch result, so nothing is allocated per call.
+// cuBLAS's own size on sm_90 and hipBLASLt's default; the pipelined calls take
+// one per compute stream from their XLA scratch result.
 inline constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
-// The alignment run() requires of a float8 GEMM's scale pointers: cuBLASLt's
-// fails the call (NOT_SUPPORTED) for a scale 4 bytes off one (seen on the
-// H200), so scales a GEMM reads each sit on a slot of their own.
+// cuBLASLt fails a float8 GEMM (NOT_SUPPORTED) whose scale is 4 bytes off
+// this alignment, so each scale a GEMM reads sits on a slot of its own.
 inline constexpr size_t kScaleAlign = 16;
-// Floats from one scale to the next where scales sit side by side on such slots.
 inline constexpr int kScaleSlot = static_cast<int>(kScaleAlign / sizeof(float));
 
-// Handles per GPU for the streams XLA gives the calls (one compute stream per
-// GPU in practice); a further stream shares the last one (counted:
-// BlasCounters::shared_handles).
+// For XLA's streams (one per GPU in practice); a further stream shares the
+// last one.
 inline constexpr int kOriginHandles = 4;
 
 // The largest power of two (16 to 256) that divides every non-null pointer.
 int alignment_of(std::initializer_list<const void*> pointers);
 
-// Whether the vendor GEMM takes float8 operands of format `t` on a GPU of architecture `arch` ("sm_90",
-// "gfx942"; gpu::arch_name).
+// `arch` as gpu::arch_name gives it ("sm_90", "gfx942").
 bool takes_fp8(DType t, const std::string& arch);
 
-// A problem as one line of text, every field of its key (a plan's key in the tuning cache and between
-// processes), and back; false for text that is not one.
+// A problem's key as one line of text (the tuning cache's and other processes'), and back.
 std::string problem_id(const GemmProblem& problem);
 bool parse_problem_id(const std::string& text, GemmProblem* out);
-// A problem in words, for messages.
 std::string describe(const GemmProblem& problem);
 
-// One GEMM's operands: x, w, y, and the bias and the scales where the plan has them (else null).
+// The bias and scales are null where the plan has none.
 struct GemmPointers {
   const void* x;
   const void* w;
@@ -75,7 +59,6 @@ struct GemmPointers {
   void* y;
 };
 
-// How a plan's algorithm was chosen.
 enum class AlgoSource : int {
   kHeuristic,  // the heuristic's first (tuning off, not tuned, or tuning failed)
   kTimed,      // the fastest of the heuristic's candidates, timed on this GPU
@@ -106,7 +89,7 @@ class GemmPlan {
   Algo algo_{};
   AlgoSource source_ = AlgoSource::kHeuristic;
   int index_ = 0;
-  // What tune() found (TuneResult), for a later tune() of the problem to report.
+  // For a later tune() of the problem to report.
   int candidates_ = 0;
   double us_ = 0, first_us_ = 0;
   // The bias and scale pointers are attributes of the shared descriptor: set
@@ -119,25 +102,21 @@ class GemmPlan {
   mutable const void* set_b_scale_ = nullptr;
 };
 
-// How tune() chooses (jax_overlap/runtime/settings.py names the settings).
 struct TuningOptions {
   int candidates = 1;      // heuristic results timed; 1: the heuristic's first, nothing timed
   double margin = 0.02;    // another candidate replaces the first only when at least this much faster
   std::string cache_dir;   // the tuning cache's directory; empty: none
 };
 
-// How the candidates are timed (blas/tuning.cc): `rounds` turns over the candidates, each timing `sample_us` or
-// more of one candidate's back-to-back GEMMs, after `warmup_us` of the heuristic's first back to back (the GPU's
-// clocks settle under sustained GEMMs: the choice is for the clocks a training step runs at).
+// `rounds` turns over the candidates, each timing `sample_us` or more of one candidate's back-to-back GEMMs, after
+// `warmup_us` of GEMMs: the choice is for the sustained clocks a training step runs at.
 struct TimingProtocol {
   double sample_us;
   int rounds;
   double warmup_us;
 };
-// tune()'s.
 TimingProtocol tuning_protocol();
 
-// One candidate as timed: its place in the heuristic's list, what the heuristic said of it, its median time.
 struct CandidateTime {
   int index = 0;
   size_t workspace_bytes = 0;
@@ -146,7 +125,6 @@ struct CandidateTime {
   std::string status;   // "timed", "failed" (did not run), "wrong" (another product), "slow" (left untimed)
 };
 
-// What tune() chose for a problem.
 struct TuneResult {
   std::string choice;    // the algorithm's bytes in hex, for install() on another GPU or process
   AlgoSource source = AlgoSource::kHeuristic;
@@ -170,66 +148,50 @@ struct BlasCounters {
 };
 BlasCounters blas_counters();
 
-// One GPU's vendor BLAS: its handles and the plans made on it.
 class DeviceBlas {
  public:
-  // The instance of GPU `ordinal`, made the first time with its handles
-  // (host work and allocations: at lowering, initialize() or in the tools,
-  // never in an execute handler). Fault "blas_handle_fails": a handle cannot
-  // be made.
+  // Makes the instance and its handles on first call: host work and
+  // allocations, never in an execute handler.
   static Status prepare(int ordinal, DeviceBlas** out);
-  // The instance prepare() made; an error before it did.
   static Status get(int ordinal, DeviceBlas** out);
 
-  // The plan of `problem` (its alignment set): the algorithm tune() or
-  // install() chose for it, else the heuristic's first, made on first use;
-  // an error for a dtype the vendor GEMM path does not take.
+  // With tune()'s or install()'s algorithm, else the heuristic's first.
   Status plan(const GemmProblem& problem, const GemmPlan** out);
-  // Chooses the algorithm of `problem` by timing the heuristic's candidates
-  // on this GPU (blas/tuning.cc), or reads the choice from the tuning cache;
-  // its plan from then on runs it. Host synchronization and temporary
-  // buffers: lowering-time only. A timing that cannot run keeps the
-  // heuristic's first (result->detail says why); an error only when the
-  // problem has no plan at all.
+  // Times the heuristic's candidates (or reads the tuning cache). Host
+  // synchronization: lowering-time only. A timing that cannot run keeps the
+  // heuristic's first (result->detail says why).
   Status tune(const GemmProblem& problem, const TuningOptions& options, TuneResult* result);
-  // Makes `choice` (TuneResult::choice from another GPU or process) the
-  // algorithm of `problem` here when this GPU's heuristic lists it among
-  // its first `candidates`; otherwise keeps the plan's algorithm
-  // (*accepted false).
+  // Takes another GPU's or process's choice where this GPU's heuristic lists
+  // it among its first `candidates` (else *accepted is false).
   Status install(const GemmProblem& problem, const std::string& choice, int candidates, bool* accepted);
-  // The heuristic's first `candidates` for `problem`, each timed under `protocol` (a tool: the plans stay).
+  // A tool: the plans stay.
   Status candidate_times(const GemmProblem& problem, int candidates, const TimingProtocol& protocol,
                          std::vector<CandidateTime>* out);
 
-  // Enqueues the plan's GEMM of `p` on `stream` with `handle` (the stream's
-  // own); `workspace` holds kWorkspaceBytes.
+  // `handle`: the stream's own; `workspace`: kWorkspaceBytes.
   Status run(const GemmPlan& plan, const GemmPointers& p, void* workspace, hipStream_t stream, Handle handle) const;
 
-  // The handle of XLA's stream `stream`: one of kOriginHandles, bound to it on
-  // its first call (no handle is made here).
+  // One of kOriginHandles, bound to the stream on its first call.
   Handle stream_handle(hipStream_t stream);
   // The tools' handle (timings, tuning, the capture check): one at a time.
   Handle tool_handle() const { return tool_handle_; }
   std::mutex& tool_mu() { return tool_mu_; }
-  // A handle of its own for a stream (pipelined/streams.h), and its release.
   Status create_handle(Handle* out) const;
   void destroy_handle(Handle handle) const;
 
-  // Bumped whenever a plan's algorithm is replaced (tune, install): plans
-  // cached by callers (ffi/pipelined.cc) are looked up again.
+  // Bumped when a plan's algorithm is replaced: callers' cached plans are
+  // looked up again.
   uint64_t plans_version() const { return plans_version_.load(std::memory_order_acquire); }
   int ordinal() const { return ordinal_; }
 
  private:
   DeviceBlas() = default;
 
-  // A plan of `problem`'s descriptors, its algorithm not yet set.
   Status describe_plan(const GemmProblem& problem, std::unique_ptr<GemmPlan>* out) const;
-  // The heuristic's first `count` candidates for `plan` (state success only).
   Status heuristic(const GemmPlan& plan, int count, std::vector<HeuristicResult>* out) const;
   // Puts `plan` in place of the problem's (mu_ held); the replaced one is kept (callers may hold it).
   const GemmPlan* replace(std::unique_ptr<GemmPlan> plan);
-  // Times `found` on this GPU under `protocol` (blas/tuning.cc); tool_mu_ held.
+  // tool_mu_ held.
   Status time_candidates(GemmPlan& plan, const std::vector<HeuristicResult>& found, const TimingProtocol& protocol,
                          std::vector<CandidateTime>* out);
 

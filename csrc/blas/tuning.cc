@@ -31,9 +31,8 @@
 namespace jo::blas {
 namespace {
 
-// tune()'s protocol: the clocks a training step runs at (a GPU under sustained GEMMs sits at its power limit,
-// where the ranking of the candidates can differ from the first milliseconds': 16384 x 3584 x 8192 bf16 on the
-// H200, the heuristic's first was fastest in bursts of 200 us and 3% behind another after 30 ms of GEMMs).
+// tune()'s protocol: the clocks a training step runs at. A GPU under sustained GEMMs sits at its power limit,
+// where the ranking of the candidates can differ from the first milliseconds' (docs/performance.md).
 constexpr double kTuningSampleUs = 1000;
 constexpr int kTuningRounds = 3;
 constexpr double kTuningWarmupUs = 10000;
@@ -204,9 +203,8 @@ bool to_double(const std::string& text, double* out) {
 
 }  // namespace
 
-// C stdio and strtol/strtod, not iostreams: reading the file's numbers with operator>> crashed inside the module
-// on the H200 (cuda-gdb: operator>>(int&) calling into a codecvt facet; likely the module's hidden copies of
-// libstdc++'s facet ids, which the process's locale does not know).
+// C stdio and strtol/strtod, not iostreams: operator>>(int&) crashed inside the module in a codecvt facet (likely
+// the module's hidden copies of libstdc++'s facet ids, which the process's locale does not know).
 CacheEntries read_cache(const std::string& path, const std::string& header, std::string* ignored) {
   ignored->clear();
   std::string content;

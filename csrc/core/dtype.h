@@ -1,16 +1,10 @@
-// The element types jax_overlap knows, at the bottom of every layer: the FFI
-// handlers map XLA's data types onto them (ffi/common.h dtype_of), the Python
-// module maps jax's dtype names (dtype_from_name), and each path that differs
-// per dtype switches over them with no default, so a new dtype is a compile
-// error (-Werror=switch) wherever it is not handled yet. A path that does not
-// take a dtype says so with an error where it dispatches (the fused kernels:
-// kernels/element_type.h and their FFI handlers; the vendor GEMM:
-// blas/gemm.cc), never by running another dtype's code.
+// The element types jax_overlap knows. Every path that differs per dtype
+// switches over them with no default, so a new dtype is a compile error
+// (-Werror=switch) wherever it is not handled yet; a path that does not take
+// one says so where it dispatches, never by running another dtype's code.
 //
-// Roles: bfloat16 and float16 are operands and outputs alike (a 16-bit call's
-// x, w, bias and y share one); the four float8 formats are operands only (x
-// and w, with a float32 scale each), whose GEMM writes a 16-bit or float32
-// output; float32 is an output (and a bias) only.
+// Roles: the 16-bit types are operands and outputs alike; the float8 formats
+// operands only, with a float32 scale each; float32 an output (and bias) only.
 #pragma once
 
 #include <cstddef>

@@ -1,15 +1,9 @@
-// What differs between the vendors' GEMM data paths, in one place. An
-// ArchTraits names the MMA atom, the copy mode of the stage ring, how
-// fragments are addressed and staged, whether they are pipelined, whether a
-// group-of-one GEMM may end in the stream-K tail, and the block tiles compiled
-// for it. Everything else in gemm/ is written once against these traits.
+// What differs between the vendors' GEMM data paths, in one place; the rest
+// of gemm/ is written once against these traits.
 //
-// A CUDA build compiles NvidiaArch's tiles and, as extra tile indices, the AMD
-// data path (AmdArch) on the mma.sync atom: B transposed through registers,
-// per-load fragment addressing, synchronous copies, no fragment pipelining, no
-// stream-K tail, the AMD tile list. The GPU tests run those kernels on NVIDIA,
-// so every line of the AMD build but the MFMA atom and the scopes runs
-// somewhere (the AMD build itself is compile- and ISA-checked only).
+// A CUDA build also compiles the AMD data path (AmdArch) on the mma.sync atom,
+// as extra tile indices, so the GPU tests run every line of the AMD build but
+// the MFMA atom and the scopes (the AMD build is compile- and ISA-checked only).
 #pragma once
 
 #include "gemm/copy.h"
@@ -24,11 +18,8 @@
 
 namespace jo::gemm {
 
-// A block tile: BM x BN outputs per workgroup, BK deep k-tiles, WARPS_M x
-// WARPS_N warps (waves) of BM/WARPS_M x BN/WARPS_N outputs each, a STAGES-deep
-// ring of k-tiles in shared memory. PIPELINE_FRAGS: read the next atom
-// k-step's fragments from shared memory while the current MMAs issue (two
-// register buffers), where the arch allows it (ArchTraits::kPipelineFrags).
+// PIPELINE_FRAGS: read the next atom k-step's fragments from shared memory
+// while the current MMAs issue (two register buffers), where the arch allows.
 template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, bool PIPELINE_FRAGS_>
 struct TileShape {
   static constexpr int BM = BM_;
@@ -48,20 +39,17 @@ struct TileList {
 };
 
 #if !JO_PLATFORM_HIP
-// NVIDIA (sm_80+ instructions, run on sm_90). The large tile is 8 warps of
-// 64x64, 128x256x64, 3 stages, fragments pipelined: in benchmarks/gemm_engine
-// on the H200 (2026-11-29, 16384x3584x8192) it runs 2.04 ms, inside the fused
-// kernels too; 4 stages measured the same (2.04) or slower (spill reloads in
-// the k-loop); 256x128 moved between 2.29 and 2.67 ms with the loader's
-// register use. Pipelined fragments paid for it (+12%) and cost the 4-warp
-// 128x128x32 tile (-6%), which gives small row counts more workgroups.
+// NVIDIA (sm_80+ instructions, run on sm_90). The large tile's shape, stages
+// and pipelined fragments were the fastest measured (docs/performance.md);
+// pipelining cost the 4-warp 128x128x32 tile, which gives small row counts
+// more workgroups.
 struct NvidiaArch {
   static constexpr const char* kName = "nvidia";
   template <typename T>
   using Atom = MmaSyncAtom<T>;
   using Copy = CpAsyncCopy;
-  // Fragment addresses from two per-lane offsets computed once per mainloop
-  // (gemm/mainloop.h frag_offsets): k-loop 308 -> 284 instructions.
+  // Fragment addresses from per-lane offsets computed once per mainloop
+  // (frag_offsets): fewer k-loop instructions.
   static constexpr bool kLaneAddressing = true;
   // B stays in w's layout in shared memory (ldmatrix.trans reads N-major B).
   static constexpr bool kStageBKMajor = false;

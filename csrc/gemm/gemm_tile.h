@@ -89,10 +89,10 @@ __device__ __forceinline__ void pipelined_units(Scheduler& sched, typename ML::E
 // When every tile is interior (rows, n and k whole tiles) and the tile
 // pipelines its fragments (ML::kCrossTilePipeline), the tiles take the fast
 // loader, the stream-K tail (StreamKScheduler) when the launch has one, and
-// the pipeline across units (pipelined_units). (Carrying the whole stage ring
-// from one tile into the next, copies issued in the previous tile's last
-// k-iterations, measured 5% slower on the H200: git show 6a98e4b:benchmarks/results/NOTES.md.)
-// Other GEMMs run whole tiles, one after the other (BandScheduler).
+// the pipeline across units (pipelined_units), which overlaps only the fill
+// with the previous epilogue: carrying the whole stage ring into the next tile
+// ran 5% slower (docs/performance.md). Other GEMMs run whole tiles, one after
+// the other (BandScheduler).
 template <class ML, typename T, class OnTile, class OnStall>
 __device__ __forceinline__ void plain_gemm(const PlainGemm<T>& g, T* smem, int first, int stride,
                                            const TailSplit& split, OnTile&& on_tile, OnStall&& on_stall) {

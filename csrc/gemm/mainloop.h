@@ -1,16 +1,9 @@
-// The mainloop of every GEMM kernel, for both vendors: acc = A_tile @ B_tile
-// over K for one output tile, through a STAGES-deep ring of k-tiles in
-// swizzled shared memory, warp tiling and the MMA atom. What differs per
-// vendor comes from the ArchTraits (gemm/arch_traits.h): the atom, the copy
-// mode, fragment addressing and pipelining, B's staged layout. Which tiles a
-// workgroup computes is the tile schedulers' (gemm/tile_scheduler.h); what
-// happens to the accumulators, the epilogues' (gemm/epilogue.h).
-//
-// C[BM x BN] += A[BM x K] * B[K x BN]. A rows are given per thread as row
-// pointers (so callers can map gathered/batched rows freely); B is w, either
-// [K, N] row-major (kNMajor) or [N, K] row-major (kKMajor, a transposed weight).
-// Preconditions checked by the callers' dispatch: K % 8 == 0 and N % 8 == 0
-// (16-byte chunks are all-in or all-out of bounds), 16-byte aligned buffers.
+// The mainloop of every GEMM kernel, for both vendors: C[BM x BN] += A[BM x K]
+// * B[K x BN] through a STAGES-deep ring of k-tiles in swizzled shared memory.
+// A rows are given as row pointers, so callers can map gathered or batched rows
+// freely; B is w, [K, N] (kNMajor) or [N, K] (kKMajor). Preconditions checked
+// by the callers' dispatch: K % 8 == 0 and N % 8 == 0 (16-byte chunks are
+// all-in or all-out of bounds), 16-byte aligned buffers.
 #pragma once
 
 #include <type_traits>
@@ -84,7 +77,6 @@ struct Mainloop {
     const T* p[kAPasses];
   };
 
-  // w and the column range of this tile.
   struct BSource {
     const T* w;
     int64_t ld;  // row stride of w in elements
@@ -152,10 +144,10 @@ struct Mainloop {
   // (row, k, n) for each 16-byte chunk of every k-tile: in the k-loop that
   // integer work competed with the MMAs for issue slots and registers.
   static constexpr bool kHasFastLoad = !(kBSmemKMajor && !kBKMajor);  // not for B transposed in registers
-  // plain_gemm's pipeline across tiles (gemm_tile.h): for the tiles that
-  // pipeline fragments, the 8-warp tile that has an SM to itself; the 4-warp
-  // tile shares its SM with a second workgroup, which hides its epilogue, and
-  // measured 22% slower with it (H200; git show 6a98e4b:benchmarks/results/NOTES.md).
+  // plain_gemm's pipeline across tiles (gemm_tile.h), for the 8-warp tile that
+  // has an SM to itself: the 4-warp tile shares its SM with a second
+  // workgroup, which hides its epilogue, and ran 22% slower with it
+  // (docs/performance.md, "Where the code's constants come from").
   static constexpr bool kCrossTilePipeline = kHasFastLoad && kPipelineFrags;
   // The stream-K tail (gemm/tile_scheduler.h StreamKScheduler) runs inside
   // that pipeline, where the arch has it.
@@ -181,7 +173,6 @@ struct Mainloop {
     return c;
   }
 
-  // The next k-tile of an interior tile into `stage`; advances the cursor.
   static __device__ __forceinline__ void load_stage_fast(T* stage, FastCursor& c) {
     T* sa = stage;
     T* sb = stage + ATile::kElems;
@@ -303,7 +294,6 @@ struct Mainloop {
     return frag_offsets(static_cast<int>(threadIdx.x) % gpu::kWarpSize, warp % WARPS_M, warp / WARPS_M);
   }
 
-  // The fragments of atom k-step `step` of a stage.
   static __device__ __forceinline__ void load_frags(Frags& f, const T* stage, int step, FragOffsets o) {
     if constexpr (kLaneAddressing) {
       const uint32_t base = Atom::smem_addr(stage);

@@ -96,23 +96,20 @@ struct BandScheduler {
 // flags, then `slots` partial tiles, one slot per workgroup (slots >= grid).
 //
 // The scratch is an XLA buffer holding whatever an earlier user left in it,
-// and nothing clears it before the launch (a memset node measured 4-5 us of
-// GPU idle per chained call). A flag is set when it holds kPartialReady, a
-// 64-bit pattern that leftover data holds only by accident, and the one
-// workgroup that waits on it clears it as it sees it: every flag a launch sets
-// is cleared again within that launch, so the next launch handed the same
-// scratch (after this one, in stream or graph order) finds none set. A
-// per-launch tag is not an option: %gridid repeats across replays of a CUDA
-// graph (git show 6a98e4b:benchmarks/results/NOTES.md). Waits are on co-resident workgroups of
-// the same launch, whose tails are published before anything they wait for:
-// a wait past timeout_ticks is a bug (or a GPU shared past co-residency). It
-// is not a trap, which would end the process's GPU context: the kernel's
-// on_stall(waited_ticks) reports it (its watchdog record), after which the
-// call's output is poisoned and the runtime refuses further calls on this GPU
-// (the late tail may still set its flag in this scratch).
+// and nothing clears it before the launch (a memset node cost 4-5 us of GPU
+// idle per chained call). A flag is set when it holds kPartialReady, a 64-bit
+// pattern leftover data holds only by accident, and the one workgroup that
+// waits on it clears it as it sees it: every flag a launch sets is cleared
+// within that launch, so the next launch on the same scratch finds none set.
+// A per-launch tag is no option: %gridid repeats across replays of a CUDA
+// graph (docs/performance.md). Waits are on co-resident workgroups of the
+// same launch, whose tails are published before anything they wait for: a
+// wait past timeout_ticks is a bug (or a GPU shared past co-residency). It is
+// not a trap, which would end the process's GPU context: on_stall reports it,
+// the call's output is poisoned and the runtime refuses further calls on this
+// GPU (the late tail may still set its flag in this scratch).
 //
-// Only where the arch has it (ArchTraits::kStreamK, NVIDIA) and for tiles
-// that run the pipeline across tiles (Mainloop::kStreamK).
+// Only where ArchTraits::kStreamK (NVIDIA) and Mainloop::kStreamK.
 // ---------------------------------------------------------------------------
 inline constexpr uint64_t kPartialReady = 0x8F3C5D2A71E94B06ull;
 

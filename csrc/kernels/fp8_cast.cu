@@ -2,9 +2,9 @@
 // (two 16-byte loads for float32) and written as one 8-byte word. The pass is
 // bound by the loads in flight: each thread issues the loads of kUnroll<T>
 // vectors before it converts the first. A workgroup casts kUnroll<T> * kThreads
-// consecutive vectors once and exits (no loop): on the H200 that ran at
-// memcpy's rate (4.15 TB/s against 4.18), where a grid of 8 workgroups per SM
-// striding over x ran at 3.6-3.8 (the grid's last round leaves SMs idle).
+// consecutive vectors once and exits (no loop): that ran at memcpy's rate,
+// where a grid-stride loop ran about 10% slower (its last round leaves SMs
+// idle; docs/performance.md).
 // Elements past the last whole vector, or every element of buffers not
 // aligned for the vectors, go one at a time in a strided loop.
 //
@@ -32,8 +32,8 @@ namespace {
 constexpr int kVec = 8;
 constexpr int kThreads = 256;
 
-// Vectors per thread of the cast: 8 (memcpy's rate for bfloat16 on the H200); 4 for float16, whose variant with
-// amax ptxas 13.0 compiles at 8 with a register spill.
+// Vectors per thread of the cast: 8 (memcpy's rate for bfloat16); 4 for float16, whose variant with amax ptxas 13.0
+// compiles at 8 with a register spill.
 template <typename T>
 constexpr int kUnroll = std::is_same<T, gpu::fp16>::value ? 4 : 8;
 
@@ -53,10 +53,9 @@ __device__ __forceinline__ float saturated(float v, float limit) {
   return v > limit ? limit : (v < -limit ? -limit : v);
 }
 
-// Element i of a vector as a float: of an array of kVec elements (the flat cast copies each vector into one: read
-// out of the loaded words one element at a time, its bfloat16 variant with amax took 96 registers instead of 80
-// and 111.6 us instead of 101.5 for x [16384, 8192] on the H200), or of the vector as loaded, in 16-byte words
-// (the transposing kernel's form, the one measured there).
+// Element i of a vector as a float: of an array of kVec elements (the flat cast's form: read out of the loaded
+// words, its bfloat16 variant with amax took 16 more registers and ran 10% slower), or of the vector as loaded
+// (the transposing kernel's form).
 template <typename T>
 __device__ __forceinline__ float element(const T (&v)[kVec], int i) {
   return gpu::to_float(v[i]);
@@ -160,8 +159,8 @@ __device__ __forceinline__ void transpose4x4(const uint32_t (&rows)[4], uint32_t
 // x [rows, cols] -> out [cols, rows], saturated, with the amax; a workgroup per tile (blockIdx.x along the columns).
 // rows % 16 == 0 and cols % kVec == 0 (launch_fp8_cast checks): a 16-byte store and a vector are wholly in or out.
 // Two instantiations split the grid: the whole tiles (kEdge false) load unchecked, with registers capped for four
-// workgroups per SM (two for float32, whose vectors take twice the registers): 27.3 us against 31.9 uncapped for
-// a [8192, 3584] bfloat16 w on the H200, whose flat cast takes 26.2. The tiles x's edges cut (kEdge) check each
+// workgroups per SM (two for float32, whose vectors take twice the registers): 14% faster than uncapped, near the
+// flat cast's time (docs/performance.md). The tiles x's edges cut (kEdge) check each
 // vector and take the registers that needs. Each exits at once on the other's tiles.
 template <typename T, bool kE5M2, bool kEdge>
 __global__ void __launch_bounds__(kThreads, kEdge ? 1 : (sizeof(T) == 4 ? 2 : 4))

@@ -1,13 +1,10 @@
 """python -m jax_overlap.maxtext CONFIG.yml key=value ...: MaxText's pre-training with jax_overlap's ops.
 
-The arguments are those of `python -m maxtext.trainers.pre_train.train`, plus jax_overlap's own options as
-key=value, taken out before MaxText reads the rest (its config rejects keys it does not know):
-  jax_overlap_algorithm=auto|xla|pipelined|fused   the ops' algorithm (setting JAX_OVERLAP_MAXTEXT_ALGORITHM)
-  jax_overlap_fp8=tensor|block                     a 16-bit run's dense layers in jax_overlap's float8
-                                                   (setting JAX_OVERLAP_MAXTEXT_FP8)
-  jax_overlap_fp8_cast=auto|kernels|xla            the float8 layers' casts: XLA's ("auto" too), or the cast
-                                                   kernels (setting JAX_OVERLAP_MAXTEXT_FP8_CAST)
-A key=value wins over its setting. The census of the ops the layers took is logged at INFO to stderr.
+MaxText's pre-training arguments, plus these, taken out first (MaxText's config rejects keys it does not know);
+each wins over its setting:
+  jax_overlap_algorithm=auto|xla|pipelined|fused   JAX_OVERLAP_MAXTEXT_ALGORITHM
+  jax_overlap_fp8=tensor|block                     JAX_OVERLAP_MAXTEXT_FP8: a 16-bit run's dense layers in float8
+  jax_overlap_fp8_cast=auto|kernels|xla            JAX_OVERLAP_MAXTEXT_FP8_CAST
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ OPTIONS = {"jax_overlap_algorithm": "algorithm", "jax_overlap_fp8": "fp8", "jax_
 
 
 def take_options(argv: list) -> tuple[list, dict]:
-  """(argv without jax_overlap's key=value arguments, enable()'s keyword arguments from them)."""
+  """(the rest of argv, enable()'s keyword arguments)."""
   rest, options = [], {}
   for arg in argv:
     key, sep, value = arg.partition("=")

@@ -1,32 +1,13 @@
-"""MaxText's quantization hook on jax_overlap: what configure_quantization returns under enable(), and the linen
-modules MaxText's dense layers build from it.
+"""MaxText's quantization hook: the objects configure_quantization returns under enable() and the linen modules
+MaxText's dense layers build from them.
 
-The hook (MaxText 0.2.5, layers/linears.py): a dense layer with a quantization
-object `quant` asks quant.dot_general_cls(mesh_axes=kernel_axes)() for a linen
-module, wraps it for NNX (ToNNX) under the name type(module).__name__ + "_0",
-initializes it on dummy inputs, and calls it as lax.dot_general (precision=None;
-no out_sharding). quant.needs_apply_rngs=False lets the layer drop the rngs the
-wrapper forked; quant.quant_mode is read by MaxText's serve / convert checks.
-MoE layers call quant.einsum for their experts and check for MaxText's fp8
-classes: they get MaxText's own objects (patches.py), so experts keep
-MaxText's einsums.
+The hook (MaxText 0.2.5, layers/linears.py): a dense layer calls quant.dot_general_cls(mesh_axes=kernel_axes)(),
+wraps the module in ToNNX as type(module).__name__ + "_0", initializes it on dummy inputs, then calls it as
+lax.dot_general (precision=None). MoE layers get MaxText's own objects (patches.py) and keep its einsums.
 
-Each module picks its op at trace time (choice.py) from the mesh set then
-(jax.set_mesh) and the logical axis rules in effect (or the config's): while
-MaxText builds the model there is no mesh, or the module is initializing, and
-the call is the layer's own dot. The modules hold no options of their own
-beyond the quantization object's: the algorithm, jax_overlap's fp8 scaling
-for 16-bit runs, the float8 layers' cast algorithm, and the rules.
-
-  OverlapDotGeneral       16-bit / float32 runs (quantization=""): AgDotGeneral, RsDotGeneral (or with fp8=
-                          "tensor" / "block" Fp8AgDotGeneral, Fp8RsDotGeneral), else lax.dot_general with the
-                          config's matmul_precision (the hook passes none). No variables, no rngs.
-  Fp8DirectDotGeneralOp   quantization="fp8": layers/fp8_delayed.py's delayed-scaling dots on Flax's variables;
-                          its dot choice is Flax's Fp8DirectDotGeneralOp itself
-  NANOOFp8DotGeneralOp    quantization="nanoo_fp8": the same in the fnuz formats; its dot choice is Flax's
-                          NANOOFp8DotGeneralOp (quantize-dequantize, then the dot)
-The fp8 modules carry Flax's class names: MaxText names the state after them, so a run's state and checkpoints are
-stock MaxText's. On a mesh of one device they run the group of one (the vendor's fp8 GEMM on a GPU).
+Each module picks its op at trace time (choice.py); with no mesh yet, or while initializing, it runs the layer's
+own dot. The fp8 modules carry Flax's class names because MaxText names the state after them: state and
+checkpoints stay stock MaxText's.
 """
 
 from __future__ import annotations
@@ -53,28 +34,22 @@ from jax_overlap.quantization import formats
 
 log = logging.getLogger("jax_overlap.maxtext")
 
-LOCAL = "local"  # the census' name for a float8 dot on one device (the group of one)
-# The MaxText setting that shards the activation's rows with the model (what makes layers all-gather).
+LOCAL = "local"  # a float8 dot on one device (the group of one)
 SEQUENCE_PARALLEL_SETTING = "ici_tensor_sequence_parallelism"
 
-# How the float8 layers cast under the option fp8_cast="auto": XLA's casts. In MaxText x comes out of XLA's fusions
-# (norms, activations) and the kernel out of its conversion from float32, which XLA fuses the casts into; the cast
-# kernels, custom calls, read both back from memory. On the H200 (llama2-1B-like config, quantization=fp8, 27
-# timed steps, two runs) stock MaxText's step time over jax_overlap's: 1.001-1.005 with XLA's casts, 0.991-0.995
-# with the cast kernels (docs/performance.md). Outside MaxText the layers' own "auto" is the cast kernels (layers/fp8.py).
+# Unlike the layers' own "auto" (the cast kernels): in MaxText the operands come out of XLA's fusions, which XLA
+# fuses its casts into, and the cast kernels would read them back from memory (docs/performance.md, "MaxText").
 AUTO_FP8_CAST = "xla"
 
-_sites = itertools.count(1)  # each dense layer's module gets its own: the census counts call sites once
+_sites = itertools.count(1)  # the census counts call sites once
 
 
 def layer_cast_algorithm(fp8_cast: str) -> str:
-  """The float8 layers' cast_algorithm for the option fp8_cast ("auto": AUTO_FP8_CAST)."""
   return AUTO_FP8_CAST if fp8_cast == "auto" else fp8_cast
 
 
 class Census:
-  """The op each dense layer took (by site), logged once at INFO when the model first traces under a mesh, with a
-  warning when no layer all-gathers although the kernels are sharded with the model."""
+  """The op each dense layer took, logged once at INFO on the model's first trace under a mesh."""
 
   def __init__(self):
     self.lock = threading.Lock()
@@ -115,8 +90,7 @@ def _mesh_shape() -> dict | None:
 
 
 def _pick(module, dimension_numbers) -> choices.Choice | None:
-  """The module's op for this call, recorded in the census; None while the model is built (no mesh, or the module
-  initializing): the layer's own dot, not counted."""
+  """The module's op for this call; None while the model is built (no mesh, or initializing)."""
   mesh_shape = _mesh_shape()
   if mesh_shape is None or module.is_initializing():
     return None
@@ -134,10 +108,8 @@ def _pick(module, dimension_numbers) -> choices.Choice | None:
 
 
 class OverlapDotGeneral(nn.Module):
-  """lax.dot_general for a MaxText dense layer of a 16-bit or float32 run: ag_matmul, matmul_rs or the dot, chosen
-  per call (this module's docstring). fp8: "" (16-bit layers), "tensor" or "block" (jax_overlap's fp8 layers with
-  that scaling, and fp8_cast the option their cast_algorithm comes from: layer_cast_algorithm). No variables and
-  no rngs (patches.py keeps ToNNX from forking the layer's rngs for it)."""
+  """A 16-bit or float32 run's dense layer: ag_matmul, matmul_rs or the dot, per call. fp8: "", "tensor" or
+  "block". No variables and no rngs (patches.py keeps ToNNX from forking the layer's rngs for it)."""
 
   site: int = 0
   kernel_axes: tuple = ()
@@ -148,7 +120,7 @@ class OverlapDotGeneral(nn.Module):
   matmul_precision: str = "default"
 
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-    del precision  # the hook passes None: the config's matmul_precision is the layer's
+    del precision  # the hook passes None
     picked = _pick(self, dimension_numbers)
     op = choices.DOT if picked is None else picked.op
     if picked is not None:
@@ -164,8 +136,7 @@ class OverlapDotGeneral(nn.Module):
 
 
 class _Fp8Delayed(Fp8DelayedDotGeneralBase):
-  """What the two fp8 modules share: the op per call on Flax's variables; `stock` is Flax's module of the recipe,
-  whose __call__ runs the layer's own dot on the same variables."""
+  """The op per call on Flax's variables; `stock`: Flax's module of the recipe, the layer's own dot."""
 
   stock: ClassVar[type]
   site: int = 0
@@ -180,7 +151,7 @@ class _Fp8Delayed(Fp8DelayedDotGeneralBase):
       return self.stock.__call__(self, *args, **kwargs)
     op = picked.op
     if op == choices.DOT and picked.one_device:
-      op = LOCAL  # the group of one: the vendor's fp8 GEMM on a GPU
+      op = LOCAL
     CENSUS.record(self.site, op, picked)
     if op == choices.DOT:
       return self.stock.__call__(self, *args, **kwargs)
@@ -191,14 +162,13 @@ class _Fp8Delayed(Fp8DelayedDotGeneralBase):
 
 
 class Fp8DirectDotGeneralOp(_Fp8Delayed):
-  """quantization="fp8" on jax_overlap (flax.linen.Fp8DirectDotGeneralOp's name, variables and update rule)."""
+  """quantization="fp8" (Flax's name, variables and update rule)."""
 
   stock = fp8_ops.Fp8DirectDotGeneralOp
 
 
 class NANOOFp8DotGeneralOp(_Fp8Delayed):
-  """quantization="nanoo_fp8" on jax_overlap (flax.linen.NANOOFp8DotGeneralOp's name, variables, update rule and
-  fnuz formats)."""
+  """quantization="nanoo_fp8" (Flax's name, variables, update rule and fnuz formats)."""
 
   stock = fp8_ops.NANOOFp8DotGeneralOp
   e4m3_dtype: object = fp8_ops.NANOOFp8DotGeneralOp.e4m3_dtype
@@ -208,12 +178,9 @@ class NANOOFp8DotGeneralOp(_Fp8Delayed):
 FP8_MODULES = {"fp8": Fp8DirectDotGeneralOp, "nanoo_fp8": NANOOFp8DotGeneralOp}
 
 
-# --- the quantization objects ------------------------------------------------------------------------------------
-
 @dataclasses.dataclass
 class OverlapQuantization:
-  """MaxText's quantization protocol for a 16-bit or float32 run (quantization=""): its dense layers on
-  OverlapDotGeneral. MaxText reads quant_mode and needs_apply_rngs; MoE layers get None in its place (patches.py)."""
+  """MaxText's quantization object for quantization="" (MaxText reads quant_mode and needs_apply_rngs)."""
 
   rules: tuple = ()
   algorithm: str = "auto"
@@ -229,14 +196,12 @@ class OverlapQuantization:
                              matmul_precision=self.matmul_precision)
 
   def stock(self):
-    """What MaxText's own configure_quantization gives for this run: no quantization."""
     return None
 
 
 @functools.cache
 def fp8_quantization(recipe: str) -> type:
-  """MaxText's Fp8Quantization / NANOOFp8Quantization (so that MaxText's checks see the recipe) whose dense layers run
-  on the module of FP8_MODULES; stock() is MaxText's own object, which MoE layers get."""
+  """A subclass of MaxText's Fp8Quantization / NANOOFp8Quantization, so that MaxText's checks see the recipe."""
   from maxtext.layers import quantizations  # pylint: disable=import-outside-toplevel  (MaxText is optional)
   parent = {"fp8": quantizations.Fp8Quantization, "nanoo_fp8": quantizations.NANOOFp8Quantization}[recipe]
   module = FP8_MODULES[recipe]
@@ -259,6 +224,5 @@ def fp8_quantization(recipe: str) -> type:
 
 
 def fp8_formats(recipe: str) -> tuple:
-  """The (e4m3, e5m2) format names an fp8 recipe computes in."""
   module = FP8_MODULES[recipe]
   return formats.name(module.e4m3_dtype), formats.name(module.e5m2_dtype)

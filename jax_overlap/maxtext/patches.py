@@ -1,19 +1,11 @@
-"""enable(): what the integration changes in MaxText (imported here, never at jax_overlap's import).
+"""enable(): the MaxText functions the integration wraps, each once however often enable() runs.
 
-Four functions of MaxText are replaced by wrappers that call them (each once, however often enable() runs):
-
-  quantizations.configure_quantization  returns hook.py's quantization object for a training run with
-      quantization "", "fp8" or "nanoo_fp8" (MaxText's own object otherwise: serving and conversion modes; any
-      other recipe is an error); model_creation_utils looks it up at call time, so the model MaxText builds next
-      takes it
-  nnx_wrappers.ToNNX.__init__  no rngs for OverlapDotGeneral, which draws none: the wrapper would fork the dense
-      layer's rngs for it, and every kernel initialized after it would start from other keys (the initial weights
-      would change). The fp8 modules keep the fork, as Flax's modules in their place have it
-  moe.RoutedMoE.__init__  the layer gets MaxText's own quantization object (None for 16-bit runs): experts and
-      their router keep MaxText's einsums and dots
-  models.Transformer.__call__  after the model's first trace under a mesh, the census (hook.py) logs the ops
-The options (algorithm, fp8, fp8_cast) are the latest enable()'s; the quantization object a model is built with
-keeps its own.
+  quantizations.configure_quantization  hook.py's object for a training run (looked up at call time by
+      model_creation_utils, so the next model built takes it)
+  nnx_wrappers.ToNNX.__init__  no rngs for OverlapDotGeneral: forking the layer's rngs for it would shift every
+      later kernel's key and so change the initial weights (the fp8 modules keep the fork, as Flax's have it)
+  moe.RoutedMoE.__init__  MaxText's own quantization object: experts keep MaxText's einsums
+  models.Transformer.__call__  logs the census after the first trace under a mesh
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ from jax_overlap import api, planning
 from jax_overlap.maxtext import hook
 from jax_overlap.runtime import settings
 
-# The MaxText releases the integration is tested with: the hook and the functions above move between releases.
+# The hook and the functions above move between releases.
 TESTED_MAXTEXT = ("0.2.5",)
 RECIPES = ("", "fp8", "nanoo_fp8")
 _options = {}
@@ -41,7 +33,6 @@ def _maxtext_version() -> str:
 
 
 def check_version(version: str) -> None:
-  """A MaxText release the integration is tested with, or an error that names the one to install."""
   if version not in TESTED_MAXTEXT:
     raise RuntimeError(f"jax_overlap.maxtext supports MaxText {', '.join(TESTED_MAXTEXT)} (the release it is tested "
                        f"with: the dense layers' quantization hook it plugs into changes between releases), and this "
@@ -49,7 +40,6 @@ def check_version(version: str) -> None:
 
 
 def _once(owner, name: str, make) -> None:
-  """owner.name = make(the original), unless enable() did so already."""
   current = getattr(owner, name)
   if not getattr(current, "_jax_overlap", False):
     wrapped = make(current)
@@ -69,8 +59,6 @@ def check_options(algorithm: str, fp8: str, fp8_cast: str) -> None:
 
 
 def quantization(config, quant_mode_str: str, original):
-  """What configure_quantization returns under enable(): hook.py's object for a training run of a recipe jax_overlap
-  takes, MaxText's own otherwise."""
   stock = original(config, quant_mode_str=quant_mode_str)
   if quant_mode_str != "train":
     return stock
@@ -141,16 +129,10 @@ def _transformer_call(original):
 def enable(*, algorithm: str | None = None, fp8: str | None = None, fp8_cast: str | None = None) -> None:
   """Make MaxText's dense layers run jax_overlap's ops (call before MaxText builds its model).
 
-  Per layer, at trace time, ag_matmul, matmul_rs or the layer's own dot, from its kernel's and activation's
-  shardings (jax_overlap.maxtext.choice). quantization "" (bfloat16 / float32), "fp8" and "nanoo_fp8" (on
-  jax_overlap's delayed-scaling layers, with Flax's state); MoE experts stay MaxText's. Initial weights, state
-  names and checkpoints are stock MaxText's. algorithm: the ops' ("auto", "xla", "pipelined", "fused"); default
-  the setting JAX_OVERLAP_MAXTEXT_ALGORITHM, else "auto". fp8: "" (default: the setting JAX_OVERLAP_MAXTEXT_FP8),
-  or "tensor" / "block": a 16-bit run's dense layers in float8 on Fp8AgDotGeneral / Fp8RsDotGeneral with that
-  scaling (no state). fp8_cast: the float8 layers' casts (their cast_algorithm): "auto" (default: the setting
-  JAX_OVERLAP_MAXTEXT_FP8_CAST) is "xla" in MaxText (hook.AUTO_FP8_CAST), XLA's casts, which XLA fuses into the
-  operations that produce the layers' operands; "kernels", the cast kernels. Raises ImportError without MaxText,
-  RuntimeError for a MaxText release it is not tested with.
+  Takes quantization "", "fp8" and "nanoo_fp8"; initial weights, state names and checkpoints stay stock MaxText's.
+  algorithm: "auto", "xla", "pipelined" or "fused". fp8: "", or "tensor" / "block" (a 16-bit run's dense layers in
+  float8). fp8_cast: "auto" (XLA's casts in MaxText: hook.AUTO_FP8_CAST), "xla" or "kernels". Each defaults to its
+  JAX_OVERLAP_MAXTEXT_* setting. Raises ImportError without MaxText, RuntimeError for an untested MaxText release.
   """
   algorithm = settings.maxtext_algorithm() if algorithm is None else algorithm
   fp8 = settings.maxtext_fp8() if fp8 is None else fp8

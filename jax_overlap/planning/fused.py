@@ -1,15 +1,7 @@
-"""The fused kernels' launch plan and cost model, as pure Python, for any op (ops/).
+"""The fused kernels' launch plan and cost model, for any op, derived from shape and device (no per-shape tables).
 
-Everything here is derived from the call's shape and the device's properties;
-there are no per-shape tables. The planner never computes a launch: for each
-compiled tile it reads the launch C++ would make (`geometry`, from
-backend.Backend.gemm_geometry) and picks the cheapest. What moves between
-ranks, and how much of it a mover can take, is the op's (its fused_traffic,
-fused_chunk_k, fused_units).
-
-Terms: `world` is the size of the communication group (the mesh axis), `rows`
-the local rows of x (all leading batch dims folded in), `k` the contraction
-size seen by the kernel, `n` its output columns.
+The planner never computes a launch itself: for each compiled tile it reads the launch C++ would make (`geometry`,
+Backend.gemm_geometry with the call's shape bound) and picks the cheapest. `rows`: x's local rows, batch folded in.
 """
 
 from __future__ import annotations
@@ -22,27 +14,25 @@ import numpy as np
 from jax_overlap.quantization import formats
 from jax_overlap.runtime.backend import DeviceProps, GemmGeometry, TileShape
 
-# Fetchers/reducers are sized to move their bytes within this share of the
-# GEMM's time: a GEMM workgroup that reaches data not yet moved idles, and on
-# two real GPUs too few movers left the GEMM waiting for most of the kernel.
+# Movers are sized to move their bytes within this share of the GEMM's time: a GEMM workgroup that reaches data not
+# yet moved idles, and on two GPUs too few movers left the GEMM waiting for most of the kernel.
 COMM_SHARE = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
 class FusedPlan:
-  """Launch configuration of one fused call; attribute() is its FFI `config` attribute."""
 
   tile: int  # TileShape.index
-  comm_workgroups: int  # fetchers (ag_matmul) or reducers (matmul_rs); 0 at world 1
-  chunk_k: int  # ag_matmul: K columns covered by one ready flag
-  tail_slots: int  # group of one: slots of its stream-K tail scratch (0: none)
-  tail_scratch_bytes: int  # the scratch result's size
-  region_bytes: int  # symmetric region of a call with peers
+  comm_workgroups: int  # fetchers or reducers; 0 at world 1
+  chunk_k: int  # K columns covered by one ready flag
+  tail_slots: int
+  tail_scratch_bytes: int
+  region_bytes: int
   est_us: float
   est_xla_us: float
 
   def attribute(self, *, w_kmajor: bool, region_offset: int, site: int, generation: int) -> dict:
-    """Every member of csrc/ffi/common.h FusedConfig, by its name (a CPU test compares the two)."""
+    """Every member of csrc/ffi/common.h FusedConfig (a CPU test compares the two)."""
     return {"tile": np.int64(self.tile), "comm_workgroups": np.int64(self.comm_workgroups),
             "chunk_k": np.int64(self.chunk_k), "w_kmajor": np.int64(w_kmajor),
             "region_offset": np.int64(region_offset), "region_bytes": np.int64(self.region_bytes),
@@ -52,31 +42,25 @@ class FusedPlan:
     return [self.tile, self.comm_workgroups, self.chunk_k, self.tail_slots]
 
 
-# geometry(tile, comm_workgroups, chunk_k) -> GemmGeometry: the launch C++ makes of the call being
-# planned with that tile (Backend.gemm_geometry with the call's shape bound).
-
 
 def _tile_cost(tile: TileShape, geo: GemmGeometry) -> float:
-  """Relative time of a launch: waves of tiles over its GEMM workgroups, a wave costing each SM
-  the area of the tiles it runs at once (workgroups that share an SM share its rate); whole
-  waves, unless the stream-K tail evens out the last one."""
+  """Relative time: waves of tiles, each costing an SM the area of the tiles it runs at once (workgroups on one SM
+  share its rate); whole waves unless the stream-K tail evens out the last."""
   waves = geo.tiles / max(geo.co_resident - geo.comm_workgroups, 1)
   return (waves if geo.tail_slots else math.ceil(waves)) * tile.bm * tile.bn * geo.workgroups_per_sm
 
 
 def choose_tile(candidates) -> tuple:
-  """The (tile, geometry) with the least wave-quantized time; ties go to the larger tile."""
+  """Ties go to the larger tile."""
   return min(candidates, key=lambda c: (_tile_cost(*c), -c[0].bm * c[0].bn))
 
 
 def fitting_tiles(tiles, device: DeviceProps) -> list:
-  """The compiled tiles whose shared-memory stages a workgroup on this device can hold."""
   return [t for t in tiles if t.smem_bytes <= device.smem_per_block]
 
 
 def _comm_workgroups(world: int, moved_bytes: float, flops: float, device: DeviceProps, co_resident: int) -> int:
-  """Fetchers/reducers to move moved_bytes within COMM_SHARE of the GEMM's time: at least 2, at most
-  a quarter of the co-resident workgroups (0 for world 1)."""
+  """Movers for moved_bytes within COMM_SHARE of the GEMM: at least 2, at most a quarter of the workgroups."""
   if world == 1:
     return 0
   gemm_us = flops / device.engine_flops
@@ -85,14 +69,13 @@ def _comm_workgroups(world: int, moved_bytes: float, flops: float, device: Devic
 
 
 def _estimates(flops: float, pull_bytes: float, device: DeviceProps, geo: GemmGeometry):
-  """(fused, xla) time estimates in us: overlapped max vs GEMM then collective."""
+  """(fused, xla) us: overlapped max against GEMM then collective."""
   gemm_us = flops / device.engine_flops * geo.co_resident / max(geo.co_resident - geo.comm_workgroups, 1)
   comm_us = pull_bytes / device.link_bytes
   return max(gemm_us, comm_us), flops / device.vendor_flops + comm_us
 
 
 def _plan_tile(tiles, world: int, moved_bytes: float, flops: float, device: DeviceProps, geometry) -> tuple:
-  """(tile, comm_workgroups): each tile with the movers its co-resident workgroups allow, the cheapest."""
   candidates = []
   for tile in tiles:
     comm = _comm_workgroups(world, moved_bytes, flops, device, geometry(tile, 0, 0).co_resident)
@@ -107,8 +90,7 @@ def _plan_tile(tiles, world: int, moved_bytes: float, flops: float, device: Devi
 
 def plan(op, *, dtype_name: str, rows: int, k: int, n: int, world: int, device: DeviceProps, tiles,
          geometry) -> tuple[FusedPlan | None, str]:
-  """Plan a fused call of `op` (eligible: planning.eligible) over x's `rows` local rows, [k, n] weights and a
-  group of `world`. Returns (plan, "fused"), or (None, why not)."""
+  """(plan, "fused"), or (None, why not) for an eligible call of `op` (planning.eligible)."""
   tiles = fitting_tiles(tiles, device)
   if not tiles:
     return None, f"no compiled tile fits {device.smem_per_block} bytes of shared memory per workgroup"
@@ -117,7 +99,7 @@ def plan(op, *, dtype_name: str, rows: int, k: int, n: int, world: int, device: 
   if tile is None:
     return None, f"no GEMM workgroup left beside the {op.planning.movers}"
   chunk_k = op.planning.fused_chunk_k(tile, k)
-  if world > 1:  # no more movers than they have units of work
+  if world > 1:  # no more movers than units of work
     movers = min(movers, op.planning.fused_units(rows, k, n, world, tile, chunk_k))
   geo = geometry(tile, movers, chunk_k)
   est_us, est_xla_us = _estimates(flops, pull_bytes, device, geo)

@@ -1,25 +1,10 @@
-"""The vendor GEMM's algorithm for each GEMM a pipelined call runs, chosen by measurement.
+"""The vendor GEMM's algorithm for each GEMM a pipelined call runs, chosen by measurement at lowering.
 
-csrc/blas/gemm.h DeviceBlas::tune times the vendor heuristic's first
-JAX_OVERLAP_GEMM_CANDIDATES candidates of a GEMM problem on one GPU (or reads
-the choice from the tuning cache in JAX_OVERLAP_GEMM_CACHE_DIR) and keeps the
-fastest; that choice is installed on each of the process's GPUs. For a group of
-two or more, whose ranks may sit in several processes, process 0 chooses and
-every process takes its choice (processes.agree, a step the group's planning
-takes on every process anyway): every rank runs the same algorithm for the
-same problem, so the partial products matmul_rs's reduction sums, and the
-results of replicas, stay alike bit for bit. A group of one is one process's
-own: its choice is that process's, and its lowering waits for no other. A GPU
-whose heuristic does not list the choice keeps its own (said at INFO). All of
-it at lowering, before a call runs, never in one; a problem is timed once per
-process, and with the cache once per machine. JAX_OVERLAP_GEMM_TUNING=0 leaves
-each GPU the heuristic's first.
-
-The problems are the call's GEMMs on every rank (csrc/pipelined/schedule.h
-gemm_problems: the stages' row ranges and both slot parities) on buffers as XLA
-gives them, 256-byte aligned; a GEMM
-on buffers aligned otherwise runs the heuristic's first (its plan is another
-problem).
+The fastest of the heuristic's first JAX_OVERLAP_GEMM_CANDIDATES (csrc/blas/gemm.h DeviceBlas::tune) is installed
+on every local GPU. For a group of two or more, process 0 chooses for every process: every rank then runs the same
+algorithm, so matmul_rs's partial products and replicas' results agree bit for bit. A group of one chooses its own
+and waits for no other process. The problems assume 256-byte aligned buffers, as XLA gives them; a GEMM on buffers
+aligned otherwise runs the heuristic's first.
 """
 
 from __future__ import annotations
@@ -31,19 +16,17 @@ from jax_overlap.runtime.errors import SetupError
 
 log = logging.getLogger("jax_overlap")
 
-# Another candidate replaces the heuristic's first only when timed at least this much faster: run-to-run noise
-# (about 1% on the H200) must not flip a choice between processes' lifetimes or cache files.
+# Another candidate replaces the heuristic's first only when this much faster: run-to-run noise (docs/performance.md)
+# must not flip a choice between processes' lifetimes or cache files.
 MARGIN = 0.02
 
 
 def options() -> dict:
-  """The tuning settings as the native module's tune_gemm takes them (candidates 1: the heuristic's first)."""
   candidates = settings.gemm_candidates() if settings.gemm_tuning() else 1
   return {"candidates": candidates, "margin": MARGIN, "cache_dir": settings.gemm_cache_dir() or ""}
 
 
 def problems(problem, op, stages: tuple) -> list:
-  """The ids of every GEMM problem a call of `problem` with `stages` runs (one for a group of one)."""
   call = {"dtype": problem.dtype_name, "batch": problem.batch, "m": problem.m, "k": problem.k, "n": problem.n,
           "w_kmajor": problem.w_kmajor, "bias": problem.gemm_bias, "stages": list(stages)}
   if problem.scaled:
@@ -54,9 +37,8 @@ def problems(problem, op, stages: tuple) -> list:
 
 
 def choose(problem, op, stages: tuple) -> list:
-  """(problem id, the choice) for each GEMM problem of the call: process 0's for a group of two or more (a
-  collective step: every process reaches it at the same point of planning), this process's for a group of one.
-  [] with tuning off. SetupError (on every process of the group) when a problem has no plan at all."""
+  """[(problem id, choice)]: a collective step for a group of two or more (every process reaches it at the same
+  point of planning). SetupError when a problem has no plan at all."""
   if not settings.gemm_tuning():
     return []
   nat, opts = backend.current().native, options()
@@ -84,7 +66,6 @@ def choose(problem, op, stages: tuple) -> list:
 
 
 def install(chosen: list) -> None:
-  """Makes the chosen algorithms those of every local GPU (after the vendor BLAS is prepared on them)."""
   nat, candidates = backend.current().native, options()["candidates"]
   for ordinal in workspace.local_ordinals():
     for pid, choice in chosen:

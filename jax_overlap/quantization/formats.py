@@ -1,16 +1,7 @@
-"""The number formats (dtypes) the ops take, and which paths run each: one table, so a new dtype is an entry here.
+"""The dtypes the ops take and the paths that run each: one table, so a new dtype is an entry here.
 
-Every accepted dtype runs on the XLA path. The GPU algorithms ("pipelined",
-"fused") take the dtypes whose entry names them; their element size sets the
-bytes a chunk, a row or a region holds (planning/, integration/lowering.py) and the
-16-byte vectors rows and columns move in. float64 is accepted for checks in
-float64, as JAX's own tests run them.
-
-The float8 formats come in two families that no GPU mixes: OCP (e4m3fn, e5m2:
-NVIDIA sm_89 and later, AMD gfx950) and fnuz (e4m3fnuz, e5m2fnuz: AMD gfx942,
-MI300X/MI325X). A float8 call takes a float32 scale per operand and returns
-one of OUT_DTYPES; the fused kernels are 16-bit only, so float8 entries name
-the pipelined algorithm alone (the vendor fp8 GEMM per stage).
+Every accepted dtype runs on the XLA path (float64 for checks against float64). The float8 formats come in two
+families no GPU mixes, OCP and fnuz; the fused kernels are 16-bit only, so float8 takes the pipelined algorithm.
 """
 
 from __future__ import annotations
@@ -21,13 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 
 GPU_ALGORITHMS = ("fused", "pipelined")
-# Rows and columns move in 16-byte vectors (the copy engines' and the kernels' loads).
-VECTOR_BYTES = 16
-# What a float8 call may return (bfloat16 by default): the vendor fp8 GEMMs' output types.
+VECTOR_BYTES = 16  # the kernels' loads: rows and columns move in 16-byte vectors
+# The vendor fp8 GEMMs' output types.
 OUT_DTYPES = ("bfloat16", "float16", "float32")
 FP8_DEFAULT_OUT = "bfloat16"
-# The devices each float8 family runs on, as arch names (backend.LocalDevice.arch): sm_XY at or above the
-# first, or one of the gfx names.
+# Per family: the first sm_XY that runs it, and the gfx archs that do.
 _FP8_DEVICES = {"ocp": (89, ("gfx950",)), "fnuz": (None, ("gfx942",))}
 
 
@@ -35,8 +24,8 @@ _FP8_DEVICES = {"ocp": (89, ("gfx950",)), "fnuz": (None, ("gfx942",))}
 class DType:
   name: str
   itemsize: int
-  algorithms: tuple  # the GPU algorithms that take it; () for the XLA path only
-  fp8: str | None = None  # a float8 format's family: "ocp" or "fnuz"
+  algorithms: tuple  # () for the XLA path only
+  fp8: str | None = None  # "ocp" or "fnuz"
 
 
 TABLE = {d.name: d for d in (
@@ -52,7 +41,6 @@ TABLE = {d.name: d for d in (
 
 
 def accumulator(dtype):
-  """The type products and sums of `dtype` accumulate in: float32, or float64 for float64 operands."""
   return jnp.promote_types(dtype, jnp.float32)
 
 
@@ -69,17 +57,15 @@ def itemsize(dtype_name: str) -> int:
 
 
 def vector_elems(dtype_name: str) -> int:
-  """Elements in one 16-byte vector: what k and n must be multiples of on a GPU path."""
+  """What k and n must be multiples of on a GPU path."""
   return VECTOR_BYTES // itemsize(dtype_name)
 
 
 def takes(algorithm: str, dtype_name: str) -> bool:
-  """Whether the GPU algorithm `algorithm` takes operands of `dtype_name`."""
   return algorithm in algorithms_for(dtype_name)
 
 
 def algorithms_for(dtype_name: str) -> tuple:
-  """The GPU algorithms that take operands of `dtype_name` (none for a dtype not in the table)."""
   entry = TABLE.get(dtype_name)
   return () if entry is None else entry.algorithms
 
@@ -89,21 +75,16 @@ def dtypes_for(algorithm: str) -> tuple:
 
 
 def gpu_capable(dtype_name: str) -> bool:
-  """Whether any GPU algorithm takes the dtype (else every call of it takes the XLA path)."""
   return bool(algorithms_for(dtype_name))
 
 
 def described() -> str:
-  """The accepted dtypes in words, those of the XLA path only last: for the ops' TypeError."""
   gpu = [d.name for d in TABLE.values() if d.algorithms]
   xla_only = [d.name for d in TABLE.values() if not d.algorithms]
   return f"{', '.join(gpu + xla_only[:-1])} or {xla_only[-1]} (the XLA path only)"
 
 
-# --- float8 -------------------------------------------------------------------------
-
 def fp8_family(dtype) -> str | None:
-  """"ocp" or "fnuz" for a float8 format, None for any other dtype."""
   entry = TABLE.get(name(dtype))
   return None if entry is None else entry.fp8
 
@@ -117,12 +98,11 @@ def is_e5m2(dtype) -> bool:
 
 
 def fp8_formats(family: str) -> tuple:
-  """(the e4m3 format, the e5m2 format) of a family: activations and weights, gradients."""
+  """(e4m3: activations and weights, e5m2: gradients)."""
   return {"ocp": ("float8_e4m3fn", "float8_e5m2"), "fnuz": ("float8_e4m3fnuz", "float8_e5m2fnuz")}[family]
 
 
 def fp8_family_of(arch: str) -> str | None:
-  """The float8 family a device of `arch` ("sm_90", "gfx942") runs, or None where it runs none."""
   for family, (first_sm, gfx) in _FP8_DEVICES.items():
     if arch in gfx:
       return family
@@ -132,6 +112,5 @@ def fp8_family_of(arch: str) -> str | None:
 
 
 def fp8_devices(family: str) -> str:
-  """The devices of a float8 family, in words."""
   first_sm, gfx = _FP8_DEVICES[family]
   return " or ".join(([f"sm_{first_sm}+"] if first_sm else []) + list(gfx))

@@ -16,5 +16,5 @@ class WorkspaceFullError(RuntimeError):
 
 
 class SetupError(RuntimeError):
-  """What a call needs could not be set up: GPU memory, a measurement, the vendor BLAS, or an answer from another
-  process in time. `auto` then takes the XLA path; with several processes every process learns of it."""
+  """A call's setup failed (GPU memory, a measurement, the vendor BLAS, a peer process's answer): `auto` takes the
+  XLA path, on every process."""
