@@ -230,7 +230,7 @@ def _check_out_sharding(op: str, out_sharding, out_shape: tuple, axis_name) -> N
                        f"divides {size}, or leave it unsharded")
 
 
-def _group(op: str, axis_name) -> tuple[tuple, int]:
+def axis_group(op: str, axis_name) -> tuple[tuple, int]:
   """(axes, size) of a shard_map axis name or tuple of names; ValueError if unbound."""
   axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
   if not axes or not all(isinstance(a, str) for a in axes):
@@ -429,7 +429,7 @@ def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
     call = Call("ag_matmul", None, 1, algorithm, gather, w_kmajor=bool(w_kmajor), outputs=outputs,
                 out_dtype=out_name)
   else:
-    axes, size = _group("ag_matmul", axis_name)
+    axes, size = axis_group("ag_matmul", axis_name)
     scales = _shared_x_scale(scales, axes, x)
     x, w, bias, scales = _varying_operands(axes, x, w, bias, scales)
     call = Call("ag_matmul", axes, size, algorithm, gather, w_kmajor=bool(w_kmajor), outputs=outputs,
@@ -528,7 +528,7 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
     request = None if out_sharding is None else tuple(spec_of(out_sharding, len(out_shape)))
     call = Call("matmul_rs", None, 1, algorithm, scatter, request, w_kmajor=bool(w_kmajor), out_dtype=out_name)
   else:
-    axes, size = _group("matmul_rs", axis_name)
+    axes, size = axis_group("matmul_rs", axis_name)
     scatter = -2 if scatter is None else scatter
     if out_shape[scatter] % size:
       what = "x's rows" if scatter == -2 else f"the output's dim {scatter}"
@@ -579,6 +579,6 @@ def all_gather(x, *, axis_name):
   """
   if not hasattr(x, "ndim") or x.ndim < 2:
     raise ValueError(f"jax_overlap.all_gather: x must have rank >= 2, got {getattr(x, 'shape', x)}")
-  axes, size = _group("all_gather", axis_name)
+  axes, size = axis_group("all_gather", axis_name)
   (x,) = autodiff.varying(axes, x)
   return all_gather_op.bind(x, axis_name=axes, axis_size=size)
