@@ -71,7 +71,7 @@ class Recipe:
     try:
       self.scaling.accumulating(value)
     except ValueError as e:
-      raise ValueError(f"jax_overlap.{layer}: fast_accumulation=True takes scaling='tensor' ({e})") from None
+      raise ValueError(f"jax_overlap.{layer}: fast_accumulation=True with scaling={self.name!r}: {e}") from None
     return value
 
   def ag_operands(self, x, w, layer: str) -> tuple:
