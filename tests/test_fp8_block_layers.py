@@ -187,7 +187,7 @@ def test_multi_dim_kernel_is_flattened(normal, assert_close):
 def test_bad_inputs(cls):
   dot = getattr(jax_overlap, cls)
   x = jnp.ones((2, 128, 256), jnp.bfloat16) * 0.5
-  with pytest.raises(ValueError, match=rf"{cls}: scaling must be one of \('tensor', 'block', 'delayed'\), got 'rows'"):
+  with pytest.raises(ValueError, match=rf"{cls}: scaling must be one of \('tensor', 'block'\), got 'rows'"):
     dot(scaling="rows")  # at construction
   with pytest.raises(ValueError, match=rf"{cls} \(scaling='block', each rank's kernel\): block scales need K and N "
                                        r"multiples of 128.*N = 200"):

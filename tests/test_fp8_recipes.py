@@ -31,9 +31,8 @@ def _vjp(layer, x, w, dy):
 def test_registry_names_each_recipe_once():
   assert {name: cls.name for name, cls in recipes.RECIPES.items()} == {"tensor": "tensor", "block": "block",
                                                                         "delayed": "delayed"}
-  assert recipes.get("Fp8AgDotGeneral", "block") == recipes.BlockRecipe()
-  with pytest.raises(ValueError, match=r"Fp8AgDotGeneral: scaling must be one of \('tensor', 'block', 'delayed'\)"):
-    recipes.get("Fp8AgDotGeneral", "rows")
+  assert recipes.stateless() == ("tensor", "block")
+  assert jax_overlap.Fp8AgDotGeneral(scaling="block").recipe == recipes.BlockRecipe()
   with pytest.raises(ValueError, match="needs a name of its own, got 'tensor'"):
     recipes.register(type("Again", (recipes.TensorRecipe,), {}))
 

@@ -109,16 +109,17 @@ class Fp8Layer(Layer):
     name = type(self).__name__
     if self.family is not None and self.family not in FAMILIES:
       raise ValueError(f"jax_overlap.{name}: family must be None (the GPU's), 'ocp' or 'fnuz', got {self.family!r}")
-    recipe = recipes.get(name, self.scaling)
-    if recipe.stateful:
-      raise ValueError(f"jax_overlap.{name}: scaling={self.scaling!r} keeps state between steps; use "
-                       f"jax_overlap.Fp8Delayed{name[3:]}, a flax.linen module that holds it")
-    recipe.fast_accumulation(name, self.fast_accumulation)
+    if self.scaling not in recipes.stateless():
+      if self.scaling in recipes.RECIPES:
+        raise ValueError(f"jax_overlap.{name}: scaling={self.scaling!r} keeps state between steps; use "
+                         f"jax_overlap.Fp8Delayed{name[3:]}, a flax.linen module that holds it")
+      raise ValueError(f"jax_overlap.{name}: scaling must be one of {recipes.stateless()}, got {self.scaling!r}")
+    self.recipe.fast_accumulation(name, self.fast_accumulation)
     check_cast_algorithm(name, self.cast_algorithm)
 
   @property
   def recipe(self) -> recipes.Recipe:
-    return recipes.get(type(self).__name__, self.scaling)
+    return recipes.RECIPES[self.scaling]()
 
   def forward_fast_accumulation(self) -> bool:
     """Whether the forward GEMM accumulates fast: fast_accumulation, None meaning the recipe's default."""

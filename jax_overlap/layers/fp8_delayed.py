@@ -28,9 +28,6 @@ from jax_overlap.layers import fp8
 from jax_overlap.layers.dot_general import check_dim, check_fields, check_operands
 from jax_overlap.quantization import formats, recipes
 
-# Flax's update rule (fp8_ops.update_fp8_meta) on a step's amax: the delayed recipe's.
-recorded = recipes.recorded
-
 
 class Fp8DelayedDotGeneralBase(fp8_ops.Fp8DotGeneralBase):
   """What the delayed-scaling layers share: Flax's variables (Fp8DotGeneralBase: amax_history_length, e4m3_dtype,

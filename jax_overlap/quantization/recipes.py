@@ -286,8 +286,6 @@ for _cls in (TensorRecipe, BlockRecipe, DelayedRecipe):
   register(_cls)
 
 
-def get(layer: str, name) -> Recipe:
-  """The recipe a layer's scaling= names, or a ValueError naming the choices."""
-  if name not in RECIPES:
-    raise ValueError(f"jax_overlap.{layer}: scaling must be one of {tuple(RECIPES)}, got {name!r}")
-  return RECIPES[name]()
+def stateless() -> tuple:
+  """The names of the recipes that keep no state: those a layer without variables takes."""
+  return tuple(name for name, cls in RECIPES.items() if not cls.stateful)
