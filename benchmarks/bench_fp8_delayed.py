@@ -57,7 +57,8 @@ from jax import lax
 import _harness
 import bench_fp8_layers
 import jax_overlap as jo
-from jax_overlap.layers import fp8 as fp8_layers, fp8_delayed
+from jax_overlap.layers import fp8 as fp8_layers
+from jax_overlap.quantization import recipes
 from jax_overlap.ops import fp8_cast
 
 UNROLL = bench_fp8_layers.UNROLL  # calls per executable (bench_fp8_layers.inputs gives as many x and w)
@@ -86,11 +87,12 @@ def _delayed_forward(e4m3, e5m2, fast_accumulation: bool = True, cast_algorithm:
   def forward(x, w, state):
     meta = (state["input_scale"], state["input_amax_history"], state["kernel_scale"], state["kernel_amax_history"],
             state["output_grad_scale"], state["output_grad_amax_history"])
-    call = fp8_layers._Fp8Call(axis_name=None, algorithm=layer.algorithm, axis=-2, out_sharding=None, e4m3=e4m3,
-                               e5m2=e5m2, x_dtype="bfloat16", w_dtype="bfloat16",
-                               fast_accumulation=layer.fast_accumulation, cast_algorithm=layer.cast_algorithm)
-    y, residuals = fp8_delayed._ag_forward(x, w, meta, call)
-    return (y, *residuals[5])  # y; the new input and kernel scales and histories
+    call = fp8_layers.Fp8Call(layer="Fp8DelayedAgDotGeneral", recipe=recipes.DelayedRecipe(), axis_name=None,
+                              algorithm=layer.algorithm, axis=-2, out_sharding=None, e4m3=e4m3, e5m2=e5m2,
+                              x_dtype="bfloat16", w_dtype="bfloat16", fast_accumulation=layer.fast_accumulation,
+                              cast_algorithm=layer.cast_algorithm)
+    y, residuals = fp8_layers._ag_forward(x, w, meta, call)
+    return (y, *residuals[4][1])  # y; the new input and kernel scales and histories
   return forward
 
 

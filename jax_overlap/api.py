@@ -214,7 +214,7 @@ def _check_out_sharding(op: str, out_sharding, out_shape: tuple, axis_name) -> N
                        f"divides {size}, or leave it unsharded")
 
 
-def _group(op: str, axis_name) -> tuple[tuple, int]:
+def axis_group(op: str, axis_name) -> tuple[tuple, int]:
   """(axes, size) of a shard_map axis name or tuple of names; ValueError if unbound."""
   axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
   if not axes or not all(isinstance(a, str) for a in axes):
@@ -336,7 +336,7 @@ def _drive(op, x, w, bias, *, x_scale, w_scale, out_dtype, fast_accumulation, w_
     if op.results.gathers:
       scales = _shared_x_scale(scales, None, x)
   else:
-    axes, size = _group(name, axis_name)
+    axes, size = axis_group(name, axis_name)
     with _local_shapes(axis_name):
       dim, out_shape = arguments.grouped(dim, x, out_shape, size, axis_name)
     call = Call(name, axes, size, algorithm, dim, w_kmajor=bool(w_kmajor), outputs=outputs, out_dtype=out_name)
@@ -521,6 +521,6 @@ def all_gather(x, *, axis_name):
   """
   if not hasattr(x, "ndim") or x.ndim < 2:
     raise ValueError(f"jax_overlap.all_gather: x must have rank >= 2, got {getattr(x, 'shape', x)}")
-  axes, size = _group("all_gather", axis_name)
+  axes, size = axis_group("all_gather", axis_name)
   (x,) = autodiff.varying(axes, x)
   return all_gather_op.bind(x, axis_name=axes, axis_size=size)

@@ -19,9 +19,9 @@ from flax.linen import fp8_ops
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_overlap
-from jax_overlap.layers import fp8_delayed
 from jax_overlap.ops import fp8_scales
 from jax_overlap.layers.fp8_delayed import Fp8DelayedAgDotGeneral, Fp8DelayedRsDotGeneral
+from jax_overlap.quantization import recipes
 import tolerance
 
 OWG = fp8_ops.OVERWRITE_WITH_GRADIENT
@@ -93,7 +93,7 @@ def test_update_rule_is_flaxs(fmt, rng):
       x = jnp.asarray([-amax, amax / 2, 0.0], jnp.float32)
       want_scale, want_history = jax.jit(fp8_ops.update_fp8_meta, static_argnums=1)(x, dtype, scale, history)
       ((step,), (zero,)), ((step2, other_step), zeros) = steps(scale, history)
-      got_scale, got_history = jax.jit(fp8_delayed.recorded)(jnp.max(jnp.abs(x)), step, scale, history)
+      got_scale, got_history = jax.jit(recipes.recorded)(jnp.max(jnp.abs(x)), step, scale, history)
       np.testing.assert_array_equal(bits(got_scale), bits(want_scale))
       np.testing.assert_array_equal(bits(got_history), bits(want_history))
       for s in (step, step2):
@@ -105,7 +105,7 @@ def test_update_rule_is_flaxs(fmt, rng):
   want_scale, want_history = jax.jit(fp8_ops.update_fp8_meta, static_argnums=1)(jnp.float32(2.5), dtype,
                                                                                  jnp.ones(1), one)
   (step,), _ = fp8_scales.step_scales([jnp.float32(1)], [one], [dtype], algorithm="xla")
-  for got, want in zip(fp8_delayed.recorded(jnp.float32(2.5), step, jnp.ones(1), one), (want_scale, want_history)):
+  for got, want in zip(recipes.recorded(jnp.float32(2.5), step, jnp.ones(1), one), (want_scale, want_history)):
     np.testing.assert_array_equal(bits(got), bits(want))
 
 

@@ -350,7 +350,7 @@ def test_layer_fast_accumulation(cls):
   layer = getattr(jax_overlap, cls)
   assert layer().forward_fast_accumulation() and not layer(fast_accumulation=False).forward_fast_accumulation()
   assert not layer(scaling="block").forward_fast_accumulation()
-  with pytest.raises(ValueError, match=rf"{cls}: fast_accumulation=True takes scaling='tensor'"):
+  with pytest.raises(ValueError, match=rf"{cls}: fast_accumulation=True with scaling='block': fast accumulation takes tensor scales"):
     layer(scaling="block", fast_accumulation=True)
   with pytest.raises(TypeError, match=rf"{cls}: fast_accumulation must be None, True or False, got 1"):
     layer(fast_accumulation=1)

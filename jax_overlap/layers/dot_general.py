@@ -35,8 +35,9 @@ from jax_overlap import api
 
 
 class Layer:
-  """What the layers share: their fields checked at construction, and a clear error for the class passed where an
-  instance belongs (a library then calls the class with the dot's operands)."""
+  """What the layers share: their fields checked at construction, lax.dot_general's signature, and clear errors for
+  a class passed where an instance belongs (a library then calls the class with the dot's operands) and for the
+  reverse (linen instantiates dot_general_cls with no arguments)."""
 
   ALGORITHMS: tuple = api.ALGORITHMS
 
@@ -51,6 +52,21 @@ class Layer:
   def __post_init__(self):
     check_fields(type(self).__name__, self.axis_name, self.algorithm, self.ALGORITHMS)
 
+  def __call__(self, lhs=None, rhs=None, dimension_numbers=None, precision=None, preferred_element_type=None,
+               out_sharding=None):
+    del precision  # the products accumulate in float32
+    check_operands(self, lhs, rhs, dimension_numbers)
+    return self._dot(lhs, rhs, dimension_numbers, preferred_element_type, out_sharding)
+
+
+def check_operands(layer, lhs, rhs, dimension_numbers) -> None:
+  """A TypeError for an instance called with no operands, as a linen layer calls its dot_general_cls()."""
+  if lhs is None and rhs is None and dimension_numbers is None:
+    name = type(layer).__name__
+    raise TypeError(f"jax_overlap.{name}: an instance was called with no operands, as a layer calls "
+                    f"dot_general_cls() to make its dot: pass the class, dot_general_cls=jax_overlap.{name} "
+                    f"(functools.partial(jax_overlap.{name}, ...) to set its fields), or an instance as dot_general=")
+
 
 def check_fields(layer: str, axis_name, algorithm, algorithms: tuple) -> None:
   """Every layer's axis_name (None, a mesh axis name or a tuple of them) and algorithm (one of `algorithms`)."""
@@ -60,6 +76,13 @@ def check_fields(layer: str, axis_name, algorithm, algorithms: tuple) -> None:
                     f"tuple of them, got {axis_name!r}")
   if algorithm not in algorithms:
     raise ValueError(f"jax_overlap.{layer}: algorithm must be one of {algorithms}, got {algorithm!r}")
+
+
+def check_bound(layer: str, axis_name) -> None:
+  """An axis_name that the enclosing shard_map binds (the ops' ValueError, naming the layer): before anything is
+  cast to vary over it, which JAX refuses with a bare AssertionError or "please call pvary"."""
+  if axis_name is not None:
+    api.axis_group(layer, axis_name)
 
 
 def check_dim(layer: str, name: str, value, optional: bool) -> None:
@@ -127,9 +150,9 @@ class AgDotGeneral(Layer):
     super().__post_init__()
     check_dim("AgDotGeneral", "gather_axis", self.gather_axis, optional=False)
 
-  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
-    del precision
+  def _dot(self, lhs, rhs, dimension_numbers, preferred_element_type, out_sharding):
     check_column_parallel("AgDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
+    check_bound("AgDotGeneral", self.axis_name)
     return api.ag_matmul(lhs, rhs, axis_name=self.axis_name, algorithm=self.algorithm,
                          gather_axis=self.gather_axis, out_sharding=out_sharding)
 
@@ -156,8 +179,8 @@ class RsDotGeneral(Layer):
     super().__post_init__()
     check_dim("RsDotGeneral", "scatter_axis", self.scatter_axis, optional=True)
 
-  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
-    del precision
+  def _dot(self, lhs, rhs, dimension_numbers, preferred_element_type, out_sharding):
     check_row_parallel("RsDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
+    check_bound("RsDotGeneral", self.axis_name)
     return api.matmul_rs(lhs, rhs, axis_name=self.axis_name, algorithm=self.algorithm,
                          scatter_axis=self.scatter_axis, out_sharding=out_sharding)

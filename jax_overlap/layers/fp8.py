@@ -1,34 +1,20 @@
-"""The float8 layers: AgDotGeneral and RsDotGeneral (layers/dot_general.py) in float8, for training.
+"""The float8 layers: AgDotGeneral and RsDotGeneral (layers/fp8.py) in float8, for training.
 
-Fp8AgDotGeneral and Fp8RsDotGeneral are the same layers in float8, for
-training: they take bfloat16/float16/float32 inputs and kernels and quantize
-both on every call (current scaling: the amax of the local shard, a
-power-of-two scale, a cast to e4m3), the kernel straight into the K-major
-layout Hopper's fp8 GEMM takes, in the same pass. Casts with no transpose in
-them run on ops/fp8_cast.py's primitive (the project's cast kernel where it takes
-the call, XLA's cast of the same values otherwise). Their custom VJP quantizes
-the cotangent to e5m2 the same way, so that the data gradient (the dual op)
-and the weight gradient run in float8 too, and keeps float8 residuals in
-place of the activation: Fp8AgDotGeneral the gathered x (half the bytes of the
-bf16 gathered x the 16-bit layer keeps) with its per-shard scales,
-Fp8RsDotGeneral its quantized x. Where the weight gradient contracts rows that
-carry per-shard scales (the gathered x; the gathered cotangent of matmul_rs),
-the scales fold into the e5m2 operand's quantization, so it stays one GEMM of
-one scale per operand: exact up to that quantization's rounding (power-of-two
-scales shift values exactly, quantization/numerics.py). That GEMM contracts the rows, the
-outer dim of both operands, so both are transposed for it (Hopper's fp8 GEMM
-takes K-major operands only): the cotangent within its quantizing pass, the
-float8 residual in a pass of its own.
-
-With scaling="block" the same layers quantize with block scales (the ops' 1x128
-x 128x128 scales; see "block scaling" below).
+Fp8AgDotGeneral and Fp8RsDotGeneral take bfloat16/float16/float32 inputs and kernels and quantize both on every
+call to e4m3 (the kernel straight into the K-major layout Hopper's fp8 GEMM takes), as their recipe says
+(quantization/recipes.py: scaling="tensor", current scaling, or "block"). Their custom VJP, shared with the
+delayed-scaling layers (fp8_delayed.py), quantizes the cotangent to e5m2, so that the data gradient (the dual op)
+and the weight gradient run in float8 too, and keeps float8 residuals in place of the activation:
+Fp8AgDotGeneral the gathered x (half the bytes of the bf16 gathered x the 16-bit layer keeps) with its per-shard
+scales, Fp8RsDotGeneral its quantized x. The weight gradient contracts the rows, the outer dim of both operands,
+so both are transposed for it (Hopper's fp8 GEMM takes K-major operands only) and it runs as one float8 GEMM of
+the group of one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -36,15 +22,12 @@ import numpy as np
 
 from jax_overlap import _sharding, api, remat
 from jax_overlap.integration import autodiff
-from jax_overlap.layers.dot_general import Layer, check_column_parallel, check_dim, check_row_parallel
-from jax_overlap.ops import OPS, fp8_cast
-from jax_overlap.quantization import formats, numerics, scaling
-from jax_overlap.quantization.scaling import BLOCK, BLOCK_SIZE, Scales
-from jax_overlap.runtime import workspace
+from jax_overlap.layers.dot_general import Layer, check_bound, check_column_parallel, check_dim, check_row_parallel
+from jax_overlap.ops import OPS, fp8_cast, fp8_scales
+from jax_overlap.quantization import formats, recipes
+from jax_overlap.quantization.scaling import Scales
+from jax_overlap.runtime import backend
 
-
-# What the layers quantize: the cast's inputs.
-_INPUT_DTYPES = fp8_cast.INPUT_DTYPES
 FAMILIES = ("ocp", "fnuz")
 # The layers' cast_algorithm: "kernels", the project's one-pass cast kernel where it takes the call
 # (ops/fp8_cast.py), or "xla", XLA's cast of the same values, which XLA can fuse into the operation producing the
@@ -55,9 +38,28 @@ CAST_ALGORITHMS = ("auto", "kernels", "xla")
 
 
 @dataclasses.dataclass(frozen=True)
-class _Fp8Call:
-  """One fp8 layer call, besides its operands (static: the custom VJP's nondiff argument)."""
+class Casts:
+  """The ops' float8 casts with one algorithm ("auto": the project's kernels where they take the call; "xla"):
+  what a recipe rounds with."""
 
+  algorithm: str
+
+  def cast(self, x, scale, dtype):
+    return fp8_cast.cast(x, scale, dtype, algorithm=self.algorithm)
+
+  def cast_with_amax(self, x, scale, dtype, lead: int = 0, amax_from=None):
+    return fp8_cast.cast_with_amax(x, scale, dtype, lead=lead, algorithm=self.algorithm, amax_from=amax_from)
+
+  def step_scales(self, scales, histories, dtypes):
+    return fp8_scales.step_scales(scales, histories, dtypes, algorithm=self.algorithm)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Call:
+  """One fp8 layer call, besides its operands and state (static: the custom VJP's nondiff argument)."""
+
+  layer: str  # the layer's name, for errors
+  recipe: recipes.Recipe
   axis_name: str | tuple | None
   algorithm: str
   axis: int | None  # ag: x's gather dim; rs: the output's scatter dim (None: the plan's)
@@ -66,17 +68,39 @@ class _Fp8Call:
   e5m2: str  # the cotangent's format
   x_dtype: str
   w_dtype: str
-  scaling: scaling.Scaling = scaling.TENSOR  # TENSOR: one scale per operand; BLOCK: 1x128 blocks, 128x128 tiles
-  fast_accumulation: bool = False  # the forward GEMM's (api.ag_matmul's); the gradients' GEMMs promote to float32
-  cast_algorithm: str = "auto"  # the float8 casts' (_cast_algorithm); CAST_ALGORITHMS
+  fast_accumulation: bool  # the forward GEMM's (api.ag_matmul's)
+  cast_algorithm: str = "auto"  # CAST_ALGORITHMS
 
   @property
   def out_dtype(self) -> str:
     return np.dtype(jnp.promote_types(self.x_dtype, self.w_dtype)).name
 
+  @property
+  def axes(self) -> tuple:
+    return tuple(self.axis_name) if isinstance(self.axis_name, (tuple, list)) else (self.axis_name,)
+
+  @property
+  def casts(self) -> Casts:
+    return Casts("xla" if "xla" in (self.algorithm, self.cast_algorithm) else "auto")
+
+
+def gpu_family() -> str:
+  """The float8 family of this process's GPUs: fnuz where one is gfx942-class, else OCP. Read from what jax says of
+  its devices (or the device state, where the runtime has made it), so that tracing sets up nothing on a GPU."""
+  machine = backend.current()
+  if machine.state.prepared:
+    archs = [d.arch for d in machine.state.devices.values()]
+  else:
+    # ROCm's jax devices name their gfx arch in compute_capability; device_kind is the fallback ("MI300X").
+    archs = [getattr(d, "compute_capability", "") or getattr(d, "device_kind", "") for d in machine.local_gpus()]
+  fnuz = any(formats.fp8_family_of(str(a).split(":")[0]) == "fnuz" or any(m in str(a) for m in ("MI300", "MI325"))
+             for a in archs)
+  return "fnuz" if fnuz else "ocp"
+
 
 class Fp8Layer(Layer):
-  """What the float8 layers share: their fields checked at construction (Layer's, and family and scaling)."""
+  """What the float8 layers share: their fields checked at construction (Layer's, family, scaling's recipe and
+  fast_accumulation, cast_algorithm)."""
 
   ALGORITHMS = tuple(a for a in api.ALGORITHMS if formats.takes(a, "float8_e4m3fn") or a in ("auto", "xla"))
 
@@ -85,56 +109,48 @@ class Fp8Layer(Layer):
     name = type(self).__name__
     if self.family is not None and self.family not in FAMILIES:
       raise ValueError(f"jax_overlap.{name}: family must be None (the GPU's), 'ocp' or 'fnuz', got {self.family!r}")
-    if self.scaling not in scaling.MODES:
-      raise ValueError(f"jax_overlap.{name}: scaling must be one of {tuple(scaling.MODES)}, got {self.scaling!r}")
-    check_fast_accumulation(name, self.fast_accumulation, scaling.MODES[self.scaling])
+    if self.scaling not in recipes.stateless():
+      if self.scaling in recipes.RECIPES:
+        raise ValueError(f"jax_overlap.{name}: scaling={self.scaling!r} keeps state between steps; use "
+                         f"jax_overlap.Fp8Delayed{name[3:]}, a flax.linen module that holds it")
+      raise ValueError(f"jax_overlap.{name}: scaling must be one of {recipes.stateless()}, got {self.scaling!r}")
+    self.recipe.fast_accumulation(name, self.fast_accumulation)
     check_cast_algorithm(name, self.cast_algorithm)
 
+  @property
+  def recipe(self) -> recipes.Recipe:
+    return recipes.RECIPES[self.scaling]()
+
   def forward_fast_accumulation(self) -> bool:
-    """Whether the forward GEMM accumulates fast: fast_accumulation, None meaning so for tensor scales."""
-    return not scaling.MODES[self.scaling].blocks if self.fast_accumulation is None else self.fast_accumulation
+    """Whether the forward GEMM accumulates fast: fast_accumulation, None meaning the recipe's default."""
+    return self.recipe.fast_accumulation(type(self).__name__, self.fast_accumulation)
 
-  def _call(self, lhs, rhs, **fields) -> _Fp8Call:
-    """This call's _Fp8Call, after the checks of its inputs' dtypes."""
-    layer = type(self).__name__
-    for name, v in (("x", lhs), ("kernel", rhs)):
-      if formats.name(v.dtype) not in _INPUT_DTYPES:
-        raise TypeError(f"jax_overlap.{layer}: {name} must have dtype {', '.join(_INPUT_DTYPES)} (the layer "
-                        f"quantizes it), got {v.dtype}")
-    family = self.family
-    if family is None:
-      family = "fnuz" if any(formats.fp8_family_of(arch) == "fnuz" for _, arch in workspace.local_gpus()) else "ocp"
-    e4m3, e5m2 = formats.fp8_formats(family)
-    return _Fp8Call(axis_name=self.axis_name, algorithm=self.algorithm, e4m3=e4m3, e5m2=e5m2,
-                    x_dtype=formats.name(lhs.dtype), w_dtype=formats.name(rhs.dtype),
-                    scaling=scaling.MODES[self.scaling], fast_accumulation=self.forward_fast_accumulation(),
-                    cast_algorithm=self.cast_algorithm, **fields)
-
-
-def check_fast_accumulation(layer: str, fast_accumulation, mode: scaling.Scaling) -> None:
-  """A layer's fast_accumulation field: None or a bool, not True with block scales (ValueError, TypeError)."""
-  if fast_accumulation is not None and not isinstance(fast_accumulation, bool):
-    raise TypeError(f"jax_overlap.{layer}: fast_accumulation must be None, True or False, got {fast_accumulation!r}")
-  if fast_accumulation and mode.blocks:
-    raise ValueError(f"jax_overlap.{layer}: fast_accumulation=True takes scaling='tensor'; block scales apply per "
-                     f"128 elements of K, where the GEMM promotes its sums to float32 anyway")
+  def _overlapped(self, parallel: str, axis, lhs, rhs, dimension_numbers, preferred_element_type, out_sharding):
+    e4m3, e5m2 = formats.fp8_formats(self.family or gpu_family())
+    return overlapped(parallel, lhs, rhs, dimension_numbers, (), layer=type(self).__name__, recipe=self.recipe,
+                      axis_name=self.axis_name, algorithm=self.algorithm, axis=axis, out_sharding=out_sharding,
+                      e4m3=e4m3, e5m2=e5m2, fast_accumulation=self.forward_fast_accumulation(),
+                      cast_algorithm=self.cast_algorithm, preferred_element_type=preferred_element_type)
 
 
 def check_cast_algorithm(layer: str, cast_algorithm) -> None:
-  """A layer's cast_algorithm field: one of CAST_ALGORITHMS (ValueError)."""
   if cast_algorithm not in CAST_ALGORITHMS:
     raise ValueError(f"jax_overlap.{layer}: cast_algorithm must be one of {CAST_ALGORITHMS}, got {cast_algorithm!r}")
 
 
-def _axes(call: _Fp8Call) -> tuple:
-  return tuple(call.axis_name) if isinstance(call.axis_name, (tuple, list)) else (call.axis_name,)
+def check_scatter_axis(layer: str, axis_name, scatter_axis, given=None) -> None:
+  """Not the output columns inside shard_map (`given`: the field as the user wrote it, where it differs)."""
+  if axis_name is not None and scatter_axis == -1:
+    raise ValueError(f"jax_overlap.{layer}: scatter_axis={scatter_axis if given is None else given} (the output "
+                     f"columns) is not supported inside shard_map (its data gradient would gather the contraction); "
+                     f"use RsDotGeneral, or scatter another dim")
 
 
-def _varying_in(call: _Fp8Call, x, w) -> tuple:
-  """x and w made varying over the group (autodiff.varying: JAX's transpose of that cast sums dW over replicas)."""
-  if call.axis_name is None:
-    return x, w
-  return autodiff.varying(_axes(call), x, w)
+def check_inputs(layer: str, lhs, rhs) -> None:
+  for name, v in (("x", lhs), ("kernel", rhs)):
+    if formats.name(v.dtype) not in fp8_cast.INPUT_DTYPES:
+      raise TypeError(f"jax_overlap.{layer}: {name} must have dtype {', '.join(fp8_cast.INPUT_DTYPES)} (the layer "
+                      f"quantizes it), got {v.dtype}")
 
 
 def _negative(axis, ndim: int):
@@ -144,7 +160,35 @@ def _negative(axis, ndim: int):
   return axis
 
 
-def _layouts(call: _Fp8Call, x, w) -> tuple:
+def overlapped(parallel: str, lhs, rhs, dimension_numbers, state, *, layer: str, recipe: recipes.Recipe, axis_name,
+               algorithm: str, axis, out_sharding, e4m3: str, e5m2: str, fast_accumulation: bool,
+               cast_algorithm: str, preferred_element_type=None):
+  """A float8 layer's dot: parallel "ag" (kernel [K, *n], x [..., K]; axis: x's gathered dim) or "rs" (kernel
+  [*k, N], x [..., *k]; axis: the output dim scattered onto, None: the plan's), quantized as `recipe` says, with
+  its `state` (() for a recipe that keeps none). The result is in the inputs' promoted dtype."""
+  check_inputs(layer, lhs, rhs)
+  if parallel == "ag":
+    check_column_parallel(layer, lhs, rhs, dimension_numbers, preferred_element_type)
+    axis = _negative(axis, lhs.ndim)
+  else:
+    contract = check_row_parallel(layer, lhs, rhs, dimension_numbers, preferred_element_type)
+    given, axis = axis, _negative(axis, lhs.ndim - contract + 1)
+    check_scatter_axis(layer, axis_name, axis, given)
+  check_bound(layer, axis_name)
+  call = Fp8Call(layer=layer, recipe=recipe, axis_name=axis_name, algorithm=algorithm, axis=axis,
+                 out_sharding=out_sharding, e4m3=e4m3, e5m2=e5m2, x_dtype=formats.name(lhs.dtype),
+                 w_dtype=formats.name(rhs.dtype), fast_accumulation=fast_accumulation, cast_algorithm=cast_algorithm)
+  x, w = lhs, rhs
+  if axis_name is not None:  # JAX's transpose of the varying cast sums dW over replicas
+    x, w = autodiff.varying(call.axes, x, w)
+  if parallel == "ag":
+    x, w, restore = recipe.ag_operands(x, w, layer)
+    return restore(_fp8_ag(x, w, state, call))
+  x, w = recipe.rs_operands(x, w, contract, layer)
+  return _fp8_rs(x, w, state, call)
+
+
+def _layouts(call: Fp8Call, x, w) -> tuple:
   """What dx and dW are laid out like on global arrays (autodiff.layout). x itself is not kept: on an Explicit
   mesh its type says it, and on an Auto mesh the dual op's plan scatters dx onto x's sharded dim (keeping x
   alive for shard_alike would undo the float8 residual)."""
@@ -158,70 +202,79 @@ def _dual_layout(x_layout) -> dict:
 
 
 def _custom_vjp(forward, backward):
-  """layer(x, w, call) whose value is forward's first result, with the VJP forward / backward."""
-  @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-  def layer(x, w, call: _Fp8Call):
-    return forward(x, w, call)[0]
+  """layer(x, w, state, call) whose value is forward's first result, with the VJP forward / backward."""
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+  def layer(x, w, state, call: Fp8Call):
+    return forward(x, w, state, call)[0]
 
   layer.defvjp(forward, backward)
   return layer
 
 
-def _cast_algorithm(call: _Fp8Call) -> str:
-  """How the layer casts to float8 where ops/fp8_cast.py casts: its kernel where it takes the call (the same values
-  as XLA's cast), XLA's with algorithm="xla" or cast_algorithm="xla"."""
-  return "xla" if "xla" in (call.algorithm, call.cast_algorithm) else "auto"
-
-
-def _quantized(x, w, call: _Fp8Call, kmajor) -> tuple:
-  """(x8, x_scale, w8, w_scale): x and the kernel quantized to e4m3, the kernel in the K-major layout kmajor(w)
-  gives. Current scaling: the transpose and the cast are one pass over w. Block scaling (w 2-D): x per 1x128
-  block, the kernel per 128x128 tile."""
-  if call.scaling.blocks:
-    return (*numerics.block_scaling(x, call.e4m3), *numerics.tile_scaling(kmajor(w), call.e4m3))
-  x8, x_scale = fp8_cast.current_scaling(x, call.e4m3, algorithm=_cast_algorithm(call))
-  w_scale = numerics.fp8_scale(jnp.max(jnp.abs(w)), call.e4m3)
-  return x8, x_scale, numerics.quantize(kmajor(w), call.e4m3, w_scale), w_scale
-
-
-def _cotangent(d, call: _Fp8Call) -> tuple:
-  """(d quantized to e5m2, its scale): current scaling, or per 1x128 block of its last dim."""
-  if call.scaling.blocks:
-    return numerics.block_scaling(d, call.e5m2)
-  return fp8_cast.current_scaling(d, call.e5m2, algorithm=_cast_algorithm(call))
-
-
-def _dual_kernel(w, w_scale, call: _Fp8Call) -> tuple:
-  """(the kernel quantized again in its own layout, whose last dim is the dual op's contraction, with the
-  forward's scale; that scale as the dual op takes it): the same float8 values as the forward's K-major kernel.
-  Block scaling: the forward's tiles, transposed."""
-  if call.scaling.blocks:
-    return numerics.tile_scaling(w, call.e4m3, w_scale.T)[0], w_scale.T
-  return fp8_cast.cast(w, w_scale, call.e4m3, algorithm=_cast_algorithm(call)), w_scale
-
-
-def _lead_last(v, lead: int):
-  """v [*l, *f] as [prod(f), *l]: its first `lead` dims (a weight gradient's contraction) last, kept as dims of their
-  own for the op to contract (rows of several dims, sharded on a minor one, have no merged layout without moving
-  them)."""
-  v = jnp.transpose(v, (*range(lead, v.ndim), *range(lead)))
-  return _sharding.reshape(v, (-1, *v.shape[v.ndim - lead:]))
-
-
-def _weight_grad(at8, a_scale, bt8, b_scale, w, w_layout, call: _Fp8Call):
+def _weight_grad(at8, a_scale, bt8, b_scale, w, w_layout, call: Fp8Call):
   """dW = a^T @ b as one float8 GEMM of the op's group of one (the vendor's fp8 GEMM where it takes the call:
   algorithm "auto", which falls back to XLA's dot; "xla" stays XLA's): at8 [Ka, *l] and bt8 [Nb, *l], both with
-  the contraction last, the layout Hopper's fp8 GEMM takes (_lead_last, done in the quantizing passes where there
-  is one). The result in w's dtype, shape and layout."""
+  the contraction last. The result in w's dtype, shape and layout."""
   algorithm = "xla" if call.algorithm == "xla" else "auto"
   if call.axis_name is None:
     dw = api.matmul_rs(at8, bt8, x_scale=a_scale, w_scale=b_scale, out_dtype=call.w_dtype, w_kmajor=True,
                        algorithm=algorithm)
   else:  # the local product on this rank's operands
-    at8, bt8, a_scale, b_scale = autodiff.varying(_axes(call), at8, bt8, a_scale, b_scale)
-    dw = OPS["matmul_rs"].rules.bind(at8, bt8, None, Scales(a_scale, b_scale, call.scaling), axis_name=None,
+    at8, bt8, a_scale, b_scale = autodiff.varying(call.axes, at8, bt8, a_scale, b_scale)
+    dw = OPS["matmul_rs"].rules.bind(at8, bt8, None, Scales(a_scale, b_scale, call.recipe.scaling), axis_name=None,
                                      axis_size=1, algorithm=algorithm, w_kmajor=True, out_dtype=call.w_dtype)
   return autodiff.like(_sharding.reshape(dw, w.shape), w_layout)
+
+
+def _ag_forward(x, w, state, call: Fp8Call):
+  x8, x_scale, w8, w_scale, kept = call.recipe.quantize(x, w, state, call, lead=1)  # [K, *n] -> [*n, K]
+  y, gathered, scales = api.ag_matmul(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype,
+                                      fast_accumulation=call.fast_accumulation, w_kmajor=True,
+                                      axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True,
+                                      gather_axis=call.axis, out_sharding=call.out_sharding)
+  return y, (gathered, scales, w, remat.tag(w_scale, remat.AG_W_SCALE), kept, _layouts(call, x, w))
+
+
+def _ag_backward(call: Fp8Call, residuals, dy):
+  gathered, scales, w, w_scale, kept, (x_layout, w_layout) = residuals
+  dy8, dy_scale, state_cotangent = call.recipe.cotangent(dy, kept, call)
+  # dx = RS(dy @ W^T): on an Explicit mesh laid out as x's type says, else scattered onto x's gathered dim
+  w8, dual_scale = call.recipe.dual_kernel(w, w_scale, call)
+  dx = api.matmul_rs(dy8, w8, x_scale=dy_scale, w_scale=dual_scale, out_dtype=call.x_dtype, w_kmajor=True,
+                     axis_name=call.axis_name, algorithm=call.algorithm,
+                     scatter_axis=None if x_layout is not None else call.axis, **_dual_layout(x_layout))
+  operands = call.recipe.ag_weight_grad(gathered, scales, dy, dy8, dy_scale, call.axis, call)
+  return autodiff.like(dx, x_layout), _weight_grad(*operands, w, w_layout, call), state_cotangent
+
+
+_fp8_ag = _custom_vjp(_ag_forward, _ag_backward)
+
+
+def _rs_forward(x, w, state, call: Fp8Call):
+  x8, x_scale, w8, w_scale, kept = call.recipe.quantize(x, w, state, call, lead=w.ndim - 1)  # [*k, N] -> [N, *k]
+  z = api.matmul_rs(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype,
+                    fast_accumulation=call.fast_accumulation, w_kmajor=True, axis_name=call.axis_name,
+                    algorithm=call.algorithm, scatter_axis=call.axis, out_sharding=call.out_sharding)
+  residuals = (remat.tag(x8, remat.RS_X_FP8), remat.tag(x_scale, remat.RS_X_SCALE), w,
+               remat.tag(w_scale, remat.RS_W_SCALE), kept, _layouts(call, x, w))
+  return z, residuals
+
+
+def _rs_backward(call: Fp8Call, residuals, dz):
+  x8, x_scale, w, w_scale, kept, (x_layout, w_layout) = residuals
+  dz8, dz_scale, state_cotangent = call.recipe.cotangent(dz, kept, call)
+  # (dx, AG(dz)) = ag_matmul(dz, W^T)
+  w8, dual_scale = call.recipe.dual_kernel(w, w_scale, call)
+  gather = -2 if call.axis in (None, -1) else call.axis
+  dx, dz_gathered, dz_scales = api.ag_matmul(
+      dz8, w8, x_scale=dz_scale, w_scale=dual_scale, out_dtype=call.x_dtype, w_kmajor=True,
+      axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True, gather_axis=gather,
+      **_dual_layout(x_layout))
+  operands = call.recipe.rs_weight_grad(x8, x_scale, dz_gathered, dz_scales, gather, call)
+  return autodiff.like(dx, x_layout), _weight_grad(*operands, w, w_layout, call), state_cotangent
+
+
+_fp8_rs = _custom_vjp(_rs_forward, _rs_backward)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,9 +292,10 @@ class Fp8AgDotGeneral(Fp8Layer):
   jax_overlap.ag_matmul takes it for float8 operands ("fused" is 16-bit only); dW's GEMM, which has
   no communication, is the vendor's fp8 GEMM where it takes the call and XLA's dot otherwise, and
   XLA's with "xla". family: the float8 formats, "ocp" (float8_e4m3fn and float8_e5m2) or "fnuz"
-  (float8_e4m3fnuz and float8_e5m2fnuz); None: fnuz on gfx942, OCP elsewhere. scaling: "tensor" (one
-  scale per operand: the local shard's amax) or "block" (a scale per 1x128 block of x and of the
-  cotangent, per 128x128 tile of the kernel; K and N multiples of 128, see "block scaling" below).
+  (float8_e4m3fnuz and float8_e5m2fnuz); None: fnuz on gfx942, OCP elsewhere. scaling: the recipe
+  (jax_overlap.quantization.recipes): "tensor" (one scale per operand: the local shard's amax) or "block"
+  (a scale per 1x128 block of x and of the cotangent, per 128x128 tile of the kernel; K and N multiples of
+  128, and the rows, gathered, of the weight gradient too).
   fast_accumulation: whether the forward GEMM takes the vendor's fast fp8 accumulation
   (jax_overlap.ag_matmul's fast_accumulation: TransformerEngine's forward numerics); None (default):
   so with tensor scales, not with block scales, which take none. The gradients' GEMMs never do.
@@ -269,55 +323,8 @@ class Fp8AgDotGeneral(Fp8Layer):
     super().__post_init__()
     check_dim("Fp8AgDotGeneral", "gather_axis", self.gather_axis, optional=False)
 
-  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
-    del precision
-    check_column_parallel("Fp8AgDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
-    call = self._call(lhs, rhs, axis=_negative(self.gather_axis, lhs.ndim), out_sharding=out_sharding)
-    x, w = _varying_in(call, lhs, rhs)
-    if not call.scaling.blocks:
-      return _fp8_ag(x, w, call)
-    # Block scales take a 2-D kernel: [K, *n] as [K, N], and back.
-    w2 = _sharding.reshape(w, (w.shape[0], -1))
-    BLOCK.check_dims("Fp8AgDotGeneral (scaling='block', each rank's kernel)", *w2.shape)
-    y = _fp8_ag(x, w2, call)
-    return _sharding.reshape(y, (*y.shape[:-1], *w.shape[1:]))
-
-
-def _ag_forward(x, w, call: _Fp8Call):
-  x8, x_scale, w8, w_scale = _quantized(x, w, call, lambda w: jnp.moveaxis(w, 0, -1))  # [K, *n] -> [*n, K]
-  y, gathered, scales = api.ag_matmul(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype,
-                                      fast_accumulation=call.fast_accumulation, w_kmajor=True,
-                                      axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True,
-                                      gather_axis=call.axis, out_sharding=call.out_sharding)
-  return y, (gathered, scales, w, remat.tag(w_scale, remat.AG_W_SCALE), _layouts(call, x, w))
-
-
-def _fp8_ag_bwd(call: _Fp8Call, residuals, dy):
-  gathered, scales, w, w_scale, (x_layout, w_layout) = residuals
-  dy8, dy_scale = _cotangent(dy, call)
-  # dx = RS(dy @ W^T): the kernel quantized again in its own layout [K, *n], whose contraction (n) is last; on an
-  # Explicit mesh laid out as x's type says, else scattered onto x's gathered dim
-  w8, dual_scale = _dual_kernel(w, w_scale, call)
-  scatter = None if x_layout is not None else call.axis
-  dx = api.matmul_rs(dy8, w8, x_scale=dy_scale, w_scale=dual_scale, out_dtype=call.x_dtype, w_kmajor=True,
-                     axis_name=call.axis_name, algorithm=call.algorithm, scatter_axis=scatter,
-                     **_dual_layout(x_layout))
-  if call.scaling.blocks:
-    return autodiff.like(dx, x_layout), _block_weight_grad(gathered, scales, dy, w, w_layout, call, "Fp8AgDotGeneral")
-  # dW = gathered^T @ dy over rows whose shards carry scales of their own: dy's rows times their shard's scale,
-  # quantized with one scale (transposed in that pass). With one shard that is dy8 itself, transposed, and the
-  # shard's scale stays the gathered x's (the product of the two scales may underflow float32 where dW does not).
-  lead = functools.partial(_lead_last, lead=gathered.ndim - 1)
-  if scales.shape[0] == 1:
-    dyt8, dyt_scale, gathered_scale = lead(dy8), dy_scale, scales[0]
-  else:
-    rows = numerics.rows_times(dy, scales, gathered.ndim + call.axis)
-    (dyt8, dyt_scale), gathered_scale = numerics.current_scaling(rows, call.e5m2, lead), jnp.float32(1)
-  dw = _weight_grad(lead(gathered), gathered_scale, dyt8, dyt_scale, w, w_layout, call)
-  return autodiff.like(dx, x_layout), dw
-
-
-_fp8_ag = _custom_vjp(_ag_forward, _fp8_ag_bwd)
+  def _dot(self, lhs, rhs, dimension_numbers, preferred_element_type, out_sharding):
+    return self._overlapped("ag", self.gather_axis, lhs, rhs, dimension_numbers, preferred_element_type, out_sharding)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,89 +361,8 @@ class Fp8RsDotGeneral(Fp8Layer):
   def __post_init__(self):
     super().__post_init__()
     check_dim("Fp8RsDotGeneral", "scatter_axis", self.scatter_axis, optional=True)
-    if self.axis_name is not None and self.scatter_axis == -1:
-      raise ValueError(f"jax_overlap.Fp8RsDotGeneral: scatter_axis={self.scatter_axis} (the output columns) is not "
-                       f"supported inside shard_map (its data gradient would gather the contraction); use "
-                       f"RsDotGeneral, or scatter another dim")
+    check_scatter_axis("Fp8RsDotGeneral", self.axis_name, self.scatter_axis)
 
-  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
-    del precision
-    contract = check_row_parallel("Fp8RsDotGeneral", lhs, rhs, dimension_numbers, preferred_element_type)
-    scatter = _negative(self.scatter_axis, lhs.ndim - contract + 1)
-    if self.axis_name is not None and scatter == -1:
-      raise ValueError(f"jax_overlap.Fp8RsDotGeneral: scatter_axis={self.scatter_axis} (the output columns) is not "
-                       f"supported inside shard_map (its data gradient would gather the contraction); use "
-                       f"RsDotGeneral, or scatter another dim")
-    call = self._call(lhs, rhs, axis=scatter, out_sharding=out_sharding)
-    x, w = _varying_in(call, lhs, rhs)
-    if not call.scaling.blocks:
-      return _fp8_rs(x, w, call)
-    # Block scales take a 2-D kernel: [*k, N] as [K, N], x [..., *k] as [..., K].
-    w2 = _sharding.reshape(w, (-1, w.shape[-1]))
-    BLOCK.check_dims("Fp8RsDotGeneral (scaling='block', each rank's kernel)", *w2.shape)
-    return _fp8_rs(_sharding.reshape(x, (*x.shape[:x.ndim - contract], -1)), w2, call)
-
-
-def _rs_forward(x, w, call: _Fp8Call):
-  x8, x_scale, w8, w_scale = _quantized(x, w, call, lambda w: jnp.moveaxis(w, -1, 0))  # [*k, N] -> [N, *k]
-  z = api.matmul_rs(x8, w8, x_scale=x_scale, w_scale=w_scale, out_dtype=call.out_dtype,
-                    fast_accumulation=call.fast_accumulation, w_kmajor=True, axis_name=call.axis_name,
-                    algorithm=call.algorithm, scatter_axis=call.axis, out_sharding=call.out_sharding)
-  residuals = (remat.tag(x8, remat.RS_X_FP8), remat.tag(x_scale, remat.RS_X_SCALE), w,
-               remat.tag(w_scale, remat.RS_W_SCALE), _layouts(call, x, w))
-  return z, residuals
-
-
-def _fp8_rs_bwd(call: _Fp8Call, residuals, dz):
-  x8, x_scale, w, w_scale, (x_layout, w_layout) = residuals
-  dz8, dz_scale = _cotangent(dz, call)
-  # (dx, AG(dz)) = ag_matmul(dz, W^T): the kernel quantized again in its own layout [*k, N], contraction (N) last
-  w8, dual_scale = _dual_kernel(w, w_scale, call)
-  gather = -2 if call.axis in (None, -1) else call.axis
-  dx, dz_gathered, dz_scales = api.ag_matmul(
-      dz8, w8, x_scale=dz_scale, w_scale=dual_scale, out_dtype=call.x_dtype, w_kmajor=True,
-      axis_name=call.axis_name, algorithm=call.algorithm, return_gathered=True, gather_axis=gather,
-      **_dual_layout(x_layout))
-  if call.scaling.blocks:
-    # the gathered cotangent's value from its float8 blocks (exact), blocked along the rows again
-    dw = _block_weight_grad(x8, x_scale, numerics.dequantized(dz_gathered, dz_scales), w, w_layout, call,
-                            "Fp8RsDotGeneral")
-    return autodiff.like(dx, x_layout), dw
-  # dW = x^T @ AG(dz): the gathered shards' scales folded into AG(dz), one scale for all of it (transposed in that
-  # pass)
-  lead = functools.partial(_lead_last, lead=dz_gathered.ndim - 1)
-  dzt8, dzt_scale = numerics.rescaled_rows(dz_gathered, dz_scales, dz_gathered.ndim + gather, lead)
-  dw = _weight_grad(lead(x8), x_scale, dzt8, dzt_scale, w, w_layout, call)
-  return autodiff.like(dx, x_layout), dw
-
-
-_fp8_rs = _custom_vjp(_rs_forward, _fp8_rs_bwd)
-
-
-# --- block scaling ----------------------------------------------------------------------
-# The DeepSeek-V3 recipe on the ops' block scales: x and the cotangent quantized per 1x128 block of their last dim
-# (the contraction of the forward and of the dual op), the kernel per 128x128 tile, each block's scale a power of two
-# from its amax (numerics.block_scaling, tile_scaling). The dual op reads the kernel in its own layout with the same
-# tiles' scales (transposed): the same float8 values. The weight gradient contracts the rows, so both of its
-# operands are quantized again with their blocks along the rows: x from its float8 value (dequantized: exact), the
-# cotangent from its 16-bit value; then one block-scaled GEMM of the group of one. Shards that are whole blocks
-# (K and N multiples of 128 on each rank) quantize as the whole array does, so the result does not depend on the
-# sharding but through the ops' reductions.
-
-def _rows_last(a, layer: str):
-  """a [..., c] as [c, R], R the product of its leading dims (the weight gradient's contraction), which block
-  scaling needs whole 128-row blocks of."""
-  rows = math.prod(a.shape[:-1])
-  if rows % BLOCK_SIZE:
-    raise ValueError(f"jax_overlap.{layer}: the weight gradient of scaling='block' contracts the rows (the product "
-                     f"of x's leading dims{', gathered' if layer == 'Fp8AgDotGeneral' else ''}), which must be a "
-                     f"multiple of {BLOCK_SIZE}, got {rows}")
-  return _sharding.reshape(a, (rows, a.shape[-1])).T
-
-
-def _block_weight_grad(x, x_scale, dy, w, w_layout, call: _Fp8Call, layer: str):
-  """dW = x^T @ dy from x [..., R, K] in float8 with its 1x128 scales and the 16-bit cotangent dy [..., R, N]: x
-  blocked along the rows (e4m3), dy tiled along them (e5m2)."""
-  at8, a_scale = numerics.block_scaling(_rows_last(numerics.dequantized(x, x_scale), layer), call.e4m3)
-  bt8, b_scale = numerics.tile_scaling(_rows_last(dy, layer), call.e5m2)
-  return _weight_grad(at8, a_scale, bt8, b_scale, w, w_layout, call)
+  def _dot(self, lhs, rhs, dimension_numbers, preferred_element_type, out_sharding):
+    return self._overlapped("rs", self.scatter_axis, lhs, rhs, dimension_numbers, preferred_element_type,
+                            out_sharding)

@@ -1,0 +1,291 @@
+"""The float8 training recipes: how the fp8 layers quantize, one object per recipe.
+
+A recipe owns what differs between ways of training in float8 (TransformerEngine-JAX's quantizer idea); the
+layers (layers/fp8.py, fp8_delayed.py) run the same custom VJP for all of them and ask their recipe for
+  operands       the layouts its GEMMs take (block scales take a 2-D kernel)
+  quantize       x and the kernel in e4m3 with their scales, and what the backward pass keeps of the state
+  cotangent      the cotangent in e5m2 with its scale, and the state's cotangent (its new value)
+  dual_kernel    the kernel in its own layout for the data gradient, the same float8 values as the forward's
+  *_weight_grad  the weight gradient's float8 operands with their scales, the contraction last
+  fast_accumulation  the forward GEMM's accumulation (the gradients' GEMMs promote to float32 in every recipe)
+  scaling        the ops' scaling mode (quantization/scaling.py) of the weight gradient's GEMM
+The rounding itself is the layer's `call.casts` (the ops' cast primitives, a layer above this one).
+
+  tensor   current scaling: a power-of-two scale per operand from its amax (inside shard_map the local shard's)
+  block    DeepSeek-V3's: a scale per 1x128 block of x and of the cotangent, per 128x128 tile of the kernel
+  delayed  Flax's (fp8_ops.update_fp8_meta): scales from amax histories, which the state keeps
+
+Adding a recipe (MXFP8, per-row scales) is a subclass of Recipe and one `register` line (docs/architecture.md).
+Power-of-two scales keep the layers' rescalings exact (numerics.py): per-shard scales fold into one operand's.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jax_overlap import _compat, _sharding
+from jax_overlap.quantization import numerics
+from jax_overlap.quantization.scaling import BLOCK, BLOCK_SIZE, TENSOR, Scaling
+
+
+def kmajor(w, lead: int):
+  """w with its first `lead` dims (the contraction) moved last: the K-major layout Hopper's fp8 GEMM takes."""
+  return jnp.transpose(w, (*range(lead, w.ndim), *range(lead)))
+
+
+def lead_last(v, lead: int):
+  """v [*l, *f] as [prod(f), *l]: a weight gradient's contraction (its first `lead` dims) last, kept as dims of
+  their own (rows of several dims, sharded on a minor one, have no merged layout without moving them)."""
+  return _sharding.reshape(kmajor(v, lead), (-1, *v.shape[:lead]))
+
+
+class Recipe:
+  """A float8 recipe; `call` in its methods is the layer's (layers/fp8.py Fp8Call: layer, e4m3, e5m2, axis_name,
+  casts). The base class is what recipes with one scale per operand share."""
+
+  name: str = ""
+  scaling: Scaling = TENSOR
+  stateful = False  # keeps state between steps (a layer that holds it: the flax.linen modules)
+  fast_accumulation_default = True
+
+  def __repr__(self) -> str:
+    return f"{type(self).__name__}()"
+
+  def __eq__(self, other) -> bool:
+    return type(other) is type(self)
+
+  def __hash__(self) -> int:
+    return hash(type(self))
+
+  def fast_accumulation(self, layer: str, value) -> bool:
+    """The forward GEMM's accumulation from a layer's field (None: this recipe's default), or an error."""
+    if value is not None and not isinstance(value, bool):
+      raise TypeError(f"jax_overlap.{layer}: fast_accumulation must be None, True or False, got {value!r}")
+    if value is None:
+      return self.fast_accumulation_default
+    try:
+      self.scaling.accumulating(value)
+    except ValueError as e:
+      raise ValueError(f"jax_overlap.{layer}: fast_accumulation=True with scaling={self.name!r}: {e}") from None
+    return value
+
+  def ag_operands(self, x, w, layer: str) -> tuple:
+    """(x, w as the GEMM takes them, the result back in the layer's shape) for a kernel [K, *n]."""
+    del layer
+    return x, w, lambda y: y
+
+  def rs_operands(self, x, w, contract: int, layer: str) -> tuple:
+    """(x, w) as the GEMM takes them for a kernel [*k, N] contracting x's last `contract` dims."""
+    del contract, layer
+    return x, w
+
+  def quantize(self, x, w, state, call, lead: int) -> tuple:
+    """(x8, x_scale, w8 K-major (w's first `lead` dims last), w_scale, what the backward keeps of `state`)."""
+    raise NotImplementedError
+
+  def cotangent(self, d, kept, call) -> tuple:
+    """(d in e5m2, its scale, the state's cotangent), `kept` being quantize's last result."""
+    raise NotImplementedError
+
+  def dual_kernel(self, w, w_scale, call) -> tuple:
+    """(w in e4m3 in its own layout, whose last dim is the data gradient's contraction; its scale)."""
+    return call.casts.cast(w, w_scale, call.e4m3), w_scale
+
+  def ag_weight_grad(self, gathered, scales, dy, dy8, dy_scale, axis: int, call) -> tuple:
+    """(a, a_scale, b, b_scale): dW = gathered^T @ dy as float8 operands with the rows (their contraction) last.
+    scales: the gathered shards' (gathered along `axis`, negative); every shard's here is one scale."""
+    del dy, axis, call
+    lead = functools.partial(lead_last, lead=gathered.ndim - 1)
+    return lead(gathered), scales[0], lead(dy8), dy_scale
+
+  def rs_weight_grad(self, x8, x_scale, dz_gathered, dz_scales, axis: int, call) -> tuple:
+    """(a, a_scale, b, b_scale): dW = x^T @ AG(dz) as float8 operands with the rows last; every shard of AG(dz)
+    here has one scale."""
+    del axis, call
+    lead = functools.partial(lead_last, lead=dz_gathered.ndim - 1)
+    return lead(x8), x_scale, lead(dz_gathered), dz_scales[0]
+
+
+class TensorRecipe(Recipe):
+  """Current scaling: each call's operands quantized with a power-of-two scale from their own amax."""
+
+  name = "tensor"
+
+  def quantize(self, x, w, state, call, lead):
+    del state
+    x8 = call.casts.cast(x, x_scale := numerics.fp8_scale(jnp.max(jnp.abs(x)), call.e4m3), call.e4m3)
+    # The kernel's transpose and cast are XLA's: one pass over w.
+    w_scale = numerics.fp8_scale(jnp.max(jnp.abs(w)), call.e4m3)
+    return x8, x_scale, numerics.quantize(kmajor(w, lead), call.e4m3, w_scale), w_scale, ()
+
+  def cotangent(self, d, kept, call):
+    del kept
+    scale = numerics.fp8_scale(jnp.max(jnp.abs(d)), call.e5m2)
+    return call.casts.cast(d, scale, call.e5m2), scale, ()
+
+  def ag_weight_grad(self, gathered, scales, dy, dy8, dy_scale, axis, call):
+    # Shards with scales of their own: dy's rows times their shard's scale, quantized again with one scale (in the
+    # transposing pass), so that dW stays one GEMM of one scale per operand. With one shard the product of the two
+    # scales is not formed: it may underflow float32 where dW does not.
+    if scales.shape[0] == 1:
+      return super().ag_weight_grad(gathered, scales, dy, dy8, dy_scale, axis, call)
+    lead = functools.partial(lead_last, lead=gathered.ndim - 1)
+    rows = numerics.rows_times(dy, scales, gathered.ndim + axis)
+    dyt8, dyt_scale = numerics.current_scaling(rows, call.e5m2, lead)
+    return lead(gathered), jnp.float32(1), dyt8, dyt_scale
+
+  def rs_weight_grad(self, x8, x_scale, dz_gathered, dz_scales, axis, call):
+    lead = functools.partial(lead_last, lead=dz_gathered.ndim - 1)
+    dzt8, dzt_scale = numerics.rescaled_rows(dz_gathered, dz_scales, dz_gathered.ndim + axis, lead)
+    return lead(x8), x_scale, dzt8, dzt_scale
+
+
+class BlockRecipe(Recipe):
+  """DeepSeek-V3's recipe on the ops' block scales. x and the cotangent per 1x128 block of their last dim (the
+  contraction of the forward and of the data gradient), the kernel per 128x128 tile, each block's scale a power of
+  two from its amax. The data gradient reads the kernel in its own layout with the same tiles' scales, transposed.
+  The weight gradient contracts the rows, so both its operands are quantized again with blocks along the rows: x
+  from its float8 value (dequantized: exact), the cotangent from its 16-bit value. Shards of whole blocks quantize
+  as the whole array does: the result depends on the sharding only through the ops' reductions."""
+
+  name = "block"
+  scaling = BLOCK
+  fast_accumulation_default = False  # block scales promote per 128 elements of K
+
+  def ag_operands(self, x, w, layer):
+    w2 = _sharding.reshape(w, (w.shape[0], -1))
+    BLOCK.check_dims(f"{layer} (scaling='block', each rank's kernel)", *w2.shape)
+    return x, w2, lambda y: _sharding.reshape(y, (*y.shape[:-1], *w.shape[1:]))
+
+  def rs_operands(self, x, w, contract, layer):
+    w2 = _sharding.reshape(w, (-1, w.shape[-1]))
+    BLOCK.check_dims(f"{layer} (scaling='block', each rank's kernel)", *w2.shape)
+    return _sharding.reshape(x, (*x.shape[:x.ndim - contract], -1)), w2
+
+  def quantize(self, x, w, state, call, lead):
+    del state
+    return (*numerics.block_scaling(x, call.e4m3), *numerics.tile_scaling(kmajor(w, lead), call.e4m3), ())
+
+  def cotangent(self, d, kept, call):
+    del kept
+    return (*numerics.block_scaling(d, call.e5m2), ())
+
+  def dual_kernel(self, w, w_scale, call):
+    return numerics.tile_scaling(w, call.e4m3, w_scale.T)[0], w_scale.T
+
+  def ag_weight_grad(self, gathered, scales, dy, dy8, dy_scale, axis, call):
+    del dy8, dy_scale, axis
+    return self._weight_grad(gathered, scales, dy, call, "x's leading dims, gathered")
+
+  def rs_weight_grad(self, x8, x_scale, dz_gathered, dz_scales, axis, call):
+    del axis
+    return self._weight_grad(x8, x_scale, numerics.dequantized(dz_gathered, dz_scales), call, "x's leading dims")
+
+  @staticmethod
+  def _weight_grad(x8, x_scale, d, call, rows_are: str) -> tuple:
+    """x8 [..., R, K] with its 1x128 scales blocked along the rows (e4m3), the 16-bit d [..., R, N] tiled along
+    them (e5m2)."""
+    def rows_last(a):
+      rows = math.prod(a.shape[:-1])
+      if rows % BLOCK_SIZE:
+        raise ValueError(f"jax_overlap.{call.layer}: the weight gradient of scaling='block' contracts the rows (the "
+                         f"product of {rows_are}), which must be a multiple of {BLOCK_SIZE}, got {rows}")
+      return _sharding.reshape(a, (rows, a.shape[-1])).T
+    at8, a_scale = numerics.block_scaling(rows_last(numerics.dequantized(x8, x_scale)), call.e4m3)
+    bt8, b_scale = numerics.tile_scaling(rows_last(d), call.e5m2)
+    return at8, a_scale, bt8, b_scale
+
+
+class DelayedRecipe(Recipe):
+  """Flax's delayed scaling (fp8_ops.update_fp8_meta). The state is (input scale, input history, kernel scale,
+  kernel history, output-grad scale, output-grad history), as Flax's variables hold them; its cotangent is its new
+  value (Flax's '_overwrite_with_gradient'). A step's scale depends on the history and the previous scale only,
+  so it is known before the step's amax, which the same pass as the cast gives (call.casts.cast_with_amax); values
+  beyond it saturate, as Flax's clip. Amaxes are of the whole operand: inside shard_map the max over the axes it
+  varies over (the group at least), so every rank records the same history. Every shard has the step's scale."""
+
+  name = "delayed"
+  stateful = True
+
+  def quantize(self, x, w, state, call, lead):
+    x_scale, x_history, w_scale, w_history, *g_meta = state
+    (xs, ws), (x_from, w_from) = _step_scales(((x_scale, x_history), (w_scale, w_history)), (call.e4m3,) * 2, call)
+    x8, x_amax = _cast(x, xs, x_from, call.e4m3, call)
+    w8, w_amax = _cast(w, ws, w_from, call.e4m3, call, lead)
+    recorded_meta = (*recorded(x_amax, xs, x_scale, x_history), *recorded(w_amax, ws, w_scale, w_history))
+    return x8, xs, w8, ws, (tuple(g_meta), recorded_meta)
+
+  def cotangent(self, d, kept, call):
+    (g_scale, g_history), recorded_meta = kept
+    (gs,), (g_from,) = _step_scales(((g_scale, g_history),), (call.e5m2,), call)
+    d8, amax = _cast(d, gs, g_from, call.e5m2, call)
+    return d8, gs, (*recorded_meta, *recorded(amax, gs, g_scale, g_history))
+
+  def dual_kernel(self, w, w_scale, call):
+    return call.casts.cast_with_amax(w, w_scale, call.e4m3)[0], w_scale
+
+
+# Flax keeps its fp8 meta in an extended dtype (fp8_ops.fm32, whose gradients accumulate by max): the arithmetic
+# runs in float32, the state's values go back in the variables' dtype.
+
+def _float32(v):
+  return lax.convert_element_type(v, jnp.float32) if jax.dtypes.issubdtype(v.dtype, jax.dtypes.extended) else v
+
+
+def _step_scales(metas, dtypes, call) -> tuple[tuple, tuple]:
+  """(the scales a step casts with, the zeros their casts' amaxes start from) for (scale, history) pairs: one
+  kernel for all of them (ops/fp8_scales.py)."""
+  scalars = [jnp.reshape(_float32(s), ()).astype(jnp.float32) for s, _ in metas]
+  return call.casts.step_scales(scalars, [_float32(h) for _, h in metas], dtypes)
+
+
+def _cast(v, scale, amax_from, dtype, call, lead: int = 0) -> tuple:
+  """(v in `dtype` with the step's scale, saturated, its first `lead` dims last; the whole operand's amax)."""
+  q, amax = call.casts.cast_with_amax(v, scale, dtype, lead=lead, amax_from=amax_from)
+  if call.axis_name is None:
+    return q, amax
+  # Without varying-axes types the amax varies over the group.
+  axes = tuple(sorted(_compat.varying_axes(amax), key=str)) or call.axes
+  return q, lax.pmax(amax, axes)
+
+
+def recorded(amax, step, scale, history) -> tuple:
+  """(scale, history) after a step that cast with scale `step` an operand whose max |value| is `amax`:
+  fp8_ops.update_fp8_meta's new values (the step's scale; the history rolled back one place, the amax first), in
+  the variables' dtypes and shapes. The history as one select of the rolled history, which XLA fuses into one
+  kernel (Flax's roll and then update in place take two)."""
+  meta_dtype = scale.dtype if scale.dtype == history.dtype and jax.dtypes.issubdtype(
+      scale.dtype, jax.dtypes.extended) else None
+  h = history if meta_dtype is None else lax.convert_element_type(history, jnp.float32)
+  first = lax.broadcasted_iota(jnp.int32, h.shape, 0) == 0
+  new_history = jnp.where(first, amax.astype(h.dtype), jnp.roll(h, -1, axis=0))
+  new_scale = jnp.reshape(step, jnp.shape(scale)).astype(jnp.float32)
+  if meta_dtype is None:
+    return new_scale, new_history
+  return lax.convert_element_type(new_scale, meta_dtype), lax.convert_element_type(new_history, meta_dtype)
+
+
+# --- the registry: a layer's scaling= names its recipe ------------------------------------------------------
+
+RECIPES: dict[str, type[Recipe]] = {}
+
+
+def register(cls: type[Recipe]) -> type[Recipe]:
+  if not cls.name or cls.name in RECIPES:
+    raise ValueError(f"jax_overlap.recipes.register: {cls.__name__} needs a name of its own, got {cls.name!r}")
+  RECIPES[cls.name] = cls
+  return cls
+
+
+for _cls in (TensorRecipe, BlockRecipe, DelayedRecipe):
+  register(_cls)
+
+
+def stateless() -> tuple:
+  """The names of the recipes that keep no state: those a layer without variables takes."""
+  return tuple(name for name, cls in RECIPES.items() if not cls.stateful)
