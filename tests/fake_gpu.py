@@ -124,7 +124,8 @@ class FakeNative:
     return bytes / (LOCAL_BYTES_PER_US if own else self.link_bytes_per_us)
 
   def time_gemms(self, ordinal, dtype, rows, n, k, w_kmajor=False, repeats=5, warmup_ms=0.0, w_dtype=None,
-                 out_dtype=None, blocks=False, fast_accumulation=False, candidates=1, margin=0.02, cache_dir="") -> list:
+                 out_dtype=None, blocks=False, fast_accumulation=False, candidates=1, margin=0.02,
+                 cache_dir="") -> list:
     self._maybe_fail("time_gemms", ordinal)
     self.timed_gemms.append((dtype, w_dtype, out_dtype, w_kmajor))
     self.gemm_tuning.append((candidates, margin, cache_dir))

@@ -78,7 +78,8 @@ void bind_runtime(py::module_& m) {
     const hipError_t synced = scope.status() == hipSuccess ? hipDeviceSynchronize() : scope.status();
     if (synced != hipSuccess) throw std::runtime_error(std::string("jax_overlap: ") + hipGetErrorString(synced));
   }, py::arg("ordinal"));
-  m.def("set_abort_on_timeout", [](bool abort) { Runtime::instance().set_abort_on_timeout(abort); }, py::arg("abort"));
+  m.def(
+      "set_abort_on_timeout", [](bool abort) { Runtime::instance().set_abort_on_timeout(abort); }, py::arg("abort"));
   m.def("generation", [] { return Runtime::instance().generation(); });
   m.def("export_handle", [](int ordinal) {
     std::string h;
