@@ -16,7 +16,7 @@ Columns, all measured in the same run on the same GPU:
 Each JAX variant runs UNROLL calls in one executable (inputs chained, so XLA cannot
 hoist them); wall times are medians over REPEATS executions, divided by UNROLL, and
 include the executable's launch (~20 us per call at UNROLL 20 for both variants).
-Emulated ranks: N ranks on the one GPU (jax_overlap._native.SimGroup, each rank its own
+Emulated ranks: N ranks on the one GPU (jax_overlap._native_testing.SimGroup, each rank its own
 workspace and stream, SMs split N ways) running the full protocol; this measures
 protocol overhead against one GEMM of the same total size, not a multi-GPU speed.
 """
@@ -344,7 +344,8 @@ def random_bf16(shape, seed):
 
 def sim_group_us(world: int, op: str, m_total: int, n: int, k: int) -> float:
   """Median wall time of one emulated call of `world` ranks on this GPU (all ranks, synced)."""
-  g = native.module().SimGroup(0, world, bytes_per_rank=2 << 30)
+  from jax_overlap import _native_testing  # the harness module: GPU builds only
+  g = _native_testing.SimGroup(0, world, bytes_per_rank=2 << 30)
   rng = np.random.default_rng(0)
   dev = jax.devices()[0]
 

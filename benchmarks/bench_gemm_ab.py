@@ -182,14 +182,13 @@ timers = {name: bench_fp8._jax_timer(bench_fp8._chain(fn), x, w, s, s)
           for name, fn in (("op", bench_gemm_ab._op(False)), ("xla", bench_gemm_ab._xla(False)))}
 import _harness
 result = _harness.in_turns(timers, 7)
-from jax_overlap.runtime import native
-nat = native.module()
+from jax_overlap import _native_testing as harness
 op = bench_fp8._chain(bench_gemm_ab._op(False))
-nat.count_vendor_gemm_runs(True)  # a pass of its own: counting adds a capture query per call
-before = nat.vendor_gemm_runs()
+harness.count_vendor_gemm_runs(True)  # a pass of its own: counting adds a capture query per call
+before = harness.vendor_gemm_runs()
 jax.block_until_ready([op(x, w, s, s) for _ in range(8)])
-after = nat.vendor_gemm_runs()
-nat.count_vendor_gemm_runs(False)
+after = harness.vendor_gemm_runs()
+harness.count_vendor_gemm_runs(False)
 runs = after["runs"] - before["runs"]
 result["handler_us"] = (after["handler_ns"] - before["handler_ns"]) / runs / 1e3
 result["vendor_call_us"] = (after["vendor_ns"] - before["vendor_ns"]) / runs / 1e3

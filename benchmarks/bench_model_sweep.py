@@ -113,6 +113,7 @@ def _sustained(timed, warm):
 def row(op: str, dtype: str, world: int, m: int, sustained_ms: float, shared: bool = False) -> tuple:
   """(the row, its figures) of M = m rows per rank; each timing after sustained_ms of GEMMs. shared: a float8
   ag_matmul's x scale is every rank's (Scaling.x_shared)."""
+  from jax_overlap import _native_testing as harness  # GPU builds only
   nat, spec = native.module(), OPS[op]
   total = world * m  # every rank's GEMM rows
   m_x = m if op == "ag_matmul" else total  # x's rows per rank
@@ -122,20 +123,20 @@ def row(op: str, dtype: str, world: int, m: int, sustained_ms: float, shared: bo
   call, _buffers = bench_fp8.loopback_call(op, world, total, N, K, dtype)
   call = dict(call, stages=list(plan.stages), x_scale_shared=shared)
   opts = tuning.options()
-  for pid in nat.loopback_gemm_problems(0, op, world, call):  # the loopback's own GEMMs, tuned as a call's are
+  for pid in harness.loopback_gemm_problems(0, op, world, call):  # the loopback's own GEMMs, tuned as a call's are
     nat.tune_gemm(0, pid, **opts)
   extra = dict(w_dtype=dtype, out_dtype="bfloat16") if dtype == FP8 else {}
   gemm = lambda warmup_ms=0.0: nat.time_gemms(0, dtype, [total], N, K, w_kmajor=dtype == FP8,  # noqa: E731
                                                warmup_ms=warmup_ms, **extra, **opts)[0]
   warm = (lambda: gemm(sustained_ms)) if sustained_ms > 0 else (lambda: None)
   timers = {
-      "loopback": _sustained(lambda: nat.time_loopback(0, op, world, call, 10, back_to_back=True), warm),
-      "loopback_synced": _sustained(lambda: nat.time_loopback(0, op, world, call, 10), warm),
+      "loopback": _sustained(lambda: harness.time_loopback(0, op, world, call, 10, back_to_back=True), warm),
+      "loopback_synced": _sustained(lambda: harness.time_loopback(0, op, world, call, 10), warm),
       "gemm": lambda: gemm(sustained_ms),
       "xla_dot": _sustained(_xla_dot_timer(total, dtype), warm),
   }
   t = _harness.in_turns(timers, ROUNDS)
-  host = nat.time_loopback_enqueue(0, op, world, call, 10)
+  host = harness.time_loopback_enqueue(0, op, world, call, 10)
   stages_gemm = sum(pipelined.gemm_us(f, s) for s in plan.stages)
   xla_path = t["xla_dot_us"] + (world - 1) * f.chunk_bytes / f.local_bytes_per_us
   auto = planning.faster(plan.est_us, plan.est_xla_us)

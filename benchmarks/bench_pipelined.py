@@ -69,6 +69,7 @@ def group_of_one(m: int, n: int, k: int) -> dict:
 def schedule(op: str, world: int, m_total: int, n: int, k: int, every_plan: bool) -> list[dict]:
   """Loopback timing of the op's schedule (and with every_plan, of each of its plans); each rank's GEMM is
   [m_total, k] @ [k, n]."""
+  from jax_overlap import _native_testing as harness  # GPU builds only
   nat, dev = native.module(), jax.devices()[0]
   m = m_total // world if op == "ag_matmul" else m_total  # x's rows per rank
   put = lambda a: jax.device_put(a, dev)
@@ -99,7 +100,7 @@ def schedule(op: str, world: int, m_total: int, n: int, k: int, every_plan: bool
   for _ in range(ROUNDS):
     timed["gemm"].append(nat.time_gemms(0, "bfloat16", [m_total], n, k)[0])
     for name, stages in runs.items():
-      timed[name].append(nat.time_loopback(0, op, world, dict(base, stages=list(stages)), 10))
+      timed[name].append(harness.time_loopback(0, op, world, dict(base, stages=list(stages)), 10))
   timed = {name: float(np.median(t)) for name, t in timed.items()}
   gemm = timed["gemm"]
   row = dict(table="schedule", op=op, world=world, m=m_total, n=n, k=k, stages=str(tuple(plan.stages)),
@@ -115,7 +116,7 @@ def schedule(op: str, world: int, m_total: int, n: int, k: int, every_plan: bool
     for _ in range(ROUNDS):  # the reference GEMM again in each round: the clocks drift between the tables
       gemms.append(nat.time_gemms(0, "bfloat16", [m_total], n, k)[0])
       for p in plans:
-        times[p].append(nat.time_loopback(0, op, world, dict(base, stages=list(p)), 10))
+        times[p].append(harness.time_loopback(0, op, world, dict(base, stages=list(p)), 10))
     plans_gemm = float(np.median(gemms))
     for p in plans:
       loop = float(np.median(times[p]))

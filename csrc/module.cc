@@ -4,11 +4,9 @@
 #include "bindings/bindings.h"
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "jax_overlap native extension: FFI handlers, runtime, simulated ranks";
+  m.doc() = "jax_overlap native extension: FFI handlers, runtime, planning queries";
   jo::bindings::bind_registrations(m);
   jo::bindings::bind_runtime(m);
-  jo::bindings::bind_protocol(m);
   jo::bindings::bind_pipelined(m);
   jo::bindings::bind_fused(m);
-  jo::bindings::bind_testing(m);
 }

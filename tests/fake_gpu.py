@@ -12,6 +12,8 @@ would get.
   install(setattr, fake, host="host-a")   # setattr: pytest's monkeypatch.setattr, or builtins.setattr
 
 Only the pipelined algorithm is planned (no fused tiles: their launch is the compiled module's).
+FakeNative defines what the package calls of the native module, by the same names and parameters
+(tests/test_native_surface.py holds the two to each other).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class _Targets(dict):
 
 
 class FakeNative:
-  """The native module's runtime functions on CPU devices; `fail` names those that raise as out of memory would.
+  """The native module's functions on CPU devices; `fail` names those that raise as out of memory would.
   Copies between GPUs run at `link_bytes_per_us`."""
 
   DEFAULT_WATCHDOG_SECONDS = 600.0
@@ -65,8 +67,8 @@ class FakeNative:
     self.workspaces.clear()
     self.gen += 1
 
-  def faults(self) -> str:
-    return ""
+  def build_info(self) -> dict:
+    return {"platform": "cuda", "archs": "90", "compiler": "FakeNative", "ffi_api": "0.3", "fused_kernels": False}
 
   def targets(self):
     return _Targets()
@@ -79,6 +81,10 @@ class FakeNative:
 
   def tile_shapes(self):
     return []
+
+  def gemm_geometry(self, op, tile, dtype, w_kmajor, world, batch, m, k, n, chunk_k, comm_workgroups, sm_count,
+                    ranks_per_gpu, l2_bytes, workgroups_per_sm=0):
+    raise RuntimeError(f"gemm_geometry: FakeNative compiles no tiles, got tile {tile}")
 
   def init_device(self, ordinal, global_id):
     self._maybe_fail("init_device", ordinal, global_id)
@@ -93,9 +99,9 @@ class FakeNative:
   def set_options(self, ordinal, watchdog_seconds, sync_after_launch, trace):
     pass
 
-  def allocate_workspace(self, ordinal, nbytes):
-    self._maybe_fail("allocate_workspace", ordinal, nbytes)
-    self.workspaces[ordinal] = nbytes
+  def allocate_workspace(self, ordinal, bytes):
+    self._maybe_fail("allocate_workspace", ordinal, bytes)
+    self.workspaces[ordinal] = bytes
 
   def export_handle(self, ordinal) -> bytes:
     return bytes([ordinal % 256]) * 8
@@ -112,25 +118,25 @@ class FakeNative:
   def workspace_peer_base(self, ordinal, global_id) -> int:
     return (global_id + 1) << 40
 
-  def time_copy(self, ordinal, ptr, nbytes) -> float:
+  def time_copy(self, ordinal, src, bytes, repeats=5, path=None, piece_bytes=0) -> float:
     self._maybe_fail("time_copy", ordinal)
-    own = ptr in (0, (jax.local_devices()[ordinal].id + 1) << 40)
-    return nbytes / (LOCAL_BYTES_PER_US if own else self.link_bytes_per_us)
+    own = src in (0, (jax.local_devices()[ordinal].id + 1) << 40)
+    return bytes / (LOCAL_BYTES_PER_US if own else self.link_bytes_per_us)
 
-  def time_gemms(self, ordinal, dtype_name, rows, n, k, w_kmajor, warmup_ms, w_dtype=None, out_dtype=None,
-                 blocks=False, fast_accumulation=False, candidates=1, margin=0.02, cache_dir="") -> list:
-    del blocks, fast_accumulation
+  def time_gemms(self, ordinal, dtype, rows, n, k, w_kmajor=False, repeats=5, warmup_ms=0.0, w_dtype=None,
+                 out_dtype=None, blocks=False, fast_accumulation=False, candidates=1, margin=0.02,
+                 cache_dir="") -> list:
     self._maybe_fail("time_gemms", ordinal)
-    self.timed_gemms.append((dtype_name, w_dtype, out_dtype, w_kmajor))
+    self.timed_gemms.append((dtype, w_dtype, out_dtype, w_kmajor))
     self.gemm_tuning.append((candidates, margin, cache_dir))
     whole = rows[-1]
     rate = GEMM_FLOPS_PER_US * (2 if w_dtype is not None else 1)  # float8 at twice the 16-bit rate
     return [self.gemm_scale * 2.0 * r * n * k / rate * (1.05 if r < whole else 1.0) for r in rows]
 
-  def time_reduce(self, ordinal, dtype_name, world, rows, n) -> float:
+  def time_reduce(self, ordinal, dtype, count, rows, n, repeats=5) -> float:
     self._maybe_fail("time_reduce", ordinal)
-    itemsize = 4 if dtype_name == "float32" else 2
-    return self.gemm_scale * (world + 1) * rows * n * itemsize / (2 * LOCAL_BYTES_PER_US)
+    itemsize = 4 if dtype == "float32" else 2
+    return self.gemm_scale * (count + 1) * rows * n * itemsize / (2 * LOCAL_BYTES_PER_US)
 
   def prepare_vendor_blas(self, ordinal):
     self._maybe_fail("prepare_vendor_blas", ordinal)
@@ -166,7 +172,7 @@ class FakeNative:
     self._maybe_fail("choose_copy_path", ordinal)
     return {"path": "copy_engine", "description": "the copy engine", "rejected": []}
 
-  def pipelined_scratch_bytes(self, op, world, batch, m, n, out_bytes) -> int:
+  def pipelined_scratch_bytes(self, op, world, batch, m, n, out_bytes, loopback=False) -> int:
     return 256
 
   def pipelined_region_bytes(self, op, world, batch, m, k, n, x_bytes, out_bytes, scaled=False, blocks=False) -> int:
@@ -182,6 +188,15 @@ class FakeNative:
 
   def error_record(self, ordinal):
     return None
+
+  def stop_after_error(self, ordinal):
+    self._maybe_fail("stop_after_error", ordinal)
+
+  def restart_after_error(self, ordinal):
+    self._maybe_fail("restart_after_error", ordinal)
+
+  def read_trace(self, ordinal):
+    return b"", 1.0
 
 
 def install(set_attr, fake: FakeNative, host: str | None = None, gpus=jax.local_devices) -> backend.Backend:

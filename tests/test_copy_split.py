@@ -5,17 +5,17 @@ copies themselves are in tests/gpu/test_copy_paths.py.
 
 import pytest
 
-from jax_overlap.runtime import native
+import native_testing
 
-nat = native.module()
-pytestmark = pytest.mark.skipif(nat is None, reason="needs the native extension")
+harness = native_testing.module()
+pytestmark = pytest.mark.skipif(harness is None, reason="needs the native extension")
 
 
 @pytest.mark.parametrize("width,height,cap", [(16000, 1, 4096), (3120, 6, 4096), (48, 1000, 4096), (5000, 3, 64),
                                               ((128 << 20) + 16, 2, 128 << 20), (100, 7, 20), (7, 3, 1), (0, 3, 64),
                                               (4096, 0, 64), (1 << 20, 64, 128 << 20)])
 def test_copy_pieces_cover_every_byte_once_within_the_cap(width, height, cap):
-  pieces = nat.copy_pieces(width, height, cap)
+  pieces = harness.copy_pieces(width, height, cap)
   vector_cap = max(16, cap // 16 * 16)
   covered = {row: [] for row in range(height)}
   for row, offset, w, h in pieces:
@@ -34,10 +34,10 @@ def test_copy_pieces_cover_every_byte_once_within_the_cap(width, height, cap):
 
 
 def test_the_cap_is_128_mib_and_a_fault_only_lowers_it():
-  assert nat.MAX_COPY_BYTES == 128 << 20
+  assert harness.MAX_COPY_BYTES == 128 << 20
   try:
     for spec, cap in [("", 128 << 20), ("copy_max_bytes=4096", 4096), ("copy_max_bytes=1073741824", 128 << 20)]:
-      nat.set_faults(spec)
-      assert nat.max_copy_bytes() == cap, spec
+      harness.set_faults(spec)
+      assert harness.max_copy_bytes() == cap, spec
   finally:
-    nat.set_faults("")
+    harness.set_faults("")

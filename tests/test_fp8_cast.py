@@ -23,6 +23,7 @@ from jax_overlap.ops import fp8_cast, fp8_scales
 from jax_overlap.quantization import numerics
 from jax_overlap.runtime import native
 
+import native_testing
 from fake_gpu import FakeNative, custom_calls, cuda_text, install
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
@@ -275,11 +276,11 @@ def test_cast_with_amax_bad_lead_is_an_error_naming_it(lead):
 def test_transposing_variants_rule_is_the_kernels():
   """One rule in two languages: the shapes ops/fp8_cast.py sends to the transposing kernel are those its launch
   (kernels/fp8_cast.cu transposed_cast_declined) takes."""
-  nat = native.module()
+  harness = native_testing.module()
   for rows in (16, 24, 32, 48, 128, 130, 8192, 128 * 65535, 128 * 65535 + 16):
     for cols in (8, 12, 40, 128, 3584, 3588):
       python = fp8_lowering.transposed_declined((rows, cols), 1)
-      assert (python is None) == (nat.transposed_cast_declined(rows, cols) is None), (rows, cols, python)
+      assert (python is None) == (harness.transposed_cast_declined(rows, cols) is None), (rows, cols, python)
 
 
 def _transposed(f, *args) -> list:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import native_testing
 from jax_overlap import planning
 from jax_overlap.runtime import backend, native
 from jax_overlap.runtime.backend import DeviceProps, GemmGeometry, TileShape
@@ -92,7 +93,7 @@ def test_world_above_max(op):
 def test_max_world_matches_native():
   if native.module() is None:
     pytest.skip(f"no native extension to compare with ({native.build_info().get('note')})")
-  assert planning.MAX_WORLD == native.module().MAX_WORLD
+  assert planning.MAX_WORLD == native_testing.module().MAX_WORLD
 
 
 @pytest.mark.parametrize("op", PLANNERS)
@@ -323,7 +324,7 @@ def test_native_tail_only_for_a_partial_wave_of_whole_tiles(op):
   if not big.stream_k:
     pytest.skip("this build's large tile has no stream-K tail (AMD)")
   g = _geometry(op, big)
-  assert g.tail_slots == 132 and g.tail_scratch_bytes == native.module().tail_scratch_bytes(0, 132)
+  assert g.tail_slots == 132 and g.tail_scratch_bytes == native_testing.module().tail_scratch_bytes(0, 132)
   assert _geometry(op, big, m=16384, k=8192).tail_slots == 132  # 1792 tiles: 13.6 waves
   assert _geometry(op, big, m=128 * 132, n=256).tail_slots == 0  # exactly one wave
   assert _geometry(op, big, m=128 * 11, n=256 * 24).tail_slots == 0  # 264 tiles: two whole waves

@@ -15,6 +15,7 @@ import jax_overlap as jo
 from jax_overlap.runtime import native, settings
 from jax_overlap.planning import tuning
 
+import native_testing
 from fake_gpu import FakeNative, cuda_text, install
 
 needs_native = pytest.mark.skipif(native.module() is None,
@@ -122,7 +123,7 @@ def _call(**kw):
 
 
 def _fields(ids):
-  return [native.module().gemm_problem_fields(i) for i in ids]
+  return [native_testing.module().gemm_problem_fields(i) for i in ids]
 
 
 @needs_native
@@ -163,13 +164,14 @@ def test_float8_shards_sharing_one_scale_take_a_stage_in_one_gemm():
 def test_fast_accumulation_is_part_of_a_float8_problem():
   """Fast accumulation is another GEMM (another plan and tuned algorithm): its problem id says so, round trips,
   and only tensor-scaled float8 takes it."""
-  nat = native.module()
+  nat, harness = native.module(), native_testing.module()
   fp8 = dict(dtype="float8_e4m3fn", out_dtype="bfloat16", w_kmajor=True, bias=False, stages=[1])
   (plain,) = nat.gemm_problems("ag_matmul", 1, _call(**fp8), 132)
   (fast,) = nat.gemm_problems("ag_matmul", 1, _call(**fp8, fast_accumulation=True), 132)
-  assert plain != fast and nat.gemm_problem_fields(fast)["fast_accumulation"]
-  assert not nat.gemm_problem_fields(plain)["fast_accumulation"] and nat.gemm_problem_fields(fast)["id"] == fast
-  assert "fast accumulation" in nat.describe_gemm_problem(fast)
+  assert plain != fast and harness.gemm_problem_fields(fast)["fast_accumulation"]
+  assert not harness.gemm_problem_fields(plain)["fast_accumulation"]
+  assert harness.gemm_problem_fields(fast)["id"] == fast
+  assert "fast accumulation" in harness.describe_gemm_problem(fast)
   for bad in (_call(fast_accumulation=True, stages=[1]), _call(**fp8, blocks=True, fast_accumulation=True)):
     with pytest.raises(ValueError, match="fast accumulation takes tensor-scaled float8"):
       nat.gemm_problems("ag_matmul", 1, bad, 132)
@@ -193,8 +195,9 @@ def test_the_sm_margin_is_part_of_the_problem():
   env = {**os.environ, "JAX_OVERLAP_GEMM_SM_MARGIN": "2"}
   import subprocess
   import sys
-  out = subprocess.run([sys.executable, "-P", "-c", "from jax_overlap.runtime import native; print(native.module()"
-                        ".gemm_problem_fields(native.module().gemm_problems('matmul_rs', 2, dict(dtype='bfloat16', "
+  out = subprocess.run([sys.executable, "-P", "-c", "from jax_overlap import _native_testing as h; from "
+                        "jax_overlap.runtime import native; print(h.gemm_problem_fields(native.module()"
+                        ".gemm_problems('matmul_rs', 2, dict(dtype='bfloat16', "
                         "batch=1, m=256, k=256, n=256, w_kmajor=False, bias=False, stages=[2]), 132)[0])['sm_count'])"],
                        env=env, capture_output=True, text=True, check=True)
   assert out.stdout.split()[-1] == "130"
@@ -203,11 +206,11 @@ def test_the_sm_margin_is_part_of_the_problem():
 @needs_native
 def test_problem_ids_round_trip_and_others_are_refused():
   (pid,) = native.module().gemm_problems("ag_matmul", 1, _call(stages=[1]), 132)
-  assert native.module().gemm_problem_fields(pid)["id"] == pid
+  assert native_testing.module().gemm_problem_fields(pid)["id"] == pid
   for bad in ("", pid.replace("rows:", "rowz:"), pid + ";extra:1", pid.replace("bfloat16", "bfloat17"),
               pid.replace("rows:1024", "rows:0")):
     with pytest.raises(ValueError, match="not a GEMM problem id"):
-      native.module().gemm_problem_fields(bad)
+      native_testing.module().gemm_problem_fields(bad)
 
 
 HEADER = "jax_overlap gemm algorithms 2\nlibrary cuBLASLt 130100 libcublasLt.so.13\ndevice NVIDIA H200 sm_90 sms " \
@@ -216,15 +219,15 @@ HEADER = "jax_overlap gemm algorithms 2\nlibrary cuBLASLt 130100 libcublasLt.so.
 
 @needs_native
 def test_the_cache_file_round_trips(tmp_path):
-  nat = native.module()
+  nat, harness = native.module(), native_testing.module()
   (pid,) = nat.gemm_problems("ag_matmul", 1, _call(stages=[1]), 132)
-  path = nat.gemm_cache_path(str(tmp_path / "cache"), HEADER)
-  entries = {pid: ("ab" * (nat.GEMM_ALGO_HEX_DIGITS // 2), 3, 1310.5, 1467.25)}
-  nat.write_gemm_cache(path, HEADER, entries)
+  path = harness.gemm_cache_path(str(tmp_path / "cache"), HEADER)
+  entries = {pid: ("ab" * (harness.GEMM_ALGO_HEX_DIGITS // 2), 3, 1310.5, 1467.25)}
+  harness.write_gemm_cache(path, HEADER, entries)
   assert os.path.basename(path).startswith("gemm-") and os.listdir(tmp_path / "cache") == [os.path.basename(path)]
-  assert nat.read_gemm_cache(path, HEADER) == (entries, "")
-  assert nat.read_gemm_cache(str(tmp_path / "none.txt"), HEADER) == ({}, "")
-  assert nat.gemm_cache_path("d", HEADER) != nat.gemm_cache_path("d", HEADER.replace("130100", "130200"))
+  assert harness.read_gemm_cache(path, HEADER) == (entries, "")
+  assert harness.read_gemm_cache(str(tmp_path / "none.txt"), HEADER) == ({}, "")
+  assert harness.gemm_cache_path("d", HEADER) != harness.gemm_cache_path("d", HEADER.replace("130100", "130200"))
 
 
 @needs_native
@@ -235,29 +238,29 @@ def test_the_cache_file_round_trips(tmp_path):
     (lambda text: text.replace("abab", "zzzz", 1), "entry line 1 does not parse"),
 ])
 def test_a_damaged_or_foreign_cache_file_is_ignored_whole(tmp_path, damage, why):
-  nat = native.module()
+  nat, harness = native.module(), native_testing.module()
   (pid,) = nat.gemm_problems("ag_matmul", 1, _call(stages=[1]), 132)
   path = str(tmp_path / "gemm.txt")
-  nat.write_gemm_cache(path, HEADER, {pid: ("ab" * (nat.GEMM_ALGO_HEX_DIGITS // 2), 3, 1.0, 2.0)})
+  harness.write_gemm_cache(path, HEADER, {pid: ("ab" * (harness.GEMM_ALGO_HEX_DIGITS // 2), 3, 1.0, 2.0)})
   with open(path) as fh:
     text = damage(fh.read())
   with open(path, "w") as fh:
     fh.write(text)
-  entries, ignored = nat.read_gemm_cache(path, HEADER)
+  entries, ignored = harness.read_gemm_cache(path, HEADER)
   assert entries == {} and why in ignored and path in ignored
 
 
 @needs_native
 def test_fault_gemm_cache_corrupt_ignores_a_good_file(tmp_path):
-  nat = native.module()
+  harness = native_testing.module()
   path = str(tmp_path / "gemm.txt")
-  nat.write_gemm_cache(path, HEADER, {})
-  nat.set_faults("gemm_cache_corrupt")
+  harness.write_gemm_cache(path, HEADER, {})
+  harness.set_faults("gemm_cache_corrupt")
   try:
-    assert nat.read_gemm_cache(path, HEADER) == ({}, f"{path}: fault gemm_cache_corrupt")
+    assert harness.read_gemm_cache(path, HEADER) == ({}, f"{path}: fault gemm_cache_corrupt")
   finally:
-    nat.set_faults("")
-  assert nat.read_gemm_cache(path, HEADER) == ({}, "")
+    harness.set_faults("")
+  assert harness.read_gemm_cache(path, HEADER) == ({}, "")
 
 
 def test_the_figures_use_the_overheads_they_carry():

@@ -17,6 +17,7 @@ import jax_overlap
 from jax_overlap.runtime import backend
 from jax_overlap.runtime import native, settings, workspace
 
+import native_testing
 from fake_gpu import FakeNative, custom_calls as _custom_calls, install
 
 pytestmark = pytest.mark.skipif(native.platform() != "cuda", reason="needs the CUDA build of the extension")
@@ -150,7 +151,7 @@ def test_group_of_one_with_a_partial_wave_gets_tail_scratch(fake_gpu_runtime, ma
                             in_specs=(P("dp"), P()), out_specs=P(("dp", "tp"))))
   calls = _custom_calls(f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text())
   assert len(calls) == 1 and f"tail_slots = {slots}" in calls[0] and "tile = 0" in calls[0]
-  nbytes = native.module().tail_scratch_bytes(0, slots)
+  nbytes = native_testing.module().tail_scratch_bytes(0, slots)
   assert nbytes == (1056 + 132 * 128 * 256 * 4 if slots else 0)  # 8-byte flags (16-byte multiple), fp32 tiles
   assert re.search(rf"-> \(tensor<2048x3584xbf16>, tensor<{nbytes}xui8>\)$", calls[0].split(" : ")[-1].strip())
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from jax_overlap.runtime import native
+import native_testing
 
-pytestmark = pytest.mark.skipif(native.module() is None, reason="no native extension (pure-Python install)")
+pytestmark = pytest.mark.skipif(native_testing.module() is None, reason="no native extension (pure-Python install)")
 
 WRAP32 = 2 ** 32
 
 
 def _nat():
-  return native.module()
+  return native_testing.module()
 
 
 @pytest.mark.parametrize("epoch", [1, 2, 0xFFFF, 0x10000, 0x10001, WRAP32 - 1, WRAP32, WRAP32 + 1])

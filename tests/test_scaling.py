@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import native_testing
 from jax_overlap.quantization import formats, scaling
 from jax_overlap.runtime import native
 
@@ -15,9 +16,9 @@ needs_native = pytest.mark.skipif(native.module() is None, reason="needs jax_ove
 
 @needs_native
 def test_block_layout_constants_match_the_native_module():
-  nat = native.module()
+  harness = native_testing.module()
   assert (scaling.BLOCK_SIZE, scaling.BLOCK_ROW_MULTIPLE, scaling.W_SCALE_ROW_ALIGN) == (
-      nat.SCALE_BLOCK, nat.SCALE_ROW_MULTIPLE, nat.W_SCALE_ROW_ALIGN)
+      harness.SCALE_BLOCK, harness.SCALE_ROW_MULTIPLE, harness.W_SCALE_ROW_ALIGN)
 
 
 @needs_native
@@ -25,14 +26,13 @@ def test_block_layout_constants_match_the_native_module():
 def test_the_float8_formats_of_each_gpu_match_the_vendor_gemm(arch):
   """One rule per language: formats.fp8_family_of (Python) and the vendor GEMM's runs_fp8 (csrc/blas/*_api.h)
   agree on every arch of the build's vendor."""
-  nat = native.module()
   ours = native.platform() == "cuda" and arch.startswith("sm_") or native.platform() == "rocm" and arch.startswith(
       "gfx")
   if not ours:
     pytest.skip(f"{arch} is not a {native.platform()} architecture")
   family = formats.fp8_family_of(arch)
   want = [] if family is None else list(formats.fp8_formats(family))
-  assert sorted(nat.vendor_fp8_dtypes(arch)) == sorted(want)
+  assert sorted(native_testing.module().vendor_fp8_dtypes(arch)) == sorted(want)
 
 
 def test_modes_are_values():

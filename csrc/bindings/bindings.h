@@ -1,32 +1,38 @@
 // The Python module jax_overlap._native, bound by concern: csrc/module.cc's
 // PYBIND11_MODULE calls each bind_* below on the module, and each lives in
-// the file of that name here.
+// the file of that name here. It holds what the package calls, nothing more
+// (tests/test_native_surface.py); the tests' and benchmarks' functions are the
+// harness module's (csrc/testing/bindings.h). The argument readers below serve both.
 #pragma once
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "blas/gemm.h"
 #include "core/dtype.h"
 #include "core/gemm_problem.h"
 #include "core/op_kind.h"
+#include "pipelined/copy.h"
+#include "pipelined/schedule.h"
 #include "platform/status.h"
+#include "runtime/runtime.h"
 
 namespace jo::bindings {
 
 // The FFI targets and their registrations, the build (registrations.cc).
 void bind_registrations(pybind11::module_& m);
-// The runtime jax_overlap/runtime/workspace.py drives: devices, workspaces, peers, errors, faults (runtime.cc).
+// The runtime jax_overlap/runtime/workspace.py drives: devices, workspaces, peers, errors (runtime.cc).
 void bind_runtime(pybind11::module_& m);
-// The flag protocol's value rules, as the kernels apply them, for the CPU tests (protocol.cc).
-void bind_protocol(pybind11::module_& m);
-// The pipelined algorithm's sizes, copy paths, vendor GEMM set-up and timings (pipelined.cc).
+// The pipelined algorithm's sizes, vendor GEMM set-up and tuning, and the timings the cost model is fed with
+// (pipelined.cc).
 void bind_pipelined(pybind11::module_& m);
 // The fused kernels' compiled tiles and launch geometry, for jax_overlap/planning/fused.py (fused.cc).
 void bind_fused(pybind11::module_& m);
-// The simulated-rank harness of the GPU tests and benchmarks (testing.cc).
-void bind_testing(pybind11::module_& m);
 
 // A failed status as the Python exception (RuntimeError) of its message.
 inline void throw_if_error(const Status& s) {
@@ -69,6 +75,51 @@ inline OpKind gemm_op_arg(const std::string& name) {
   if (name == op_name(OpKind::kAgMatmul)) return OpKind::kAgMatmul;
   if (name == op_name(OpKind::kMatmulRs)) return OpKind::kMatmulRs;
   throw std::invalid_argument("jax_overlap: no op " + name);
+}
+
+constexpr const char* kPipelinedTakes = "the pipelined algorithm takes";
+
+// A pipelined call's shape from a call dict: "dtype" (and the others gemm_types_arg reads), "batch", "m", "k", "n",
+// "w_kmajor", "stages" (kept in *stages, which the result points into), optionally "x_scale_shared".
+inline pipelined::Operands call_shape(const pybind11::dict& c, bool bias, std::vector<int64_t>* stages) {
+  pipelined::Operands o{};
+  o.gemm = GemmProblem::dense(gemm_types_arg(c, kPipelinedTakes), c["batch"].cast<int64_t>(), c["m"].cast<int64_t>(),
+                              c["k"].cast<int64_t>(), c["n"].cast<int64_t>(), c["w_kmajor"].cast<bool>(), bias);
+  *stages = c["stages"].cast<std::vector<int64_t>>();
+  o.stages = stages->data();
+  o.stage_count = static_cast<int>(stages->size());
+  o.x_scale_shared = c.contains("x_scale_shared") && c["x_scale_shared"].cast<bool>();
+  return o;
+}
+
+// The copy path a timing or test names ("copy_engine", ...); none: the path initialize() verified on the
+// GPU, or before it did, the first candidate (planning/figures.py's guess of the link precedes initialize()).
+inline pipelined::CopyPath copy_path_of(int ordinal, const std::optional<std::string>& name) {
+  pipelined::CopyPath path = pipelined::kCopyPaths[0];
+  if (name) {
+    if (!pipelined::parse_copy_path(*name, &path))
+      throw std::invalid_argument("jax_overlap: no copy path " + *name + "; the paths are copy_engine, "
+                                  "device_to_device and kernel");
+    return path;
+  }
+  const Workspace* ws = Runtime::instance().workspace(ordinal);
+  if (ws != nullptr) (void)Runtime::verified_copy_path(*ws, &path);
+  return path;
+}
+
+// The ids (blas/gemm.h problem_id) of `problems`, for Python.
+inline std::vector<std::string> problem_ids(const std::vector<GemmProblem>& problems) {
+  std::vector<std::string> ids;
+  for (const GemmProblem& p : problems) ids.push_back(blas::problem_id(p));
+  return ids;
+}
+
+// The problem a problem id names; ValueError for text that is not one.
+inline GemmProblem problem_arg(const std::string& id) {
+  GemmProblem p{};
+  if (!blas::parse_problem_id(id, &p))
+    throw std::invalid_argument("jax_overlap: not a GEMM problem id (blas/gemm.h problem_id): " + id);
+  return p;
 }
 
 }  // namespace jo::bindings

@@ -84,7 +84,6 @@ void bind_fused(py::module_& m) {
     for (int i = 0; i < tile_shape_count(); ++i) out.append(tile_shape_dict(i));
     return out;
   });
-  m.def("tail_scratch_bytes", &tail_scratch_bytes, py::arg("tile"), py::arg("slots"));
   m.def("gemm_geometry", &gemm_geometry, py::arg("op"), py::arg("tile"), py::arg("dtype"), py::arg("w_kmajor"),
         py::arg("world"), py::arg("batch"), py::arg("m"), py::arg("k"), py::arg("n"), py::arg("chunk_k"),
         py::arg("comm_workgroups"), py::arg("sm_count"), py::arg("ranks_per_gpu"), py::arg("l2_bytes"),

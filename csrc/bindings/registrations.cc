@@ -2,11 +2,8 @@
 #include <pybind11/pybind11.h>
 
 #include "bindings/bindings.h"
-#include "core/block_scales.h"
 #include "ffi/common.h"
 #include "ffi/handlers.h"
-#include "kernels/fp8_cast.h"
-#include "kernels/params.h"
 #include "platform/gpu.h"
 
 #ifndef JAX_OVERLAP_ARCHS
@@ -38,19 +35,6 @@ void bind_registrations(py::module_& m) {
     d["fused_kernels"] = true;
     return d;
   });
-  m.attr("MAX_WORLD") = kMaxWorld;
-  // Block scales' layout (core/block_scales.h), which jax_overlap/quantization/scaling.py mirrors.
-  m.attr("SCALE_BLOCK") = kScaleBlock;
-  m.attr("SCALE_ROW_MULTIPLE") = kScaleRowMultiple;
-  m.attr("W_SCALE_ROW_ALIGN") = kWScaleRowAlign;
-  // The shapes the transposing fp8 cast takes (kernels/fp8_cast.h), which jax_overlap/ops/fp8_cast.py mirrors.
-  m.def(
-      "transposed_cast_declined",
-      [](int64_t rows, int64_t cols) -> py::object {
-        const char* why = transposed_cast_declined(rows, cols);
-        return why == nullptr ? py::object(py::none()) : py::object(py::str(why));
-      },
-      py::arg("rows"), py::arg("cols"));
 
   m.def("targets", [] {
     py::dict d;

@@ -1,5 +1,5 @@
 // Bindings of the runtime (runtime/runtime.h) that jax_overlap/runtime/workspace.py
-// drives: devices, workspaces, peers, the copy path, errors, traces, faults.
+// drives: devices, workspaces, peers, the copy path, errors, traces.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -10,7 +10,6 @@
 #include "bindings/bindings.h"
 #include "pipelined/copy.h"
 #include "platform/device_scope.h"
-#include "runtime/faults.h"
 #include "runtime/runtime.h"
 
 namespace py = pybind11;
@@ -47,7 +46,7 @@ void bind_runtime(py::module_& m) {
       throw std::runtime_error("jax_overlap: device " + std::to_string(global_id) + " is not mapped on GPU " +
                                std::to_string(ordinal));
     return reinterpret_cast<uintptr_t>(ws->peer_bases.at(global_id));
-  });
+  }, py::arg("ordinal"), py::arg("global_id"));
   m.def("device_info", [](int ordinal) {
     DeviceInfo info;
     throw_if_error(query_device(ordinal, &info));
@@ -59,33 +58,29 @@ void bind_runtime(py::module_& m) {
     d["arch"] = info.arch;
     d["name"] = info.name;
     return d;
-  });
+  }, py::arg("ordinal"));
   // Calls that allocate, synchronize or map memory release the GIL while they wait on the GPU.
   m.def("init_device", [](int ordinal, int64_t global_id) {
     py::gil_scoped_release release;
     throw_if_error(Runtime::instance().init_device(ordinal, global_id));
-  });
+  }, py::arg("ordinal"), py::arg("global_id"));
   m.def("allocate_workspace", [](int ordinal, uint64_t bytes) {
     py::gil_scoped_release release;
     throw_if_error(Runtime::instance().allocate_workspace(ordinal, bytes));
-  });
+  }, py::arg("ordinal"), py::arg("bytes"));
   m.def("set_options", [](int ordinal, double watchdog_seconds, bool sync_after_launch, bool trace) {
     py::gil_scoped_release release;
     throw_if_error(Runtime::instance().set_options(ordinal, watchdog_seconds, sync_after_launch, trace));
-  });
+  }, py::arg("ordinal"), py::arg("watchdog_seconds"), py::arg("sync_after_launch"), py::arg("trace"));
   m.def("synchronize", [](int ordinal) {
     py::gil_scoped_release release;
     DeviceScope scope(ordinal);
     const hipError_t synced = scope.status() == hipSuccess ? hipDeviceSynchronize() : scope.status();
     if (synced != hipSuccess) throw std::runtime_error(std::string("jax_overlap: ") + hipGetErrorString(synced));
-  });
-  m.def("set_abort_on_timeout", [](bool abort) { Runtime::instance().set_abort_on_timeout(abort); });
+  }, py::arg("ordinal"));
+  m.def(
+      "set_abort_on_timeout", [](bool abort) { Runtime::instance().set_abort_on_timeout(abort); }, py::arg("abort"));
   m.def("generation", [] { return Runtime::instance().generation(); });
-  // Fault injection for the tests of failure paths (runtime/faults.h): "name[=value],...", "" for none.
-  m.def("set_faults", [](const std::string& spec) { faults::set_spec(spec); });
-  m.def("faults", [] { return faults::spec(); });
-  // Test hook: region epoch counters start from `origin` (new regions, and all after clear_errors()).
-  m.def("set_epoch_origin", [](uint64_t origin) { Runtime::instance().set_epoch_origin(origin); });
   m.def("export_handle", [](int ordinal) {
     std::string h;
     {
@@ -93,16 +88,16 @@ void bind_runtime(py::module_& m) {
       throw_if_error(Runtime::instance().export_handle(ordinal, &h));
     }
     return py::bytes(h);
-  });
+  }, py::arg("ordinal"));
   m.def("import_peer", [](int ordinal, int64_t peer_id, py::bytes handle) {
     const std::string h(handle);
     py::gil_scoped_release release;
     throw_if_error(Runtime::instance().import_peer(ordinal, peer_id, h));
-  });
+  }, py::arg("ordinal"), py::arg("peer_id"), py::arg("handle"));
   m.def("map_local_peer", [](int ordinal, int peer_ordinal) {
     py::gil_scoped_release release;
     throw_if_error(Runtime::instance().map_local_peer(ordinal, peer_ordinal));
-  });
+  }, py::arg("ordinal"), py::arg("peer_ordinal"));
   // After the peers are mapped: the GPU's copy path, verified on every mapped workspace (pipelined/copy.h).
   m.def("choose_copy_path", [](int ordinal) {
     pipelined::CopyPath chosen{};
@@ -113,25 +108,19 @@ void bind_runtime(py::module_& m) {
     }
     return py::dict("path"_a = pipelined::copy_path_name(chosen),
                     "description"_a = pipelined::describe_copy_path(chosen), "rejected"_a = rejected);
-  });
-  m.def("copy_path", [](int ordinal) -> py::object {
-    const Workspace* ws = Runtime::instance().workspace(ordinal);
-    pipelined::CopyPath path{};
-    if (ws == nullptr || !Runtime::verified_copy_path(*ws, &path).ok()) return py::none();
-    return py::str(pipelined::copy_path_name(path));
-  });
+  }, py::arg("ordinal"));
   m.def("set_ranks_per_gpu", [](int ordinal, int ranks) {
     throw_if_error(Runtime::instance().set_ranks_per_gpu(ordinal, ranks));
-  });
-  m.def("error_record", &error_record);
+  }, py::arg("ordinal"), py::arg("ranks"));
+  m.def("error_record", &error_record, py::arg("ordinal"));
   m.def("stop_after_error", [](int ordinal) {
     py::gil_scoped_release release;
     throw_if_error(Runtime::instance().stop_after_error(ordinal));
-  });
+  }, py::arg("ordinal"));
   m.def("restart_after_error", [](int ordinal) {
     py::gil_scoped_release release;
     throw_if_error(Runtime::instance().restart_after_error(ordinal));
-  });
+  }, py::arg("ordinal"));
   m.def("read_trace", [](int ordinal) {
     std::string events;
     double ticks_per_us = 0;
@@ -140,7 +129,7 @@ void bind_runtime(py::module_& m) {
       throw_if_error(Runtime::instance().read_trace(ordinal, &events, &ticks_per_us));
     }
     return py::make_tuple(py::bytes(events), ticks_per_us);
-  });
+  }, py::arg("ordinal"));
   m.def("release", [] {
     py::gil_scoped_release release;
     throw_if_error(Runtime::instance().release());

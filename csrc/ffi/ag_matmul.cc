@@ -2,6 +2,7 @@
 // the call to its group, launch.
 #include <string>
 
+#include "ffi/binding.h"
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 #include "kernels/ag_matmul.h"
@@ -15,6 +16,8 @@ ffi::ErrorOr<std::unique_ptr<CallState>> AgMatmulInstantiate(FusedConfig config,
   return make_call_state(groups, world, {config.region_offset, config.region_bytes, config.site, config.generation});
 }
 
+// x [..., m, k], w [k, n] or [n, k], bias [n] or [0] for none; y [..., world * m, n], gathered [..., world * m, k]
+// ([0] at world 1).
 ffi::Error AgMatmulExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
                            ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
                            ffi::Result<ffi::AnyBuffer> gathered, FusedConfig config,
@@ -59,23 +62,7 @@ ffi::Error AgMatmulLocalExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuf
 }  // namespace jo
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulInstantiate, jo::AgMatmulInstantiate,
-                              xla::ffi::Ffi::BindInstantiate()
-                                  .Attr<jo::FusedConfig>("config")
-                                  .Attr<xla::ffi::Span<const int64_t>>("groups")
-                                  .Attr<int64_t>("world"));
-
+                              jo::group_instantiate_binding<jo::FusedConfig>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulExecute, jo::AgMatmulExecute,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Ctx<xla::ffi::State<jo::CallState>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // x [..., m, k]
-                                  .Arg<xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
-                                  .Arg<xla::ffi::AnyBuffer>()  // bias [n], or [0] for none
-                                  .Ret<xla::ffi::AnyBuffer>()  // y [..., world * m, n]
-                                  .Ret<xla::ffi::AnyBuffer>()  // gathered [..., world * m, k], [0] if world == 1
-                                  .Attr<jo::FusedConfig>("config")
-                                  .Attr<xla::ffi::Span<const int64_t>>("groups")
-                                  .Attr<int64_t>("world"));
-
+                              (jo::group_execute_binding<jo::FusedConfig, 3, 2>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulLocalExecute, jo::AgMatmulLocalExecute, jo::local_gemm_binding());

@@ -1,6 +1,7 @@
 // FFI handler of the runtime's all-gather (gather along axis -2, any dtype).
 #include <string>
 
+#include "ffi/binding.h"
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 #include "kernels/all_gather.h"
@@ -14,6 +15,7 @@ ffi::ErrorOr<std::unique_ptr<CallState>> AllGatherInstantiate(RegionConfig confi
   return make_call_state(groups, world, {config.region_offset, config.region_bytes, config.site, config.generation});
 }
 
+// x [..., m, cols]; gathered [..., world * m, cols].
 ffi::Error AllGatherExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
                             ffi::Result<ffi::AnyBuffer> gathered, RegionConfig /*config*/,
                             ffi::Span<const int64_t> /*groups*/, int64_t world) {
@@ -51,18 +53,6 @@ ffi::Error AllGatherExecute(hipStream_t stream, int32_t ordinal, CallState* stat
 }  // namespace jo
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAllGatherInstantiate, jo::AllGatherInstantiate,
-                              xla::ffi::Ffi::BindInstantiate()
-                                  .Attr<jo::RegionConfig>("config")
-                                  .Attr<xla::ffi::Span<const int64_t>>("groups")
-                                  .Attr<int64_t>("world"));
-
+                              jo::group_instantiate_binding<jo::RegionConfig>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAllGatherExecute, jo::AllGatherExecute,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Ctx<xla::ffi::State<jo::CallState>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // x [..., m, cols]
-                                  .Ret<xla::ffi::AnyBuffer>()  // gathered [..., world * m, cols]
-                                  .Attr<jo::RegionConfig>("config")
-                                  .Attr<xla::ffi::Span<const int64_t>>("groups")
-                                  .Attr<int64_t>("world"));
+                              (jo::group_execute_binding<jo::RegionConfig, 1, 1>()));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "blas/gemm.h"
+#include "ffi/binding.h"
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 #include "kernels/fp8_cast.h"
@@ -107,6 +108,8 @@ ffi::Error cast(hipStream_t stream, int32_t ordinal, const ffi::AnyBuffer& x, co
   return ffi::Error::Success();
 }
 
+// The handlers of cast: x bfloat16, float16 or float32, scale f32[], amax_from f32[] >= 0; out x / scale in a float8
+// format (saturated in the amax variants), amax f32[].
 ffi::Error Fp8CastExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer scale,
                           ffi::Result<ffi::AnyBuffer> out) {
   return cast(stream, ordinal, x, scale, *out, nullptr);
@@ -184,57 +187,17 @@ ffi::Error Fp8StepScalesExecute(hipStream_t stream, ffi::RemainingArgs args, ffi
 }  // namespace
 }  // namespace jo
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JoFp8CastExecute, jo::Fp8CastExecute,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // x, bfloat16, float16 or float32, any shape
-                                  .Arg<xla::ffi::AnyBuffer>()  // scale f32[]
-                                  .Ret<xla::ffi::AnyBuffer>(),  // x / scale in a float8 format, x's shape
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoFp8CastExecute, jo::Fp8CastExecute, (jo::stream_binding<2, 1>()),
                               {xla::ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JoFp8CastAmaxExecute, jo::Fp8CastAmaxExecute,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // x, bfloat16, float16 or float32, any shape
-                                  .Arg<xla::ffi::AnyBuffer>()  // scale f32[]
-                                  .Ret<xla::ffi::AnyBuffer>()  // x / scale in a float8 format, saturated, x's shape
-                                  .Ret<xla::ffi::AnyBuffer>(),  // amax f32[]: max |x|
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoFp8CastAmaxExecute, jo::Fp8CastAmaxExecute, (jo::stream_binding<2, 2>()),
                               {xla::ffi::Traits::kCmdBufferCompatible});
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoFp8CastAmaxTransposedExecute, jo::Fp8CastAmaxTransposedExecute,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // x, bfloat16, float16 or float32
-                                  .Arg<xla::ffi::AnyBuffer>()  // scale f32[]
-                                  .Ret<xla::ffi::AnyBuffer>()  // x's first `lead` dims moved last, cast, saturated
-                                  .Ret<xla::ffi::AnyBuffer>()  // amax f32[]: max |x|
-                                  .Attr<int64_t>("lead"),
+                              (jo::stream_binding<2, 2>().Attr<int64_t>("lead")),
                               {xla::ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JoFp8CastAmaxFromExecute, jo::Fp8CastAmaxFromExecute,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // x, bfloat16, float16 or float32, any shape
-                                  .Arg<xla::ffi::AnyBuffer>()  // scale f32[]
-                                  .Arg<xla::ffi::AnyBuffer>()  // amax_from f32[] >= 0, aliased by the amax result
-                                  .Ret<xla::ffi::AnyBuffer>()  // x / scale in a float8 format, saturated, x's shape
-                                  .Ret<xla::ffi::AnyBuffer>(),  // amax f32[]: max(amax_from, max |x|)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoFp8CastAmaxFromExecute, jo::Fp8CastAmaxFromExecute, (jo::stream_binding<3, 2>()),
                               {xla::ffi::Traits::kCmdBufferCompatible});
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoFp8CastAmaxFromTransposedExecute, jo::Fp8CastAmaxFromTransposedExecute,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // x, bfloat16, float16 or float32
-                                  .Arg<xla::ffi::AnyBuffer>()  // scale f32[]
-                                  .Arg<xla::ffi::AnyBuffer>()  // amax_from f32[] >= 0, aliased by the amax result
-                                  .Ret<xla::ffi::AnyBuffer>()  // x's first `lead` dims moved last, cast, saturated
-                                  .Ret<xla::ffi::AnyBuffer>()  // amax f32[]: max(amax_from, max |x|)
-                                  .Attr<int64_t>("lead"),
+                              (jo::stream_binding<3, 2>().Attr<int64_t>("lead")),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoFp8StepScalesExecute, jo::Fp8StepScalesExecute,

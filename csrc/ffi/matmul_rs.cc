@@ -2,6 +2,7 @@
 // bind the call to its group, launch.
 #include <string>
 
+#include "ffi/binding.h"
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 #include "kernels/matmul_rs.h"
@@ -15,6 +16,7 @@ ffi::ErrorOr<std::unique_ptr<CallState>> MatmulRsInstantiate(FusedConfig config,
   return make_call_state(groups, world, {config.region_offset, config.region_bytes, config.site, config.generation});
 }
 
+// x [..., m_total, k], w [k, n] or [n, k], bias [n] or [0] for none; out [..., m_total / world, n].
 ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
                            ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out,
                            FusedConfig config, ffi::Span<const int64_t> /*groups*/, int64_t world) {
@@ -54,22 +56,7 @@ ffi::Error MatmulRsLocalExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuf
 }  // namespace jo
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsInstantiate, jo::MatmulRsInstantiate,
-                              xla::ffi::Ffi::BindInstantiate()
-                                  .Attr<jo::FusedConfig>("config")
-                                  .Attr<xla::ffi::Span<const int64_t>>("groups")
-                                  .Attr<int64_t>("world"));
-
+                              jo::group_instantiate_binding<jo::FusedConfig>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsExecute, jo::MatmulRsExecute,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Ctx<xla::ffi::State<jo::CallState>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // x [..., m_total, k]
-                                  .Arg<xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
-                                  .Arg<xla::ffi::AnyBuffer>()  // bias [n], or [0] for none
-                                  .Ret<xla::ffi::AnyBuffer>()  // out [..., m_total / world, n]
-                                  .Attr<jo::FusedConfig>("config")
-                                  .Attr<xla::ffi::Span<const int64_t>>("groups")
-                                  .Attr<int64_t>("world"));
-
+                              (jo::group_execute_binding<jo::FusedConfig, 3, 1>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsLocalExecute, jo::MatmulRsLocalExecute, jo::local_gemm_binding());

@@ -12,6 +12,7 @@
 
 #include "blas/gemm.h"
 #include "core/block_scales.h"
+#include "ffi/binding.h"
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 #include "pipelined/schedule.h"
@@ -114,6 +115,9 @@ ffi::Error run(const char* name, OpKind kind, hipStream_t stream, int32_t ordina
   return finish_launch(pipelined::run_call(kind, op, ctx, *g.epochs, stream), *g.ws, stream, name);
 }
 
+// x [..., m, k], w [k, n] or [n, k], bias [n] (y's dtype or f32) or [0] for none, x_scale f32[1] or [k/128][m] and
+// w_scale f32[1] or block scales (float8; else f32[0]); y [..., world * m, n], gathered [..., world * m, k],
+// gathered_scales f32[world] or [world][k/128][m] (float8; else f32[0]), scratch u8[pipelined_scratch_bytes].
 ffi::Error AgMatmulPipelinedExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
                                     ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::AnyBuffer x_scale,
                                     ffi::AnyBuffer w_scale, ffi::Result<ffi::AnyBuffer> y,
@@ -141,6 +145,8 @@ ffi::Error AgMatmulPipelinedExecute(hipStream_t stream, int32_t ordinal, CallSta
   return run("ag_matmul", OpKind::kAgMatmul, stream, ordinal, state, o);
 }
 
+// x [..., m_total, k], w, bias and w_scale as ag_matmul's, x_scale f32[1] or [world][k/128][m_total / world]
+// (float8; else f32[0]); out [..., m_total / world, n], scratch u8[pipelined_scratch_bytes].
 ffi::Error MatmulRsPipelinedExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
                                     ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::AnyBuffer x_scale,
                                     ffi::AnyBuffer w_scale, ffi::Result<ffi::AnyBuffer> out,
@@ -228,6 +234,8 @@ ffi::Error check_vendor_gemm(int32_t ordinal, const GemmArgs& args, const ffi::A
 // one XLA dispatches from the host each time, for GPUs whose vendor GEMM failed the capture check
 // (blas/capture_check.h). A call whose key was checked before skips the checks and the plan lookup (a hash and
 // a few integer compares: the per-call cost of a group of one beside cuBLAS's own, issue 39).
+// x [..., m, k], w [k, n] or [n, k], bias [n] in y's dtype (float8: or float32) or [0] for none, x_scale and w_scale
+// f32[1] or block scales (float8; else f32[0]); y [..., m, n], scratch: the vendor GEMM's workspace, u8.
 ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                              ffi::AnyBuffer bias, ffi::AnyBuffer x_scale, ffi::AnyBuffer w_scale,
                              ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> scratch, int64_t w_kmajor,
@@ -286,18 +294,7 @@ ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer
 }
 
 auto vendor_gemm_binding() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::PlatformStream<hipStream_t>>()
-      .Ctx<ffi::DeviceOrdinal>()
-      .Arg<ffi::AnyBuffer>()  // x [..., m, k]
-      .Arg<ffi::AnyBuffer>()  // w [k, n] or [n, k]
-      .Arg<ffi::AnyBuffer>()  // bias [n] in y's dtype (float8 operands: or float32), or [0] for none
-      .Arg<ffi::AnyBuffer>()  // x_scale f32[1] or block scales with float8 operands, else f32[0]
-      .Arg<ffi::AnyBuffer>()  // w_scale f32[1] or block scales with float8 operands, else f32[0]
-      .Ret<ffi::AnyBuffer>()  // y [..., m, n]
-      .Ret<ffi::AnyBuffer>()  // the vendor GEMM's workspace, u8
-      .Attr<int64_t>("w_kmajor")
-      .Attr<int64_t>("fast_accumulation");  // GemmTypes::fast_accumulation
+  return stream_binding<5, 2>().Attr<int64_t>("w_kmajor").Attr<int64_t>("fast_accumulation");
 }
 
 }  // namespace
@@ -313,56 +310,13 @@ void count_vendor_gemm_runs(bool on) { g_count_vendor_gemm_runs.store(on, std::m
 }  // namespace jo
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulPipelinedInstantiate, jo::AgMatmulPipelinedInstantiate,
-                              xla::ffi::Ffi::BindInstantiate()
-                                  .Attr<jo::PipelinedConfig>("config")
-                                  .Attr<xla::ffi::Span<const int64_t>>("groups")
-                                  .Attr<int64_t>("world")
-                                  .Attr<xla::ffi::Span<const int64_t>>("stages"));
-
+                              jo::pipelined_instantiate_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsPipelinedInstantiate, jo::MatmulRsPipelinedInstantiate,
-                              xla::ffi::Ffi::BindInstantiate()
-                                  .Attr<jo::PipelinedConfig>("config")
-                                  .Attr<xla::ffi::Span<const int64_t>>("groups")
-                                  .Attr<int64_t>("world")
-                                  .Attr<xla::ffi::Span<const int64_t>>("stages"));
-
+                              jo::pipelined_instantiate_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoAgMatmulPipelinedExecute, jo::AgMatmulPipelinedExecute,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Ctx<xla::ffi::State<jo::CallState>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // x [..., m, k]
-                                  .Arg<xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
-                                  .Arg<xla::ffi::AnyBuffer>()  // bias [n] (y's dtype or f32), or [0] for none
-                                  .Arg<xla::ffi::AnyBuffer>()  // x_scale f32[1] or [k/128][m] (float8), else f32[0]
-                                  .Arg<xla::ffi::AnyBuffer>()  // w_scale f32[1] or block scales (float8), else f32[0]
-                                  .Ret<xla::ffi::AnyBuffer>()  // y [..., world * m, n]
-                                  .Ret<xla::ffi::AnyBuffer>()  // gathered [..., world * m, k]
-                                  // gathered_scales f32[world] or [world][k/128][m] (float8), else f32[0]
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()  // scratch, u8 [pipelined_scratch_bytes]
-                                  .Attr<jo::PipelinedConfig>("config")
-                                  .Attr<xla::ffi::Span<const int64_t>>("groups")
-                                  .Attr<int64_t>("world")
-                                  .Attr<xla::ffi::Span<const int64_t>>("stages"));
-
+                              (jo::pipelined_execute_binding<5, 4>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoMatmulRsPipelinedExecute, jo::MatmulRsPipelinedExecute,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<hipStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Ctx<xla::ffi::State<jo::CallState>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // x [..., m_total, k]
-                                  .Arg<xla::ffi::AnyBuffer>()  // w [k, n] or [n, k]
-                                  .Arg<xla::ffi::AnyBuffer>()  // bias [n] (out's dtype or f32), or [0] for none
-                                  // x_scale f32[1] or [world][k/128][m_total / world] (float8), else f32[0]
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // w_scale f32[1] or block scales (float8), else f32[0]
-                                  .Ret<xla::ffi::AnyBuffer>()  // out [..., m_total / world, n]
-                                  .Ret<xla::ffi::AnyBuffer>()  // scratch, u8 [pipelined_scratch_bytes]
-                                  .Attr<jo::PipelinedConfig>("config")
-                                  .Attr<xla::ffi::Span<const int64_t>>("groups")
-                                  .Attr<int64_t>("world")
-                                  .Attr<xla::ffi::Span<const int64_t>>("stages"));
+                              (jo::pipelined_execute_binding<5, 2>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoVendorGemmExecute, jo::VendorGemmExecute, jo::vendor_gemm_binding(),
                               {xla::ffi::Traits::kCmdBufferCompatible});

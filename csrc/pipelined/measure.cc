@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/block_scales.h"
@@ -241,67 +242,70 @@ Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n,
 
 namespace {
 
-// A loopback call's context as rank 0 of `world`, on side streams of its own (`streams`).
-Status loopback_context(int ordinal, OpKind op, const Operands& operands, int world, CopyPath path,
-                        std::unique_ptr<SideStreams>* streams, Context* out) {
-  JO_RETURN_IF_ERROR(check_stages(op, world, operands.stages, operands.stage_count));
-  JO_RETURN_IF_ERROR(SideStreams::create(ordinal, streams));
-  Context ctx{};
-  ctx.streams = streams->get();
-  JO_RETURN_IF_ERROR(blas::DeviceBlas::prepare(ordinal, &ctx.blas));
-  JO_RETURN_IF_ERROR(ctx.streams->attach_blas(*ctx.blas));
-  ctx.peers.world = world;
-  ctx.peers.rank = 0;
-  ctx.epoch = 1;
-  ctx.site = 1;
-  int sm_count = 0;
-  JO_RETURN_IF_HIP_ERROR(hipDeviceGetAttribute(&sm_count, hipDeviceAttributeMultiprocessorCount, ordinal));
-  ctx.sm_count = sm_count;
-  ctx.gemm_sms = gemm_sm_count(sm_count);
-  ctx.loopback = true;
-  ctx.copy_path = path;
-  *out = ctx;
-  return {};
-}
+// One loopback call of the op as rank 0 of `world` on GPU `ordinal`: its context on side streams of its own, and
+// a stream of its own to enqueue it on (drained before the side streams go).
+class LoopbackCall {
+ public:
+  explicit LoopbackCall(int ordinal) : ordinal_(ordinal), scope_(ordinal) {}
+
+  Status open(OpKind op, const Operands& operands, int world, CopyPath path) {
+    JO_RETURN_IF_HIP_ERROR(scope_.status());
+    JO_RETURN_IF_ERROR(check_stages(op, world, operands.stages, operands.stage_count));
+    JO_RETURN_IF_ERROR(SideStreams::create(ordinal_, &streams_));
+    ctx_.streams = streams_.get();
+    JO_RETURN_IF_ERROR(blas::DeviceBlas::prepare(ordinal_, &ctx_.blas));
+    JO_RETURN_IF_ERROR(ctx_.streams->attach_blas(*ctx_.blas));
+    ctx_.peers.world = world;
+    ctx_.peers.rank = 0;
+    ctx_.epoch = 1;
+    ctx_.site = 1;
+    int sm_count = 0;
+    JO_RETURN_IF_HIP_ERROR(hipDeviceGetAttribute(&sm_count, hipDeviceAttributeMultiprocessorCount, ordinal_));
+    ctx_.sm_count = sm_count;
+    ctx_.gemm_sms = gemm_sm_count(sm_count);
+    ctx_.loopback = true;
+    ctx_.copy_path = path;
+    JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing_.s, hipStreamNonBlocking));
+    enqueue_ = [this, op, &operands](hipStream_t s) { return enqueue(op, operands, ctx_, s); };
+    return {};
+  }
+
+  hipStream_t stream() const { return timing_.s; }
+  const std::function<Status(hipStream_t)>& enqueuer() const { return enqueue_; }
+  const StreamEdges& edges() const { return streams_->edges; }
+
+ private:
+  int ordinal_;
+  DeviceScope scope_;
+  std::unique_ptr<SideStreams> streams_;
+  Context ctx_{};
+  std::function<Status(hipStream_t)> enqueue_;
+  TimingStream timing_;  // last: destroyed first, drained while the side streams still exist
+};
 
 }  // namespace
 
 Status time_loopback(int ordinal, OpKind op, const Operands& operands, int world, int repeats, CopyPath path,
                      bool back_to_back, double* us) {
-  DeviceScope scope(ordinal);
-  JO_RETURN_IF_HIP_ERROR(scope.status());
-  std::unique_ptr<SideStreams> streams;
-  Context ctx{};
-  JO_RETURN_IF_ERROR(loopback_context(ordinal, op, operands, world, path, &streams, &ctx));
-  TimingStream timing;
-  JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
-  const auto call = [&](hipStream_t s) { return enqueue(op, operands, ctx, s); };
-  return back_to_back ? median_back_to_back_us(timing.s, repeats, call, us) : median_us(timing.s, repeats, call, us);
+  LoopbackCall call(ordinal);
+  JO_RETURN_IF_ERROR(call.open(op, operands, world, path));
+  return back_to_back ? median_back_to_back_us(call.stream(), repeats, call.enqueuer(), us)
+                      : median_us(call.stream(), repeats, call.enqueuer(), us);
 }
 
 Status time_loopback_enqueue(int ordinal, OpKind op, const Operands& operands, int world, int repeats, CopyPath path,
                              double* us) {
-  DeviceScope scope(ordinal);
-  JO_RETURN_IF_HIP_ERROR(scope.status());
-  std::unique_ptr<SideStreams> streams;
-  Context ctx{};
-  JO_RETURN_IF_ERROR(loopback_context(ordinal, op, operands, world, path, &streams, &ctx));
-  TimingStream timing;
-  JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
-  return median_host_us(timing.s, repeats, [&](hipStream_t s) { return enqueue(op, operands, ctx, s); }, us);
+  LoopbackCall call(ordinal);
+  JO_RETURN_IF_ERROR(call.open(op, operands, world, path));
+  return median_host_us(call.stream(), repeats, call.enqueuer(), us);
 }
 
 Status loopback_edges(int ordinal, OpKind op, const Operands& operands, int world, CopyPath path, StreamEdges* out) {
-  DeviceScope scope(ordinal);
-  JO_RETURN_IF_HIP_ERROR(scope.status());
-  std::unique_ptr<SideStreams> streams;
-  Context ctx{};
-  JO_RETURN_IF_ERROR(loopback_context(ordinal, op, operands, world, path, &streams, &ctx));
-  TimingStream timing;
-  JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
-  JO_RETURN_IF_ERROR(enqueue(op, operands, ctx, timing.s));
-  JO_RETURN_IF_HIP_ERROR(hipStreamSynchronize(timing.s));
-  *out = streams->edges;
+  LoopbackCall call(ordinal);
+  JO_RETURN_IF_ERROR(call.open(op, operands, world, path));
+  JO_RETURN_IF_ERROR(call.enqueuer()(call.stream()));
+  JO_RETURN_IF_HIP_ERROR(hipStreamSynchronize(call.stream()));
+  *out = call.edges();
   return {};
 }
 

@@ -3,7 +3,9 @@
 A pure-Python install has no extension; everything then runs the XLA
 reference path and `build_info()` says so. What runs uses the extension
 through backend.current() (its FFI targets, tiles, sizes, the runtime's
-functions), which tests may point at a stand-in.
+functions), which tests may point at a stand-in. The extension holds only
+what the package calls; the tests' and benchmarks' harness is a module of its
+own beside it (jax_overlap._native_testing), which the package never imports.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 import jax_overlap
-from jax_overlap.runtime import native
+import native_testing
+
+harness = native_testing.module()
 
 
 requires_gpu = pytest.mark.skipif(not jax_overlap.gpu_available(),
@@ -42,12 +44,11 @@ def vendor_gemm_runs(run) -> tuple[int, int]:
   shows them: the handler counts the executions it sees under stream capture. Seen on jax 0.11.2 (H200): XLA
   runs a command buffer's commands directly on a program's first run, records them on the second (the handler
   under capture) and replays them after that."""
-  nat = native.module()
-  nat.count_vendor_gemm_runs(True)  # off outside tests: the capture query costs host time on every call
+  harness.count_vendor_gemm_runs(True)  # off outside tests: the capture query costs host time on every call
   try:
-    before = nat.vendor_gemm_runs()
+    before = harness.vendor_gemm_runs()
     run()
-    after = nat.vendor_gemm_runs()
+    after = harness.vendor_gemm_runs()
   finally:
-    nat.count_vendor_gemm_runs(False)
+    harness.count_vendor_gemm_runs(False)
   return after["runs"] - before["runs"], after["captured"] - before["captured"]

@@ -1,5 +1,5 @@
 """The pipelined algorithm's copy paths and its vendor GEMM's capture check on one GPU, with the fallbacks
-run through fault injection (csrc/runtime/faults.h; jax_overlap._native.set_faults):
+run through fault injection (csrc/runtime/faults.h; jax_overlap._native_testing.set_faults):
 
   copy_selftest_engine_fails, copy_selftest_d2d_fails, copy_selftest_kernel_fails
       initialize()'s self-test sees the bytes of that copy path not land (csrc/pipelined/copy.h)
@@ -30,8 +30,10 @@ import jax_overlap as jo
 from gpu_util import random, requires_gpu, vendor_gemm_runs
 from tolerance import assert_close
 from jax_overlap.runtime import native
+import native_testing
 
 nat = native.module()
+harness = native_testing.module()
 
 PATHS = ["copy_engine", "device_to_device", "kernel"]
 # The faults under which initialize() must take each path.
@@ -45,8 +47,8 @@ INFO = "moves the pipelined algorithm's bytes"
 @pytest.fixture
 def faults():
   """set(spec) for the test; afterwards no faults, and no runtime or compiled call made under them."""
-  yield nat.set_faults
-  nat.set_faults("")
+  yield harness.set_faults
+  harness.set_faults("")
   jo.shutdown()
   jax.clear_caches()
 
@@ -78,7 +80,7 @@ def test_every_path_copies_any_rows(path, max_bytes, dst_off, src_off, width, he
   src_host = rng.integers(0, 256, src_off + (height - 1) * src_pitch + width + 64, np.uint8)
   dst_bytes = dst_off + (height - 1) * dst_pitch + width + 64
   src, dst = _dev(src_host), jnp.full((dst_bytes,), 0xA4, jnp.uint8).block_until_ready()
-  nat.copy_2d(0, path, _ptr(dst) + dst_off, dst_pitch, _ptr(src) + src_off, src_pitch, width, height, max_bytes)
+  harness.copy_2d(0, path, _ptr(dst) + dst_off, dst_pitch, _ptr(src) + src_off, src_pitch, width, height, max_bytes)
   want = np.full(dst_bytes, 0xA4, np.uint8)
   for r in range(height):
     want[dst_off + r * dst_pitch:dst_off + r * dst_pitch + width] = \
@@ -94,7 +96,7 @@ def test_initialize_takes_the_first_copy_path_whose_bytes_land(faults, caplog, p
   jo.shutdown()
   with caplog.at_level(logging.INFO, logger="jax_overlap"):
     jo.initialize()
-  assert nat.copy_path(0) == path
+  assert harness.copy_path(0) == path
   said = [r.getMessage() for r in caplog.records if INFO in r.getMessage()]
   if path == "copy_engine":
     assert said == []
@@ -112,7 +114,7 @@ def test_initialize_fails_when_no_copy_path_moves_bytes(faults):
     jo.initialize()
   assert str(e.value).count("failed its self-test") == 3, str(e.value)
   assert all(what in str(e.value) for what in ("copy engine", "device-to-device", "copy kernel")), str(e.value)
-  assert nat.copy_path(0) is None and not jo.workspace_info()["active"]
+  assert harness.copy_path(0) is None and not jo.workspace_info()["active"]
 
 
 @pytest.mark.gpu
@@ -124,7 +126,7 @@ def test_a_stalled_copy_self_test_fails_initialize_instead_of_hanging(faults):
   with pytest.raises(RuntimeError, match="did not finish within the watchdog's"):
     jo.initialize()
   assert time.monotonic() - t0 < 60
-  assert nat.copy_path(0) is None and not jo.workspace_info()["active"]
+  assert harness.copy_path(0) is None and not jo.workspace_info()["active"]
 
 
 def _loopback(op, path, world, batch, m, k, n, seed):
@@ -142,7 +144,7 @@ def _loopback(op, path, world, batch, m, k, n, seed):
               batch=batch, m=m, k=k, n=n, w_kmajor=False, stages=[1, world - 1] if op == "ag_matmul" else [world])
   if gathered is not None:
     call["gathered"] = _ptr(gathered)
-  nat.time_loopback(0, op, world, call, 1, path)
+  harness.time_loopback(0, op, world, call, 1, path)
   if op == "ag_matmul":
     ref = np.concatenate([_f64(x)] * world, axis=1) @ _f64(w) + _f64(b)
     np.testing.assert_array_equal(np.asarray(gathered), np.concatenate([np.asarray(x)] * world, axis=1))
@@ -163,7 +165,7 @@ def test_the_schedule_on_each_path_is_right_and_split_changes_no_bit(faults, pat
   assert_close(out, ref, jnp.bfloat16, k if op == "ag_matmul" else world * k, k ** -0.5)
   faults("copy_max_bytes=4096")
   row_bytes = (m if op == "ag_matmul" else m // world) * (k if op == "ag_matmul" else n) * 2
-  assert len(nat.copy_pieces(row_bytes, batch, nat.max_copy_bytes())) > batch  # each batch element in pieces
+  assert len(harness.copy_pieces(row_bytes, batch, harness.max_copy_bytes())) > batch  # each batch element in pieces
   (split_out, split_gathered), _ = _loopback(op, path, world, batch, m, k, n, seed=len(path) + len(op))
   np.testing.assert_array_equal(split_out.view(np.uint16), out.view(np.uint16))
   if gathered is not None:
@@ -179,7 +181,7 @@ def test_the_schedule_takes_the_verified_path(faults, path):
   faults(FALLBACKS[path])
   jo.shutdown()
   jo.initialize()
-  assert nat.copy_path(0) == path
+  assert harness.copy_path(0) == path
   for op in ("ag_matmul", "matmul_rs"):
     (out, _), ref = _loopback(op, None, 2, 2, 64, 256, 128, seed=3)
     assert_close(out, ref, jnp.bfloat16, 256 if op == "ag_matmul" else 2 * 256, 256 ** -0.5, op)

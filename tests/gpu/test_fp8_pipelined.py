@@ -26,6 +26,9 @@ import pytest
 from gpu_util import on_gpu as _dev, pointer as _ptr, poisoned as _poisoned, random, requires_gpu
 from tolerance import assert_close
 from jax_overlap.runtime import native
+import native_testing
+
+harness = native_testing.module()
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -96,7 +99,7 @@ def test_loopback_fp8_schedule(op, shared, world, formats, out_dtype):
               x_scale_shared=shared)
   if bias_dtype is not None:
     call["bias_dtype"] = _name(bias_dtype)
-  assert native.module().time_loopback(0, op, world, call, 3) > 0
+  assert harness.time_loopback(0, op, world, call, 3) > 0
   w64 = _f64(w).T * sw
   bias = _f64(b) if b is not None else 0.0
   if op == "ag_matmul":
@@ -125,13 +128,13 @@ def test_loopback_refuses_a_float32_bias_the_gemm_epilogue_cannot_add():
               w_scale=_ptr(one), batch=1, m=64, k=256, n=256, w_kmajor=True, stages=[1, 1],
               **{name: _ptr(v) for name, v in buffers.items()})
   with pytest.raises(RuntimeError, match="float8 GEMM takes no such bias"):
-    native.module().time_loopback(0, "ag_matmul", 2, call, 1)
+    harness.time_loopback(0, "ag_matmul", 2, call, 1)
 
 
 # --- simulated ranks: the protocol, each rank with scales of its own ----------------------------------------
 
 def _group(world, watchdog=10.0):
-  return native.module().SimGroup(0, world, bytes_per_rank=512 << 20, watchdog_seconds=watchdog)
+  return harness.SimGroup(0, world, bytes_per_rank=512 << 20, watchdog_seconds=watchdog)
 
 
 class Fp8Ranks:

@@ -1,5 +1,5 @@
 """The pipelined algorithm on one GPU: a group of one through JAX (the vendor GEMM), simulated ranks
-(jax_overlap._native.SimGroup: each rank its own workspace, stream and side streams, the production
+(jax_overlap._native_testing.SimGroup: each rank its own workspace, stream and side streams, the production
 schedule), and the schedule's one-GPU loopback. Outputs are poisoned with NaN before every call.
 
 Simulated ranks share one CUDA context, whose streams share a bounded set of hardware queues: a rank's
@@ -24,6 +24,9 @@ import jax_overlap as jo
 from gpu_util import random, requires_gpu, vendor_gemm_runs
 from tolerance import assert_close, rms
 from jax_overlap.runtime import native
+import native_testing
+
+harness = native_testing.module()
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -124,7 +127,7 @@ def test_mlp_forward_and_backward_pipelined_matches_xla(dtype):
 # --- simulated ranks: the whole protocol on one GPU --------------------------------------------
 
 def _group(world, watchdog=5.0):
-  return native.module().SimGroup(0, world, bytes_per_rank=512 << 20, watchdog_seconds=watchdog)
+  return harness.SimGroup(0, world, bytes_per_rank=512 << 20, watchdog_seconds=watchdog)
 
 
 def _scratch(op, world, batch, m, n):
@@ -275,14 +278,14 @@ def test_a_rank_that_cannot_enqueue_abandons_its_epoch(op, fault):
     ranks.poison()
     ranks.run(g, stages)
   ranks.poison()
-  native.module().set_faults(f"{fault}=1")
+  harness.set_faults(f"{fault}=1")
   t0 = time.monotonic()
   try:
     with pytest.raises(RuntimeError, match=fault):
       ranks.run(g, stages)
     g.synchronize()
   finally:
-    native.module().set_faults("")
+    harness.set_faults("")
   assert time.monotonic() - t0 < 10.0
   errors = g.errors()
   assert any("rank 1 of 2 could not enqueue" in e for e in errors), errors
@@ -333,11 +336,10 @@ def test_loopback_schedule_computes_the_op(op, world, timing):
               batch=batch, m=m, k=k, n=n, w_kmajor=False, stages=[1, world - 1] if op == "ag_matmul" else [world])
   if gathered is not None:
     call["gathered"] = _ptr(gathered)
-  nat = native.module()
   if timing == "enqueue":
-    us = nat.time_loopback_enqueue(0, op, world, call, 3)
+    us = harness.time_loopback_enqueue(0, op, world, call, 3)
   else:
-    us = nat.time_loopback(0, op, world, call, 3, back_to_back=timing == "back_to_back")
+    us = harness.time_loopback(0, op, world, call, 3, back_to_back=timing == "back_to_back")
   assert 0 < us < 1e6
   if op == "ag_matmul":
     ref = np.concatenate([_f64(x)] * world, axis=1) @ _f64(w) + _f64(b)

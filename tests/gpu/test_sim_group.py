@@ -1,6 +1,6 @@
 """The cross-GPU protocol with N simulated ranks on one GPU in one process.
 
-Each rank has its own workspace and stream (jax_overlap._native.SimGroup); the
+Each rank has its own workspace and stream (jax_overlap._native_testing.SimGroup); the
 kernels are the production ones. Outputs are poisoned with NaN before every
 call, so an element a kernel forgets to write fails the comparison.
 """
@@ -16,7 +16,10 @@ import pytest
 
 from gpu_util import random, requires_gpu
 from tolerance import assert_close
-from jax_overlap.runtime import backend, native
+import native_testing
+from jax_overlap.runtime import backend
+
+harness = native_testing.module()
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -24,7 +27,7 @@ WORLDS = [2, 4, 8]
 
 
 def _group(world, watchdog=5.0):
-  return native.module().SimGroup(0, world, bytes_per_rank=512 << 20, watchdog_seconds=watchdog)
+  return harness.SimGroup(0, world, bytes_per_rank=512 << 20, watchdog_seconds=watchdog)
 
 
 def _dev(a):

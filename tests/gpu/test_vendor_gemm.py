@@ -21,6 +21,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_overlap as jo
+import native_testing
 from gpu_util import on_gpu, poisoned, pointer, random, requires_gpu, vendor_gemm_runs
 from jax_overlap.runtime import native
 from tolerance import assert_close
@@ -28,14 +29,15 @@ from tolerance import assert_close
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
 nat = native.module()
+harness = native_testing.module()
 E4M3 = jnp.float8_e4m3fn
 
 
 @pytest.fixture
 def faults():
   """set(spec) for the test; afterwards no faults, and no compiled call made under them."""
-  yield nat.set_faults
-  nat.set_faults("")
+  yield harness.set_faults
+  harness.set_faults("")
   jax.clear_caches()
 
 
@@ -63,7 +65,7 @@ def test_tuning_times_the_candidates_and_keeps_a_faster_one(dtype, bias, w_kmajo
   assert r["source"] == "timed" and r["candidates"] >= 1 and 1 <= r["timed"] <= r["candidates"], r
   assert r["us"] > 0 and r["first_us"] > 0 and r["us"] <= r["first_us"], r
   assert r["index"] == 0 or r["us"] < 0.98 * r["first_us"], r  # another only when faster by the margin
-  plan = nat.gemm_plan(0, pid)
+  plan = harness.gemm_plan(0, pid)
   assert (plan["source"], plan["index"], plan["choice"]) == ("timed", r["index"], r["choice"])
   again = nat.tune_gemm(0, pid, 16, 0.02)  # chosen once per process, its timings kept
   assert (again["choice"], again["detail"], again["us"], again["first_us"]) == (
@@ -72,11 +74,11 @@ def test_tuning_times_the_candidates_and_keeps_a_faster_one(dtype, bias, w_kmajo
 
 def test_every_candidate_is_timed_or_says_why_and_no_plan_changes():
   pid = _problem(m=1280)
-  times = nat.gemm_candidate_times(0, pid, 8, 200.0, 2, 1000.0)
+  times = harness.gemm_candidate_times(0, pid, 8, 200.0, 2, 1000.0)
   assert [t["index"] for t in times] == list(range(len(times))) and times[0]["status"] == "timed", times
   assert all(t["status"] in ("timed", "slow", "wrong", "failed") for t in times), times
   assert all((t["us"] > 0) == (t["status"] == "timed") for t in times), times
-  assert nat.gemm_plan(0, pid)["source"] == "heuristic"  # a tool: the problem's plan is not tuned by it
+  assert harness.gemm_plan(0, pid)["source"] == "heuristic"  # a tool: the problem's plan is not tuned by it
 
 
 def test_tuning_off_is_the_heuristics_first():
@@ -88,19 +90,19 @@ def test_fault_gemm_tuning_fails_keeps_the_heuristics_first(faults):
   faults("gemm_tuning_fails")
   r = nat.tune_gemm(0, _problem(m=1792), 16, 0.02)
   assert (r["source"], r["index"]) == ("heuristic", 0) and "fault gemm_tuning_fails" in r["detail"], r
-  assert nat.gemm_plan(0, _problem(m=1792))["source"] == "heuristic"
+  assert harness.gemm_plan(0, _problem(m=1792))["source"] == "heuristic"
 
 
 def test_install_takes_a_listed_choice_and_refuses_others():
   pid = _problem(m=2304)
   r = nat.tune_gemm(0, pid, 16, 0.02)
   assert nat.install_gemm_algo(0, pid, r["choice"], 16)  # the choosing GPU's own: kept
-  refused = nat.blas_counters()["installs_refused"]
+  refused = harness.blas_counters()["installs_refused"]
   other = _problem(m=2560)
   flipped = r["choice"][:-2] + f"{int(r['choice'][-2:], 16) ^ 0xFF:02x}"
   assert not nat.install_gemm_algo(0, other, flipped, 16)
-  assert nat.blas_counters()["installs_refused"] == refused + 1
-  assert nat.gemm_plan(0, other)["source"] == "heuristic"
+  assert harness.blas_counters()["installs_refused"] == refused + 1
+  assert harness.gemm_plan(0, other)["source"] == "heuristic"
   with pytest.raises(RuntimeError, match="hex digits"):
     nat.install_gemm_algo(0, other, "xyz", 16)
 
@@ -123,11 +125,11 @@ def test_a_tuned_group_of_one_computes_the_product(dtype, monkeypatch):
     return jo.ag_matmul(x, w, w_kmajor=True, axis_name="tp", algorithm="pipelined")
   f = jax.jit(jax.shard_map(body, mesh=_mesh(), in_specs=(P("tp"), P("tp"), P(), P()), out_specs=P(None, "tp")))
   compiled = f.lower(x, w, sx, sw).compile()  # the lowering tunes the call's GEMM (once per process per problem)
-  made = nat.blas_counters()["plans_made"]
+  made = harness.blas_counters()["plans_made"]
   y = compiled(x, w, sx, sw)
   # The call found the tuned plan: XLA's buffers are 256-byte aligned, as the problems tuned at lowering assume
   # (planning/tuning.py); a call on buffers aligned otherwise would make a plan of its own here.
-  assert nat.blas_counters()["plans_made"] == made
+  assert harness.blas_counters()["plans_made"] == made
   x64, w64 = (np.asarray(np.asarray(a).astype(np.float32), np.float64) for a in (x, w))
   ref = x64 @ w64.T * (float(sx) * float(sw) if scaled else 1.0)
   assert_close(y, ref, jnp.bfloat16, k, k ** -0.5)  # terms of k^-0.5 (float8: 0.5 x N(0, 1) times k^-0.5)
@@ -138,10 +140,11 @@ def test_a_tuned_group_of_one_computes_the_product(dtype, monkeypatch):
 _TUNE = """
 import json, sys
 from jax_overlap.runtime import native
+from jax_overlap import _native_testing
 nat = native.module()
 call = dict(dtype="bfloat16", batch=1, m=2048, k=4096, n=3584, w_kmajor=False, bias=True, stages=[1])
 (pid,) = nat.gemm_problems("ag_matmul", 1, call, nat.device_info(0)["sm_count"])
-nat.set_faults(sys.argv[2])
+_native_testing.set_faults(sys.argv[2])
 print(json.dumps(nat.tune_gemm(0, pid, 16, 0.02, sys.argv[1])))
 """
 
@@ -179,8 +182,8 @@ _NO_HANDLE = """
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 import jax_overlap as jo
-from jax_overlap.runtime import native
-native.module().set_faults("blas_handle_fails")
+from jax_overlap import _native_testing
+_native_testing.set_faults("blas_handle_fails")
 mesh = Mesh(np.array(jax.devices()[:1]), ("tp",))
 x = jnp.ones((256, 512), jnp.float8_e4m3fn); w = jnp.ones((384, 512), jnp.float8_e4m3fn); s = jnp.float32(1)
 def f(algorithm):
@@ -221,9 +224,9 @@ def test_a_group_of_one_looks_up_no_plan_and_writes_no_pointer_after_its_first_r
   chain = jax.jit(lambda x, w, sx, sw: [x := call(x, w, sx, sw).astype(E4M3) for _ in range(6)])
   assert "jax_overlap_vendor_gemm_no_graph" in chain.lower(x, w, sx, sw).compile().as_text()
   jax.block_until_ready(chain(x, w, sx, sw))
-  before = nat.blas_counters()
+  before = harness.blas_counters()
   runs, captured = vendor_gemm_runs(lambda: jax.block_until_ready(chain(x, w, sx, sw)))
-  after = nat.blas_counters()
+  after = harness.blas_counters()
   assert (runs, captured) == (6, 0)
   assert after["plan_lookups"] == before["plan_lookups"], (before, after)
   assert after["descriptor_writes"] == before["descriptor_writes"], (before, after)
@@ -262,5 +265,5 @@ def test_a_call_forks_and_joins_only_the_streams_with_work(op, dtype, world, sta
   if fp8:
     base = pointer(scales)
     call.update(out_dtype="bfloat16", x_scale=base, w_scale=base + 16, gathered_scales=base + 32)
-  edges = nat.loopback_edges(0, op, world, call)
+  edges = harness.loopback_edges(0, op, world, call)
   assert (edges["records"], edges["waits"]) == _edges(op, stages), edges

@@ -145,7 +145,7 @@ os.environ.update(JAX_OVERLAP_WATCHDOG_SECONDS="2e-5", JAX_OVERLAP_ON_TIMEOUT="r
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 import jax_overlap as jo
-from jax_overlap.runtime import native
+from jax_overlap import _native_testing
 
 mesh = Mesh(np.array(jax.devices()[:1]), ("tp",))
 f = jax.jit(jax.shard_map(lambda x, w: jo.ag_matmul(x, w, axis_name="tp", algorithm="fused"), mesh=mesh,
@@ -157,7 +157,7 @@ w = jnp.asarray(rng.standard_normal((k, n)) / 60, jnp.bfloat16)
 out = {"tail_slots": int(re.findall(r"tail_slots = (\\d+)", f.lower(x, w).as_text())[0]), "results": []}
 out["unhindered_nan"] = bool(np.isnan(np.asarray(f(x, w), np.float32)).any())
 
-g = native.module().SimGroup(0, 2, bytes_per_rank=256 << 20, watchdog_seconds=5.0)
+g = _native_testing.SimGroup(0, 2, bytes_per_rank=256 << 20, watchdog_seconds=5.0)
 g.set_absent(1)
 held = [jnp.asarray(rng.standard_normal((1024, 4096)), jnp.bfloat16), jnp.zeros((4096, 512), jnp.bfloat16),
         jnp.zeros((2048, 512), jnp.bfloat16), jnp.zeros((2048, 4096), jnp.bfloat16)]

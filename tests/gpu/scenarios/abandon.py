@@ -62,8 +62,8 @@ def _call(ctx: Ctx, op: str):
   return (lambda: fn(*args)), lambda out: close(out, ref, jnp.bfloat16, world * k, (world * k) ** -0.5)
 
 
-def _failing_rank(ctx: Ctx, native, call, name: str, fault: str) -> None:
-  native.module().set_faults(f"{fault}=1")
+def _failing_rank(ctx: Ctx, harness, call, name: str, fault: str) -> None:
+  harness.set_faults(f"{fault}=1")
   t0 = time.monotonic()
   try:
     ctx.local(call())
@@ -71,7 +71,7 @@ def _failing_rank(ctx: Ctx, native, call, name: str, fault: str) -> None:
   except Exception as e:  # XlaRuntimeError carrying the handler's error
     raised = str(e)
   finally:
-    native.module().set_faults("")
+    harness.set_faults("")
   took = time.monotonic() - t0
   ctx.check(f"failing_rank_raises_at_once_{name}", fault in raised and took < PROMPT_S,
             f"{took:.1f} s: {raised[:300]}")
@@ -92,7 +92,7 @@ def run(ctx: Ctx) -> None:
   import jax
 
   import jax_overlap as jo
-  from jax_overlap.runtime import native
+  from jax_overlap import _native_testing
 
   jo.initialize()
   for op in OPS:
@@ -102,7 +102,7 @@ def run(ctx: Ctx) -> None:
       for _ in range(2):  # both parities' slots in use
         jax.block_until_ready(call())
       if ctx.rank == 1:
-        _failing_rank(ctx, native, call, name, fault)
+        _failing_rank(ctx, _native_testing, call, name, fault)
       else:
         _peer(ctx, jo, call, right, name, fault)
       jo.clear_errors()

@@ -49,9 +49,8 @@ def run(ctx: Ctx) -> None:
   from jax.sharding import PartitionSpec as P
 
   import jax_overlap as jo
-  from jax_overlap.runtime import native
+  from jax_overlap import _native_testing as harness
 
-  nat = native.module()
   rank, world, rng, shard, local, check = ctx.rank, ctx.world, ctx.rng, ctx.shard, ctx.local, ctx.check
   logger = logging.getLogger("jax_overlap")
   logger.setLevel(logging.INFO)
@@ -69,12 +68,12 @@ def run(ctx: Ctx) -> None:
   rs_ref = (np.asarray(Xr, np.float64) @ np.asarray(Wr, np.float64))[:, rows] + np.asarray(B, np.float64)[:n]
 
   for spec, path in CASES:
-    nat.set_faults(spec)
+    harness.set_faults(spec)
     jo.shutdown()
     jax.clear_caches()
     lines.lines.clear()
     jo.initialize()
-    chosen = nat.copy_path(ctx.dev.local_hardware_id)
+    chosen = harness.copy_path(ctx.dev.local_hardware_id)
     check(f"{path}_chosen", chosen == path, f"{chosen}")
     said = [line for line in lines.lines if "moves the pipelined algorithm's bytes" in line]
     check(f"{path}_info_line", said == [] if path == "copy_engine" else
@@ -89,13 +88,13 @@ def run(ctx: Ctx) -> None:
     check(f"{path}_ag_matmul_gathered", np.array_equal(g, np.asarray(X)), "")
     check(f"{path}_matmul_rs", *close(z, rs_ref, jnp.bfloat16, world * 264, (world * 264) ** -0.5))
 
-    nat.set_faults(f"{spec},{SPLIT}")
+    harness.set_faults(f"{spec},{SPLIT}")
     # Not a vacuous split: each batch element of x's shard (ag_matmul's publish and pulls) goes in pieces.
-    pieces = nat.copy_pieces(m * k * 2, 2, nat.max_copy_bytes())
+    pieces = harness.copy_pieces(m * k * 2, 2, harness.max_copy_bytes())
     check(f"{path}_split_pieces", len(pieces) > 2 and max(w * h for _, _, w, h in pieces) <= 4096,
           f"{len(pieces)} pieces")
     (y2, g2), z2 = ag(*ag_args), rs(*rs_args)
     same = [np.array_equal(a.view(np.uint16), local(b).view(np.uint16)) for a, b in ((y, y2), (g, g2), (z, z2))]
     check(f"{path}_split_bitwise", all(same), f"y, gathered, matmul_rs equal: {same}")
-  nat.set_faults("")
+  harness.set_faults("")
   logger.removeHandler(lines)

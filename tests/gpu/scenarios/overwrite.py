@@ -68,7 +68,7 @@ def run(ctx: Ctx) -> None:
   import jax
 
   import jax_overlap as jo
-  from jax_overlap.runtime import native
+  from jax_overlap import _native_testing
 
   for op in OPS:
     jo.initialize(watchdog_seconds=WATCHDOG_SECONDS)
@@ -77,10 +77,10 @@ def run(ctx: Ctx) -> None:
       jax.block_until_ready(call(args[0]))
     jo.initialize(watchdog_seconds=SHORT_WATCHDOG_S)
     if ctx.rank == 1:
-      native.module().set_faults(f"pipelined_pause_pull={int(PAUSE_S * 1000)}")
+      _native_testing.set_faults(f"pipelined_pause_pull={int(PAUSE_S * 1000)}")
       t0 = time.monotonic()
       out = ctx.local(call(args[0]))
-      native.module().set_faults("")
+      _native_testing.set_faults("")
       err, paused = recorded_error(jo), time.monotonic() - t0
       nan, (correct, detail) = all_nan(out), right(out, 0)
       ok = paused >= PAUSE_S and ((err is None and correct) or (nan and err is not None))

@@ -1,7 +1,7 @@
 """Scenario "wrap" (world 2, JAX_OVERLAP_ON_TIMEOUT=raise): calls across the wrap of the flags' epoch bits
 (issue 24, item 4). The host counts epochs in 64 bits; flags hold the low 32 (pipelined) or 16 (fused) bits.
 
-For each origin (_native.set_epoch_origin, applied to every region by clear_errors()), CALLS calls of each op,
+For each origin (_native_testing.set_epoch_origin, applied to every region by clear_errors()), CALLS calls of each op,
 pipelined and fused, on a new input each call, enqueued back to back (ranks run ahead of each other, so the
 readers-done waits matter) and every result checked against float64:
   2^32 - 4: the calls cross 2^32, which wraps both the pipelined flags' 32 bits and the fused flags' 16;
@@ -72,12 +72,12 @@ def _case(ctx: Ctx, algorithm: str, op: str):
 
 def run(ctx: Ctx) -> None:
   import jax_overlap as jo
-  from jax_overlap.runtime import native
+  from jax_overlap import _native_testing
 
   jo.initialize()
   cases = {case: _case(ctx, *case) for case in CASES}
   for origin in ORIGINS:
-    native.module().set_epoch_origin(origin)
+    _native_testing.set_epoch_origin(origin)
     jo.clear_errors()  # every region's flags zeroed and its counter at the origin
     for (algorithm, op), (call, right) in cases.items():
       outs = [call(i % 5) for i in range(CALLS)]

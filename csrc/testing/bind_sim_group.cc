@@ -1,5 +1,5 @@
-// Bindings of the simulated-rank harness (testing/sim_group.h) that the GPU
-// tests and benchmarks drive.
+// Bindings of the simulated ranks (testing/sim_group.h) that the GPU tests and
+// benchmarks drive.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "bindings/bindings.h"
+#include "testing/bindings.h"
 #include "testing/sim_group.h"
 
 namespace py = pybind11;
@@ -44,7 +44,7 @@ SimMatmul sim_call(py::dict c) {
 
 }  // namespace
 
-void bind_testing(py::module_& m) {
+void bind_sim_group(py::module_& m) {
   py::class_<SimGroup>(m, "SimGroup")
       .def(py::init([](int ordinal, int world, uint64_t bytes_per_rank, double watchdog_seconds) {
              std::unique_ptr<SimGroup> g;

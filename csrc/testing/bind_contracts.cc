@@ -1,19 +1,37 @@
-// Bindings of the flag protocol's value rules, as the kernels apply them, for
-// the CPU tests (tests/test_protocol.py).
+// Bindings of what the Python side mirrors, for the CPU tests to hold it to: the flag protocol's value rules as
+// the kernels apply them (tests/test_protocol.py), the block scales' layout (jax_overlap/quantization/scaling.py),
+// the largest group, the shapes the transposing fp8 cast takes (jax_overlap/ops/fp8_cast.py), and the fused
+// kernels' scratch sizes.
 #include <pybind11/pybind11.h>
 
 #include <string>
 
-#include "bindings/bindings.h"
+#include "core/block_scales.h"
+#include "kernels/fp8_cast.h"
 #include "kernels/params.h"
 #include "kernels/pipeline_kernels.h"
 #include "kernels/region_layout.h"
+#include "kernels/tile_registry.h"
+#include "testing/bindings.h"
 
 namespace py = pybind11;
 
 namespace jo::bindings {
 
-void bind_protocol(py::module_& m) {
+void bind_contracts(py::module_& m) {
+  m.attr("MAX_WORLD") = kMaxWorld;
+  m.attr("SCALE_BLOCK") = kScaleBlock;
+  m.attr("SCALE_ROW_MULTIPLE") = kScaleRowMultiple;
+  m.attr("W_SCALE_ROW_ALIGN") = kWScaleRowAlign;
+  m.def(
+      "transposed_cast_declined",
+      [](int64_t rows, int64_t cols) -> py::object {
+        const char* why = transposed_cast_declined(rows, cols);
+        return why == nullptr ? py::object(py::none()) : py::object(py::str(why));
+      },
+      py::arg("rows"), py::arg("cols"));
+  m.def("tail_scratch_bytes", &tail_scratch_bytes, py::arg("tile"), py::arg("slots"));
+
   m.def("flag_value", &flag_value, py::arg("epoch"), py::arg("site"));
   m.def(
       "flag_match",
