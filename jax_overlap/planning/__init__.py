@@ -130,6 +130,11 @@ def eligible(problem: Problem, op, algorithm: str) -> str | None:
     return f"k={problem.k} and n={problem.n} must be multiples of {vector} (16-byte rows)"
   if problem.rows == 0 or problem.k == 0 or problem.n == 0:
     return "empty operand"
+  partial = formats.partial(problem.out_dtype)
+  if algorithm == "fused" and op.REDUCES and problem.world > 1 and partial != problem.out_dtype:
+    return (f"a {problem.out_dtype} result with peers: the fused kernel stages each rank's partial in the result's "
+            f"dtype, where a partial past its range is inf while the sum is not (the pipelined algorithm and the XLA "
+            f"path stage them in {partial})")
   if problem.scaled and algorithm == "pipelined":
     archs = tuple(sorted({arch for _, arch in workspace.local_gpus()}))
     rows = problem.rows if problem.world == 1 else op.chunk_rows(problem.m, problem.world)
@@ -199,7 +204,7 @@ def _plan_pipelined(problem: Problem, op, auto: bool) -> Choice:
   chosen = tuning.choose(problem, op, plan.stages)
   _vendor_blas()
   tuning.install(chosen)
-  sizes = (formats.itemsize(problem.dtype_name), formats.itemsize(problem.out_dtype), problem.scaled,
+  sizes = (formats.itemsize(problem.dtype_name), formats.partial(problem.out_dtype).itemsize, problem.scaled,
            problem.scaled and problem.scaling.blocks)
   nbytes = backend.current().native.pipelined_region_bytes(
       op.NAME, problem.world, problem.batch, problem.m, problem.k, problem.n, *sizes)

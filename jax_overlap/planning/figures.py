@@ -100,7 +100,8 @@ def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmaj
 
 
 def reduce_us(dtype_name: str, block_rows: int, world: int, n: int) -> float:
-  """The reduction (us) of `world` partials of [block_rows, n] of `dtype_name` into one."""
+  """The reduction (us) of `world` partials of [block_rows, n] (in formats.partial(dtype_name)) into one of
+  `dtype_name`."""
   return processes.agree(f"reduce/{dtype_name}/{block_rows}x{world}/{n}", lambda: _native().time_reduce(
       workspace.first_ordinal(), dtype_name, world, block_rows, n))
 
@@ -112,8 +113,8 @@ def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor
   once the workspace exists, else the local copy rate and the link guessed from it (see the module docstring).
   SetupError when a measurement failed.
 
-  An op that reduces moves partial products (in the output's dtype) and reduces them; one that gathers moves
-  x, and with float8 x one GEMM per shard (each shard's own x scale) unless the shards share one
+  An op that reduces moves partial products (formats.partial of the output's dtype) and reduces them; one that
+  gathers moves x, and with float8 x one GEMM per shard (each shard's own x scale) unless the shards share one
   (scaling.x_shared); with block scales either op runs one GEMM per chunk (its scales contiguous)."""
   blocks = scaling is not None and scaling.blocks
   link, local = workspace.link_bytes_per_us(), workspace.local_bytes_per_us()
@@ -124,7 +125,7 @@ def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor
   out_dtype = dtype_name if types is None else types[1]
   chunk_rows = op.chunk_rows(rows, world)
   gemm = gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor, types, scaling)
-  moved = out_dtype if op.REDUCES else dtype_name
+  moved = formats.name(formats.partial(out_dtype)) if op.REDUCES else dtype_name
   per_shard = (types is not None and not op.REDUCES and not (scaling is not None and scaling.x_shared)) or blocks
   return Figures(gemm_us=gemm, chunk_bytes=op.chunk_bytes(rows, k, n, world, formats.itemsize(moved)),
                  link_bytes_per_us=link, local_bytes_per_us=local,
