@@ -3,6 +3,7 @@
 
 #include "bindings/bindings.h"
 #include "core/block_scales.h"
+#include "core/scale_mode.h"
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 #include "kernels/fp8_cast.h"
@@ -43,6 +44,10 @@ void bind_registrations(py::module_& m) {
   m.attr("SCALE_BLOCK") = kScaleBlock;
   m.attr("SCALE_ROW_MULTIPLE") = kScaleRowMultiple;
   m.attr("W_SCALE_ROW_ALIGN") = kWScaleRowAlign;
+  // The scaling modes of the GEMM calls' attributes (core/scale_mode.h), which Scaling.code mirrors.
+  py::dict modes;
+  for (ScaleMode mode : kScaleModes) modes[scale_mode_name(mode)] = static_cast<int64_t>(mode);
+  m.attr("SCALE_MODES") = modes;
   // The shapes the transposing fp8 cast takes (kernels/fp8_cast.h), which jax_overlap/ops/fp8_cast.py mirrors.
   m.def(
       "transposed_cast_declined",
