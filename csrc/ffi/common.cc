@@ -10,9 +10,9 @@
 #include <utility>
 
 #include "core/block_scales.h"
-#include "runtime/faults.h"
 #include "kernels/pipeline_kernels.h"
 #include "kernels/tile_registry.h"
+#include "runtime/faults.h"
 
 namespace jo {
 
