@@ -472,9 +472,10 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
              "xla": the XLA decomposition (dot + psum_scatter; on global arrays the dot,
              partitioned by XLA) as plain JAX ops: no overlap, and every JAX transformation
              (forward mode, higher derivatives, jax.export).
-  The XLA path reduces as the GPU algorithms do: each rank's partial product rounded to x's
-  dtype (float8 operands: out_dtype), the partials summed in float32 in rank order, the bias added
-  once, one rounding.
+  The XLA path reduces as the GPU algorithms do: each rank's partial product rounded to the
+  result's dtype (x's, or out_dtype), except that float16 partials stay float32 (a partial past
+  65504 would be inf where the sum is not), the partials summed in float32 in rank order, the
+  bias added once, one rounding.
   Differentiable in reverse mode (any algorithm; float8 operands: see below) and vmappable. The
   result carries the checkpoint name "jax_overlap.matmul_rs" (jax_overlap.remat).
 

@@ -87,7 +87,7 @@ def test_figures_say_where_the_copies_run(timings):
     ("cuda", "kernel", False, (True, True)),
     ("rocm", "copy_engine", False, (False, False)),  # SDMA
     ("rocm", "copy_engine", True, (False, False)),
-    ("rocm", "device_to_device", False, (True, False)),
+    ("rocm", "device_to_device", False, (True, True)),  # large plain copies run as a blit kernel (#11450)
     ("rocm", "kernel", False, (True, True)),
 ])
 def test_where_each_copy_path_runs_its_copies(monkeypatch, platform, path, shares_gpu, want):

@@ -72,7 +72,11 @@ def test_only_16_bit_dtypes(op, dtype_name):
 @pytest.mark.parametrize("op", PLANNERS)
 @pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
 def test_16_bit_dtypes_planned(op, dtype_name):
+  """Except float16 matmul_rs with peers: the kernel stages partials in the output dtype (tests/test_f16_partials.py)."""
   p, why = plan(op, dtype_name=dtype_name)
+  if op == "matmul_rs" and dtype_name == "float16":
+    assert p is None and "float16 result with peers" in why, why
+    p, why = plan(op, dtype_name=dtype_name, world=1)
   assert p is not None and why == "fused"
 
 

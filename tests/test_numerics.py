@@ -1,5 +1,6 @@
 """The XLA path's reduction is the GPU algorithms' (issue 24, item 12): each rank's partial product rounded to
-the dtype, the partials summed in float32 in rank order, the bias added once, one rounding.
+formats.partial(dtype) (float16's stay float32), the partials summed in float32 in rank order, the bias added once,
+one rounding.
 
 The expected values are that recipe in NumPy applied to each rank's partial product as XLA computes it on its
 own (the same dot on the same shapes), so the comparison is exact: element for element, not within a tolerance.
@@ -14,6 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
 from jax_overlap.ops import reference
+from jax_overlap.quantization import formats
 from jax_overlap.quantization import numerics
 
 
@@ -32,7 +34,7 @@ def gpu_reduction(parts, bias, dtype):
   """The GPU algorithms' sum of the ranks' partials (csrc/kernels/pipeline_kernels.cu, matmul_rs.cu)."""
   acc = np.zeros(parts[0].shape, np.float32)
   for p in parts:  # rank order, float32 adds
-    acc = acc + p.astype(dtype).astype(np.float32)
+    acc = acc + p.astype(formats.partial(dtype)).astype(np.float32)
   if bias is not None:
     acc = acc + bias.astype(np.float32)
   return acc.astype(dtype)

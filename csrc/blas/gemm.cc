@@ -67,8 +67,10 @@ Status vendor_types(const GemmProblem& s, VendorTypes* out) {
   if (s.bias) JO_RETURN_IF_ERROR(vendor(t.bias, &out->bias));
   if (!t.scaled) {
     if (t.fast_accumulation) return refused(s, "fast accumulation is float8's");
-    if (t.w != t.x || t.out != t.x || (s.bias && t.bias != t.x))
-      return refused(s, "unscaled operands take w, bias and y in x's dtype");
+    if (t.w != t.x || (s.bias && (t.bias != t.x || t.out != t.x)))
+      return refused(s, "unscaled operands take w, and a bias with y, in x's dtype");
+    // float32 y: matmul_rs's partials of a float16 output (core/dtype.h partial_dtype).
+    if (t.out != t.x && t.out != DType::kF32) return refused(s, "unscaled operands take y in x's dtype or float32");
     return {};
   }
   if (!is_fp8(t.x) || !is_fp8(t.w)) return refused(s, "scaled operands are float8");
@@ -108,9 +110,11 @@ std::string describe(const GemmProblem& s) {
   const char* scales = t.blocks              ? " (block scales)"
                        : t.fast_accumulation ? " (scaled, fast accumulation)"
                                              : " (scaled)";
-  const std::string types = t.scaled ? std::string(dtype_name(t.x)) + " x " + dtype_name(t.w) + " -> " +
-                                           dtype_name(t.out) + scales
-                                     : dtype_name(t.x);
+  std::string types = dtype_name(t.x);
+  if (t.scaled)
+    types += std::string(" x ") + dtype_name(t.w) + " -> " + dtype_name(t.out) + scales;
+  else if (t.out != t.x)
+    types += std::string(" -> ") + dtype_name(t.out);
   return types + " [" + std::to_string(s.batch) + " x " + std::to_string(s.rows) + ", " + std::to_string(s.k) +
          "] @ " + (s.w_kmajor ? "[n, k]" : "[k, n]") + " n=" + std::to_string(s.n) +
          (s.bias ? std::string(" + ") + dtype_name(t.bias) + " bias" : "") + ", " + std::to_string(s.alignment) +

@@ -84,6 +84,11 @@ inline constexpr unsigned char nan_fill_byte(DType t) {
   return 0xFF;
 }
 
+// The type each rank's partial product of a reduction (matmul_rs) is staged in for an output of type `out`:
+// float32 for float16, whose 65504 a partial may pass while the sum of the partials does not; the output's type
+// otherwise (bfloat16 has float32's range). jax_overlap/quantization/formats.py partial agrees.
+inline constexpr DType partial_dtype(DType out) { return out == DType::kF16 ? DType::kF32 : out; }
+
 // A float8 format: an operand that comes with a float32 scale.
 inline constexpr bool is_fp8(DType t) { return dtype_role(t) == Role::kOperand; }
 // A GEMM's x and w: the 16-bit types and the float8 formats.

@@ -23,7 +23,8 @@ ffi::Error AgMatmulExecute(hipStream_t stream, int32_t ordinal, CallState* state
                            ffi::Result<ffi::AnyBuffer> gathered, FusedConfig config,
                            ffi::Span<const int64_t> /*groups*/, int64_t world) {
   const auto checked =
-      check_gemm("ag_matmul", GemmArgs{x, w, bias, nullptr, nullptr}, *y, {&*gathered}, config.w_kmajor != 0);
+      check_gemm("ag_matmul", GemmArgs{x, w, bias, nullptr, nullptr}, *y, {&*gathered}, config.w_kmajor != 0,
+                 static_cast<int64_t>(ScaleMode::kNone));
   if (checked.has_error()) return checked.error();
   const GemmProblem& p = checked.value();
   const GemmOperands op = fused_operands(p, x, w, bias, config.tile, config.comm_workgroups);
@@ -33,7 +34,8 @@ ffi::Error AgMatmulExecute(hipStream_t stream, int32_t ordinal, CallState* state
       e.failure())
     return e;
 
-  const auto bound = prepare_call(state, ordinal);
+  const EnqueueClaim claim(ordinal);  // until the launches below are enqueued
+  const auto bound = prepare_call("ag_matmul", state, claim);
   if (bound.has_error()) return bound.error();
   const GroupBinding& g = *bound.value();
   const AgMatmulLaunch l{op, y->untyped_data(), world > 1 ? gathered->untyped_data() : nullptr, m,

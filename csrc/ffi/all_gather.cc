@@ -32,7 +32,8 @@ ffi::Error AllGatherExecute(hipStream_t stream, int32_t ordinal, CallState* stat
     return ffi::Error::InvalidArgument("jax_overlap all_gather: result must be world times x's size, same dtype");
   if (world < 2) return ffi::Error::InvalidArgument("jax_overlap all_gather: needs a group of 2 or more");
 
-  const auto bound = prepare_call(state, ordinal);
+  const EnqueueClaim claim(ordinal);  // until the launches below are enqueued
+  const auto bound = prepare_call("all_gather", state, claim);
   if (bound.has_error()) return bound.error();
   const GroupBinding& g = *bound.value();
   AllGatherLaunch l{};

@@ -1,11 +1,18 @@
 #include "ffi/common.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "core/block_scales.h"
 #include "kernels/pipeline_kernels.h"
 #include "kernels/tile_registry.h"
+#include "runtime/faults.h"
 
 namespace jo {
 
@@ -48,10 +55,54 @@ ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t
   return state;
 }
 
-ffi::ErrorOr<const GroupBinding*> bind_call(CallState* state, int32_t ordinal) {
-  if (ordinal < 0 || ordinal >= kMaxLocalDevices)
-    return ffi::Unexpected(ffi::Error::InvalidArgument("jax_overlap: device ordinal " + std::to_string(ordinal) +
-                                                       " out of range"));
+namespace {
+
+// The thread enqueuing on each GPU (EnqueueClaim), 0 when none.
+std::atomic<uint64_t> g_enqueuer[kMaxLocalDevices];
+
+uint64_t this_thread() {
+  static thread_local const uint64_t tid = static_cast<uint64_t>(syscall(SYS_gettid));
+  return tid;
+}
+
+}  // namespace
+
+EnqueueClaim::EnqueueClaim(int32_t ordinal) : ordinal_(ordinal), thread_(this_thread()), holder_(0) {
+  if (ordinal < 0 || ordinal >= kMaxLocalDevices) return;  // status() says so
+  uint64_t held = 0;
+  if (!g_enqueuer[ordinal].compare_exchange_strong(held, thread_, std::memory_order_acquire,
+                                                   std::memory_order_relaxed)) {
+    holder_ = held;
+    return;
+  }
+  // Fault "enqueue_hold_ms=<ms>": hold the claim that long (tests/gpu/scenarios/threads.py: a second thread's
+  // call meets it).
+  if (const int64_t ms = faults::value("enqueue_hold_ms", 0); ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+EnqueueClaim::~EnqueueClaim() {
+  if (ordinal_ >= 0 && ordinal_ < kMaxLocalDevices && holder_ == 0)
+    g_enqueuer[ordinal_].store(0, std::memory_order_release);
+}
+
+ffi::Error EnqueueClaim::status(const char* op) const {
+  if (ordinal_ < 0 || ordinal_ >= kMaxLocalDevices)
+    return invalid_argument(op, "device ordinal", "0 to " + std::to_string(kMaxLocalDevices - 1),
+                            std::to_string(ordinal_));
+  if (holder_ == 0) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                    std::string("jax_overlap ") + op + ": host thread " + std::to_string(thread_) +
+                        " ran a call on GPU " + std::to_string(ordinal_) + " while thread " +
+                        std::to_string(holder_) +
+                        " was enqueuing another there; calls with peers must reach each GPU one at a time, in the "
+                        "same order on every rank (docs/protocol.md, \"Host threads\"): call such programs from "
+                        "one thread, or serialize the threads that call them");
+}
+
+ffi::ErrorOr<const GroupBinding*> bind_call(const char* op, CallState* state, const EnqueueClaim& claim) {
+  if (auto e = claim.status(op); e.failure()) return ffi::Unexpected(std::move(e));
+  const int32_t ordinal = claim.ordinal();
   // Checked before the binding is touched: after shutdown() it points at freed memory.
   if (auto e = check_generation(state->generation); e.failure()) return ffi::Unexpected(std::move(e));
   GroupBinding& binding = state->bindings[ordinal];
@@ -65,8 +116,8 @@ ffi::ErrorOr<const GroupBinding*> bind_call(CallState* state, int32_t ordinal) {
   return &binding;
 }
 
-ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal) {
-  const auto bound = bind_call(state, ordinal);
+ffi::ErrorOr<const GroupBinding*> prepare_call(const char* op, CallState* state, const EnqueueClaim& claim) {
+  const auto bound = bind_call(op, state, claim);
   if (bound.has_error()) return ffi::Unexpected(bound.error());
   if (auto e = recorded_error(*bound.value()->ws); e.failure()) return ffi::Unexpected(std::move(e));
   return bound.value();
@@ -139,9 +190,10 @@ namespace {
 bool is_e5m2(DType t) { return t == DType::kF8E5M2 || t == DType::kF8E5M2FNUZ; }
 bool is_fnuz(DType t) { return t == DType::kF8E4M3FNUZ || t == DType::kF8E5M2FNUZ; }
 
-// The element types of a call whose x has dtype `x` (checked as an operand), or the error naming what is not.
-ffi::ErrorOr<GemmTypes> check_types(const char* op, DType x, const GemmArgs& a, const ffi::AnyBuffer& y,
-                                    std::initializer_list<const ffi::AnyBuffer*> like_x) {
+// The element types of a call whose x has dtype `x` (checked as an operand) and whose attributes give its scales
+// `mode`, or the error naming what is not.
+ffi::ErrorOr<GemmTypes> check_types(const char* op, DType x, ScaleMode mode, const GemmArgs& a,
+                                    const ffi::AnyBuffer& y, std::initializer_list<const ffi::AnyBuffer*> like_x) {
   const auto fail = [&](const char* name, const std::string& expected, ffi::DataType got) {
     return ffi::Unexpected(invalid_argument(op, name, expected, data_type_name(got)));
   };
@@ -151,6 +203,9 @@ ffi::ErrorOr<GemmTypes> check_types(const char* op, DType x, const GemmArgs& a, 
       return fail("dtype of the gathered x", x_name, r->element_type());
   const bool has_bias = a.bias.element_count() != 0;
   if (!is_fp8(x)) {
+    if (mode != ScaleMode::kNone)
+      return ffi::Unexpected(invalid_argument(op, "scaling mode (config)", describe_scale_mode(ScaleMode::kNone) +
+                                              " with " + x_name + " operands", describe_scale_mode(mode)));
     if (dtype_of(a.w.element_type()) != x) return fail("dtype of w", x_name + " (x's)", a.w.element_type());
     if (has_bias && dtype_of(a.bias.element_type()) != x) return fail("dtype of bias", x_name, a.bias.element_type());
     if (dtype_of(y.element_type()) != x) return fail("dtype of y", x_name, y.element_type());
@@ -163,6 +218,12 @@ ffi::ErrorOr<GemmTypes> check_types(const char* op, DType x, const GemmArgs& a, 
   if (a.x_scale == nullptr)
     return ffi::Unexpected(invalid_argument(op, "dtype of x", "bfloat16 or float16 (the fused kernels take no float8)",
                                             x_name));
+  if (mode == ScaleMode::kNone)
+    return ffi::Unexpected(invalid_argument(op, "scaling mode (config)",
+                                            describe_scale_mode(ScaleMode::kTensor) + " or " +
+                                                describe_scale_mode(ScaleMode::kBlock) + " with " + x_name +
+                                                " operands",
+                                            describe_scale_mode(mode)));
   const auto w = dtype_of(a.w.element_type());
   if (!w || !is_fp8(*w) || is_fnuz(*w) != is_fnuz(x))
     return fail("dtype of w", std::string("a float8 format of x's kind (") + (is_fnuz(x) ? "fnuz" : "OCP") + ")",
@@ -179,12 +240,13 @@ ffi::ErrorOr<GemmTypes> check_types(const char* op, DType x, const GemmArgs& a, 
   for (const ffi::AnyBuffer* scale : {a.x_scale, a.w_scale})
     if (scale->element_type() != ffi::DataType::F32)
       return fail("dtype of scales", "float32 with float8 operands", scale->element_type());
-  // w's block scales are never one float (at least 4: core/block_scales.h), so one float is a tensor scale;
-  // check_gemm checks block scales' counts against the shapes.
-  const bool blocks = a.w_scale->element_count() != 1;
-  if (!blocks && a.x_scale->element_count() != 1)
-    return ffi::Unexpected(invalid_argument(op, "x_scale", "float32 [1] with a tensor-scaled w (w_scale [1])",
-                                            dims_str(a.x_scale->dimensions())));
+  // Block scales' counts depend on the shapes: check_gemm checks them.
+  const bool blocks = mode == ScaleMode::kBlock;
+  if (!blocks)
+    for (const auto& [name, scale] : {std::pair{"x_scale", a.x_scale}, std::pair{"w_scale", a.w_scale}})
+      if (scale->element_count() != 1)
+        return ffi::Unexpected(invalid_argument(op, name, "float32 [1] (scaling mode tensor)",
+                                                dims_str(scale->dimensions())));
   return GemmTypes{x, *w, *out, *bias, true, blocks};
 }
 
@@ -199,8 +261,7 @@ ffi::Error check_block_scales(const char* op, const GemmArgs& a, int64_t batch, 
   if (!w_kmajor) return invalid_argument(op, "layout of w", "[n, k] (w_kmajor) with float8 block scales", "[k, n]");
   const auto scales = [&](const char* name, const ffi::AnyBuffer& s, int64_t want, const char* layout) {
     if (static_cast<int64_t>(s.element_count()) == want) return ffi::Error::Success();
-    return invalid_argument(op, name, "[1] (a tensor scale) or " + std::to_string(want) + " block scales (" + layout +
-                                          ")",
+    return invalid_argument(op, name, std::to_string(want) + " block scales (" + layout + ", scaling mode block)",
                             dims_str(s.dimensions()) + " (" + std::to_string(s.element_count()) + ")");
   };
   if (auto e = scales("x_scale", *a.x_scale, x_block_scales(batch * m, k), "[k/128][rows of x]"); e.failure())
@@ -212,13 +273,19 @@ ffi::Error check_block_scales(const char* op, const GemmArgs& a, int64_t batch, 
 
 ffi::ErrorOr<GemmProblem> check_gemm(const char* op, const GemmArgs& a, const ffi::AnyBuffer& y,
                                      std::initializer_list<const ffi::AnyBuffer*> like_x, bool w_kmajor,
-                                     bool fast_accumulation) {
+                                     int64_t scaling, bool fast_accumulation) {
   // Strings only on the error path: this runs on every call.
+  ScaleMode mode;
+  if (!scale_mode_of(scaling, &mode)) {
+    std::string modes;
+    for (ScaleMode m : kScaleModes) modes += (modes.empty() ? "" : ", ") + describe_scale_mode(m);
+    return ffi::Unexpected(invalid_argument(op, "scaling mode (config)", "one of " + modes, std::to_string(scaling)));
+  }
   const auto dtype = dtype_of(a.x.element_type());
   if (!dtype || !is_operand(*dtype))
     return ffi::Unexpected(invalid_argument(op, "dtype of x", dtype_choices([](DType t) { return is_operand(t); }),
                                             data_type_name(a.x.element_type())));
-  auto types = check_types(op, *dtype, a, y, like_x);
+  auto types = check_types(op, *dtype, mode, a, y, like_x);
   if (types.has_error()) return ffi::Unexpected(types.error());
   if (fast_accumulation) {
     if (!types.value().scaled || types.value().blocks) {
@@ -286,7 +353,8 @@ ffi::ErrorOr<LocalCall> local_call(const char* op, OpKind kind, const ffi::AnyBu
                                    const FusedConfig& config, int32_t ordinal) {
   if (auto e = check_generation(static_cast<uint64_t>(config.generation)); e.failure())
     return ffi::Unexpected(std::move(e));
-  const auto checked = check_gemm(op, GemmArgs{x, w, bias, nullptr, nullptr}, out, {}, config.w_kmajor != 0);
+  const auto checked = check_gemm(op, GemmArgs{x, w, bias, nullptr, nullptr}, out, {}, config.w_kmajor != 0,
+                                  static_cast<int64_t>(ScaleMode::kNone));
   if (checked.has_error()) return ffi::Unexpected(checked.error());
   const GemmProblem& p = checked.value();
   if (auto e = check_elements(op, "result y", out, p.batch * p.rows * p.n); e.failure())

@@ -11,6 +11,7 @@
 
 #include "core/dtype.h"
 #include "core/gemm_problem.h"
+#include "core/scale_mode.h"
 #include "kernels/params.h"
 #include "runtime/runtime.h"
 #include "xla/ffi/api/ffi.h"
@@ -45,6 +46,7 @@ struct RegionConfig {
 // "stages" attribute.
 struct PipelinedConfig {
   int64_t w_kmajor;
+  int64_t scaling;            // ScaleMode of x_scale and w_scale
   int64_t fast_accumulation;  // GemmTypes::fast_accumulation
   int64_t x_scale_shared;     // pipelined::Operands::x_scale_shared
   int64_t region_offset;
@@ -55,10 +57,40 @@ struct PipelinedConfig {
 
 inline constexpr int kMaxLocalDevices = 64;
 
+// One enqueuer per GPU (docs/protocol.md, "Host threads"). A call with peers
+// takes its region's epoch (EpochCounter::next) and binds its CallState with
+// plain host writes, right only while no two host threads run such calls'
+// execute handlers on one GPU at once. XLA holds to that when each GPU's
+// programs are dispatched one at a time (PjRt runs a program of several local
+// GPUs on each GPU's own execute thread, and a program of one GPU on the
+// thread that called it); two Python threads calling such programs on one GPU
+// at once do not. An execute claims its GPU for its length: a second claim
+// meanwhile fails, and its call is refused naming both threads. The claim is
+// one atomic compare-exchange (acquire) and one store (release), so calls that
+// follow each other from different threads also see each other's writes; no
+// lock, no allocation.
+class EnqueueClaim {
+ public:
+  explicit EnqueueClaim(int32_t ordinal);
+  ~EnqueueClaim();
+  EnqueueClaim(const EnqueueClaim&) = delete;
+  EnqueueClaim& operator=(const EnqueueClaim&) = delete;
+
+  int32_t ordinal() const { return ordinal_; }
+  // Success when this thread holds its GPU; else the error naming `op`, this thread and the one that held it.
+  ffi::Error status(const char* op) const;
+
+ private:
+  int32_t ordinal_;
+  uint64_t thread_;  // this thread (its Linux thread id)
+  uint64_t holder_;  // the thread that held the GPU when this one claimed it; 0: none (claimed)
+};
+
 // FFI state of one custom call in one executable. Made in the instantiate
 // stage. One executable can serve every GPU of the process (one SPMD program),
 // so the state binds per device ordinal, on that device's first execute (the
-// ordinal is known there); each slot is touched only by its device's execute.
+// ordinal is known there); each slot is touched only by its device's execute,
+// under its EnqueueClaim.
 struct CallState {
   static ffi::TypeId id;
   std::vector<int64_t> groups;  // global device ids, groups concatenated, each in rank order
@@ -93,13 +125,14 @@ struct RegionPlacement {
 ffi::ErrorOr<std::unique_ptr<CallState>> make_call_state(ffi::Span<const int64_t> groups, int64_t world,
                                                           const RegionPlacement& region);
 
-// This device's binding of `state`, made on first use; fails when the call was
-// lowered before jax_overlap.shutdown() freed its workspace.
-ffi::ErrorOr<const GroupBinding*> bind_call(CallState* state, int32_t ordinal);
+// The binding of `state` on the claimed GPU, made on first use; fails when the
+// claim failed (another thread is enqueuing there) or the call was lowered
+// before jax_overlap.shutdown() freed its workspace.
+ffi::ErrorOr<const GroupBinding*> bind_call(const char* op, CallState* state, const EnqueueClaim& claim);
 // The GPU's watchdog record as an error (sticky until clear_errors()), or success.
 ffi::Error recorded_error(const Workspace& ws);
 // bind_call, and an error when this GPU's watchdog fired earlier (recorded_error).
-ffi::ErrorOr<const GroupBinding*> prepare_call(CallState* state, int32_t ordinal);
+ffi::ErrorOr<const GroupBinding*> prepare_call(const char* op, CallState* state, const EnqueueClaim& claim);
 
 // XLA's data type of each DType.
 ffi::DataType ffi_data_type(DType t);
@@ -129,17 +162,18 @@ struct GemmArgs {
 // [..., m, k], w is 2-D and contracts with x ([k, n], or [n, k] with
 // w_kmajor); bias is empty or [n]; k and n are whole 16-byte vectors of x.
 // Types: 16-bit x with w, bias, y and the `like_x` results in its dtype, the
-// scales (if taken) empty; or float8 x and w (not both e5m2, OCP or fnuz
-// alike), each scale f32[1], y bfloat16, float16 or float32, the bias y's
-// dtype or float32, the `like_x` results (gathered x) in x's dtype. Block
-// scales (core/block_scales.h; types.blocks) instead of f32[1]: x_scale
-// batch * m * k/128 floats, w_scale n/128 * round_up(k/128, 4), k and n
-// multiples of 128, w K-major. fast_accumulation (GemmTypes): tensor-scaled
-// float8 only. The call's problem: x's leading dims as its batch, m as its
-// rows, dense, no alignment.
+// scales (if taken) empty, `scaling` ScaleMode::kNone; or float8 x and w (not
+// both e5m2, OCP or fnuz alike), y bfloat16, float16 or float32, the bias y's
+// dtype or float32, the `like_x` results (gathered x) in x's dtype, and the
+// scales as `scaling` (the call's attribute, a ScaleMode) says: kTensor, each
+// f32[1]; kBlock (core/block_scales.h; types.blocks), x_scale batch * m * k/128
+// floats, w_scale n/128 * round_up(k/128, 4), k and n multiples of 128, w
+// K-major. fast_accumulation (GemmTypes): tensor-scaled float8 only. The
+// call's problem: x's leading dims as its batch, m as its rows, dense, no
+// alignment.
 ffi::ErrorOr<GemmProblem> check_gemm(const char* op, const GemmArgs& args, const ffi::AnyBuffer& y,
                                      std::initializer_list<const ffi::AnyBuffer*> like_x, bool w_kmajor,
-                                     bool fast_accumulation = false);
+                                     int64_t scaling, bool fast_accumulation = false);
 
 // The fused kernels' operands of a checked call, with its tile and movers.
 GemmOperands fused_operands(const GemmProblem& problem, const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
@@ -202,6 +236,7 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::RegionConfig, ::xla::ffi::StructMemb
                                       ::xla::ffi::StructMember<int64_t>("site"),
                                       ::xla::ffi::StructMember<int64_t>("generation"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jo::PipelinedConfig, ::xla::ffi::StructMember<int64_t>("w_kmajor"),
+                                      ::xla::ffi::StructMember<int64_t>("scaling"),
                                       ::xla::ffi::StructMember<int64_t>("fast_accumulation"),
                                       ::xla::ffi::StructMember<int64_t>("x_scale_shared"),
                                       ::xla::ffi::StructMember<int64_t>("region_offset"),

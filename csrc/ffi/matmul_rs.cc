@@ -20,7 +20,8 @@ ffi::ErrorOr<std::unique_ptr<CallState>> MatmulRsInstantiate(FusedConfig config,
 ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state, ffi::AnyBuffer x,
                            ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out,
                            FusedConfig config, ffi::Span<const int64_t> /*groups*/, int64_t world) {
-  const auto checked = check_gemm("matmul_rs", GemmArgs{x, w, bias, nullptr, nullptr}, *out, {}, config.w_kmajor != 0);
+  const auto checked = check_gemm("matmul_rs", GemmArgs{x, w, bias, nullptr, nullptr}, *out, {}, config.w_kmajor != 0,
+                                  static_cast<int64_t>(ScaleMode::kNone));
   if (checked.has_error()) return checked.error();
   const GemmProblem& p = checked.value();
   const GemmOperands op = fused_operands(p, x, w, bias, config.tile, config.comm_workgroups);
@@ -29,8 +30,16 @@ ffi::Error MatmulRsExecute(hipStream_t stream, int32_t ordinal, CallState* state
     return invalid_argument("matmul_rs", "rows of x", "a multiple of the group size " + std::to_string(world),
                             std::to_string(m_total));
   if (auto e = check_elements("matmul_rs", "result", *out, op.batch * (m_total / world) * op.n); e.failure()) return e;
+  // The kernel stages each rank's partial in the result's dtype, where float16 makes a partial past 65504 inf
+  // while the sum is in range (core/dtype.h partial_dtype); planning.eligible declines such calls.
+  if (world > 1 && partial_dtype(p.types.out) != p.types.out)
+    return invalid_argument("matmul_rs", "dtype of the result with peers",
+                            "bfloat16 (the fused kernel stages partials in the result's dtype; the pipelined "
+                            "algorithm stages float16's in float32)",
+                            dtype_name(p.types.out));
 
-  const auto bound = prepare_call(state, ordinal);
+  const EnqueueClaim claim(ordinal);  // until the launches below are enqueued
+  const auto bound = prepare_call("matmul_rs", state, claim);
   if (bound.has_error()) return bound.error();
   const GroupBinding& g = *bound.value();
   const MatmulRsLaunch l{op, out->untyped_data(), m_total, call_context(*state, g, OpKind::kMatmulRs)};

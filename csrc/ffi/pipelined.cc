@@ -58,9 +58,9 @@ ffi::ErrorOr<std::unique_ptr<CallState>> MatmulRsPipelinedInstantiate(PipelinedC
 // on block scales and its scratch size checked.
 ffi::ErrorOr<pipelined::Operands> operands(const char* name, OpKind kind, const GemmArgs& args,
                                            const ffi::AnyBuffer& y, std::initializer_list<const ffi::AnyBuffer*> like_x,
-                                           const ffi::AnyBuffer& scratch, bool w_kmajor, bool fast_accumulation,
-                                           int world) {
-  const auto checked = check_gemm(name, args, y, like_x, w_kmajor, fast_accumulation);
+                                           const ffi::AnyBuffer& scratch, bool w_kmajor, int64_t scaling,
+                                           bool fast_accumulation, int world) {
+  const auto checked = check_gemm(name, args, y, like_x, w_kmajor, scaling, fast_accumulation);
   if (checked.has_error()) return ffi::Unexpected(checked.error());
   const Status blocks = pipelined::check_block_scales(kind, world, checked.value());
   if (!blocks.ok()) return ffi::Unexpected(ffi::Error::InvalidArgument(blocks.message));
@@ -76,8 +76,8 @@ ffi::ErrorOr<pipelined::Operands> operands(const char* name, OpKind kind, const 
   op.out = y.untyped_data();
   op.scratch = scratch.untyped_data();
   const GemmProblem& g = op.gemm;
-  const uint64_t want = pipelined::scratch_bytes(kind, world, g.batch, g.rows, g.n, element_bytes(g.types.out),
-                                                 /*loopback=*/false);
+  const uint64_t want = pipelined::scratch_bytes(kind, world, g.batch, g.rows, g.n,
+                                                 element_bytes(partial_dtype(g.types.out)), /*loopback=*/false);
   if (scratch.size_bytes() != want)
     return ffi::Unexpected(
         invalid_argument(name, "scratch", std::to_string(want) + " bytes", std::to_string(scratch.size_bytes())));
@@ -92,7 +92,8 @@ ffi::Error run(const char* name, OpKind kind, hipStream_t stream, int32_t ordina
                pipelined::Operands& op) {
   op.stages = state->stages.data();
   op.stage_count = static_cast<int>(state->stages.size());
-  const auto bound = bind_call(state, ordinal);
+  const EnqueueClaim claim(ordinal);  // until run_call returns
+  const auto bound = bind_call(name, state, claim);
   if (bound.has_error()) return bound.error();
   const GroupBinding& g = *bound.value();
   pipelined::Context ctx{};
@@ -126,7 +127,8 @@ ffi::Error AgMatmulPipelinedExecute(hipStream_t stream, int32_t ordinal, CallSta
                                     ffi::Span<const int64_t> /*groups*/, int64_t world,
                                     ffi::Span<const int64_t> /*stages*/) {
   auto op = operands("ag_matmul", OpKind::kAgMatmul, GemmArgs{x, w, bias, &x_scale, &w_scale}, *y, {&*gathered},
-                     *scratch, config.w_kmajor != 0, config.fast_accumulation != 0, static_cast<int>(world));
+                     *scratch, config.w_kmajor != 0, config.scaling, config.fast_accumulation != 0,
+                     static_cast<int>(world));
   if (op.has_error()) return op.error();
   pipelined::Operands& o = op.value();
   const GemmProblem& g = o.gemm;
@@ -154,7 +156,7 @@ ffi::Error MatmulRsPipelinedExecute(hipStream_t stream, int32_t ordinal, CallSta
                                     ffi::Span<const int64_t> /*groups*/, int64_t world,
                                     ffi::Span<const int64_t> /*stages*/) {
   auto op = operands("matmul_rs", OpKind::kMatmulRs, GemmArgs{x, w, bias, &x_scale, &w_scale}, *out, {}, *scratch,
-                     config.w_kmajor != 0, config.fast_accumulation != 0, static_cast<int>(world));
+                     config.w_kmajor != 0, config.scaling, config.fast_accumulation != 0, static_cast<int>(world));
   if (op.has_error()) return op.error();
   pipelined::Operands& o = op.value();
   const GemmProblem& g = o.gemm;
@@ -213,9 +215,10 @@ std::atomic<bool> g_count_vendor_gemm_runs{false};
 
 // The checks of a call not checked before: its operands, its plan.
 ffi::Error check_vendor_gemm(int32_t ordinal, const GemmArgs& args, const ffi::AnyBuffer& y,
-                             const ffi::AnyBuffer& scratch, int64_t w_kmajor, int64_t fast_accumulation,
-                             CheckedGemm* out) {
-  auto op = operands("vendor_gemm", OpKind::kAgMatmul, args, y, {}, scratch, w_kmajor != 0, fast_accumulation != 0, 1);
+                             const ffi::AnyBuffer& scratch, int64_t w_kmajor, int64_t scaling,
+                             int64_t fast_accumulation, CheckedGemm* out) {
+  auto op = operands("vendor_gemm", OpKind::kAgMatmul, args, y, {}, scratch, w_kmajor != 0, scaling,
+                     fast_accumulation != 0, 1);
   if (op.has_error()) return op.error();
   const pipelined::Operands& o = op.value();
   if (auto e = check_elements("vendor_gemm", "result y", y, o.gemm.batch * o.gemm.rows * o.gemm.n); e.failure())
@@ -239,13 +242,14 @@ ffi::Error check_vendor_gemm(int32_t ordinal, const GemmArgs& args, const ffi::A
 ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                              ffi::AnyBuffer bias, ffi::AnyBuffer x_scale, ffi::AnyBuffer w_scale,
                              ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> scratch, int64_t w_kmajor,
-                             int64_t fast_accumulation) {
+                             int64_t scaling, int64_t fast_accumulation) {
   const bool counting = g_count_vendor_gemm_runs.load(std::memory_order_relaxed);
   const auto started = counting ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   const bool has_bias = bias.element_count() != 0;
   VendorGemmKey key;
   key.push(ordinal);
   key.push(w_kmajor);
+  key.push(scaling);
   key.push(fast_accumulation);
   key.push(blas::alignment_of({x.untyped_data(), w.untyped_data(), has_bias ? bias.untyped_data() : nullptr,
                                y->untyped_data()}));
@@ -259,7 +263,7 @@ ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer
   if (call == nullptr) {
     auto checked = std::make_unique<CheckedGemm>();
     if (auto e = check_vendor_gemm(ordinal, GemmArgs{x, w, bias, &x_scale, &w_scale}, *y, *scratch, w_kmajor,
-                                   fast_accumulation, checked.get());
+                                   scaling, fast_accumulation, checked.get());
         e.failure())
       return e;
     checked->key = key;
@@ -273,7 +277,7 @@ ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer
       slot.store(call, std::memory_order_release);
     }
   }
-  const bool scaled = x_scale.element_count() != 0;
+  const bool scaled = scaling != static_cast<int64_t>(ScaleMode::kNone);
   const blas::GemmPointers pointers{x.untyped_data(), w.untyped_data(), has_bias ? bias.untyped_data() : nullptr,
                                     scaled ? static_cast<const float*>(x_scale.untyped_data()) : nullptr,
                                     scaled ? static_cast<const float*>(w_scale.untyped_data()) : nullptr,
@@ -294,7 +298,10 @@ ffi::Error VendorGemmExecute(hipStream_t stream, int32_t ordinal, ffi::AnyBuffer
 }
 
 auto vendor_gemm_binding() {
-  return stream_binding<5, 2>().Attr<int64_t>("w_kmajor").Attr<int64_t>("fast_accumulation");
+  return stream_binding<5, 2>()
+      .Attr<int64_t>("w_kmajor")
+      .Attr<int64_t>("scaling")  // ScaleMode of x_scale and w_scale
+      .Attr<int64_t>("fast_accumulation");
 }
 
 }  // namespace

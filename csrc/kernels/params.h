@@ -89,6 +89,7 @@ struct EpochCounter {
   uint64_t count = 0;
 
   void restart(uint64_t at) { origin = count = at; }
+  // A plain increment: its caller holds the GPU's ffi/common.h EnqueueClaim (one enqueuer per GPU).
   uint64_t next() { return ++count; }
   // Whether the call of `epoch` finds its parity's slots used by the call two
   // epochs before (since the flags were zeroed): then it waits for that call's

@@ -220,9 +220,11 @@ __global__ void mismatch_kernel(const T* got, const T* want, uint64_t elems, flo
 // registers, fewer threads resident) less than one.
 constexpr int kReduceThreads = 256;
 
-template <typename T, typename B>
+// T: the output's type; P: the partials' (partial_dtype(T): as wide or wider), B: the bias's.
+template <typename T, typename P, typename B>
 __global__ void pipeline_reduce_kernel(ReduceArgs a) {
-  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kVec = 16 / sizeof(T);                  // outputs per thread: one 16-byte store
+  constexpr int kLoads = kVec * sizeof(P) / 16;         // 16-byte loads of each partial for them
   const bool aborted = a.abort != nullptr && *static_cast<const volatile uint32_t*>(a.abort) != 0;
   // n is a multiple of kVec: a vector never straddles a row.
   const int64_t vecs = a.rows * a.n / kVec;
@@ -232,17 +234,20 @@ __global__ void pipeline_reduce_kernel(ReduceArgs a) {
     for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vecs; v += step) {
       const int64_t at = v * kVec;
       const int64_t col = at % a.n;
-      gpu::Vec16 raw[kMaxWorld];
+      gpu::Vec16 raw[kMaxWorld][kLoads];
 #pragma unroll
       for (int q = 0; q < kMaxWorld; ++q)
         if (q < a.count)
-          raw[q] = gpu::load16(static_cast<const T*>(a.partials[q]) + b * a.partial_batch_stride[q] + at);
+#pragma unroll
+          for (int l = 0; l < kLoads; ++l)
+            raw[q][l] = gpu::load16(static_cast<const P*>(a.partials[q]) + b * a.partial_batch_stride[q] + at +
+                                    l * (16 / sizeof(P)));
       float acc[kVec] = {};
 #pragma unroll
       for (int q = 0; q < kMaxWorld; ++q) {  // rank order
         if (q >= a.count) break;
-        T vals[kVec];
-        __builtin_memcpy(vals, &raw[q], sizeof(vals));
+        P vals[kVec];
+        __builtin_memcpy(vals, raw[q], sizeof(vals));
 #pragma unroll
         for (int i = 0; i < kVec; ++i) acc[i] += gpu::to_float(vals[i]);
       }
@@ -369,10 +374,17 @@ hipError_t launch_reduce(const ReduceArgs& args, int sm_count, hipStream_t strea
     const int64_t grid_x = std::min((vecs + kReduceThreads - 1) / kReduceThreads,
                                     std::max<int64_t>(4 * static_cast<int64_t>(sm_count) / grid_y, 1));
     const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
-    if (args.bias_dtype == DType::kF32)
-      pipeline_reduce_kernel<T, float><<<grid, kReduceThreads, 0, stream>>>(args);
+    const auto launch = [&](auto partial) {
+      using P = typename decltype(partial)::type;
+      if (args.bias_dtype == DType::kF32)
+        pipeline_reduce_kernel<T, P, float><<<grid, kReduceThreads, 0, stream>>>(args);
+      else
+        pipeline_reduce_kernel<T, P, T><<<grid, kReduceThreads, 0, stream>>>(args);
+    };
+    if (partial_dtype(args.dtype) == DType::kF32)
+      launch(TypeTag<float>{});
     else
-      pipeline_reduce_kernel<T, T><<<grid, kReduceThreads, 0, stream>>>(args);
+      launch(TypeTag<T>{});
     e = hipGetLastError();
   });
   return e;

@@ -172,9 +172,9 @@ hipError_t launch_compare(const void* got, const void* want, uint64_t elems, DTy
 // numerics), the bias (the partials' dtype or float32) added once, NaN
 // everywhere when the watchdog has fired.
 struct ReduceArgs {
-  DType dtype;       // the partials' and out's (bfloat16, float16 or float32)
+  DType dtype;       // out's (bfloat16, float16 or float32)
   DType bias_dtype;  // dtype or float32
-  const void* partials[kMaxWorld];        // [batch][rows][n] each, rows contiguous
+  const void* partials[kMaxWorld];        // [batch][rows][n] each of partial_dtype(dtype), rows contiguous
   int64_t partial_batch_stride[kMaxWorld];  // elements between batch elements
   int count;
   const void* bias;  // [n] or nullptr

@@ -10,6 +10,27 @@
 namespace jo::pipelined {
 namespace {
 
+// The copy engine's path leaves the compute units free, or the build has none: jax_overlap/runtime/workspace.py
+// _copies_on_sms takes "copy_engine" on AMD to mean SDMA, and plans the GEMMs on every CU. On ROCm only
+// hipMemcpyDeviceToDeviceNoCU is SDMA for sure: a plain device-to-device copy may run as a blit kernel on the CUs
+// (rocm-systems #11450), hipMemcpyBatchAsync's device-to-device copies run a shader on them (ROCm/llvm-project
+// #2556) and hipStreamBatchMemOp a blit kernel (rocm-systems #2633), so none of them may stand in for it. HIP
+// headers without the NoCU kind (ROCm < 6.2) leave this path out: the self-test refuses it and the GPU takes the
+// plain device-to-device path, which Python counts as running on the CUs.
+#if JO_PLATFORM_HIP
+constexpr bool kEngineLeavesCusFree = HIP_VERSION >= 60200000;
+#else
+constexpr bool kEngineLeavesCusFree = true;
+#endif
+#if JO_PLATFORM_HIP && HIP_VERSION >= 60200000
+static_assert(gpu::kEngineCopyKind == hipMemcpyDeviceToDeviceNoCU, "the copy engine's path is SDMA on AMD");
+#endif
+
+Status engine_path_refused() {
+  return Status{std::string("jax_overlap: this build has no SDMA copy (its HIP headers lack ") +
+                "hipMemcpyDeviceToDeviceNoCU, ROCm >= 6.2): the copy engine's path would run on the compute units"};
+}
+
 // One piece, at most the cap, on `path`.
 Status enqueue_piece(CopyPath path, char* dst, uint64_t dst_pitch, const char* src, uint64_t src_pitch,
                      uint64_t width, uint64_t height, hipStream_t stream) {
@@ -17,6 +38,7 @@ Status enqueue_piece(CopyPath path, char* dst, uint64_t dst_pitch, const char* s
     JO_RETURN_IF_HIP_ERROR(launch_copy_2d(dst, dst_pitch, src, src_pitch, width, height, stream));
     return {};
   }
+  if (path == CopyPath::kEngine && !kEngineLeavesCusFree) return engine_path_refused();
   const auto kind = path == CopyPath::kEngine ? gpu::kEngineCopyKind : gpu::kPlainCopyKind;
   if (height == 1) {
     JO_RETURN_IF_HIP_ERROR(hipMemcpyAsync(dst, src, width, kind, stream));
@@ -157,6 +179,7 @@ hipError_t fill_copy_pattern(void* area, int64_t owner, hipStream_t stream) {
 Status check_copy_path(CopyPath path, const char* pattern, int64_t owner, char* scratch, hipStream_t stream,
                        double timeout_seconds, uint64_t* wrong_words, bool* stalled) {
   *stalled = false;
+  if (path == CopyPath::kEngine && !kEngineLeavesCusFree) return engine_path_refused();
   uint32_t* wrong = reinterpret_cast<uint32_t*>(scratch + kCopyCheckBytes);
   JO_RETURN_IF_HIP_ERROR(hipMemsetAsync(scratch, kPatternPoison, kCopyCheckBytes, stream));
   JO_RETURN_IF_HIP_ERROR(hipMemsetAsync(wrong, 0, sizeof(uint32_t), stream));

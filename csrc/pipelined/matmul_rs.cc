@@ -10,7 +10,7 @@ namespace {
 
 // The operands' tensors as row ranges, and the call's region in every rank's workspace.
 struct RsCall {
-  int out_bytes;  // the partials' element: y's dtype
+  int partial_bytes;  // the partials' element: partial_dtype(y's dtype)
   int64_t block_rows;
   uint64_t block_bytes;
   ReduceRegion region;
@@ -21,13 +21,13 @@ struct RsCall {
   UnitScales block_scales;
 
   RsCall(const Operands& op, const Context& ctx)
-      : out_bytes(element_bytes(op.gemm.types.out)),
+      : partial_bytes(element_bytes(partial_dtype(op.gemm.types.out))),
         block_rows(op.gemm.rows / ctx.peers.world),
-        block_bytes(static_cast<uint64_t>(op.gemm.batch) * block_rows * op.gemm.n * out_bytes),
+        block_bytes(static_cast<uint64_t>(op.gemm.batch) * block_rows * op.gemm.n * partial_bytes),
         region(ReduceRegion::make(ctx.peers.world,
-                                  static_cast<uint64_t>(op.gemm.batch) * op.gemm.rows * op.gemm.n * out_bytes)),
+                                  static_cast<uint64_t>(op.gemm.batch) * op.gemm.rows * op.gemm.n * partial_bytes)),
         x{static_cast<char*>(const_cast<void*>(op.x)), op.gemm.rows, op.gemm.k, element_bytes(op.gemm.types.x)},
-        partial{nullptr, op.gemm.rows, op.gemm.n, out_bytes},
+        partial{nullptr, op.gemm.rows, op.gemm.n, partial_bytes},
         received(static_cast<char*>(op.scratch) + 2 * blas::kWorkspaceBytes),
         block_scales(op.gemm.types.blocks ? UnitScales{op.x_scale, x_block_scales(block_rows, op.gemm.k)}
                                           : UnitScales{}) {
@@ -39,10 +39,14 @@ struct RsCall {
   char* received_block(int q, int rank) const { return received + (q < rank ? q : q - 1) * block_bytes; }
 };
 
-// Stage j's GEMMs on compute stream j % 2 (with `enqueue` false: only their plans).
+// Stage j's GEMMs on compute stream j % 2 (with `enqueue` false: only their plans): x's rows into the partials,
+// which are of partial_dtype(y's dtype) (core/dtype.h), so their GEMMs write that type.
 Status stage_gemms_of(const Operands& op, const Context& ctx, const RsCall& c, int j, int position, bool enqueue) {
   const UnitRanges units = stage_units(ctx.peers.rank + 1, position, static_cast<int>(op.stages[j]), ctx.peers.world);
-  return stage_gemms(op, ctx, c.x, c.partial, c.block_rows, units, /*bias=*/false, c.block_scales, j % 2, enqueue);
+  Operands staged = op;
+  staged.gemm.types.out = partial_dtype(op.gemm.types.out);
+  return stage_gemms(staged, ctx, c.x, c.partial, c.block_rows, units, /*bias=*/false, c.block_scales, j % 2,
+                     enqueue);
 }
 
 // The reduction of my block on `stream`.
@@ -68,14 +72,14 @@ Status reduce(const Operands& op, const Context& ctx, const RsCall& c, hipStream
 
 }  // namespace
 
-uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t n, int out_bytes) {
-  return ReduceRegion::make(world, static_cast<uint64_t>(batch) * m * n * out_bytes).total;
+uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t n, int partial_bytes) {
+  return ReduceRegion::make(world, static_cast<uint64_t>(batch) * m * n * partial_bytes).total;
 }
 
-uint64_t receive_bytes(int world, int64_t batch, int64_t m, int64_t n, int out_bytes, bool loopback) {
-  const uint64_t block = static_cast<uint64_t>(batch) * (m / world) * n * out_bytes;
+uint64_t receive_bytes(int world, int64_t batch, int64_t m, int64_t n, int partial_bytes, bool loopback) {
+  const uint64_t block = static_cast<uint64_t>(batch) * (m / world) * n * partial_bytes;
   uint64_t bytes = (world - 1) * block;  // the peers' partials of my block
-  if (loopback) bytes += static_cast<uint64_t>(batch) * m * n * out_bytes;  // stand-in staging
+  if (loopback) bytes += static_cast<uint64_t>(batch) * m * n * partial_bytes;  // stand-in staging
   return bytes;
 }
 
@@ -156,10 +160,10 @@ Status enqueue(const Operands& op, const Context& ctx, Progress* progress, hipSt
       JO_RETURN_IF_ERROR(
           wait_flags(ctx, &pulled[i - 1], &stagers[i - 1], 1, ctx.epoch, ctx.site, WaitOn::kPartialReady, s.copy));
       if (i == 1) JO_RETURN_IF_ERROR(pause_if_asked(s.copy));
-      src = c.region.partial(theirs, parity) + rank * c.block_rows * n * c.out_bytes;
+      src = c.region.partial(theirs, parity) + rank * c.block_rows * n * c.partial_bytes;
     }
     JO_RETURN_IF_ERROR(copy_rows(ctx.copy_path, c.received_block(q, rank), c.block_rows * n, src,
-                                 c.partial.batch_stride(), op.gemm.batch, c.block_rows, n, c.out_bytes, s.copy));
+                                 c.partial.batch_stride(), op.gemm.batch, c.block_rows, n, c.partial_bytes, s.copy));
   }
   if (!ctx.loopback) {
     JO_RETURN_IF_ERROR(verify_and_release(ctx, pulled, done, stagers, world - 1, s.copy));

@@ -210,15 +210,16 @@ Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n,
   DeviceScope scope(ordinal);
   JO_RETURN_IF_HIP_ERROR(scope.status());
   const uint64_t elems = static_cast<uint64_t>(rows) * n;
-  const int elem = element_bytes(dtype);
+  const DType partial = partial_dtype(dtype);  // what launch_reduce reads
+  const int elem = element_bytes(partial);
   DeviceBuffer partials, out;
   JO_RETURN_IF_HIP_ERROR(hipMalloc(&partials.p, count * elems * elem));
-  JO_RETURN_IF_HIP_ERROR(hipMalloc(&out.p, elems * elem));
+  JO_RETURN_IF_HIP_ERROR(hipMalloc(&out.p, elems * element_bytes(dtype)));
   int sm_count = 0;
   JO_RETURN_IF_HIP_ERROR(hipDeviceGetAttribute(&sm_count, hipDeviceAttributeMultiprocessorCount, ordinal));
   TimingStream timing;
   JO_RETURN_IF_HIP_ERROR(hipStreamCreateWithFlags(&timing.s, hipStreamNonBlocking));
-  JO_RETURN_IF_HIP_ERROR(launch_fill_random(partials.p, count * elems, dtype, 3, timing.s));
+  JO_RETURN_IF_HIP_ERROR(launch_fill_random(partials.p, count * elems, partial, 3, timing.s));
   ReduceArgs r{};
   r.dtype = dtype;
   r.bias_dtype = dtype;

@@ -35,7 +35,7 @@ Status copy_and_wait(int ordinal, CopyPath path, void* dst, uint64_t dst_pitch, 
                      uint64_t width, uint64_t height, uint64_t max_bytes);
 
 // Median time (us) of matmul_rs's reduction (kernels/pipeline_kernels.h) of
-// `count` partials of [rows, n] of `dtype` (the output's) into one, on random
+// `count` partials of [rows, n] (of partial_dtype(dtype)) into one of `dtype`, on random
 // data, timed back to back as time_gemms times the GEMMs (a call's reduction
 // follows its GEMMs on a busy GPU: no host latency before it).
 Status time_reduce(int ordinal, DType dtype, int count, int64_t rows, int64_t n, int repeats, double* us);

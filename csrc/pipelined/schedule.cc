@@ -245,23 +245,23 @@ void release_done_after(PipeFlag* done, const PipeFlag* after, int peer, FlagAba
   a->done[a->done_count++] = done;
 }
 
-uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n, int out_bytes, bool loopback) {
+uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n, int partial_bytes, bool loopback) {
   if (world <= 1) return blas::kWorkspaceBytes;
   const uint64_t workspaces = 2 * blas::kWorkspaceBytes;  // one per compute stream
   switch (op) {
     case OpKind::kAgMatmul: return workspaces + ag_matmul::kScaleSlotsBytes;
-    case OpKind::kMatmulRs: return workspaces + matmul_rs::receive_bytes(world, batch, m, n, out_bytes, loopback);
+    case OpKind::kMatmulRs: return workspaces + matmul_rs::receive_bytes(world, batch, m, n, partial_bytes, loopback);
     case OpKind::kAllGather: break;
   }
   return 0;
 }
 
 uint64_t region_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int x_bytes,
-                      int out_bytes, bool scaled, bool blocks) {
+                      int partial_bytes, bool scaled, bool blocks) {
   if (world <= 1) return 0;
   switch (op) {
     case OpKind::kAgMatmul: return ag_matmul::region_bytes(world, batch, m, k, x_bytes, scaled, blocks);
-    case OpKind::kMatmulRs: return matmul_rs::region_bytes(world, batch, m, n, out_bytes);
+    case OpKind::kMatmulRs: return matmul_rs::region_bytes(world, batch, m, n, partial_bytes);
     case OpKind::kAllGather: break;
   }
   return 0;

@@ -27,9 +27,10 @@
 // matmul_rs, rank r of T, out = psum_scatter(x @ w) + bias:
 //   compute streams: stages over the row blocks in the order r+1, r+2, ..., r (my own last):
 //                   [wait: the blocks' owners done with staging(e-2)] mark the blocks' ready flags
-//                   rewriting; GEMM the blocks' rows of x into my staging slot (in the output
-//                   dtype; float8: scaled by my own x and w scales; block scales: one GEMM per
-//                   block, each with its block's x scales), release ready(e) per block.
+//                   rewriting; GEMM the blocks' rows of x into my staging slot (in
+//                   partial_dtype(output dtype), core/dtype.h: float32 for float16; float8: scaled
+//                   by my own x and w scales; block scales: one GEMM per block, each with its
+//                   block's x scales), release ready(e) per block.
 //                   A stage of every block is one GEMM of all rows (block scales: one per block).
 //   copy stream:    for q = r-1, r-2, ... (the order in which peers compute my block): wait for
 //                   q's ready(e) of block r, pull it into my receive area; then verify that every
@@ -120,15 +121,15 @@ struct Operands {
   bool x_scale_shared = false;
 };
 
-// Sizes of a call's buffers. x_bytes: x's element; out_bytes: y's (the
-// partials' of matmul_rs); scaled: float8 operands; blocks: with block scales
-// (core/block_scales.h). all_gather has no
+// Sizes of a call's buffers. x_bytes: x's element; partial_bytes: matmul_rs's
+// partials' (element_bytes(partial_dtype(y's dtype)); ag_matmul ignores it); scaled: float8 operands; blocks:
+// with block scales (core/block_scales.h). all_gather has no
 // pipelined schedule: 0 here, an error from check_stages and the enqueues.
 // The XLA scratch result (and, in loopback, matmul_rs's stand-in staging after it):
-uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n, int out_bytes, bool loopback);
+uint64_t scratch_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t n, int partial_bytes, bool loopback);
 // The symmetric region (0 for a group of one):
 uint64_t region_bytes(OpKind op, int world, int64_t batch, int64_t m, int64_t k, int64_t n, int x_bytes,
-                      int out_bytes, bool scaled, bool blocks);
+                      int partial_bytes, bool scaled, bool blocks);
 // The SMs a schedule's GEMMs may take on a GPU of sm_count SMs (0: all): all but JAX_OVERLAP_GEMM_SM_MARGIN
 // (default kGemmSmMargin), left to the kernels that run beside them: the copy stream's flag waits, float8 scale
 // copies and copies within the GPU. A persistent vendor GEMM on every SM holds them off until its last wave.

@@ -147,9 +147,9 @@ void abandon_flags(const Operands& op, const Context& ctx, const Progress& progr
 }  // namespace ag_matmul
 
 namespace matmul_rs {
-uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t n, int out_bytes);
+uint64_t region_bytes(int world, int64_t batch, int64_t m, int64_t n, int partial_bytes);
 // The scratch beyond the compute streams' vendor workspaces.
-uint64_t receive_bytes(int world, int64_t batch, int64_t m, int64_t n, int out_bytes, bool loopback);
+uint64_t receive_bytes(int world, int64_t batch, int64_t m, int64_t n, int partial_bytes, bool loopback);
 // compute[1] only with two stages or more.
 StreamSet streams_used(const Operands& op);
 Status make_plans(const Operands& op, const Context& ctx);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/block_scales.h"
+#include "core/scale_mode.h"
 #include "kernels/fp8_cast.h"
 #include "kernels/params.h"
 #include "kernels/pipeline_kernels.h"
@@ -23,6 +24,9 @@ void bind_contracts(py::module_& m) {
   m.attr("SCALE_BLOCK") = kScaleBlock;
   m.attr("SCALE_ROW_MULTIPLE") = kScaleRowMultiple;
   m.attr("W_SCALE_ROW_ALIGN") = kWScaleRowAlign;
+  py::dict modes;  // the GEMM calls' scaling attribute (core/scale_mode.h), which Scaling.code mirrors
+  for (ScaleMode mode : kScaleModes) modes[scale_mode_name(mode)] = static_cast<int64_t>(mode);
+  m.attr("SCALE_MODES") = modes;
   m.def(
       "transposed_cast_declined",
       [](int64_t rows, int64_t cols) -> py::object {

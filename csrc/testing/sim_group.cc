@@ -202,7 +202,7 @@ Status SimGroup::pipelined(OpKind op, const SimMatmul& c) {
   const GemmTypes& t = c.types;
   JO_RETURN_IF_ERROR(region(op, /*pipelined=*/true,
                             pipelined::region_bytes(op, world_, c.batch, c.m, c.k, c.n, element_bytes(t.x),
-                                                    element_bytes(t.out), t.scaled, t.blocks),
+                                                    element_bytes(partial_dtype(t.out)), t.scaled, t.blocks),
                             &offset));
   JO_RETURN_IF_ERROR(pipelined::check_stages(op, world_, c.stages.data(), static_cast<int>(c.stages.size())));
   bool gathers = false;  // the op fills c.gathered

@@ -38,7 +38,7 @@ from jax_overlap.integration import operands
 from jax_overlap.integration.results import Kind
 from jax_overlap.planning import Choice, Declined, Problem
 from jax_overlap.planning.agreement import DECLINED, choose
-from jax_overlap.quantization import formats
+from jax_overlap.quantization import formats, scaling as scaling_modes
 from jax_overlap.runtime import backend, settings, workspace
 from jax_overlap.runtime.errors import WorkspaceFullError
 
@@ -154,13 +154,14 @@ def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: operands.Ge
   args, avals_in = operands.gemm_operands(ctx, call, bias_after, x_groups)
   y_aval = ctx.avals_out[0].update(dtype=np.dtype(np.float32) if bias_after else call.out_dtype)
   scratch = _u8(machine.native.pipelined_scratch_bytes(op.name, problem.world, problem.batch, problem.m, problem.n,
-                                                       formats.itemsize(problem.out_dtype)))
+                                                       formats.partial(problem.out_dtype).itemsize))
   if problem.world == 1:
     log.debug("jax_overlap.%s: pipelined, a group of one: the vendor GEMM", op.name)
     sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, scratch])
     # In XLA's command buffers only where the vendor GEMM passed its capture check (planning/decision.py _vendor_blas).
     target = machine.target("vendor_gemm" if machine.native.vendor_gemm_graph_safe() else "vendor_gemm_no_graph")
     y = jax.ffi.ffi_lowering(target)(sub_ctx, *args, w_kmajor=np.int64(problem.w_kmajor),
+                                     scaling=np.int64(scaling_modes.code(problem.scaling)),
                                      fast_accumulation=np.int64(problem.fast_accumulation))[0]
     return op.results.of_one(operands.finished(ctx, call, y, y_aval, bias_after), call.values.x,
                              lambda i: operands.own_gathered_scales(ctx, call, ctx.avals_out[i]), call.scaled)
@@ -176,7 +177,8 @@ def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: operands.Ge
     if call.scaled:
       between[1] = operands.flat_scales_aval(ctx.avals_out[kinds.index(Kind.GATHERED_SCALES)])
   sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, *between, scratch])
-  config_attr = {"w_kmajor": np.int64(problem.w_kmajor), "fast_accumulation": np.int64(problem.fast_accumulation),
+  config_attr = {"w_kmajor": np.int64(problem.w_kmajor), "scaling": np.int64(scaling_modes.code(problem.scaling)),
+                 "fast_accumulation": np.int64(problem.fast_accumulation),
                  "x_scale_shared": np.int64(problem.x_scale_shared), "region_offset": np.int64(choice.offset),
                  "region_bytes": np.int64(region_bytes), "site": np.int64(_site(ctx, region_key)),
                  "generation": np.int64(workspace.generation())}

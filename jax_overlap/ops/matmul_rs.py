@@ -8,7 +8,7 @@ the XLA path (on_shards).
 
 Float8 operands add their scales after the bias (primitive param `scaling`:
 their Scaling): each rank's partial is its product scaled by its own scales,
-staged in out_dtype, and z is in out_dtype. Block scales (x_scale
+staged in formats.partial(out_dtype), and z is in out_dtype. Block scales (x_scale
 [..., M, k/128] of the local k, w_scale of w's 128x128 tiles) scale it alike.
 """
 
@@ -31,6 +31,7 @@ from jax_overlap.integration.operands import operands, split_operands
 from jax_overlap.ops import reference as ref
 from jax_overlap.ops.op import Arguments, Backward, Op, PlanningFigures, Rules, Sharding, XlaPath
 from jax_overlap.planning import pipelined
+from jax_overlap.quantization import formats
 from jax_overlap.quantization.scaling import mode
 
 log = logging.getLogger("jax_overlap")
@@ -71,7 +72,7 @@ def reference(x, w, bias=None, scales=None, *, axis_name=None, w_kmajor: bool = 
   """The XLA decomposition: psum_scatter(x @ w, scatter, tiled) + bias, summed as the GPU algorithms do
   (ops/reference.py); scatter == -1 (the output columns) adds this rank's block of the bias. axis_name None: the
   local product. scales: the Scales of float8 operands, this rank's; out_dtype: the result's dtype name
-  (None: x's), which the partials are staged in."""
+  (None: x's); the partials are staged in formats.partial(out_dtype)."""
   out_dtype = out_dtype or x.dtype
   contract = w.ndim - 1
   acc = ref.local_matmul(x, w, w_kmajor=w_kmajor, contract=contract, scales=scales)
@@ -80,13 +81,14 @@ def reference(x, w, bias=None, scales=None, *, axis_name=None, w_kmajor: bool = 
   if scatter == -1 and bias is not None:
     n = acc.shape[-1] // ref.group_size(axis_name)
     bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(axis_name) * n, n)
-  return ref.reduce_scatter(acc.astype(out_dtype), axis_name, scatter, bias)
+  return ref.reduce_scatter(acc.astype(formats.partial(out_dtype)), axis_name, scatter, bias, out_dtype)
 
 
 def reference_all_reduce(x, w, bias=None, scales=None, *, axis_name, w_kmajor: bool = False, out_dtype=None):
   """psum(x @ w) + bias: the reduction without the scatter, summed as reference's is."""
+  out_dtype = out_dtype or x.dtype
   acc = ref.local_matmul(x, w, w_kmajor=w_kmajor, contract=w.ndim - 1, scales=scales)
-  return ref.all_reduce(acc.astype(out_dtype or x.dtype), axis_name, bias)
+  return ref.all_reduce(acc.astype(formats.partial(out_dtype)), axis_name, bias, out_dtype)
 
 
 def global_results(results, scales):

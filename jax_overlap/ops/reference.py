@@ -6,16 +6,18 @@ backward passes use it so that w is never transposed in memory.
 
 Numerics follow the GPU algorithms: products accumulate in float32 (float64 for
 float64), the bias is added in that type and the sum is rounded once to x's
-dtype. A reduction over the group rounds each rank's partial product to x's
-dtype (what the kernels exchange), moves the partials with an all-to-all (the
-bytes of a reduce-scatter), and sums them locally in float32 in rank order,
-adding the bias once, with one rounding: bitwise the GPU paths' reduction of the
-same partials. XLA's own reduce-scatter would sum the rounded partials in x's
-dtype, rounding at every step: with bfloat16 that failed Transformer Engine's
-collective-GEMM tolerance (rtol 1e-2, atol 0.125) on 5 of 1M elements.
+dtype. A reduction over the group rounds each rank's partial product to
+formats.partial(x's dtype) (what the kernels exchange: float32 for float16, whose
+65504 a partial may pass where the sum does not), moves the partials with an
+all-to-all (the bytes of a reduce-scatter), and sums them locally in float32 in
+rank order, adding the bias once, with one rounding: bitwise the GPU paths'
+reduction of the same partials. XLA's own reduce-scatter would sum the rounded
+partials in x's dtype, rounding at every step: with bfloat16 that failed
+Transformer Engine's collective-GEMM tolerance (rtol 1e-2, atol 0.125) on 5 of
+1M elements.
 
 Float8 operands come with their Scales and the result in out_dtype, which
-takes x's dtype's place above: partials are staged and rounded in it. Their
+takes x's dtype's place above. Their
 products are the dequantized operands' (quantization/numerics.py), one dot per
 gathered shard of tensor-scaled x (rows of different scales), the form XLA
 rewrites into its fp8 GEMM, at the precision that gives its accumulation
@@ -83,24 +85,20 @@ def group_size(axis_name) -> int:
   return math.prod(lax.axis_size(a) for a in names)
 
 
-def reduce_scatter(partial, axis_name, dim: int, bias=None):
-  """psum_scatter(partial, dim, tiled) + bias, summed as the GPU algorithms do (module docstring).
-
-  partial is this rank's product in x's dtype; dim is negative. Each rank's block
-  of dim comes back from every rank (the all-to-all), and the blocks are added
-  in rank order: ((p0 + p1) + p2) + ..., with no reassociation (XLA keeps the
-  order of floating-point adds).
-  """
+def reduce_scatter(partial, axis_name, dim: int, bias=None, dtype=None):
+  """psum_scatter(partial, dim, tiled) + bias in `dtype` (None: partial's), summed as the GPU algorithms do
+  (module docstring): the blocks added in rank order, ((p0 + p1) + p2) + ..., which XLA does not reassociate.
+  dim is negative."""
   size, axis = group_size(axis_name), partial.ndim + dim
   blocks = partial.reshape(*partial.shape[:axis], size, partial.shape[axis] // size, *partial.shape[axis + 1:])
   blocks = lax.all_to_all(blocks, axis_name, axis, axis, tiled=True)
   acc = lax.index_in_dim(blocks, 0, axis, keepdims=False).astype(formats.accumulator(partial.dtype))
   for rank in range(1, size):
     acc = acc + lax.index_in_dim(blocks, rank, axis, keepdims=False).astype(acc.dtype)
-  return finish(acc, bias, partial.dtype)
+  return finish(acc, bias, dtype or partial.dtype)
 
 
-def all_reduce(partial, axis_name, bias=None):
+def all_reduce(partial, axis_name, bias=None, dtype=None):
   """psum(partial) + bias with reduce_scatter's numerics: the all-reduce as a reduce-scatter of the flattened
   partial (padded to a multiple of the group) and an all-gather of the rounded sums, so the same bytes as a
   ring all-reduce cross the links, and every element equals what a scatter plan would give it."""
@@ -111,7 +109,7 @@ def all_reduce(partial, axis_name, bias=None):
   if bias is not None:  # this rank's elements of the flattened output, and the bias column of each
     start = lax.axis_index(axis_name) * chunk
     bias = bias[(start + jnp.arange(chunk)) % bias.shape[-1]]
-  mine = reduce_scatter(flat, axis_name, -1, bias)
+  mine = reduce_scatter(flat, axis_name, -1, bias, dtype)
   return lax.all_gather(mine, axis_name, tiled=True)[:total].reshape(shape)
 
 

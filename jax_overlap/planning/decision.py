@@ -80,7 +80,7 @@ def _plan_pipelined(problem: Problem, op, auto: bool) -> Choice:
   chosen = tuning.choose(problem, op, plan.stages)
   _vendor_blas()
   tuning.install(chosen)
-  sizes = (formats.itemsize(problem.dtype_name), formats.itemsize(problem.out_dtype), problem.scaled,
+  sizes = (formats.itemsize(problem.dtype_name), formats.partial(problem.out_dtype).itemsize, problem.scaled,
            problem.scaled and problem.scaling.blocks)
   nbytes = backend.current().native.pipelined_region_bytes(
       op.name, problem.world, problem.batch, problem.m, problem.k, problem.n, *sizes)

@@ -24,6 +24,11 @@ def eligible(problem: Problem, op, algorithm: str) -> str | None:
     return f"k={problem.k} and n={problem.n} must be multiples of {vector} (16-byte rows)"
   if problem.rows == 0 or problem.k == 0 or problem.n == 0:
     return "empty operand"
+  partial = formats.partial(problem.out_dtype)
+  if algorithm == "fused" and op.planning.reduces and problem.world > 1 and partial != problem.out_dtype:
+    return (f"a {problem.out_dtype} result with peers: the fused kernel stages each rank's partial in the result's "
+            f"dtype, where a partial past its range is inf while the sum is not (the pipelined algorithm and the XLA "
+            f"path stage them in {partial})")
   if problem.scaled and algorithm == "pipelined":
     archs = tuple(sorted({arch for _, arch in workspace.local_gpus()}))
     rows = problem.rows if problem.world == 1 else op.planning.chunk_rows(problem.m, problem.world)

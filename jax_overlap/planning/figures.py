@@ -72,14 +72,17 @@ def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmaj
 
 
 def reduce_us(dtype_name: str, block_rows: int, world: int, n: int) -> float:
+  """The reduction (us) of `world` partials of [block_rows, n] (in formats.partial(dtype_name)) into one of
+  `dtype_name`."""
   return processes.agree(f"reduce/{dtype_name}/{block_rows}x{world}/{n}", lambda: _native().time_reduce(
       workspace.first_ordinal(), dtype_name, world, block_rows, n))
 
 
 def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor: bool,
             types: tuple | None = None, scaling=None) -> Figures:
-  """The figures for one call of `op` (an Op, ops/op.py); SetupError when a measurement failed. A float8 gather runs one GEMM per
-  shard (its own x scale) unless the shards share one, and block scales one GEMM per chunk."""
+  """The figures for one call of `op` (an Op, ops/op.py); SetupError when a measurement failed. A reducing op
+  moves partials in formats.partial of the output dtype; a float8 gather runs one GEMM per shard (its own x
+  scale) unless the shards share one, and block scales one GEMM per chunk."""
   blocks = scaling is not None and scaling.blocks
   link, local = workspace.link_bytes_per_us(), workspace.local_bytes_per_us()
   if link is None:
@@ -89,7 +92,7 @@ def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor
   out_dtype = dtype_name if types is None else types[1]
   chunk_rows = op.planning.chunk_rows(rows, world)
   gemm = gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor, types, scaling)
-  moved = out_dtype if op.planning.reduces else dtype_name
+  moved = formats.name(formats.partial(out_dtype)) if op.planning.reduces else dtype_name
   per_shard = (types is not None and not op.planning.reduces and not (scaling is not None and scaling.x_shared)) or blocks
   return Figures(gemm_us=gemm, chunk_bytes=op.planning.chunk_bytes(rows, k, n, world, formats.itemsize(moved)),
                  link_bytes_per_us=link, local_bytes_per_us=local,

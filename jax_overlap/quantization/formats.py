@@ -44,6 +44,13 @@ def accumulator(dtype):
   return jnp.promote_types(dtype, jnp.float32)
 
 
+def partial(dtype):
+  """The type each rank's partial product of a reduction (matmul_rs) is staged and summed from, for a result of
+  `dtype`: float32 for float16 (a partial past 65504 would be inf where the sum is in range), else `dtype`
+  (bfloat16 has float32's range; its partials are rounded, as documented). csrc/core/dtype.h partial_dtype."""
+  return jnp.dtype(jnp.float32) if jnp.dtype(dtype) == jnp.float16 else jnp.dtype(dtype)
+
+
 def name(dtype) -> str:
   return np.dtype(dtype).name
 

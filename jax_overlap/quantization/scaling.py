@@ -66,6 +66,7 @@ class Scaling:
   carry it as a parameter."""
 
   name: str = ""
+  code: int = 0  # the mode in the GPU calls' attributes (csrc/core/scale_mode.h ScaleMode; the harness module's SCALE_MODES)
   xla_gemm: bool = True  # XLA rewrites the dot of operands dequantized this way into its fp8 GEMM
   bias_epilogue: bool = True  # the vendor's GEMM with these scales adds a bias in its epilogue
   follows_x: bool = False  # x_scale has x's leading dims: batch dims fold and vmap batches it with x
@@ -168,6 +169,7 @@ class TensorScaling(Scaling):
   """One float32 scalar per operand."""
 
   name = "tensor"
+  code = 1
 
   def check(self, op, x, w, x_scale, w_scale, w_kmajor):
     del w_kmajor
@@ -201,6 +203,7 @@ class BlockScaling(Scaling):
   """One float32 per 1 x BLOCK_SIZE block of x and per BLOCK_SIZE x BLOCK_SIZE tile of w (w 2-D)."""
 
   name = "block"
+  code = 2
   xla_gemm = False  # XLA's form is a float32 dot of the dequantized operands
   bias_epilogue = False  # cuBLASLt has no algorithm for one (H200, cuBLASLt 13.1)
   follows_x = True
@@ -318,6 +321,15 @@ def of(op: str, x, w, x_scale, w_scale, w_kmajor: bool) -> Scales:
 def mode(scales: Scales | None) -> Scaling | None:
   """The mode of scales, None for 16-bit operands."""
   return None if scales is None else scales.scaling
+
+
+# 16-bit operands' code in the GPU calls' attributes: no scales.
+NO_SCALES_CODE = 0
+
+
+def code(scaling: Scaling | None) -> int:
+  """The scaling mode as the GPU calls' attributes carry it (csrc/core/scale_mode.h), 0 for 16-bit operands."""
+  return NO_SCALES_CODE if scaling is None else scaling.code
 
 
 def _scalar(op: str, name: str, scale, operand: str, dtype):

@@ -58,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 
 import jax
 
@@ -133,7 +134,47 @@ def prepare_devices() -> bool:
       raise SetupError(f"jax_overlap: the device state of GPU {d.local_hardware_id} could not be made: {e}") from e
     state.prepared = True
     _apply_options(*options)
+    if backend.current().platform == "rocm":
+      _note_hw_queues()
     return True
+
+
+# ROCm runs a process's HIP streams on GPU_MAX_HW_QUEUES hardware queues per GPU (default 4), handing them out by
+# the streams' creation order, and a queue runs its streams' work in order (each dispatch carries the barrier
+# bit): streams on one queue serialize silently (ROCm/rocm-systems #8916). torchtitan (#4032) measured +7.5% with 8
+# queues and -13.6% with 16 on MI355X. A pipelined call runs XLA's compute stream and its side streams at once.
+HW_QUEUES = "GPU_MAX_HW_QUEUES"
+DEFAULT_HW_QUEUES = 4
+XLA_STREAMS = 3  # the fewest a PjRt GPU client makes per GPU: compute, host-to-device, device-to-host
+SIDE_STREAMS = 3  # a pipelined call's own: one copy stream and two compute streams (csrc/pipelined/streams.h)
+
+
+def hw_queue_sharing(hw_queues: int, xla_streams: int = XLA_STREAMS, side_streams: int = SIDE_STREAMS) -> str | None:
+  """Why the streams of a pipelined call may share ROCm hardware queues, or None when every stream of the process
+  (XLA's first) can have a queue of its own."""
+  busy, total = 1 + side_streams, xla_streams + side_streams
+  if hw_queues < busy:
+    return (f"{busy} streams run at once in a pipelined call (XLA's compute stream and jax_overlap's {side_streams}) "
+            f"on {hw_queues} hardware queues: some of them share a queue and serialize")
+  if hw_queues < total:
+    return (f"XLA's streams (at least {xla_streams}) and jax_overlap's {side_streams} exceed the {hw_queues} hardware "
+            f"queues, which ROCm hands out by creation order: a side stream may share XLA's compute stream's queue "
+            f"and serialize behind it")
+  return None
+
+
+def _note_hw_queues() -> None:
+  """Says at INFO when the streams of a pipelined call may share hardware queues (hw_queue_sharing)."""
+  raw = os.environ.get(HW_QUEUES, "")
+  try:
+    queues = int(raw) if raw else DEFAULT_HW_QUEUES
+  except ValueError:
+    log.info("jax_overlap: %s=%r is not a number; ROCm's default is %d", HW_QUEUES, raw, DEFAULT_HW_QUEUES)
+    queues = DEFAULT_HW_QUEUES
+  why = hw_queue_sharing(queues)
+  if why:
+    log.info("jax_overlap: %s (%s=%d%s); %s=%d gives each its own (docs/rocm.md)", why, HW_QUEUES, queues,
+             "" if raw else ", ROCm's default", HW_QUEUES, XLA_STREAMS + SIDE_STREAMS)
 
 
 def local_gpus() -> tuple:
@@ -298,11 +339,14 @@ def _measure_copies() -> None:
 def _copies_on_sms(path: str, shares_gpu: bool) -> tuple:
   """(publish, pulls): whether the copy of x into its published slot, a copy within this GPU, and the pulls run
   on the SMs, on copy path `path` (csrc/pipelined/copy.h). A copy within one GPU does on NVIDIA (on the H200 it
-  waits for the SMs a GEMM leaves free: docs/performance.md) and on every path but the copy engine's on AMD
-  (SDMA; never run); every copy does on the kernel path. Pulls from peers on this same GPU (several ranks on one
-  GPU) run as a copy within it; from another GPU, on its copy engines."""
-  publish = backend.current().platform == "cuda" or path != "copy_engine"
-  return publish, path == "kernel" or (shares_gpu and publish)
+  waits for the SMs a GEMM leaves free: docs/performance.md) and on every path but the copy engine's on AMD,
+  whose "copy_engine" is SDMA only (never run; csrc/pipelined/copy.cc kEngineLeavesCusFree: no blit or shader
+  copy stands in for it); every copy does on the kernel path. Pulls from peers on this same GPU (several ranks on
+  one GPU) run as a copy within it; from another GPU, on its copy engines on NVIDIA, and on AMD only on the copy
+  engine's path (ROCr runs large plain device copies as a blit kernel on the CUs, rocm-systems #11450)."""
+  amd = backend.current().platform == "rocm"
+  publish = not amd or path != "copy_engine"
+  return publish, path == "kernel" or (shares_gpu and publish) or (amd and path != "copy_engine")
 
 
 def copies_on_sms() -> tuple:

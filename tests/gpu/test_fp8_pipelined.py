@@ -25,6 +25,7 @@ import pytest
 
 from gpu_util import on_gpu as _dev, pointer as _ptr, poisoned as _poisoned, random, requires_gpu
 from tolerance import assert_close
+from jax_overlap.quantization import formats
 from jax_overlap.runtime import native
 import native_testing
 
@@ -57,7 +58,8 @@ def _quantized(rng, shape, dtype):
 
 
 def _scratch(op, world, batch, m, n, out_dtype, loopback=False):
-  nbytes = native.module().pipelined_scratch_bytes(op, world, batch, m, n, np.dtype(out_dtype).itemsize, loopback)
+  nbytes = native.module().pipelined_scratch_bytes(op, world, batch, m, n, formats.partial(out_dtype).itemsize,
+                                                   loopback)
   return _dev(jnp.zeros((nbytes,), jnp.uint8))
 
 
@@ -70,7 +72,8 @@ def _scratch(op, world, batch, m, n, out_dtype, loopback=False):
                          ids=["ag_matmul", "ag_matmul-x_scale_shared", "matmul_rs"])
 def test_loopback_fp8_schedule(op, shared, world, formats, out_dtype):
   """ag_matmul gives [x; x; ...] @ w with every shard's scale gathered (x_scale_shared: a stage's shards in one
-  GEMM with the call's own scale); matmul_rs world times its own block's partial, staged in out_dtype. A bias in
+  GEMM with the call's own scale); matmul_rs world times its own block's partial, staged in
+  formats.partial(out_dtype). A bias in
   out_dtype (ag_matmul, a 16-bit output: the GEMM epilogue adds it) or float32 (matmul_rs: the reduction adds it);
   odd shard rows, two batch elements."""
   rng = np.random.default_rng(zlib.crc32(repr((op, world, formats, _name(out_dtype))).encode()))

@@ -23,6 +23,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 import jax_overlap as jo
 from gpu_util import random, requires_gpu, vendor_gemm_runs
 from tolerance import assert_close, rms
+from jax_overlap.quantization import formats
 from jax_overlap.runtime import native
 import native_testing
 
@@ -130,8 +131,9 @@ def _group(world, watchdog=5.0):
   return harness.SimGroup(0, world, bytes_per_rank=512 << 20, watchdog_seconds=watchdog)
 
 
-def _scratch(op, world, batch, m, n):
-  return _dev(jnp.zeros((native.module().pipelined_scratch_bytes(op, world, batch, m, n, 2),), jnp.uint8))
+def _scratch(op, world, batch, m, n, dtype):
+  partial_bytes = formats.partial(dtype).itemsize
+  return _dev(jnp.zeros((native.module().pipelined_scratch_bytes(op, world, batch, m, n, partial_bytes),), jnp.uint8))
 
 
 class Ranks:
@@ -144,7 +146,7 @@ class Ranks:
     self.w_host = [random(rng, (k, n), dtype, k ** -0.5) for _ in range(world)]
     self.ws = [_dev(w.T.copy() if w_kmajor else w) for w in self.w_host]
     self.bs = [_dev(random(rng, (n,), dtype)) if bias else None for _ in range(world)]
-    self.scratch = [_scratch(op, world, batch, m, n) for _ in range(world)]
+    self.scratch = [_scratch(op, world, batch, m, n, dtype) for _ in range(world)]
     self.poison()
 
   def poison(self):
@@ -197,6 +199,32 @@ def test_matmul_rs_bits_repeat(world):
   ranks.run(g, (1,) * world)
   for a, b in zip(first, ranks.outs):
     np.testing.assert_array_equal(a, np.asarray(b).view(np.uint16))
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_matmul_rs_in_float16_keeps_partials_past_its_range(world):
+  """Each rank's float16 partial is staged in float32 (core/dtype.h partial_dtype): partials past 65504 whose sum
+  is in range give that sum, not inf (issue 52.4). Ranks 2j and 2j + 1 hold nearly opposite large x against
+  nearly equal w."""
+  rng = np.random.default_rng(90 + world)
+  batch, m, k, n = 1, 32 * world, 64, 128
+  ranks = Ranks("matmul_rs", world, jnp.float16, batch, m, k, n, rng, bias=False)
+  big = rng.choice([-1.0, 1.0], size=(batch, m, k)) * rng.uniform(8000, 12000, size=(batch, m, k))
+  w0 = rng.standard_normal((k, n))
+  xs = [((1 if r % 2 == 0 else -1) * big + rng.standard_normal((batch, m, k))).astype(np.float16)
+        for r in range(world)]
+  ranks.w_host = [(w0 + 1e-2 * rng.standard_normal((k, n))).astype(np.float16) for _ in range(world)]
+  ranks.xs, ranks.ws = [_dev(x) for x in xs], [_dev(w) for w in ranks.w_host]
+  assert max(np.abs(x.astype(np.float64) @ w.astype(np.float64)).max() for x, w in zip(xs, ranks.w_host)) > 1.5 * 65504
+  g = _group(world)
+  ranks.run(g, (1,) * world)
+  g.synchronize()
+  assert not g.errors(), g.errors()
+  for r in range(world):
+    got, want = _f64(ranks.outs[r]), ranks.reference(r)
+    assert np.abs(want).max() < 65504 / 4
+    assert np.isfinite(got).all(), f"rank {r}: {np.count_nonzero(~np.isfinite(got))} non-finite elements"
+    np.testing.assert_allclose(got, want, rtol=2 ** -10, atol=0.5, err_msg=f"rank {r}")
 
 
 @pytest.mark.parametrize("origin", [0, 2 ** 32 - 3, 2 ** 32 - 1])

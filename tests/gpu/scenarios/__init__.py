@@ -9,7 +9,7 @@ Each scenario module defines
 and may define verdict(result) for checks the parent makes on a worker's stderr.
 """
 
-from scenarios import abandon, abort, agree, copy_paths, fp8, fp8_blocks, main, overwrite, wrap
+from scenarios import abandon, abort, agree, copy_paths, fp8, fp8_blocks, main, overwrite, threads, wrap
 
 SCENARIOS = {"main": main, "abort": abort, "agree": agree, "copy_paths": copy_paths, "overwrite": overwrite,
-             "abandon": abandon, "wrap": wrap, "fp8": fp8, "fp8_blocks": fp8_blocks}
+             "abandon": abandon, "wrap": wrap, "fp8": fp8, "fp8_blocks": fp8_blocks, "threads": threads}
