@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
 from jax_overlap import planning
+from jax_overlap.ops import OPS
 from jax_overlap.ops import matmul_rs as rs_op
 from jax_overlap.quantization import formats
 
@@ -101,10 +102,10 @@ def _problem(out_dtype, world=4, op="matmul_rs"):
 
 
 def test_fused_declines_float16_matmul_rs_with_peers_and_says_why():
-  why = planning.eligible(_problem("float16"), rs_op, "fused")
+  why = planning.eligible(_problem("float16"), OPS["matmul_rs"], "fused")
   assert why is not None and "float16" in why and "float32" in why
-  assert planning.eligible(_problem("bfloat16"), rs_op, "fused") is None
-  assert planning.eligible(_problem("float16", world=1), rs_op, "fused") is None
+  assert planning.eligible(_problem("bfloat16"), OPS["matmul_rs"], "fused") is None
+  assert planning.eligible(_problem("float16", world=1), OPS["matmul_rs"], "fused") is None
 
 
 def test_pipelined_float16_matmul_rs_stages_float32_partials(fake_gpu_runtime, make_mesh):
