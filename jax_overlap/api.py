@@ -389,7 +389,7 @@ def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
     gathered order (shard s of gathered_x has the value gathered_x[s] * gathered_scales[s]).
   With axis_name=None: global arrays under jit; computes x @ w + bias, partitioned
   from the input shardings (x's gather dim and one of w's output dims sharded on
-  the same axes -> the fused all-gather GEMM over them; see jax_overlap.partitioning),
+  the same axes -> the all-gather GEMM over them; docs/api.md says how each layout partitions),
   and out_sharding (a NamedSharding or PartitionSpec) lays out the result; gathered_scales
   is then [1], x_scale.
 
@@ -493,7 +493,7 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
   With axis_name=None: global arrays under jit; computes x @ w + bias, partitioned
   from the input shardings (x's and w's contraction dims sharded alike -> a reduction
   over those axes, scattered onto scatter_axis, else onto the dim out_sharding shards
-  over them, else the rows; see jax_overlap.partitioning).
+  over them, else the rows; docs/api.md says how each layout partitions).
 
   scatter_axis: any output dim. The GPU algorithms serve every one but the last; -1
   (the output columns) takes the XLA path (dot + psum_scatter), and the bias is then

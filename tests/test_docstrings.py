@@ -2,6 +2,7 @@
 "Example" in them runs as written (on 8 CPU devices, after the imports a user of the package has)."""
 
 import inspect
+import pathlib
 import re
 import shlex
 import subprocess
@@ -128,3 +129,25 @@ def test_docstring_example_runs_as_written(where, code, tmp_path, rng, monkeypat
   exec(compile(code, where, "exec"), namespace)
   if "layer" in namespace:
     _apply(namespace["layer"], rng)
+
+
+API_DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "api.md"
+
+
+def api_sections() -> dict[str, str]:
+  """docs/api.md's sections by the name in their ### heading."""
+  parts = re.split(r"^### `([^`]+)`.*$", API_DOC.read_text(), flags=re.M)
+  return dict(zip(parts[1::2], parts[2::2]))
+
+
+@pytest.mark.parametrize("name", jax_overlap.__all__)
+def test_api_reference_has_every_public_name_and_its_parameters(name):
+  section = api_sections().get(name)
+  assert section is not None, f"docs/api.md has no section (### `{name}`) for jax_overlap.{name}"
+  try:
+    params = inspect.signature(getattr(jax_overlap, name)).parameters
+  except (TypeError, ValueError):  # a module, a value, an exception of Exception's signature
+    return
+  signature = section.split("```")[1]
+  missing = [p for p in params if p not in ("parent", "name") and not re.search(rf"\b{p}\b", signature)]
+  assert not missing, f"docs/api.md's signature of jax_overlap.{name} lacks {missing}"
