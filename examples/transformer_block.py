@@ -210,7 +210,8 @@ def what_it_shows(args) -> str:
             "lax.dot_general. The overlap of communication with GEMMs needs --tp 2 or more GPUs.")
   return (f"tp {args.tp}: the stock block and algorithm='xla' run XLA's all-gather and reduce-scatter beside their "
           f"GEMMs; 'auto' overlaps them under the GEMMs where its cost model predicts a gain (the XLA path "
-          f"elsewhere), so the gap between them is what the overlap wins back at this size.")
+          f"elsewhere). auto against xla is what the overlap wins back at this size; against stock, also what the "
+          f"rest of jax_overlap's path costs or saves.")
 
 
 def main():
@@ -246,7 +247,7 @@ def main():
       run.worst = max(run.worst, err)
       print(f"{run.label}: step {i + 1}/{args.steps}  loss {float(loss):.6f}  reference {float(ref_loss):.6f}  "
             f"error (loss and gradients) {err:.1e}")
-  for run in runs:  # warm-up: the first steps above ran in turn with the checks
+  for run in runs:
     run.timed()
   for _ in range(args.timed):
     for run in runs:
