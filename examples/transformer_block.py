@@ -1,31 +1,26 @@
-"""A Flax NNX decoder block trained on jax_overlap: one argument per layer, NamedShardings, jit.
+"""A Flax NNX decoder block trained on jax_overlap's layers, timed beside the same block on stock lax.dot_general.
 
   h   = x + attention(rms_norm(x))        QKV kernels [E, heads, head_dim], output kernel [heads, head_dim, E]
   out = h + down(silu(gate) * up)         gate and up from one kernel [E, 2, ffn]; down [ffn, E]
 
-Sequence parallelism over 'tp' (x [batch, seq, E] sharded P('dp', 'tp', None); the projections
-sharded on the heads and the ffn) and data parallelism over 'dp'. The column-parallel layers take
-dot_general=jax_overlap.AgDotGeneral() (all-gather the sequence, then multiply), the row-parallel
-ones dot_general=jax_overlap.RsDotGeneral() (multiply, then reduce-scatter the sequence); everything
-else is stock Flax.
+x [batch, seq, E] is sharded P('dp', 'tp', None) and the projections on the heads and the ffn: the
+column-parallel layers (QKV, up) take jax_overlap.AgDotGeneral() and all-gather the sequence under their
+GEMM, the row-parallel ones (out, down) take jax_overlap.RsDotGeneral() and reduce-scatter it.
 
-Each step's loss and gradients are checked against the same block with lax.dot_general, at the
-same parameters, on one device in float32; the run ends with PASS or FAIL and the tolerance. Step
-times exclude compilation (each step function is compiled before the timed steps). On a GPU it
-trains once per algorithm (default: auto, then xla) and prints both step times.
+Each block trains from the same parameters: "stock" on lax.dot_general (XLA's collectives beside its
+GEMMs), then each jax_overlap algorithm. The first --steps steps of each are checked against the block on
+lax.dot_general in float32 on one device (PASS or FAIL at the dtype's tolerance); then --timed steps
+of every block, taken in turns so that clock drift falls on all of them alike, are timed one by one
+(block_until_ready) after one step of warm-up, and each block's median, interquartile range and
+min-max are printed.
 
---fp8 trains the block on jax_overlap.Fp8AgDotGeneral / Fp8RsDotGeneral instead: every projection's
-GEMM in float8, forward and backward (inputs and weights quantized to e4m3 each call, gradients to
-e5m2), checked against the same float32 reference at the float8 tolerance; on a GPU it then also
-trains the bf16 block on algorithm="xla" and prints both step times.
+The default size follows the backend: on a GPU a step is GPU work (batch 8, seq 1024, embed 2048,
+16 heads, ffn 8192, bf16: tens of ms per step on one H100), on CPU (8 host devices) a small float32
+block that runs in well under a minute on 2 cores.
 
-The defaults run in well under a minute on a 2-core machine with 8 CPU host devices; keep --steps
-small there (XLA's CPU collectives on 8 host devices over 2 cores were seen to abort after about
-30 steps).
-
-  python examples/transformer_block.py                     # 8 CPU devices (dp 2 x tp 4) when there is no GPU
-  python examples/transformer_block.py --seq 2048 --embed 4096 --heads 32 --ffn 14336 --dtype bfloat16
-  python examples/transformer_block.py --fp8                # the projections in float8
+  python examples/transformer_block.py             # stock, auto and xla on GPUs; stock and auto on 8 CPU devices
+  python examples/transformer_block.py --seq 2048 --embed 4096 --heads 32 --ffn 14336
+  python examples/transformer_block.py --fp8       # the projections in float8, beside the stock bf16 block
 """
 
 import argparse
@@ -58,25 +53,22 @@ PARAM_SPECS = {
     ("down", "kernel"): P("tp", None), ("down", "bias"): P(),  # [ffn, E]
     ("norm1", "scale"): P(), ("norm2", "scale"): P(),
 }
+# (batch, seq, embed, heads, ffn) by backend: on a GPU large enough that a step is GPU work, not host dispatch.
+SIZES = {"gpu": (8, 1024, 2048, 16, 8192), "cpu": (4, 64, 64, 8, 128)}
 # Largest relative error (in the 2-norm) of the loss and of any gradient.
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
-# The same with the projections in float8: e4m3 rounds each input and weight by up to 2^-4 (relative), e5m2
-# each gradient by up to 2^-3, and the errors compound through the block's GEMMs (the default sizes on CPU:
-# 0.12 at most, the QKV kernels' gradients; the loss 0.2%).
+# e4m3 rounds each input and weight by up to 2^-4 (relative), e5m2 each gradient by up to 2^-3, and the errors
+# compound through the block's GEMMs (the CPU default: 0.12 at most, the QKV kernels' gradients).
 FP8_TOLERANCE = 0.25
 LEARNING_RATE = 0.05
+STOCK = "stock"
 
 
 class DecoderBlock(nnx.Module):
-  """Pre-norm decoder block. algorithm=None builds it on lax.dot_general (the reference)."""
+  """Pre-norm decoder block; layers=None builds it on lax.dot_general."""
 
-  def __init__(self, embed: int, heads: int, ffn: int, *, algorithm, dtype, rngs: nnx.Rngs, fp8: bool = False):
-    if algorithm is None:
-      ag = rs = jax.lax.dot_general
-    elif fp8:
-      ag, rs = jax_overlap.Fp8AgDotGeneral(algorithm=algorithm), jax_overlap.Fp8RsDotGeneral(algorithm=algorithm)
-    else:
-      ag, rs = jax_overlap.AgDotGeneral(algorithm=algorithm), jax_overlap.RsDotGeneral(algorithm=algorithm)
+  def __init__(self, embed: int, heads: int, ffn: int, *, layers, dtype, rngs: nnx.Rngs):
+    ag, rs = layers or (jax.lax.dot_general, jax.lax.dot_general)
     self.norm1 = nnx.RMSNorm(embed, dtype=dtype, rngs=rngs)
     self.attn = nnx.MultiHeadAttention(num_heads=heads, in_features=embed, decode=False, dtype=dtype,
                                        qkv_dot_general=ag, out_dot_general=rs, rngs=rngs)
@@ -89,6 +81,16 @@ class DecoderBlock(nnx.Module):
     h = x + self.attn(self.norm1(x), mask=mask)
     g = self.up(self.norm2(h))
     return h + self.down(nnx.silu(g[..., 0, :]) * g[..., 1, :])
+
+
+def layers_of(label: str):
+  """The (column-parallel, row-parallel) dot_generals a run's label names; None for the stock block."""
+  if label == STOCK:
+    return None
+  fp8, algorithm = label.startswith("fp8 "), label.removeprefix("fp8 ")
+  if fp8:
+    return jax_overlap.Fp8AgDotGeneral(algorithm=algorithm), jax_overlap.Fp8RsDotGeneral(algorithm=algorithm)
+  return jax_overlap.AgDotGeneral(algorithm=algorithm), jax_overlap.RsDotGeneral(algorithm=algorithm)
 
 
 def loss_fn(model, x, target):
@@ -112,30 +114,29 @@ def param_shardings(params, mesh):
 
 
 def parse_args():
+  gpu = jax.default_backend() in ("gpu", "cuda", "rocm")
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--batch", type=int, default=4)
-  parser.add_argument("--seq", type=int, default=64)
-  parser.add_argument("--embed", type=int, default=64)
-  parser.add_argument("--heads", type=int, default=8)
-  parser.add_argument("--ffn", type=int, default=128)
-  parser.add_argument("--steps", type=int, default=6)
+  for name, on_gpu, on_cpu in zip(("batch", "seq", "embed", "heads", "ffn"), SIZES["gpu"], SIZES["cpu"]):
+    parser.add_argument(f"--{name}", type=int, default=on_gpu if gpu else on_cpu,
+                        help=f"default: {on_gpu} on a GPU, {on_cpu} on CPU")
+  parser.add_argument("--steps", type=int, default=2, help="steps of each block checked against float32 (default 2)")
+  parser.add_argument("--timed", type=int, default=10, help="timed steps of each block, after one of warm-up "
+                                                            "(default 10)")
   parser.add_argument("--dtype", default=None, choices=sorted(TOLERANCE), help="default: bfloat16 on GPU, else float32")
   parser.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: min(4, devices))")
   parser.add_argument("--mesh", default="auto", choices=["auto", "explicit"], help="the mesh's axis types")
   parser.add_argument("--algorithms", default=None,
-                      help="comma-separated algorithms to train with (default: auto,xla on GPU, else auto; with "
-                           "--fp8: auto)")
+                      help="comma-separated jax_overlap algorithms to train beside the stock block (default: auto,xla "
+                           "on a GPU, auto on CPU, where each block's compilation is most of the run)")
   parser.add_argument("--fp8", action="store_true",
-                      help="the projections on the float8 layers (Fp8AgDotGeneral, Fp8RsDotGeneral); on a GPU the "
-                           "bf16 block on algorithm='xla' too, for the step time")
+                      help="the projections on the float8 layers (Fp8AgDotGeneral, Fp8RsDotGeneral), beside the stock "
+                           "block in --dtype")
   args = parser.parse_args()
-  gpu = jax.default_backend() in ("gpu", "cuda", "rocm")
+  if args.steps < 1 or args.timed < 1:
+    parser.error(f"--steps ({args.steps}) and --timed ({args.timed}) must be at least 1")
   args.dtype = jnp.dtype(args.dtype or ("bfloat16" if gpu else "float32"))
-  args.algorithms = (args.algorithms or ("auto,xla" if gpu and not args.fp8 else "auto")).split(",")
-  # (label, algorithm, float8 layers): what trains, and against which tolerance
-  args.runs = [(f"fp8 {a}" if args.fp8 else a, a, args.fp8) for a in args.algorithms]
-  if args.fp8 and gpu:
-    args.runs.append(("bf16 xla", "xla", False))
+  algorithms = (args.algorithms or ("auto,xla" if gpu and not args.fp8 else "auto")).split(",")
+  args.labels = [STOCK] + [f"fp8 {a}" if args.fp8 else a for a in algorithms]
   devices = jax.devices()
   args.tp = args.tp or min(4, len(devices))
   if len(devices) % args.tp or args.seq % args.tp or args.heads % args.tp or args.ffn % args.tp:
@@ -143,102 +144,130 @@ def parse_args():
   args.dp = len(devices) // args.tp
   if args.batch % args.dp:
     parser.error(f"--batch ({args.batch}) must be divisible by the data-parallel size {args.dp}")
+  args.gpu = gpu
   return args
 
 
-def host_data(args):
-  kx, kt = jax.random.split(jax.random.key(0))
-  x = jax.random.normal(kx, (args.batch, args.seq, args.embed), jnp.float32)
-  return x, jax.random.normal(kt, x.shape, jnp.float32)
-
-
 def relative_error(got, want, floor: float = 1e-30) -> float:
-  """||got - want|| / ||want|| (or / floor, when that is larger), in float64."""
+  """||got - want|| / max(||want||, floor), in float64."""
   got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
   return float(np.linalg.norm(got - want) / max(float(np.linalg.norm(want)), floor))
 
 
 def gradient_error(grads, ref_grads) -> float:
-  """The largest relative error of any gradient. A gradient that cancels to zero (the key bias: softmax
-  ignores a shift shared by a query's logits) keeps its terms' rounding, so each is measured against at
-  least a hundredth of the largest gradient's norm."""
+  """The largest relative error of any gradient. A gradient that cancels to zero (the key bias: softmax ignores a
+  shift shared by a query's logits) keeps its terms' rounding, so each is measured against at least a hundredth
+  of the largest gradient's norm."""
   pairs = [(g, np.asarray(r, np.float64)) for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads))]
   floor = 1e-2 * max(float(np.linalg.norm(r)) for _, r in pairs)
   return max(relative_error(g, r, floor) for g, r in pairs)
 
 
-def train(args, algorithm, fp8, mesh, init, x, target, reference):
-  """Trains `steps` steps from `init` with jax_overlap; returns (worst error against the reference, ms per step,
-  the last loss)."""
-  model = DecoderBlock(args.embed, args.heads, args.ffn, algorithm=algorithm, dtype=args.dtype, rngs=nnx.Rngs(1),
-                       fp8=fp8)
-  graphdef, _ = nnx.split(model, nnx.Param)
-  shardings = param_shardings(init, mesh)
-  params = jax.tree.map(lambda p, s: jax.device_put(p.astype(args.dtype), s), init, shardings)
-  act = NamedSharding(mesh, X_SPEC)
-  x, target = jax.device_put(x.astype(args.dtype), act), jax.device_put(target.astype(args.dtype), act)
-  step = jax.jit(make_train_step(graphdef), out_shardings=(NamedSharding(mesh, P()), shardings, shardings))
-  t0 = time.perf_counter()
-  with jax.set_mesh(mesh):
-    step = step.lower(params, x, target).compile()
-  print(f"  compiled in {time.perf_counter() - t0:.1f} s")
-  worst, times = 0.0, []
-  for i in range(args.steps):
-    ref_loss, ref_grads = reference(params)  # the block without jax_overlap, at the same parameters
+class Run:
+  """One block: its compiled step and its parameters as training moves them."""
+
+  def __init__(self, label, args, mesh, init, x, target):
+    self.label = label
+    model = DecoderBlock(args.embed, args.heads, args.ffn, layers=layers_of(label), dtype=args.dtype,
+                         rngs=nnx.Rngs(1))
+    graphdef, _ = nnx.split(model, nnx.Param)
+    shardings = param_shardings(init, mesh)
+    self.params = jax.tree.map(lambda p, s: jax.device_put(p.astype(args.dtype), s), init, shardings)
+    act = NamedSharding(mesh, X_SPEC)
+    self.x, self.target = (jax.device_put(a.astype(args.dtype), act) for a in (x, target))
+    step = jax.jit(make_train_step(graphdef), out_shardings=(NamedSharding(mesh, P()), shardings, shardings))
+    t0 = time.perf_counter()
+    with jax.set_mesh(mesh):
+      self.step = step.lower(self.params, self.x, self.target).compile()
+    print(f"{label}: compiled in {time.perf_counter() - t0:.1f} s")
+    self.times, self.worst, self.loss = [], 0.0, None
+
+  def train(self):
+    """One step; returns (loss, gradients) of the parameters it started from."""
+    loss, grads, self.params = self.step(self.params, self.x, self.target)
+    self.loss = loss
+    return loss, grads
+
+  def timed(self):
     start = time.perf_counter()
-    loss, grads, params = step(params, x, target)
-    loss = float(loss)  # waits for the step
-    times.append(time.perf_counter() - start)
-    err = max(relative_error(loss, ref_loss), gradient_error(grads, ref_grads))
-    worst = max(worst, err)
-    print(f"  step {i + 1}/{args.steps}  loss {loss:.6f}  reference {float(ref_loss):.6f}  "
-          f"error (loss and gradients) {err:.1e}  {times[-1] * 1e3:.1f} ms")
-  timed = times[1:] or times  # the first run of a compiled step still warms up
-  return worst, 1e3 * sum(timed) / len(timed), loss
+    jax.block_until_ready(self.train())
+    return time.perf_counter() - start
+
+
+def spread(times) -> str:
+  ms = 1e3 * np.asarray(times)
+  q1, median, q3 = np.percentile(ms, [25, 50, 75])
+  return f"median {median:.2f} ms/step, IQR {q1:.2f}-{q3:.2f}, min-max {ms.min():.2f}-{ms.max():.2f}"
+
+
+def what_it_shows(args) -> str:
+  if not args.gpu:
+    return ("On CPU devices every call takes the XLA path: these times check that the example runs, and say nothing "
+            "about a GPU.")
+  if args.tp == 1:
+    return ("One device per tensor-parallel group: no collective runs, so this compares the GEMM path alone "
+            "(jax_overlap's group of one: XLA's dot in 16 bits, the vendor's fp8 GEMM in float8) with stock "
+            "lax.dot_general. The overlap of communication with GEMMs needs --tp 2 or more GPUs.")
+  return (f"tp {args.tp}: the stock block and algorithm='xla' run XLA's all-gather and reduce-scatter beside their "
+          f"GEMMs; 'auto' overlaps them under the GEMMs where its cost model predicts a gain (the XLA path "
+          f"elsewhere). auto against xla is what the overlap wins back at this size; against stock, also what the "
+          f"rest of jax_overlap's path costs or saves.")
 
 
 def main():
   args = parse_args()
   axis_type = AxisType.Explicit if args.mesh == "explicit" else AxisType.Auto
   mesh = jax.make_mesh((args.dp, args.tp), ("dp", "tp"), axis_types=(axis_type, axis_type))
-  info = jax_overlap.build_info()
   print(f"{len(jax.devices())} x {jax.devices()[0].device_kind} as dp {args.dp} x tp {args.tp} ({args.mesh} mesh); "
-        f"jax_overlap runs {info['runs']}")
-  print(f"x [{args.batch}, {args.seq}, {args.embed}], {args.heads} heads, ffn {args.ffn}, {args.dtype.name}, "
-        f"{args.steps} steps")
-  x, target = host_data(args)
+        f"jax_overlap runs {jax_overlap.build_info()['runs']}")
+  print(f"x [{args.batch}, {args.seq}, {args.embed}], {args.heads} heads, ffn {args.ffn}, {args.dtype.name}; "
+        f"{args.steps} checked and {args.timed} timed steps of each block")
+  kx, kt = jax.random.split(jax.random.key(0))
+  x = jax.random.normal(kx, (args.batch, args.seq, args.embed), jnp.float32)
+  target = jax.random.normal(kt, x.shape, jnp.float32)
+
   one = jax.devices()[0]
-  reference_model = DecoderBlock(args.embed, args.heads, args.ffn, algorithm=None, dtype=jnp.float32,
-                                 rngs=nnx.Rngs(1))
-  ref_graphdef, init = nnx.split(reference_model, nnx.Param)
+  ref_graphdef, init = nnx.split(DecoderBlock(args.embed, args.heads, args.ffn, layers=None, dtype=jnp.float32,
+                                              rngs=nnx.Rngs(1)), nnx.Param)
   ref_step = jax.jit(make_train_step(ref_graphdef))
   ref_x, ref_target = jax.device_put(x, one), jax.device_put(target, one)
 
   def reference(params):
-    """(loss, gradients) of the block on lax.dot_general, in float32 on one device, at `params`."""
+    """(loss, gradients) of the block on lax.dot_general in float32 on one device, at `params`."""
     loss, grads, _ = ref_step(jax.tree.map(lambda p: jax.device_put(np.asarray(p, np.float32), one), params), ref_x,
                               ref_target)
     return loss, grads
 
-  results, verdicts = {}, []
-  for label, algorithm, fp8 in args.runs:
-    print(f"{'float8 layers, ' if fp8 else ''}algorithm {algorithm}:")
-    results[label] = train(args, algorithm, fp8, mesh, init, x, target, reference)
-    tolerance, kind = (FP8_TOLERANCE, "float8") if fp8 else (TOLERANCE[args.dtype.name], args.dtype.name)
-    verdicts.append((results[label][0] <= tolerance, label, results[label][0], tolerance, kind))
-  for label, (err, ms, loss) in results.items():
-    print(f"{label}: {ms:.2f} ms/step (compilation excluded), loss after {args.steps} steps {loss:.6f}, "
-          f"largest error {err:.1e}")
-  if args.fp8 and "bf16 xla" in results:
-    base_ms, base_loss = results["bf16 xla"][1:]
-    for label, (_, ms, loss) in results.items():
-      if label != "bf16 xla":
-        print(f"{label} against the bf16 block on XLA: {base_ms / ms:.2f}x its step time's speed, loss after "
-              f"{args.steps} steps {loss:.6f} against {base_loss:.6f}")
-  ok = all(v[0] for v in verdicts)
-  worst = max(verdicts, key=lambda v: v[2] / v[3])
-  print(f"{'PASS' if ok else 'FAIL'}: largest error against the lax.dot_general block {worst[2]:.1e} ({worst[1]}: "
-        f"{'within' if worst[0] else 'above'} the {worst[4]} tolerance {worst[3]:.2g})")
+  runs = [Run(label, args, mesh, init, x, target) for label in args.labels]
+  for run in runs:
+    for i in range(args.steps):
+      ref_loss, ref_grads = reference(run.params)
+      loss, grads = run.train()
+      err = max(relative_error(loss, ref_loss), gradient_error(grads, ref_grads))
+      run.worst = max(run.worst, err)
+      print(f"{run.label}: step {i + 1}/{args.steps}  loss {float(loss):.6f}  reference {float(ref_loss):.6f}  "
+            f"error (loss and gradients) {err:.1e}")
+  for run in runs:
+    run.timed()
+  for _ in range(args.timed):
+    for run in runs:
+      run.times.append(run.timed())
+
+  stock = np.median(runs[0].times)
+  for run in runs:
+    against = "" if run.label == STOCK else f"; {stock / np.median(run.times):.2f}x the stock block's speed"
+    print(f"{run.label}: {spread(run.times)} over {len(run.times)} steps{against}; loss after "
+          f"{args.steps + 1 + args.timed} steps {float(run.loss):.6f}, largest error {run.worst:.1e}")
+  print(what_it_shows(args))
+
+  checked = [(run.worst, FP8_TOLERANCE if run.label.startswith("fp8") else TOLERANCE[args.dtype.name], run.label)
+             for run in runs[1:]]
+  worst, tolerance, label = max(checked, key=lambda c: c[0] / c[1])
+  ok = all(err <= tol for err, tol, _ in checked)
+  kind = "float8" if label.startswith("fp8") else args.dtype.name
+  print(f"{'PASS' if ok else 'FAIL'}: largest error against the lax.dot_general block in float32 {worst:.1e} "
+        f"({label}: {'within' if worst <= tolerance else 'above'} the {kind} tolerance {tolerance:.2g}; the stock "
+        f"block's own: {runs[0].worst:.1e})")
   return 0 if ok else 1
 
 

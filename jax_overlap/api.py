@@ -408,7 +408,7 @@ def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
     gathered order (shard s of gathered_x has the value gathered_x[s] * gathered_scales[s]).
   With axis_name=None: global arrays under jit; computes x @ w + bias, partitioned
   from the input shardings (x's gather dim and one of w's output dims sharded on
-  the same axes -> the fused all-gather GEMM over them; see jax_overlap.partitioning),
+  the same axes -> the all-gather GEMM over them; docs/api.md says how each layout partitions),
   and out_sharding (a NamedSharding or PartitionSpec) lays out the result; gathered_scales
   is then [1], x_scale.
 
@@ -429,10 +429,17 @@ def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
 
   Example (the column-parallel half of a Megatron MLP; x's rows and w's columns sharded on "tp"):
 
-    mesh = jax.make_mesh((jax.device_count(),), ("tp",))
-    f = jax.shard_map(lambda x, w: jax_overlap.ag_matmul(x, w, axis_name="tp"), mesh=mesh,
-                      in_specs=(P("tp", None), P(None, "tp")), out_specs=P(None, "tp"))
-    y = jax.jit(f)(x, w)   # x [M, K], w [K, N] global; y [M, N], its columns on "tp"
+    import jax, numpy as np
+    import jax_overlap
+    from jax.sharding import AxisType, PartitionSpec as P
+
+    mesh = jax.make_mesh((jax.device_count(),), ("tp",), axis_types=(AxisType.Auto,))
+    f = jax.jit(jax.shard_map(lambda x, w: jax_overlap.ag_matmul(x, w, axis_name="tp"), mesh=mesh,
+                              in_specs=(P("tp", None), P(None, "tp")), out_specs=P(None, "tp")))
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((64, 32), np.float32), rng.standard_normal((32, 48), np.float32)  # [M, K], [K, N]
+    y = f(x, w)   # x @ w [M, N], its columns on "tp"
+    np.testing.assert_allclose(y, x @ w, rtol=1e-4, atol=1e-4)
   """
   return _drive(OPS["ag_matmul"], x, w, bias, x_scale=x_scale, w_scale=w_scale, out_dtype=out_dtype,
                 fast_accumulation=fast_accumulation, w_kmajor=w_kmajor, axis_name=axis_name, algorithm=algorithm,
@@ -457,7 +464,7 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
   With axis_name=None: global arrays under jit; computes x @ w + bias, partitioned
   from the input shardings (x's and w's contraction dims sharded alike -> a reduction
   over those axes, scattered onto scatter_axis, else onto the dim out_sharding shards
-  over them, else the rows; see jax_overlap.partitioning).
+  over them, else the rows; docs/api.md says how each layout partitions).
 
   scatter_axis: any output dim. The GPU algorithms serve every one but the last; -1
   (the output columns) takes the XLA path (dot + psum_scatter), and the bias is then
@@ -481,10 +488,17 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
 
   Example (the row-parallel half of a Megatron MLP; h's and w's contraction sharded on "tp"):
 
-    mesh = jax.make_mesh((jax.device_count(),), ("tp",))
-    f = jax.shard_map(lambda h, w: jax_overlap.matmul_rs(h, w, axis_name="tp"), mesh=mesh,
-                      in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None))
-    z = jax.jit(f)(h, w)   # h [M, F], w [F, N] global; z [M, N], its rows on "tp"
+    import jax, numpy as np
+    import jax_overlap
+    from jax.sharding import AxisType, PartitionSpec as P
+
+    mesh = jax.make_mesh((jax.device_count(),), ("tp",), axis_types=(AxisType.Auto,))
+    f = jax.jit(jax.shard_map(lambda h, w: jax_overlap.matmul_rs(h, w, axis_name="tp"), mesh=mesh,
+                              in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
+    rng = np.random.default_rng(0)
+    h, w = rng.standard_normal((64, 48), np.float32), rng.standard_normal((48, 32), np.float32)  # [M, F], [F, N]
+    z = f(h, w)   # h @ w [M, N], its rows on "tp"
+    np.testing.assert_allclose(z, h @ w, rtol=1e-4, atol=1e-4)
   """
   return _drive(OPS["matmul_rs"], x, w, bias, x_scale=x_scale, w_scale=w_scale, out_dtype=out_dtype,
                 fast_accumulation=fast_accumulation, w_kmajor=w_kmajor, axis_name=axis_name, algorithm=algorithm,
@@ -518,7 +532,18 @@ def all_gather(x, *, axis_name):
   On a GPU build it runs on the symmetric workspace (it is how the runtime is
   tested end to end); elsewhere it is lax.all_gather.
 
-  Example (inside jax.shard_map over a mesh with axis "tp"): gathered = jax_overlap.all_gather(x, axis_name="tp")
+  Example (x's rows gathered over "tp"):
+
+    import jax, numpy as np
+    import jax_overlap
+    from jax.sharding import AxisType, PartitionSpec as P
+
+    mesh = jax.make_mesh((jax.device_count(),), ("tp",), axis_types=(AxisType.Auto,))
+    f = jax.jit(jax.shard_map(lambda x: jax_overlap.all_gather(x, axis_name="tp"), mesh=mesh, in_specs=P("tp"),
+                              out_specs=P("tp")))
+    x = np.arange(64, dtype=np.float32).reshape(16, 4)
+    copies = f(x).reshape(jax.device_count(), 16, 4)   # each rank's gathered x
+    np.testing.assert_array_equal(copies, np.broadcast_to(x, copies.shape))
   """
   if not hasattr(x, "ndim") or x.ndim < 2:
     raise ValueError(f"jax_overlap.all_gather: x must have rank >= 2, got {getattr(x, 'shape', x)}")

@@ -1,9 +1,9 @@
-"""The README's main job and the MLP examples run, check themselves against their references and say PASS (short
-runs: 2 steps), against the installed package as a user runs them (python examples/<name>.py, nothing added to
-PYTHONPATH)."""
+"""The README's main job and the MLP examples run, check themselves against their references and say PASS, against
+the installed package as a user runs them (python examples/<name>.py, nothing added to PYTHONPATH)."""
 
 import importlib.util
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -26,17 +26,22 @@ def run_example(name: str, *args: str) -> str:
 @pytest.mark.skipif(importlib.util.find_spec("flax") is None,
                     reason="the transformer block example needs flax (pip install '.[examples]')")
 def test_transformer_block_example():
-  out = run_example("transformer_block.py", "--steps", "2")
-  assert "step 2/2" in out and "ms/step (compilation excluded)" in out
+  """The README's main job as a user runs it: the CPU default, the stock block timed beside auto."""
+  out = run_example("transformer_block.py")
   assert f"jax_overlap runs {jax_overlap.build_info()['runs']}\n" in out, "the example imported another jax_overlap"
+  for label in ("stock", "auto"):
+    assert f"{label}: step 2/2" in out, out
+    assert re.search(rf"^{label}: median [\d.]+ ms/step, IQR [\d.]+-[\d.]+, min-max [\d.]+-[\d.]+ over 10 steps",
+                     out, re.M), out
+  assert "x the stock block's speed" in out and "On CPU devices every call takes the XLA path" in out, out
 
 
 @pytest.mark.skipif(importlib.util.find_spec("flax") is None,
                     reason="the transformer block example needs flax (pip install '.[examples]')")
 def test_transformer_block_example_in_fp8():
   """--fp8: the projections on the float8 layers, checked at the float8 tolerance."""
-  out = run_example("transformer_block.py", "--steps", "2", "--fp8")
-  assert "float8 layers, algorithm auto:" in out and "step 2/2" in out
+  out = run_example("transformer_block.py", "--fp8", "--steps", "1", "--timed", "2")
+  assert "fp8 auto: step 1/1" in out and "fp8 auto: median" in out, out
   assert "within the float8 tolerance" in out.splitlines()[-1]
 
 

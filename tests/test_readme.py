@@ -40,3 +40,15 @@ def test_ci_runs_the_readmes_test_command():
   assert len(commands) == 2, commands
   ci = (README.parent / ".ci" / "run").read_text().splitlines()
   assert any(line.strip().split(" || ")[0] == commands[1] for line in ci), f"CI does not run {commands[1]!r}"
+
+
+def test_readme_figures_are_performance_mds():
+  """Each figure lives in docs/performance.md; the README's performance table and ratios copy it, never drift."""
+  text = README.read_text()
+  performance = (README.parent / "docs" / "performance.md").read_text()
+  section = text[text.index("## Performance"):text.index("\n## ", text.index("## Performance") + 1)]
+  table = [cell.strip() for line in section.splitlines() if line.startswith("| ") for cell in line.split("|")]
+  figures = [c for c in table if re.fullmatch(r"\d+\.\d+", c)] + re.findall(r"\d+\.\d+(?:-\d+\.\d+)?x", text)
+  assert len(figures) >= 20, figures
+  missing = [f for f in figures if f not in performance]
+  assert not missing, f"README.md figures that docs/performance.md does not hold: {missing}"

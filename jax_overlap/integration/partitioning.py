@@ -111,6 +111,8 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_km
   def partition(mesh, arg_shapes, result_shape):
     p = plan(mesh, arg_shapes, asked(mesh, result_shape))
     log.debug("jax_overlap.%s: global arrays, %s", op.name, p.why if p.axes else f"plain partitioning ({p.why})")
+    if p.axes is None and mesh.size > 1:
+      _nothing_to_overlap(op.name, p.why)
     scale_sh = () if scaling is None else scaling.partition_specs(p.x, p.w)
     arg_sh = _named(mesh, p.x, p.w, *((p.bias,) if has_bias else ()), *scale_sh)
     if p.axes is None:
@@ -127,6 +129,13 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_km
   fn.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                    reduction_factors=reductions, decode_shardings=False)
   return fn
+
+
+@functools.cache
+def _nothing_to_overlap(name: str, why: str) -> None:
+  log.info("jax_overlap.%s: these shardings give it nothing to gather or scatter (%s), so XLA partitions a plain "
+           "dot; a kernel sharded on an output dim takes ag_matmul (AgDotGeneral), one sharded on its contraction "
+           "matmul_rs (RsDotGeneral). Said once per reason.", name, why)
 
 
 def _spec(mesh, aval, ndim: int, what: str) -> list:

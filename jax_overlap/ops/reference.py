@@ -28,8 +28,10 @@ DEFAULT is XLA's fast accumulation).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -49,8 +51,28 @@ def local_matmul(x, w, *, w_kmajor: bool = False, contract: int = 1, scales=None
     precision = scales.scaling.precision
   x_dims = tuple(range(x.ndim - contract, x.ndim))
   w_dims = tuple(range(w.ndim - contract, w.ndim)) if w_kmajor else tuple(range(contract))
-  return lax.dot_general(x, w, ((x_dims, w_dims), ((), ())), precision=precision,
-                         preferred_element_type=formats.accumulator(x.dtype), out_sharding=out_sharding)
+  dims = ((x_dims, w_dims), ((), ()))
+  if scales is None and x.dtype.itemsize == 2:
+    return _accumulated(x, w, dims, out_sharding)
+  return lax.dot_general(x, w, dims, precision=precision, preferred_element_type=formats.accumulator(x.dtype),
+                         out_sharding=out_sharding)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+def _accumulated(x, w, dims, out_sharding):
+  """A 16-bit product in float32."""
+  return lax.dot_general(x, w, dims, preferred_element_type=jnp.float32, out_sharding=out_sharding)
+
+
+@_accumulated.defjvp
+def _accumulated_jvp(dims, out_sharding, primals, tangents):
+  # The tangent's products are rounded to the operands' dtype (their GEMMs still accumulate in float32). JAX's own
+  # tangent would be float32, and its transpose, the backward pass, would multiply a float32 cotangent by a 16-bit
+  # operand: XLA converts both to float32 and runs float32 GEMMs, where stock lax.dot_general runs 16-bit ones.
+  x, w = primals
+  dx, dw = tangents
+  dot = functools.partial(lax.dot_general, dimension_numbers=dims, out_sharding=out_sharding)
+  return _accumulated(x, w, dims, out_sharding), dot(dx, w).astype(jnp.float32) + dot(x, dw).astype(jnp.float32)
 
 
 def gathered_matmul(gathered, w, *, w_kmajor: bool = False, gather: int = -2, scales=None):
