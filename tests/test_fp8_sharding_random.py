@@ -276,9 +276,20 @@ def _vmap_cases() -> list:
 
 
 VMAP_CASES = _vmap_cases()
+# jax 0.12's jnp.ldexp (the layers' scale from the amax, quantization/numerics.fp8_scale) fails under a vmap whose
+# batch dim is sharded on an Explicit mesh ("Resource axis ... is not found in mesh: ()"), in JAX itself: strict, so
+# that a JAX that fixes it fails here until the mark goes.
+_LDEXP_UNDER_SHARDED_VMAP = pytest.mark.xfail(
+    tuple(int(v) for v in jax.__version__.split(".")[:2]) >= (0, 12), strict=True,
+    reason="jax 0.12's jnp.ldexp under a vmap of a dim sharded on an Explicit mesh")
 
 
-@pytest.mark.parametrize("case", VMAP_CASES, ids=[c.id for c in VMAP_CASES])
+def _vmap_params() -> list:
+  marked = lambda c: c.explicit and c.target.startswith("Fp8") and c.specs[0][0] is not None
+  return [pytest.param(c, id=c.id, marks=[_LDEXP_UNDER_SHARDED_VMAP] if marked(c) else []) for c in VMAP_CASES]
+
+
+@pytest.mark.parametrize("case", _vmap_params())
 def test_random_sharding_vmap(case: VmapCase, assert_close):
   rng = np.random.default_rng(SEED + 1000 * (len(CASES) + VMAP_CASES.index(case)))
   mesh = mesh_of(case.mesh_shape, case.names, case.explicit)

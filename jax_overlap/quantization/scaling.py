@@ -227,9 +227,9 @@ class BlockScaling(Scaling):
     want_x, want_w = self.shapes(x.shape, w.shape, w_kmajor)
     shapes = [getattr(s, "shape", None) for s in (x_scale, w_scale)]
     if any(shape is None or len(shape) == 0 for shape in shapes):
-      raise ValueError(f"jax_overlap.{op}: x_scale and w_scale must both be float32 scalars (shape ()), or "
-                       f"both block scales (x_scale {want_x}, w_scale {want_w}); got x_scale of shape {shapes[0]}, "
-                       f"w_scale of shape {shapes[1]}")
+      raise ValueError(f"jax_overlap.{op}: x_scale and w_scale must both be float32 scalars (shape (), or any "
+                       f"shape of size 1), or both block scales (x_scale {want_x}, w_scale {want_w}); got x_scale of "
+                       f"shape {shapes[0]}, w_scale of shape {shapes[1]}")
     for name, scale in (("x_scale", x_scale), ("w_scale", w_scale)):
       if scale.dtype != jnp.float32:
         raise TypeError(f"jax_overlap.{op}: with block scales {name} must be a float32 array, got dtype "
