@@ -91,11 +91,50 @@ try:
 except ImportError:  # jax 0.11 dropped the module
   _shard_alike = None
 
-HAS_SHARD_ALIKE = _shard_alike is not None
-
 
 def shard_alike(x, y):
-  """Ties x's and y's shardings (jax.experimental.shard_alike) where the installed JAX has it. Without it
-  (jax 0.11 dropped the module) the pair comes back as it is: the values are the same, only XLA may then
-  pick another layout for x."""
-  return (x, y) if _shard_alike is None else _shard_alike(x, y)
+  """Ties the shardings of arrays x and y (jax.experimental.shard_alike, or its Shardy sharding group where the
+  installed JAX has no shard_alike): on an Auto mesh, the only way to give a gradient its primal's layout, which no
+  type carries there."""
+  return _group_p.bind(x, y) if _shard_alike is None else _shard_alike(x, y)
+
+
+def _sharding_group_primitive():
+  """jax 0.10's shard_alike_p for the JAX versions without it, where Shardy is the only partitioner."""
+  import itertools
+  from jax._src import core, dispatch  # not exported
+  from jax._src.interpreters import ad, batching, mlir
+  from jax._src.lib.mlir.dialects import sdy
+
+  prim = core.Primitive("jax_overlap_shard_alike")
+  prim.multiple_results = True
+  prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+  prim.def_abstract_eval(lambda x, y: (x, y))
+  # Linear in both: the cotangents are tied alike (a Zero, no array, has no layout to tie).
+  ad.deflinear(prim, lambda ct, **_: ct if any(type(c) is ad.Zero for c in ct) else prim.bind(*ct))
+
+  def batch(args, dims):
+    (x, y), (xd, yd) = args, dims
+    if xd is None:
+      x, xd = batching.broadcast(x, y.shape[yd], yd, None), yd
+    elif yd is None:
+      y = batching.broadcast(y, x.shape[xd], xd, None)
+    elif yd != xd:
+      y = batching.moveaxis(y, yd, xd)
+    return prim.bind(x, y), (xd, xd)
+
+  batching.primitive_batchers[prim] = batch
+  groups = itertools.count()
+
+  def lower(ctx, x, y):
+    del ctx
+    group = next(groups)
+    sdy.sharding_group(x, group)
+    sdy.sharding_group(y, group)
+    return x, y
+
+  mlir.register_lowering(prim, lower)
+  return prim
+
+
+_group_p = _sharding_group_primitive() if _shard_alike is None else None

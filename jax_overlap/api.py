@@ -359,7 +359,8 @@ def _drive(op, x, w, bias, *, x_scale, w_scale, out_dtype, fast_accumulation, w_
 _FP8_ARGS = """
   Float8 operands (x and w both float8: float8_e4m3fn or float8_e5m2 where the GPU has OCP fp8, sm_89+ and
   gfx950; float8_e4m3fnuz or float8_e5m2fnuz on gfx942; one family, not both e5m2):
-    x_scale, w_scale: float32 scalars (shape ()), required: an operand's value is x.astype(float32) * x_scale.
+    x_scale, w_scale: float32 scalars (shape (), or any size-1 shape such as (1,)), required: an operand's value
+              is x.astype(float32) * x_scale.
               Inside shard_map each rank's own (ranks may differ: no amax all-reduce is needed before
               quantizing); on global arrays one scale per array. Refused for other dtypes. An ag_matmul
               x_scale that is every rank's (global, or passed into shard_map replicated: invariant over

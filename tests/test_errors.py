@@ -405,13 +405,13 @@ def test_fp8_missing_scale(op, missing):
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("shape", [(1,), (4,), (1, 1)], ids=str)
+@pytest.mark.parametrize("shape", [(4,), (2, 1)], ids=str)
 def test_fp8_scale_shape(op, shape):
-  """Scales are one float32 scalar per operand (each rank's own inside shard_map), or block scales for both: one
-  of each is refused, saying what either form takes."""
-  with pytest.raises(ValueError, match=rf"{op}: x_scale and w_scale must both be float32 scalars \(shape \(\)\), "
-                                       rf"or both block scales \(x_scale .*\); got x_scale of shape None, w_scale "
-                                       rf"of shape {re.escape(str(shape))}"):
+  """Scales are one float32 scalar per operand (each rank's own inside shard_map; any size-1 shape), or block scales
+  for both: one of each is refused, saying what either form takes."""
+  with pytest.raises(ValueError, match=rf"{op}: x_scale and w_scale must both be float32 scalars \(shape \(\), or "
+                                       rf"any shape of size 1\), or both block scales \(x_scale .*\); got x_scale "
+                                       rf"of shape None, w_scale of shape {re.escape(str(shape))}"):
     jax.eval_shape(lambda s: fp8_trace(op, x_scale=1.0, w_scale=s), spec(shape, jnp.float32))
 
 
@@ -567,15 +567,50 @@ def test_shape_errors_inside_shard_map_say_the_shapes_are_local(op, make_mesh):
     ("JAX_OVERLAP_PIPELINE_STAGES", "1,x", "expected stage sizes"),
     ("JAX_OVERLAP_GEMM_SM_MARGIN", "-2", "expected a whole number of SMs"),
     ("JAX_OVERLAP_ARCH_TRAITS", "gfx", "expected one of nvidia, amd"),
-    ("JAX_OVERLAP_MAXTEXT_ALGORITHM", "fastest", "expected one of auto, xla, fused, pipelined"),
-    ("JAX_OVERLAP_MAXTEXT_FP8", "delayed", "expected one of tensor, block"),
-    ("JAX_OVERLAP_MAXTEXT_FP8_CAST", "kernel", "expected one of auto, kernels, xla"),
 ])
 def test_a_bad_setting_is_an_error_on_every_backend(monkeypatch, name, value, expected):
   from jax_overlap.runtime import settings
   monkeypatch.setenv(name, value)
   with pytest.raises(ValueError, match=rf"^jax_overlap: {name}={value!r}.*{expected}"):
     settings.check_all()
+
+
+@pytest.mark.parametrize("name,value,expected", [
+    ("JAX_OVERLAP_MAXTEXT_ALGORITHM", "fastest", "expected one of auto, xla, fused, pipelined"),
+    ("JAX_OVERLAP_MAXTEXT_FP8", "delayed", "expected one of tensor, block"),
+    ("JAX_OVERLAP_MAXTEXT_FP8_CAST", "kernel", "expected one of auto, kernels, xla"),
+])
+def test_a_bad_maxtext_setting_is_an_error_where_the_integration_reads_it(monkeypatch, name, value, expected):
+  from jax_overlap.maxtext import settings
+  monkeypatch.setenv(name, value)
+  with pytest.raises(ValueError, match=rf"^jax_overlap: {name}={value!r}.*{expected}"):
+    settings.check_all()
+
+
+def test_a_misspelled_setting_is_a_warning_that_names_the_setting(monkeypatch):
+  from jax_overlap.runtime import settings
+  monkeypatch.setenv("JAX_OVERLAP_DISABLED", "1")
+  monkeypatch.setenv("JAX_OVERLAP_MAXTEXT_FP", "tensor")
+  monkeypatch.setenv("JAX_OVERLAP_PLATFORM", "none")  # the build's: no warning
+  with pytest.warns(UserWarning) as caught:
+    settings.check_all()
+  assert [str(w.message) for w in caught] == [
+      f"jax_overlap: the environment variable {typo} is no setting of jax_overlap and is ignored; did you mean "
+      f"{meant}?" for typo, meant in (("JAX_OVERLAP_DISABLED", "JAX_OVERLAP_DISABLE"),
+                                      ("JAX_OVERLAP_MAXTEXT_FP", "JAX_OVERLAP_MAXTEXT_FP8"))]
+
+
+def test_every_variable_the_package_reads_is_a_known_name():
+  """runtime/settings.NAMES is the one list of names (the misspelling warning's): every JAX_OVERLAP_* the sources
+  name is in it."""
+  import pathlib
+  import re
+  from jax_overlap.runtime import settings
+  root = pathlib.Path(settings.__file__).parents[2]
+  sources = [*root.glob("jax_overlap/**/*.py"), *root.glob("tools/*.py"), *root.glob("csrc/**/*.c[cu]"),
+             *root.glob("csrc/**/*.h"), root / "pyproject.toml"]
+  named = {m for path in sources for m in re.findall(r'"(JAX_OVERLAP_[A-Z0-9_]+)"', path.read_text())}
+  assert named and named <= settings.NAMES, sorted(named - settings.NAMES)
 
 
 def test_a_bad_setting_fails_the_import():
@@ -588,3 +623,15 @@ def test_a_bad_setting_fails_the_import():
   done = subprocess.run([sys.executable, "-P", "-c", "import jax_overlap"], env=env, capture_output=True, text=True)
   assert done.returncode != 0
   assert "ValueError: jax_overlap: JAX_OVERLAP_ON_TIMEOUT='explode'; expected one of abort, raise" in done.stderr
+
+
+def test_a_misspelled_setting_is_said_once_at_import():
+  import os
+  import subprocess
+  import sys
+  env = {**os.environ, "JAX_OVERLAP_DISABLED": "1"}
+  done = subprocess.run([sys.executable, "-P", "-c", "import jax_overlap, jax_overlap.runtime.settings"], env=env,
+                        capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr
+  assert done.stderr.count("JAX_OVERLAP_DISABLED is no setting of jax_overlap and is ignored; did you mean "
+                           "JAX_OVERLAP_DISABLE?") == 1, done.stderr

@@ -14,7 +14,8 @@ Eight layer cases draw x or the cotangent tiny (an amax below the format's max *
 amax / max was flushed to zero), the other operands away from zero so that no product is a float32 subnormal.
 
 A failing case's id names everything it drew (e.g. `17-Fp8RsDotGeneral-block-Explicit(2,4)-xla`); the draw is
-one seed's, so `-k` runs it alone. 40 cases: about 45 s of one core with jax 0.10.2, 38 s with 0.12 (compiles).
+one seed's, so `-k` runs it alone. 40 cases: about 45 s of one core with jax 0.10.2, 38 s with 0.12 (compiles);
+and 16 under jax.vmap (test_random_sharding_vmap), each target and scaling once per mesh type.
 """
 
 from __future__ import annotations
@@ -202,3 +203,123 @@ def test_random_sharding(case: Case, assert_close):
   if case.explicit:  # the gradients come back in their primal's layout
     for name, g, spec in (("dx", got[1], case.specs[0]), ("dW", got[2], case.specs[1])):
       assert g.sharding.is_equivalent_to(NamedSharding(mesh, P(*spec)), g.ndim), f"{name}: {g.sharding}"
+
+
+# --- under jax.vmap -------------------------------------------------------------------------------------------
+# Issue 52, item 3: on an Explicit mesh a weight or a scale per element (and the layers, whose scales are per
+# element under vmap) failed with JAX's ShardingTypeError. Each target and scaling once per mesh type, with what is
+# batched drawn (ops: x and w, w alone, or x and both scales; layers: x, or x and the kernel) and a random spec for
+# each operand (the batch dims on one axis or none).
+
+VMAP_BATCH = 2
+VMAP_CASES_PER_KIND = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class VmapCase:
+  target: str
+  scaling: str
+  mesh_shape: tuple
+  names: tuple
+  explicit: bool
+  algorithm: str
+  batched: str  # what the vmap batches (ops: "x_and_w", "w", "scales"; layers: "x", "x_and_w")
+  specs: tuple  # per operand, of its shape with the batch dim where batched (ops: x, w, x_scale, w_scale; layers:
+  # x, w, cotangent)
+  name: str
+
+  @property
+  def id(self) -> str:
+    kind = "Explicit" if self.explicit else "Auto"
+    return (f"vmap{self.name}-{self.target}-{self.scaling}-{self.batched}-{kind}{self.mesh_shape}-"
+            f"{self.algorithm}").replace(" ", "")
+
+  def batches(self, operand: str) -> bool:
+    """Whether `operand` (x, w, x_scale, w_scale, cotangent) has a batch dim."""
+    if self.target.startswith("Fp8"):
+      return operand != "w" or self.batched == "x_and_w"
+    return {"x": self.batched != "w", "w": self.batched != "scales", "x_scale": self.batched != "w"}.get(operand, True)
+
+  def shapes(self) -> tuple:
+    """The operands' shapes (with their batch dims)."""
+    # block scales: an element's rows one block (the layers' weight gradient contracts them in blocks of 128)
+    m, k, n = (B, 2 * B, 2 * B) if self.scaling == "block" else (64, 64, 64)
+    names = ["x", "w", "cotangent"] if self.target.startswith("Fp8") else ["x", "w", "x_scale", "w_scale"]
+    one = {"x": (m, k), "w": (k, n), "cotangent": (m, n),
+           "x_scale": (m, k // B) if self.scaling == "block" else (),
+           "w_scale": (k // B, n // B) if self.scaling == "block" else ()}
+    return tuple(((VMAP_BATCH,) if self.batches(o) else ()) + one[o] for o in names)
+
+
+def _vmap_cases() -> list:
+  rng = np.random.default_rng(SEED + 1)
+  cases = []
+  for i in range(VMAP_CASES_PER_KIND):
+    target, scaling = TARGETS[i % len(TARGETS)], ("tensor", "block")[i // len(TARGETS) % 2]
+    explicit = bool(i // (2 * len(TARGETS)) % 2)
+    mesh_shape, names = MESHES[int(rng.integers(len(MESHES)))]
+    batched = rng.choice(["x", "x_and_w"] if target.startswith("Fp8") else ["x_and_w", "w", "scales"])
+    algorithm = ("auto", "xla")[int(rng.random() < 0.25)]
+    case = VmapCase(target, scaling, mesh_shape, names, explicit, algorithm, str(batched), (), str(i))
+    # The batch dims of every batched operand on one axis or none (JAX refuses an unbatched operand on the axis a
+    # vmap maps over), the other dims drawn from the other axes.
+    batch_axis = rng.choice([None, *(a for a, size in zip(names, mesh_shape) if VMAP_BATCH % size == 0)])
+    sizes = {a: size for a, size in zip(names, mesh_shape) if a != batch_axis}
+    operands = ("x", "w", "cotangent") if target.startswith("Fp8") else ("x", "w", "x_scale", "w_scale")
+    specs = []
+    for o, shape in zip(operands, case.shapes()):
+      lead = (None if batch_axis is None else str(batch_axis),) if case.batches(o) else ()
+      own = shape[len(lead):]
+      specs.append(lead + (_spec(rng, own, sizes) if own else ()))
+    cases.append(dataclasses.replace(case, specs=tuple(specs)))
+  return cases
+
+
+VMAP_CASES = _vmap_cases()
+# jax 0.12's jnp.ldexp (the layers' scale from the amax, quantization/numerics.fp8_scale) fails under a vmap whose
+# batch dim is sharded on an Explicit mesh ("Resource axis ... is not found in mesh: ()"), in JAX itself: strict, so
+# that a JAX that fixes it fails here until the mark goes.
+_LDEXP_UNDER_SHARDED_VMAP = pytest.mark.xfail(
+    tuple(int(v) for v in jax.__version__.split(".")[:2]) >= (0, 12), strict=True,
+    reason="jax 0.12's jnp.ldexp under a vmap of a dim sharded on an Explicit mesh")
+
+
+def _vmap_params() -> list:
+  marked = lambda c: c.explicit and c.target.startswith("Fp8") and c.specs[0][0] is not None
+  return [pytest.param(c, id=c.id, marks=[_LDEXP_UNDER_SHARDED_VMAP] if marked(c) else []) for c in VMAP_CASES]
+
+
+@pytest.mark.parametrize("case", _vmap_params())
+def test_random_sharding_vmap(case: VmapCase, assert_close):
+  rng = np.random.default_rng(SEED + 1000 * (len(CASES) + VMAP_CASES.index(case)))
+  mesh = mesh_of(case.mesh_shape, case.names, case.explicit)
+  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, P(*spec)))
+  shapes = case.shapes()
+  axes = tuple(0 if case.batches(o) else None for o in (("x", "w", "cotangent") if case.target.startswith("Fp8")
+                                                         else ("x", "w", "x_scale", "w_scale")))
+  each = lambda a, axis, b: a if axis is None else a[b]
+  if not case.target.startswith("Fp8"):
+    x8, w8 = (rng.standard_normal(s).astype(jnp.float8_e4m3fn) for s in shapes[:2])
+    xs, ws = ((2.0 ** rng.integers(-6, 3, s)).astype(np.float32) for s in shapes[2:])
+    fn = getattr(jax_overlap, case.target)
+    f = jax.vmap(lambda x, w, xs, ws: fn(x, w, x_scale=xs, w_scale=ws, out_dtype=jnp.float32,
+                                         algorithm=case.algorithm), in_axes=axes)
+    got = jax.jit(f)(*(put(a, s) for a, s in zip((x8, w8, xs, ws), case.specs)))
+    want = np.stack([dequantized(each(x8, axes[0], b), each(xs, axes[2], b))
+                     @ dequantized(each(w8, axes[1], b), each(ws, axes[3], b)) for b in range(VMAP_BATCH)])
+    check(got, want, shapes[0][-1], "value", assert_close)
+    return
+  x, w, ct = _draw(rng, shapes[0]), _draw(rng, shapes[1]) / 8, _draw(rng, shapes[2])
+  layer = getattr(jax_overlap, case.target)(algorithm=case.algorithm, scaling=case.scaling)
+  dn = (((1,), (0,)), ((), ()))
+  f = jax.vmap(lambda x, w: layer(x, w, dn), in_axes=axes[:2])
+  got = jax.jit(lambda x, w, ct: vjp(f, x, w, ct))(*(put(a, s) for a, s in zip((x, w, ct), case.specs)))
+  # Each element is a call of its own: quantized on its own, as the reference quantizes a global array.
+  per_element = [layer_reference(case.target, case.scaling, x[b], each(w, axes[1], b), ct[b])
+                 for b in range(VMAP_BATCH)]
+  y, dx, dw = (np.stack(r) for r in zip(*per_element))
+  if axes[1] is None:
+    dw = dw.sum(0)
+  rows = x.shape[1] * (VMAP_BATCH if axes[1] is None else 1)
+  for name, g, r, terms in zip(("value", "dx", "dW"), got, (y, dx, dw), (x.shape[-1], w.shape[-1], rows)):
+    check(g, r, terms, name, assert_close)

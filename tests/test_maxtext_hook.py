@@ -14,10 +14,7 @@ import pytest
 from flax.linen import fp8_ops
 from jax.sharding import AbstractMesh
 
-from jax_overlap import api
-from jax_overlap.layers import fp8 as fp8_layers
 from jax_overlap.maxtext import __main__ as entry, choice, hook, patches
-from jax_overlap.runtime import settings
 
 # MaxText 0.2.5's rules for the names below (configs/base.yml, in its order: a name's first rule whose mesh axes are
 # free wins, as flax resolves them).
@@ -240,11 +237,6 @@ def test_census_does_not_warn_without_model_parallelism(census, caplog):
 
 
 # --- options, versions, the entry point's arguments ---------------------------------------------------------------
-
-def test_the_settings_take_the_ops_algorithms_and_the_layers_casts():
-  assert settings.MAXTEXT_ALGORITHM_CHOICES == api.ALGORITHMS
-  assert settings.MAXTEXT_FP8_CAST_CHOICES == fp8_layers.CAST_ALGORITHMS
-
 
 @pytest.mark.parametrize("algorithm,fp8,fp8_cast,match", [("fastest", "", "auto", "algorithm must be one of"),
                                                           ("auto", "delayed", "auto", "fp8 must be one of"),

@@ -10,7 +10,7 @@ import pytest
 
 import jax_overlap
 from jax_overlap import tracing
-from jax_overlap.runtime import native, settings, workspace
+from jax_overlap.runtime import errors, native, processes, settings, workspace
 
 WORKSPACE_KEYS = {"active", "workspace_bytes", "used_bytes", "regions", "watchdog_seconds", "on_timeout",
                   "sync_after_launch", "trace", "devices", "reachable_devices", "link_gbps"}
@@ -138,3 +138,24 @@ def test_no_gpu_means_no_workspace():
   """The fused lowering's gate: without a GPU the runtime never becomes active."""
   jax_overlap.initialize()
   assert workspace.is_active() is False
+
+
+class _FailingStore:
+  """A key-value client whose store is gone, as jax's raises it (RuntimeError)."""
+
+  def key_value_set(self, key, value):
+    raise RuntimeError(f"UNAVAILABLE: the coordination service is gone (setting {key})\nmore detail")
+
+  def blocking_key_value_get(self, key, timeout_ms):
+    raise RuntimeError(f"DEADLINE_EXCEEDED: {key}")
+
+
+@pytest.mark.parametrize("step", [lambda: processes.barrier("shutdown"), lambda: processes.gather("hosts", {})],
+                         ids=["barrier", "gather"])
+def test_a_failing_key_value_store_is_a_setup_error_at_every_step(monkeypatch, step):
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: 0)
+  monkeypatch.setattr(processes, "client", _FailingStore)
+  monkeypatch.setattr(processes, "prefix", lambda: "jax_overlap/1")
+  with pytest.raises(errors.SetupError, match=r"could not publish jax_overlap/1/\S+: UNAVAILABLE: the coordination"):
+    step()

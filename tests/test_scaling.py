@@ -104,3 +104,46 @@ def test_a_shared_x_scale_is_a_variant_of_tensor_scales():
   assert scaling.BLOCK.sharing_x(False) is scaling.BLOCK
   with pytest.raises(ValueError, match="follow x's rows"):
     scaling.BLOCK.sharing_x(True)
+
+
+@pytest.mark.parametrize("shape", [(1,), (1, 1), (1, 1, 1)])
+def test_size_one_scales_are_tensor_scales(shape):
+  x, w = jnp.zeros((4, 256), jnp.float8_e4m3fn), jnp.zeros((256, 128), jnp.float8_e4m3fn)
+  s = scaling.of("op", x, w, jnp.full(shape, 2.0, jnp.float32), jnp.full(shape, 0.5, jnp.float32), False)
+  assert s.scaling is scaling.TENSOR and s.x.shape == s.w.shape == ()
+  assert (float(s.x), float(s.w)) == (2.0, 0.5)
+  mixed = scaling.of("op", x, w, jnp.float32(2.0), jnp.full(shape, 0.5, jnp.float32), False)
+  assert mixed.scaling is scaling.TENSOR and mixed.w.shape == ()
+
+
+def test_size_one_scales_of_the_block_shapes_are_block_scales():
+  x, w = jnp.zeros((1, 128), jnp.float8_e4m3fn), jnp.zeros((128, 128), jnp.float8_e4m3fn)
+  assert scaling.of("op", x, w, jnp.ones((1, 1), jnp.float32), jnp.ones((1, 1), jnp.float32),
+                    False).scaling is scaling.BLOCK
+
+
+@pytest.mark.parametrize("where", ["global", "group_of_one"])
+def test_gathered_scales_feed_back_as_tensor_scales(where, fp8, rng, make_mesh, assert_close):
+  """ag_matmul's gathered_scales of a global x or a group of one are (1,): another call takes them as x_scale."""
+  import jax_overlap
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  world = 4 if where == "global" else 1
+  mesh = make_mesh((world,), ("tp",))
+  x, w1, w2 = fp8((world * 8, 48), "float8_e4m3fn"), fp8((48, world * 16), "float8_e4m3fn"), fp8((48, 24),
+                                                                                                   "float8_e4m3fn")
+  sx, s1, s2 = (jnp.asarray(rng.uniform(0.3, 3.0, (1,)), jnp.float32) for _ in range(3))
+
+  def two_calls(x, w1, w2, sx, s1, s2, axis_name=None):
+    _, gathered, gathered_scales = jax_overlap.ag_matmul(x, w1, x_scale=sx, w_scale=s1, axis_name=axis_name,
+                                                         return_gathered=True)
+    assert gathered_scales.shape == (1,)
+    return jax_overlap.matmul_rs(gathered, w2, x_scale=gathered_scales, w_scale=s2, out_dtype=jnp.float32)
+
+  if where == "global":
+    args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in ((x, P("tp")), (w1, P(None, "tp")), (w2, P()))]
+    y = jax.jit(two_calls)(*args, sx, s1, s2)
+  else:
+    y = jax.jit(jax.shard_map(lambda *a: two_calls(*a, axis_name="tp"), mesh=mesh, in_specs=P(),
+                              out_specs=P("tp")))(x, w1, w2, sx, s1, s2)
+  want = (x.astype(np.float64) * float(sx[0])) @ (w2.astype(np.float64) * float(s2[0]))
+  assert_close(y, want, jnp.float32, x.shape[1], scale=float(sx[0] * s2[0]))

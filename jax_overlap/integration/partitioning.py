@@ -69,14 +69,7 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_km
     request = (None,) * (out_ndim - len(request)) + tuple(request)
 
   def plan(mesh, args, asked):
-    # The plan is made even for the shapes the scales need (Scaling.plan_shapes), which makes it even for the
-    # operands too.
-    o = Operands.of(args, has_bias, scaling)
-    x_shape, w_shape = o.x.shape, o.w.shape
-    if scaling is not None:
-      x_shape, w_shape = scaling.plan_shapes((o.x_scale.shape, o.w_scale.shape), x_shape, w_shape)
-    return op.sharding.plan(mesh, _spec(mesh, o.x, ndim, "x"), _spec(mesh, o.w, w_ndim, "w"), x_shape, w_shape,
-                            w_kmajor, axis, asked)
+    return _plan(op, mesh, args, has_bias, scaling, w_kmajor, axis, asked)
 
   def product(*args, out_specs=None):
     x, w, bias, scales = split_operands(args, has_bias, scaling)
@@ -138,6 +131,17 @@ def _nothing_to_overlap(name: str, why: str) -> None:
            "matmul_rs (RsDotGeneral). Said once per reason.", name, why)
 
 
+def _plan(op, mesh, avals, has_bias: bool, scaling, w_kmajor: bool, axis, asked):
+  """The op's sharding plan for operands of these types; made even for the shapes the scales need
+  (Scaling.plan_shapes), which makes it even for the operands too."""
+  o = Operands.of(avals, has_bias, scaling)
+  x_shape, w_shape = o.x.shape, o.w.shape
+  if scaling is not None:
+    x_shape, w_shape = scaling.plan_shapes((o.x_scale.shape, o.w_scale.shape), x_shape, w_shape)
+  return op.sharding.plan(mesh, _spec(mesh, o.x, o.x.ndim, "x"), _spec(mesh, o.w, o.w.ndim, "w"), x_shape, w_shape,
+                          w_kmajor, axis, asked)
+
+
 def _spec(mesh, aval, ndim: int, what: str) -> list:
   """The spec (_sharding.spec_of form) of an operand or result of a custom partitioning; one that no PartitionSpec
   of the mesh names (a sub-axis: propagation through a reshape upstream, such as the block views of an operand
@@ -156,7 +160,7 @@ def _spec(mesh, aval, ndim: int, what: str) -> list:
 # so that an enclosing vmap reaches this rule too; batched weights or bias go to
 # the reference product.
 
-def _vmap_rule(op, fn, has_bias: bool, scaling, w_kmajor: bool, out_dtype: str):
+def _vmap_rule(op, fn, has_bias: bool, scaling, w_kmajor: bool, axis, request, out_dtype: str):
   def rule(axis_size, in_batched, *args):
     def batched(i, a):
       return a if in_batched[i] else jnp.broadcast_to(a, (axis_size, *a.shape))
@@ -167,10 +171,24 @@ def _vmap_rule(op, fn, has_bias: bool, scaling, w_kmajor: bool, out_dtype: str):
       return out, jax.tree.map(lambda _: True, out)
     args = [batched(i, a) for i, a in enumerate(args)]
 
-    def product(*args):
+    def reference(*args):
       x, w, bias, scales = split_operands(args, has_bias, scaling)
       return op.sharding.global_results(op.xla.reference(x, w, bias, scales, axis_name=None, w_kmajor=w_kmajor,
                                                          out_dtype=out_dtype), None)
+
+    def product(*args):
+      mesh = _sharding.explicit_mesh(jax.typeof(args[0]))
+      if mesh is None:
+        return reference(*args)
+      # Explicit axes: the operands are laid out for the op (ag_matmul: x's rows and w's columns on one axis), where
+      # the reference's plain dot has no legal result type. It runs with the axes Auto, and its results take the
+      # layouts of the op's own (its plan's), as the call of an unbatched element would give them.
+      out_ndim = op.sharding.result_ndim(jax.typeof(args[0]).ndim, jax.typeof(args[1]).ndim)
+      asked = None if request is None else (None,) * (out_ndim - len(request)) + tuple(request)
+      specs = _plan(op, mesh, [jax.typeof(a) for a in args], has_bias, scaling, w_kmajor, axis, asked).results
+      named = _named(mesh, *specs)
+      return jax.sharding.auto_axes(reference, out_sharding=named if op.rules.primitive.multiple_results else named[0])(
+          *args)
     out = jax.vmap(product)(*args)
     return out, jax.tree.map(lambda _: True, out)
   return rule
@@ -183,7 +201,7 @@ def _vmappable(op, has_bias: bool, scaling, w_kmajor: bool, algorithm: str, axis
     return custom_partitioned(op, x.ndim, w.ndim, has_bias, scaling, w_kmajor, algorithm, axis, request,
                               out_dtype)(x, w, *rest)
 
-  fn.def_vmap(_vmap_rule(op, fn, has_bias, scaling, w_kmajor, out_dtype))
+  fn.def_vmap(_vmap_rule(op, fn, has_bias, scaling, w_kmajor, axis, request, out_dtype))
   return fn
 
 

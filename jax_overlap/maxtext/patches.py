@@ -15,8 +15,7 @@ import importlib.metadata
 import inspect
 
 from jax_overlap import api, planning
-from jax_overlap.maxtext import hook
-from jax_overlap.runtime import settings
+from jax_overlap.maxtext import hook, settings
 
 # The hook and the functions above move between releases.
 TESTED_MAXTEXT = ("0.2.5",)
@@ -50,11 +49,11 @@ def _once(owner, name: str, make) -> None:
 def check_options(algorithm: str, fp8: str, fp8_cast: str) -> None:
   if algorithm not in api.ALGORITHMS:
     raise ValueError(f"jax_overlap.maxtext: algorithm must be one of {api.ALGORITHMS}, got {algorithm!r}")
-  if fp8 not in settings.MAXTEXT_FP8_CHOICES:
-    raise ValueError(f"jax_overlap.maxtext: fp8 must be one of {settings.MAXTEXT_FP8_CHOICES} ('': MaxText's "
+  if fp8 not in settings.FP8_CHOICES:
+    raise ValueError(f"jax_overlap.maxtext: fp8 must be one of {settings.FP8_CHOICES} ('': MaxText's "
                      f"quantization decides), got {fp8!r}")
-  if fp8_cast not in settings.MAXTEXT_FP8_CAST_CHOICES:
-    raise ValueError(f"jax_overlap.maxtext: fp8_cast must be one of {settings.MAXTEXT_FP8_CAST_CHOICES} (the float8 "
+  if fp8_cast not in settings.FP8_CAST_CHOICES:
+    raise ValueError(f"jax_overlap.maxtext: fp8_cast must be one of {settings.FP8_CAST_CHOICES} (the float8 "
                      f"layers' casts: 'auto' or 'xla', XLA's; 'kernels', the cast kernels), got {fp8_cast!r}")
 
 
@@ -134,9 +133,9 @@ def enable(*, algorithm: str | None = None, fp8: str | None = None, fp8_cast: st
   float8). fp8_cast: "auto" (XLA's casts in MaxText: hook.AUTO_FP8_CAST), "xla" or "kernels". Each defaults to its
   JAX_OVERLAP_MAXTEXT_* setting. Raises ImportError without MaxText, RuntimeError for an untested MaxText release.
   """
-  algorithm = settings.maxtext_algorithm() if algorithm is None else algorithm
-  fp8 = settings.maxtext_fp8() if fp8 is None else fp8
-  fp8_cast = settings.maxtext_fp8_cast() if fp8_cast is None else fp8_cast
+  algorithm = settings.algorithm() if algorithm is None else algorithm
+  fp8 = settings.fp8() if fp8 is None else fp8
+  fp8_cast = settings.fp8_cast() if fp8_cast is None else fp8_cast
   check_options(algorithm, fp8, fp8_cast)
   check_version(_maxtext_version())
   # pylint: disable=import-outside-toplevel  (MaxText is optional: imported only here)

@@ -59,7 +59,8 @@ def _reachable(problem: Problem) -> None:
 
 
 def _placed(choice: Choice) -> Choice:
-  """The choice with its region's offset (the region is not recorded yet)."""
+  """The choice with its region's offset, not yet recorded: every process must agree on it first (the agreement
+  runs one decision at a time, under _deciding, so no other thread of this process places in between)."""
   return choice if choice.region is None else dataclasses.replace(choice, offset=workspace.placement(*choice.region))
 
 
@@ -74,10 +75,7 @@ def choose(problem: Problem, op, algorithm: str) -> Choice:
     _reachable(problem)
     if not measured:
       choice = decide(problem, op, algorithm, again=choice.algorithm if algorithm == "auto" else None)
-  choice = _placed(choice)
-  if choice.region is not None:
-    workspace.place(*choice.region, choice.offset)
-  return choice
+  return choice if choice.region is None else dataclasses.replace(choice, offset=workspace.claim(*choice.region))
 
 
 # --- one decision for every process ------------------------------------------------

@@ -25,7 +25,7 @@ scale.
 Scales (the pair of arrays and their mode, a pytree) is how scales travel
 through the Python code: by name, never by position.
 
-  TENSOR  one float32 scalar per operand (inside shard_map each rank's own)
+  TENSOR  one float32 scalar per operand (inside shard_map each rank's own; any size-1 array is taken as one)
   BLOCK   DeepSeek-V3's recipe: one float32 per 1 x BLOCK_SIZE block of x (a
           row, BLOCK_SIZE elements of K) and one per BLOCK_SIZE x BLOCK_SIZE
           tile of w; cuBLASLt runs it on Hopper
@@ -230,9 +230,9 @@ class BlockScaling(Scaling):
     want_x, want_w = self.shapes(x.shape, w.shape, w_kmajor)
     shapes = [getattr(s, "shape", None) for s in (x_scale, w_scale)]
     if any(shape is None or len(shape) == 0 for shape in shapes):
-      raise ValueError(f"jax_overlap.{op}: x_scale and w_scale must both be float32 scalars (shape ()), or "
-                       f"both block scales (x_scale {want_x}, w_scale {want_w}); got x_scale of shape {shapes[0]}, "
-                       f"w_scale of shape {shapes[1]}")
+      raise ValueError(f"jax_overlap.{op}: x_scale and w_scale must both be float32 scalars (shape (), or any "
+                       f"shape of size 1), or both block scales (x_scale {want_x}, w_scale {want_w}); got x_scale of "
+                       f"shape {shapes[0]}, w_scale of shape {shapes[1]}")
     for name, scale in (("x_scale", x_scale), ("w_scale", w_scale)):
       if scale.dtype != jnp.float32:
         raise TypeError(f"jax_overlap.{op}: with block scales {name} must be a float32 array, got dtype "
@@ -313,8 +313,16 @@ class Scales:
 
 
 def of(op: str, x, w, x_scale, w_scale, w_kmajor: bool) -> Scales:
-  """The scales a caller passed for float8 x and w, checked: arrays of more than zero dims are block scales."""
-  blocks = any(getattr(s, "ndim", 0) > 0 for s in (x_scale, w_scale))
+  """The scales a caller passed for float8 x and w, checked.
+
+  Size-1 scales of any rank are tensor scales: (1,) is how Flax keeps a scale and what ag_matmul returns as the
+  gathered scales of a global x or a group of one. Block scales are any others, and size-1 scales of exactly the
+  block shapes (one block each), which scale the product alike either way and keep the block mode's gathered shape.
+  """
+  sizes = [getattr(s, "size", 1) for s in (x_scale, w_scale)]
+  blocks = any(size != 1 for size in sizes)
+  if not blocks and w.ndim == 2 and all(hasattr(s, "shape") for s in (x_scale, w_scale)):
+    blocks = (tuple(x_scale.shape), tuple(w_scale.shape)) == BLOCK.shapes(x.shape, w.shape, w_kmajor)
   return (BLOCK if blocks else TENSOR).check(op, x, w, x_scale, w_scale, w_kmajor)
 
 
@@ -343,4 +351,4 @@ def _scalar(op: str, name: str, scale, operand: str, dtype):
     raise TypeError(f"jax_overlap.{op}: {name} must be a float32 scalar, got {type(scale).__name__}")
   if scale.dtype != jnp.float32:
     raise TypeError(f"jax_overlap.{op}: {name} must be a float32 scalar, got dtype {scale.dtype}")
-  return scale
+  return scale.reshape(()) if scale.ndim else scale

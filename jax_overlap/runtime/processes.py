@@ -131,6 +131,6 @@ def barrier(name: str) -> None:
     return
   kv = client()
   step = f"{prefix()}/{name}"
-  kv.key_value_set(f"{step}/{jax.process_index()}", "1")
+  put(kv, f"{step}/{jax.process_index()}", "1")
   for p in range(jax.process_count()):
     get(kv, f"{step}/{p}", f"process {p} at {name}")

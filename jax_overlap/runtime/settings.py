@@ -1,22 +1,29 @@
-"""The settings jax_overlap reads from the environment: each one's name, default and check, in one place.
+"""The settings jax_overlap reads from the environment: every setting's name, and each runtime setting's default and
+check.
 
 Every setting is checked when jax_overlap is imported (check_all), on every
 backend, so a value a setting does not take raises a ValueError naming the
 variable, the value and what it expects, on a CPU-only machine too; and again
 where it is read (the runtime reads its options when it first prepares a GPU,
 the planner its pins at lowering), since the environment may change in
-between. Switches take 1/0, true/false, yes/no, on/off (unset: off).
+between. Switches take 1/0, true/false, yes/no, on/off (unset: off). A
+JAX_OVERLAP_* variable that names no setting is a warning at import, naming the
+nearest: a misspelled kill switch must not leave the GPU paths on in silence.
 
 The native module reads JAX_OVERLAP_GEMM_SM_MARGIN itself, once per process;
 its value is checked here all the same. JAX_OVERLAP_FAULTS (fault injection,
 tests only) is the native module's alone. The GEMM tuning settings
-(planning/tuning.py) are passed to it at each lowering.
+(planning/tuning.py) are passed to it at each lowering. The MaxText settings'
+values are jax_overlap/maxtext/settings.py's (checked when it is imported);
+their names are here, with every other name, for the warning.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
+import warnings
 
 WORKSPACE_BYTES = "JAX_OVERLAP_WORKSPACE_BYTES"
 WATCHDOG_SECONDS = "JAX_OVERLAP_WATCHDOG_SECONDS"
@@ -33,6 +40,13 @@ GEMM_CACHE_DIR = "JAX_OVERLAP_GEMM_CACHE_DIR"
 MAXTEXT_ALGORITHM = "JAX_OVERLAP_MAXTEXT_ALGORITHM"
 MAXTEXT_FP8 = "JAX_OVERLAP_MAXTEXT_FP8"
 MAXTEXT_FP8_CAST = "JAX_OVERLAP_MAXTEXT_FP8_CAST"
+FAULTS = "JAX_OVERLAP_FAULTS"
+# Every variable of jax_overlap's: the settings above, and those read before or beside the package: the build's
+# (pyproject.toml's cmake.define) and tools/check_isa.py's.
+NAMES = frozenset({WORKSPACE_BYTES, WATCHDOG_SECONDS, ON_TIMEOUT, SYNC, TRACE, DISABLE, PIPELINE_STAGES, ARCH_TRAITS,
+                   GEMM_SM_MARGIN, GEMM_TUNING, GEMM_CANDIDATES, GEMM_CACHE_DIR, MAXTEXT_ALGORITHM, MAXTEXT_FP8,
+                   MAXTEXT_FP8_CAST, FAULTS, "JAX_OVERLAP_PLATFORM", "JAX_OVERLAP_CUDA_ARCHS",
+                   "JAX_OVERLAP_HIP_ARCHS", "JAX_OVERLAP_ISA_WARN"})
 
 DEFAULT_WORKSPACE_BYTES = 1 << 30
 # The vendor heuristic's candidates timed per GEMM problem (XLA times up to 128; a problem's best was among the
@@ -40,15 +54,6 @@ DEFAULT_WORKSPACE_BYTES = 1 << 30
 DEFAULT_GEMM_CANDIDATES = 32
 ON_TIMEOUT_CHOICES = ("abort", "raise")
 ARCH_TRAITS_CHOICES = ("nvidia", "amd")
-# jax_overlap.maxtext's options (its key=value arguments name them too): the ops' algorithm (api.ALGORITHMS; a test
-# checks they agree), and jax_overlap's own fp8 layers for a 16-bit MaxText run ("": none; "tensor", "block": the
-# scaling of Fp8AgDotGeneral / Fp8RsDotGeneral).
-MAXTEXT_ALGORITHM_CHOICES = ("auto", "xla", "fused", "pipelined")
-MAXTEXT_FP8_CHOICES = ("", "tensor", "block")
-# and the float8 layers' cast_algorithm (layers/fp8.py CAST_ALGORITHMS; a test checks they agree), where "auto" is
-# the integration's own choice (jax_overlap/maxtext/hook.py AUTO_FP8_CAST).
-MAXTEXT_FP8_CAST_CHOICES = ("auto", "kernels", "xla")
-
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -80,7 +85,7 @@ def _number(name: str, default, parse, expected: str, valid):
   return value
 
 
-def _choice(name: str, default: str, choices: tuple) -> str:
+def choice(name: str, default: str, choices: tuple) -> str:
   text = _text(name)
   if text is None or text == "":
     return default
@@ -100,7 +105,7 @@ def watchdog_seconds(default: float) -> float:
 
 
 def on_timeout() -> str:
-  return _choice(ON_TIMEOUT, "abort", ON_TIMEOUT_CHOICES)
+  return choice(ON_TIMEOUT, "abort", ON_TIMEOUT_CHOICES)
 
 
 def disabled() -> bool:
@@ -116,7 +121,7 @@ def pipeline_stages() -> str | None:
 def arch_traits() -> str | None:
   """The ArchTraits whose compiled tiles the fused planner takes (debug: "amd" on a CUDA build), or None."""
   text = _text(ARCH_TRAITS)
-  return _choice(ARCH_TRAITS, "", ARCH_TRAITS_CHOICES) if text else None
+  return choice(ARCH_TRAITS, "", ARCH_TRAITS_CHOICES) if text else None
 
 
 def gemm_sm_margin() -> int:
@@ -139,25 +144,15 @@ def gemm_cache_dir() -> str | None:
   return _text(GEMM_CACHE_DIR) or None
 
 
-def maxtext_algorithm() -> str:
-  return _choice(MAXTEXT_ALGORITHM, "auto", MAXTEXT_ALGORITHM_CHOICES)
-
-
-def maxtext_fp8() -> str:
-  return _choice(MAXTEXT_FP8, "", MAXTEXT_FP8_CHOICES[1:])
-
-
-def maxtext_fp8_cast() -> str:
-  return _choice(MAXTEXT_FP8_CAST, "auto", MAXTEXT_FP8_CAST_CHOICES)
-
-
 def plan_settings() -> tuple:
   """The settings that change a call's plan, as written: part of the name of each decision (planning/agreement)."""
   return tuple(os.environ.get(name, "") for name in (PIPELINE_STAGES, ARCH_TRAITS))
 
 
 def check_all() -> None:
-  """Checks every setting the environment has, on any backend: a ValueError names the first bad one."""
+  """Checks every runtime setting the environment has, on any backend: a ValueError names the first bad one;
+  warns of variables that name no setting."""
+  warn_unknown()
   workspace_bytes()
   watchdog_seconds(math.inf)
   on_timeout()
@@ -168,10 +163,16 @@ def check_all() -> None:
   gemm_tuning()
   gemm_candidates()
   gemm_cache_dir()
-  maxtext_algorithm()
-  maxtext_fp8()
-  maxtext_fp8_cast()
   stages = pipeline_stages()
   if stages is not None and not all(s.strip().isdigit() and int(s) > 0 for s in stages.split(",")):
     raise ValueError(f"jax_overlap: {PIPELINE_STAGES}={stages!r}; expected stage sizes of at least one chunk "
                      f"separated by commas, such as 1,3")
+
+
+def warn_unknown() -> None:
+  """A UserWarning for each JAX_OVERLAP_* variable that names no setting, with the nearest name."""
+  for name in sorted(n for n in os.environ if n.startswith("JAX_OVERLAP_") and n not in NAMES):
+    near = difflib.get_close_matches(name, sorted(NAMES), n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]}?" if near else f"the settings are {', '.join(sorted(NAMES))}"
+    warnings.warn(f"jax_overlap: the environment variable {name} is no setting of jax_overlap and is ignored; {hint}",
+                  UserWarning, stacklevel=3)

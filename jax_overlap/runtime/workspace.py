@@ -497,6 +497,17 @@ def place(key: tuple, nbytes: int, offset: int) -> None:
       state.next_offset = max(state.next_offset, offset + nbytes)
 
 
+def claim(key: tuple, nbytes: int) -> int:
+  """placement() and place() as one step: threads lowering calls at once must not both take the next free offset.
+
+  WorkspaceFullError when a new region does not fit.
+  """
+  with _lock():
+    offset = placement(key, nbytes)
+    place(key, nbytes, offset)
+  return offset
+
+
 def note_workspace_full(error: WorkspaceFullError) -> None:
   """Says once, at INFO, that calls now take the XLA path for want of workspace, and what to do about it."""
   state = _state()
