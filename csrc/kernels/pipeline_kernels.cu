@@ -220,7 +220,17 @@ __global__ void mismatch_kernel(const T* got, const T* want, uint64_t elems, flo
 // registers, fewer threads resident) less than one.
 constexpr int kReduceThreads = 256;
 
-// T: the output's type; P: the partials' (partial_dtype(T): as wide or wider), B: the bias's.
+// The partials' type of an output of type T: core/dtype.h partial_dtype (launch_reduce checks they agree).
+template <typename T>
+struct PartialOf {
+  using type = T;
+};
+template <>
+struct PartialOf<gpu::fp16> {
+  using type = float;
+};
+
+// T: the output's type; P: the partials' (PartialOf<T>: as wide or wider), B: the bias's.
 template <typename T, typename P, typename B>
 __global__ void pipeline_reduce_kernel(ReduceArgs a) {
   constexpr int kVec = 16 / sizeof(T);                  // outputs per thread: one 16-byte store
@@ -374,17 +384,12 @@ hipError_t launch_reduce(const ReduceArgs& args, int sm_count, hipStream_t strea
     const int64_t grid_x = std::min((vecs + kReduceThreads - 1) / kReduceThreads,
                                     std::max<int64_t>(4 * static_cast<int64_t>(sm_count) / grid_y, 1));
     const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
-    const auto launch = [&](auto partial) {
-      using P = typename decltype(partial)::type;
-      if (args.bias_dtype == DType::kF32)
-        pipeline_reduce_kernel<T, P, float><<<grid, kReduceThreads, 0, stream>>>(args);
-      else
-        pipeline_reduce_kernel<T, P, T><<<grid, kReduceThreads, 0, stream>>>(args);
-    };
-    if (partial_dtype(args.dtype) == DType::kF32)
-      launch(TypeTag<float>{});
+    using P = typename PartialOf<T>::type;
+    if (element_bytes(partial_dtype(args.dtype)) != static_cast<int>(sizeof(P))) return;
+    if (args.bias_dtype == DType::kF32)
+      pipeline_reduce_kernel<T, P, float><<<grid, kReduceThreads, 0, stream>>>(args);
     else
-      launch(TypeTag<T>{});
+      pipeline_reduce_kernel<T, P, T><<<grid, kReduceThreads, 0, stream>>>(args);
     e = hipGetLastError();
   });
   return e;
