@@ -18,6 +18,7 @@
 // Build and run: bash benchmarks/gemm_engine/run_sm90.sh
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cmath>
@@ -34,17 +35,19 @@
 using jo::gemm::sm90::Gemm;
 using jo::gemm::sm90::GemmParams;
 using bf16 = __nv_bfloat16;
+using fp8 = __nv_fp8_e4m3;
 
 constexpr int kChunks = 4, kOwnChunk = 1;
 
-__global__ void fill_normal(bf16* p, size_t n, uint64_t seed, float scale) {
+template <class T>
+__global__ void fill_normal(T* p, size_t n, uint64_t seed, float scale) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;  // splitmix64
     h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
     h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
     h ^= h >> 31;
     const float u1 = (float(h >> 40) + 1.f) / 16777217.f, u2 = float(h & 0xFFFFFF) / 16777216.f;
-    p[i] = __float2bfloat16(scale * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2));
+    p[i] = T(scale * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2));
   }
 }
 
@@ -124,9 +127,19 @@ struct Lt {
     cublasLtMatrixLayout_t a, b, c;
     std::vector<cublasLtMatmulHeuristicResult_t> algos;
   };
-  Plan plan(int M, int N, int K, cudaDataType out, const void* bias) {
+  // fp8 (in = CUDA_R_8F_E4M3): tensor scales from device pointers; fast_accum
+  // keeps the tensor cores' own accumulation, as the sm90 kernel does.
+  Plan plan(int M, int N, int K, cudaDataType out, const void* bias, cudaDataType in = CUDA_R_16BF,
+            const float* scale_a = nullptr, const float* scale_b = nullptr, bool fast_accum = false) {
     Plan p;
     CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    if (scale_a != nullptr) {
+      CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof(scale_a)));
+      CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof(scale_b)));
+    }
+    const int8_t fast = fast_accum;
+    if (in != CUDA_R_16BF)
+      CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
     const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
     CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
     CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
@@ -136,8 +149,8 @@ struct Lt {
       CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
       CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &out, sizeof(out)));
     }
-    CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, K, N, K));
-    CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, K, M, K));
+    CHECK(cublasLtMatrixLayoutCreate(&p.a, in, K, N, K));
+    CHECK(cublasLtMatrixLayoutCreate(&p.b, in, K, M, K));
     CHECK(cublasLtMatrixLayoutCreate(&p.c, out, N, M, N));
     cublasLtMatmulPreference_t pref;
     CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -154,16 +167,16 @@ struct Lt {
     }
     return p;
   }
-  void run(const Plan& p, int i, const bf16* x, const bf16* w, void* y) {
+  void run(const Plan& p, int i, const void* x, const void* w, void* y) {
     const float one = 1.f, zero = 0.f;
     CHECK(cublasLtMatmul(h, p.op, &one, w, p.a, x, p.b, &zero, y, p.c, y, p.c, &p.algos[i].algo, ws, ws_bytes, 0));
   }
 };
 
-template <int BN, int S, class Out = bf16>
-static void launch(const bf16* x, const bf16* w, const GemmParams<Out>& p, int sms, cudaStream_t s = 0) {
+template <int BN, int S, class Out = bf16, class In = bf16>
+static void launch(const In* x, const In* w, const GemmParams<Out>& p, int sms, cudaStream_t s = 0) {
   char err[512];
-  if (Gemm<bf16, Out, BN, S>::launch(x, w, p, sms, s, err, sizeof(err)) != 0) {
+  if (Gemm<In, Out, BN, S>::launch(x, w, p, sms, s, err, sizeof(err)) != 0) {
     std::fprintf(stderr, "%s\n", err);
     std::exit(1);
   }
@@ -172,6 +185,20 @@ static void launch(const bf16* x, const bf16* w, const GemmParams<Out>& p, int s
 template <class Out>
 static GemmParams<Out> params(Out* y, int M, int N, int K, const Out* bias = nullptr) {
   return {y, bias, 1.f, M, N, K, nullptr, 0, M, 0, nullptr, 0};
+}
+
+struct Row {
+  char name[48];
+  int M, N, K;
+  float ms;
+  double ratio;  // cuBLASLt's best time over this one
+};
+static std::vector<Row> table;
+static void add(const char* name, int M, int N, int K, float ms, float base) {
+  Row r{};
+  std::snprintf(r.name, sizeof(r.name), "%s", name);
+  r.M = M, r.N = N, r.K = K, r.ms = ms, r.ratio = base / ms;
+  table.push_back(r);
 }
 
 static int failures = 0;
@@ -237,6 +264,51 @@ static void check_host(int M, int N, int K, int sms) {
   for (void* p : {(void*)x, (void*)w, (void*)bias, (void*)y, (void*)yf, (void*)biasf}) CHECK(cudaFree(p));
 }
 
+// fp8 e4m3 with tensor scales, bf16 out, against cuBLASLt fp8 (fast
+// accumulation: the tensor cores' own, as here; and cuBLASLt's default).
+static void fp8_section(Lt& lt, int M, int N, int K, int sms) {
+  if (K % 16 != 0) return;  // TMA needs rows of whole 16-byte units
+  fp8 *x, *w;
+  bf16 *y, *ref;
+  float* scales;
+  CHECK(cudaMalloc(&x, size_t(M) * K));
+  CHECK(cudaMalloc(&w, size_t(N) * K));
+  CHECK(cudaMalloc(&y, size_t(M) * N * 2));
+  CHECK(cudaMalloc(&ref, size_t(M) * N * 2));
+  CHECK(cudaMalloc(&scales, 2 * sizeof(float)));
+  const float h_scales[2] = {0.5f, 0.02f};
+  CHECK(cudaMemcpy(scales, h_scales, sizeof(h_scales), cudaMemcpyHostToDevice));
+  fill_normal<<<1024, 256>>>(x, size_t(M) * K, 3 + M, 2.f);
+  fill_normal<<<1024, 256>>>(w, size_t(N) * K, 4 + N, 2.f);
+  auto fast = lt.plan(M, N, K, CUDA_R_16BF, nullptr, CUDA_R_8F_E4M3, scales + 1, scales, true);
+  auto slow = lt.plan(M, N, K, CUDA_R_16BF, nullptr, CUDA_R_8F_E4M3, scales + 1, scales, false);
+  lt.run(fast, 0, x, w, ref);
+  GemmParams<bf16> p = params(y, M, N, K);
+  p.alpha = h_scales[0] * h_scales[1];
+  auto k256 = [&] { launch<256, 4>(x, w, p, sms); };
+  auto k128 = [&] { launch<128, 6>(x, w, p, sms); };
+  for (auto [what, f] : {std::pair<const char*, std::function<void()>>{"vs cublasLt fp8: 128x256 s4", k256},
+                         {"vs cublasLt fp8: 128x128 s6", k128}}) {
+    CHECK(cudaMemset(y, 0xFF, size_t(M) * N * 2));
+    f();
+    CHECK(cudaDeviceSynchronize());
+    verdict(what, M, N, K, compare_dev(y, ref, size_t(M) * N), 1e-2);
+  }
+  if (M < 1024 || M % 128 != 0) {
+    for (void* q : {(void*)x, (void*)w, (void*)y, (void*)ref, (void*)scales}) CHECK(cudaFree(q));
+    return;
+  }
+  std::vector<float> fast_ms, slow_ms;
+  for (size_t i = 0; i < fast.algos.size(); ++i) fast_ms.push_back(time_b2b([&] { lt.run(fast, i, x, w, ref); }));
+  for (size_t i = 0; i < slow.algos.size(); ++i) slow_ms.push_back(time_b2b([&] { lt.run(slow, i, x, w, ref); }));
+  const float best = *std::min_element(fast_ms.begin(), fast_ms.end());
+  add("fp8 cublasLt fast-accum best", M, N, K, best, best);
+  add("fp8 cublasLt default best", M, N, K, *std::min_element(slow_ms.begin(), slow_ms.end()), best);
+  add("fp8 sm90 128x256 s4", M, N, K, time_b2b(k256), best);
+  add("fp8 sm90 128x128 s6", M, N, K, time_b2b(k128), best);
+  for (void* q : {(void*)x, (void*)w, (void*)y, (void*)ref, (void*)scales}) CHECK(cudaFree(q));
+}
+
 int main() {
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -259,14 +331,8 @@ int main() {
 
   const int shapes[][3] = {{16384, 3584, 8192}, {16384, 8192, 3584}, {4096, 3584, 8192},
                            {1024, 3584, 8192},  {1000, 3576, 8184}};
-  struct Row {
-    char name[48];
-    int M, N, K;
-    float ms;
-    double ratio;
-  };
-  std::vector<Row> table;
   for (auto& s : shapes) {
+    if (std::getenv("JO_SM90_FP8_ONLY")) break;
     const int M = s[0], N = s[1], K = s[2];
     const bool timed = M >= 1024 && M % (128 * kChunks) == 0;
     bf16 *x, *w, *y, *ref, *prompt;
@@ -359,12 +425,7 @@ int main() {
       ++failures;
     }
 
-    auto add = [&](const char* name, float ms, float base) {
-      Row r{};
-      std::snprintf(r.name, sizeof(r.name), "%s", name);
-      r.M = M, r.N = N, r.K = K, r.ms = ms, r.ratio = base / ms;
-      table.push_back(r);
-    };
+    auto add = [&](const char* name, float ms, float base) { ::add(name, M, N, K, ms, base); };
     std::vector<float> lt_ms;
     for (size_t i = 0; i < plan.algos.size(); ++i) lt_ms.push_back(time_b2b([&] { lt.run(plan, i, x, w, ref); }));
     const float best = *std::min_element(lt_ms.begin(), lt_ms.end());
@@ -390,6 +451,7 @@ int main() {
     CHECK(cudaFreeHost(h_x));
     for (void* p : {(void*)x, (void*)w, (void*)y, (void*)ref, (void*)prompt}) CHECK(cudaFree(p));
   }
+  for (auto& s : shapes) fp8_section(lt, s[0], s[1], s[2], sms);
   std::printf("\n%-32s %6s %6s %6s %10s %9s %12s\n", "variant", "M", "N", "K", "b2b ms", "TFLOP/s", "vs cuBLAS");
   for (const Row& r : table)
     std::printf("%-32s %6d %6d %6d %10.4f %9.1f %12.3f\n", r.name, r.M, r.N, r.K, r.ms,

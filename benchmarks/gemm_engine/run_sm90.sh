@@ -17,4 +17,4 @@ grep -E "spill|registers" "$out.ptxas.txt" | sort | uniq -c
 echo "SASS: HGMMA $(grep -c 'HGMMA' "$out.sass"), HMMA $(grep -c ' HMMA' "$out.sass" || true)," \
   "UTMALDG $(grep -c 'UTMALDG' "$out.sass"), USETMAXREG $(grep -c 'USETMAXREG' "$out.sass")," \
   "local memory $(grep -cE ' (LDL|STL)' "$out.sass" || true)"
-"$out"
+timeout 240 "$out"
