@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -15,14 +14,16 @@ namespace jo::gemm::sm90 {
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point, so that the
 // benchmark and the library need not link libcuda.
-inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+using TensorMapEncoder = decltype(&cuTensorMapEncodeTiled);
+
+inline TensorMapEncoder tensor_map_encoder() {
+  static TensorMapEncoder fn = [] {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult q{};
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess)
       p = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    return reinterpret_cast<TensorMapEncoder>(p);
   }();
   return fn;
 }
