@@ -126,7 +126,8 @@ int main() {
     void* ws = nullptr;
     const size_t ws_bytes = CutlassGemm::get_workspace_size(args);
     if (ws_bytes) CHECK(cudaMalloc(&ws, ws_bytes));
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess || gemm.initialize(args, ws) != cutlass::Status::kSuccess) {
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess ||
+        gemm.initialize(args, ws) != cutlass::Status::kSuccess) {
       std::fprintf(stderr, "cutlass: cannot run %dx%dx%d\n", M, N, K);
       return 1;
     }
