@@ -1,5 +1,6 @@
-"""Writes wgmma.h beside this file: python3 csrc/gemm/sm90/gen_wgmma.py."""
+"""Writes wgmma.h beside this file (or to the path given): python3 csrc/gemm/sm90/gen_wgmma.py [OUT]."""
 import pathlib
+import sys
 
 # (N, PTX input type, K of one instruction)
 SHAPES = [(256, 'bf16', 16), (128, 'bf16', 16), (256, 'e4m3', 32), (128, 'e4m3', 32)]
@@ -47,4 +48,5 @@ __device__ __forceinline__ void wgmma_m64n{n}k{k}_{ty}(float (&d)[{r}], uint64_t
 
 
 body = HEAD + ''.join(wrapper(*s) for s in SHAPES) + '\n}  // namespace jo::gemm::sm90\n'
-(pathlib.Path(__file__).parent / 'wgmma.h').write_text(body)
+out = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else pathlib.Path(__file__).parent / 'wgmma.h'
+out.write_text(body)
