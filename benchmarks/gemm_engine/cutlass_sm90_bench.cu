@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "check.h"
+#include "timing.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -61,23 +62,6 @@ __global__ void rel_err(const bf16* y, const bf16* ref, size_t n, double* sums) 
   }
   atomicAdd(&sums[0], d2);
   atomicAdd(&sums[1], r2);
-}
-
-static float time_b2b(const std::function<void()>& f, int reps = 30) {
-  for (int i = 0; i < 5; ++i) f();
-  std::vector<cudaEvent_t> ev(reps + 1);
-  for (auto& e : ev) CHECK(cudaEventCreate(&e));
-  CHECK(cudaEventRecord(ev[0]));
-  for (int i = 0; i < reps; ++i) {
-    f();
-    CHECK(cudaEventRecord(ev[i + 1]));
-  }
-  CHECK(cudaEventSynchronize(ev[reps]));
-  std::vector<float> ms(reps);
-  for (int i = 0; i < reps; ++i) CHECK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
-  for (auto& e : ev) CHECK(cudaEventDestroy(e));
-  std::sort(ms.begin(), ms.end());
-  return ms[reps / 2];
 }
 
 int main() {

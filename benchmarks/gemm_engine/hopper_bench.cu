@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "check.h"
+#include "timing.h"
 #include "gemm/sm90/gemm.h"
 
 using jo::gemm::sm90::Gemm;
@@ -84,28 +85,6 @@ static Cmp compare_dev(const T* y, const T* ref, size_t n) {
   CHECK(cudaMemcpy(h, sums, sizeof(h), cudaMemcpyDeviceToHost));
   CHECK(cudaFree(sums));
   return {std::sqrt(h[0] / h[1]), h[2], h[3]};
-}
-
-static float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Per-launch ms of `reps` launches back to back, median.
-static float time_b2b(const std::function<void()>& f, int reps = 30) {
-  for (int i = 0; i < 5; ++i) f();
-  std::vector<cudaEvent_t> ev(reps + 1);
-  for (auto& e : ev) CHECK(cudaEventCreate(&e));
-  CHECK(cudaEventRecord(ev[0]));
-  for (int i = 0; i < reps; ++i) {
-    f();
-    CHECK(cudaEventRecord(ev[i + 1]));
-  }
-  CHECK(cudaEventSynchronize(ev[reps]));
-  std::vector<float> ms(reps);
-  for (int i = 0; i < reps; ++i) CHECK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
-  for (auto& e : ev) CHECK(cudaEventDestroy(e));
-  return median(ms);
 }
 
 // cuBLASLt y[M,N] = x[M,K] w[N,K]^T (+ bias) in its column-major terms:
