@@ -1,13 +1,8 @@
 """Public functions: argument checks at trace time, one driver (_drive) for both GEMM ops, and their custom VJP.
 
-The ops are each other's gradient (integration/autodiff.py): one custom VJP serves both, its backward the op's
-Backward, which calls the dual op through it, so the GPU algorithms serve the backward pass too.
-
-Inside shard_map every operand is first made varying over the group's axes, so that JAX's transpose of that cast
-sums the gradient of a replicated operand over the group. The custom VJP serves first-order reverse mode;
-forward mode, second derivatives and jax.export over several devices raise errors that say so, and
-algorithm="xla" (plain JAX ops) takes every transformation. Differentiating a float8 call raises: a cotangent
-rounded to float8 without a scale of its own means nothing; the fp8 layers (layers/fp8.py) quantize theirs.
+The ops are each other's gradient: one custom VJP serves both, so the GPU algorithms serve the backward pass too.
+Operands are made varying over the group's axes first, so that JAX's transpose of that cast sums a replicated
+operand's gradient over the group. Only first-order reverse mode is served; algorithm="xla" takes every transform.
 """
 
 from __future__ import annotations
@@ -40,15 +35,15 @@ ALGORITHMS = ("auto", "xla", *formats.GPU_ALGORITHMS)
 class Call:
   """How one call runs, besides its operands (static under jit)."""
 
-  op: str  # its Op's name (ops.OPS)
-  axes: tuple | None  # the shard_map group's mesh axes; None for global arrays
-  size: int  # the group's size (1 for global arrays)
+  op: str
+  axes: tuple | None  # None for global arrays
+  size: int
   algorithm: str
-  axis: int | None  # the op's dim argument (Op.arguments.dim), negative; None: the plan's
-  request: tuple | None = None  # global arrays: the output spec asked for (_sharding.spec_of form)
-  w_kmajor: bool = False  # w stored with the contraction last (w_kmajor=True, and the backward passes' calls)
+  axis: int | None  # the op's dim argument, negative; None: the plan's
+  request: tuple | None = None  # global arrays: the output spec asked for
+  w_kmajor: bool = False
   outputs: int = 1  # how many of the op's results the caller takes
-  out_dtype: str = ""  # the result's dtype name (x's for 16-bit operands)
+  out_dtype: str = ""
 
   def dual(self, op: str, axis, request=None, outputs: int = 1) -> Call:
     """The call of `op` the backward pass makes: the same group and algorithm, w in the other layout."""
@@ -89,8 +84,7 @@ def _out_dtype_name(op_name: str, out_dtype) -> str | None:
 
 def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype, w_kmajor: bool,
                   fast_accumulation=False) -> tuple:
-  """(the Scales of float8 operands, checked (scaling.of), or None for 16-bit operands; the result's dtype
-  name)."""
+  """(Scales of float8 operands or None, the result's dtype name)."""
   out_dtype = _out_dtype_name(op_name, out_dtype)
   if not isinstance(fast_accumulation, (bool, np.bool_)):
     raise TypeError(f"jax_overlap.{op_name}: fast_accumulation must be a bool, got {fast_accumulation!r}")
@@ -136,7 +130,6 @@ def _check_dtypes(op_name: str, x, w, bias, x_scale, w_scale, out_dtype, w_kmajo
 
 
 def _check_gpu_dtype(op_name: str, algorithm: str, x, w) -> None:
-  """An explicit GPU algorithm takes the operands' dtype on this process's GPUs, or a ValueError says why not."""
   if algorithm not in formats.GPU_ALGORITHMS or not formats.is_fp8(x.dtype):
     return
   if not formats.takes(algorithm, formats.name(x.dtype)):
@@ -150,7 +143,6 @@ def _check_gpu_dtype(op_name: str, algorithm: str, x, w) -> None:
 
 
 def _check_operands(op, x, w, bias, w_kmajor) -> tuple:
-  """The op's output shape, or a TypeError / ValueError."""
   _check_arrays(op.name, x, w, bias)
   if not isinstance(w_kmajor, (bool, np.bool_)):
     raise TypeError(f"jax_overlap.{op.name}: w_kmajor must be a bool, got {w_kmajor!r}")
@@ -162,7 +154,6 @@ _LOCAL_SHAPES = " (inside jax.shard_map the shapes are each rank's local blocks,
 
 @contextlib.contextmanager
 def _local_shapes(axis_name):
-  """Shape errors raised inside shard_map (axis_name given) say that the shapes they quote are per-shard shapes."""
   if axis_name is None:
     yield
     return
@@ -173,7 +164,7 @@ def _local_shapes(axis_name):
 
 
 def _check_axis(op: str, name: str, value, ndim: int, last: int, of: str) -> int:
-  """A dim index in [-ndim, last] (negative) or its non-negative equivalent, as a negative index, of `of`'s dims."""
+  """value, a dim index in [-ndim, last] or [0, ndim + last], as a negative index."""
   valid = f"an int in [{-ndim}, {last}] or [0, {ndim + last}]"
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
     raise TypeError(f"jax_overlap.{op}: {name} must be {valid}, got {value!r}")
@@ -200,8 +191,8 @@ def _check_out_sharding(op: str, out_sharding, out_shape: tuple, axis_name) -> N
   if isinstance(out_sharding, PartitionSpec) and mesh.empty:
     raise ValueError(f"jax_overlap.{op}: out_sharding={out_sharding} is a PartitionSpec, which needs a mesh: "
                      f"pass a NamedSharding, or set one with jax.set_mesh")
-  # The plans never make uneven shards (XLA pads them, and the padding must not reach a product), so a layout
-  # that splits a dim unevenly could only be made after the call, and JAX refuses it on Explicit meshes.
+  # The plans never make uneven shards (XLA's padding must not reach a product), and a reshard after the call
+  # is refused on Explicit meshes.
   for dim, (axes, size) in enumerate(zip(spec_of(spec, len(out_shape)), out_shape)):
     missing = [a for a in axes or () if a not in mesh.shape]
     if missing:
@@ -233,8 +224,8 @@ def axis_group(op: str, axis_name) -> tuple[tuple, int]:
 
 
 def _constrain(out, out_sharding):
-  """out in the layout out_sharding asks for: a constraint on an Auto mesh, a reshard on an Explicit one (whether
-  out's type or out_sharding names it: an untyped cotangent's dual product may be asked for x's Explicit type)."""
+  """out in out_sharding's layout: a constraint on an Auto mesh, a reshard on an Explicit one (out's type or
+  out_sharding's: an untyped cotangent's dual product may be asked for x's Explicit type)."""
   if out_sharding is None:
     return out
   if autodiff.explicit_sharding(out) is None and not has_explicit_axes(getattr(out_sharding, "mesh", None)):
@@ -247,7 +238,6 @@ def _constrain(out, out_sharding):
 # --- the custom VJP, any op ------------------------------------------------------------
 
 def _forward(x, w, bias, scales, call: Call) -> tuple:
-  """Every result of the op's call: on global arrays partitioned from their shardings, else on the shards."""
   op = OPS[call.op]
   if call.axes is None:
     results = partitioning.call(op, x, w, bias, scales, algorithm=call.algorithm, w_kmajor=call.w_kmajor,
@@ -259,7 +249,6 @@ def _forward(x, w, bias, scales, call: Call) -> tuple:
 
 
 def _taken(results: tuple, call: Call):
-  """The results the caller takes: the first alone, or a tuple of the first call.outputs."""
   return results[0] if call.outputs == 1 else results[:call.outputs]
 
 
@@ -288,18 +277,14 @@ def _differentiable_bwd(call: Call, residuals, cotangents):
 _differentiable.defvjp(_differentiable_fwd, _differentiable_bwd)
 
 
-# JAX's refusal of forward mode through a custom VJP, raised inside a call (the second: jvp of a custom_vjp in an
-# eager shard_map). The operands' tracers say it first, unless jax_use_direct_linearize is off: then reverse mode
-# traces with JVP tracers too, and only these words tell the two apart.
+# JAX's refusal of forward mode through a custom VJP (the second: in an eager shard_map). With
+# jax_use_direct_linearize off reverse mode traces with JVP tracers too, and only these words tell them apart.
 _FORWARD_MODE = ("can't apply forward-mode autodiff (jvp) to a custom_vjp function", "unhashable type: 'Unhashable'")
 
 
 def _reverse_mode(x, w, bias, scales, call: Call):
-  """The differentiable call, with JAX's refusal of forward mode said in jax_overlap's words.
-
-  Under jit JAX refuses only when it lowers the staged tangent, after the call
-  returned: forward mode is recognised from the operands' tracers first.
-  """
+  """The differentiable call; forward mode is refused from the operands' tracers first, since under jit JAX
+  refuses only when it lowers the staged tangent, after the call returned."""
   message = primitives.unsupported(call.op, "forward-mode differentiation (jax.jvp, jax.jacfwd)", call.algorithm)
   if _compat.forward_mode(x, w, bias, *(() if scales is None else scales.arrays())):
     raise TypeError(message)
@@ -315,8 +300,7 @@ def _reverse_mode(x, w, bias, scales, call: Call):
 
 def _drive(op, x, w, bias, *, x_scale, w_scale, out_dtype, fast_accumulation, w_kmajor, axis_name, algorithm,
            dim, every_result: bool, out_sharding):
-  """A public op's call, every step but reading its own arguments: `dim` is the op's dim argument
-  (op.arguments.dim). Returns its first result, or with every_result a tuple of all."""
+  """A public op's call: `dim` is its op.arguments.dim; returns the first result, or with every_result all."""
   name, arguments = op.name, op.arguments
   _check_algorithm(name, algorithm)
   with _local_shapes(axis_name):
@@ -407,26 +391,18 @@ def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
     operands: out_dtype); with return_gathered=True, (y, gathered_x), and for float8 operands
     (y, gathered_x, gathered_scales): the gathered float8 x and float32 [T], each shard's x_scale in
     gathered order (shard s of gathered_x has the value gathered_x[s] * gathered_scales[s]).
-  With axis_name=None: global arrays under jit; computes x @ w + bias, partitioned
-  from the input shardings (x's gather dim and one of w's output dims sharded on
-  the same axes -> the all-gather GEMM over them; docs/api.md says how each layout partitions),
-  and out_sharding (a NamedSharding or PartitionSpec) lays out the result; gathered_scales
-  is then [1], x_scale.
+  With axis_name=None: global arrays under jit, x @ w + bias partitioned from the input shardings (docs/api.md),
+  laid out by out_sharding (NamedSharding or PartitionSpec); gathered_scales is then [1], x_scale.
 
   gather_axis: any dim of x but the last; the GPU algorithms serve every one.
-  algorithm: "auto" (default): "pipelined" or "fused" where the cost model predicts a gain over
-             XLA, else the XLA path (a 16-bit group of one, other platforms, ineligible
-             calls); a float8 group of one is the vendor's fp8 GEMM;
-             "pipelined": the vendor GEMM per chunk of rows while copy engines move the chunks
-             between GPUs (an error where it cannot run);
-             "fused": one persistent kernel of data movers and GEMM tiles (an error where it
-             cannot run);
-             "xla": the XLA decomposition (all_gather + dot; on global arrays the dot,
-             partitioned by XLA) as plain JAX ops: no overlap, and every JAX transformation
-             (forward mode, higher derivatives, jax.export).
-  Differentiable in reverse mode (any algorithm; float8 operands: see below) and vmappable. Results
-  carry the checkpoint names "jax_overlap.ag_matmul", "jax_overlap.ag_matmul.gathered" and
-  "jax_overlap.ag_matmul.gathered_scales" (jax_overlap.remat).
+  algorithm: "auto" (default): "pipelined" or "fused" where the cost model predicts a gain over XLA, else
+             the XLA path; a float8 group of one is the vendor's fp8 GEMM;
+             "pipelined": the vendor GEMM per chunk of rows while copy engines move the chunks;
+             "fused": one persistent kernel of data movers and GEMM tiles;
+             "xla": all_gather + dot as plain JAX ops: no overlap, every JAX transformation.
+             The GPU algorithms raise where they cannot run.
+  Differentiable in reverse mode (float8: see below) and vmappable. Checkpoint names (jax_overlap.remat):
+  "jax_overlap.ag_matmul", "jax_overlap.ag_matmul.gathered", "jax_overlap.ag_matmul.gathered_scales".
 
   Example (the column-parallel half of a Megatron MLP; x's rows and w's columns sharded on "tp"):
 
@@ -462,30 +438,19 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
     returns psum_scatter(x @ w, scatter_axis, tiled) + bias, shape [..., M/T, N] for the
     default scatter_axis -2 (the rows); that dim must be divisible by T. In x's dtype (float8
     operands: out_dtype, and each rank's product is scaled by its own x_scale and w_scale).
-  With axis_name=None: global arrays under jit; computes x @ w + bias, partitioned
-  from the input shardings (x's and w's contraction dims sharded alike -> a reduction
-  over those axes, scattered onto scatter_axis, else onto the dim out_sharding shards
-  over them, else the rows; docs/api.md says how each layout partitions).
+  With axis_name=None: global arrays under jit, x @ w + bias partitioned from the input shardings (docs/api.md),
+  scattered onto scatter_axis, else the dim out_sharding shards, else the rows.
 
-  scatter_axis: any output dim. The GPU algorithms serve every one but the last; -1
-  (the output columns) takes the XLA path (dot + psum_scatter), and the bias is then
-  this rank's block of it.
-  algorithm: "auto" (default): "pipelined" or "fused" where the cost model predicts a gain over
-             XLA, else the XLA path (a 16-bit group of one, other platforms, ineligible
-             calls); a float8 group of one is the vendor's fp8 GEMM;
-             "pipelined": the vendor GEMM per chunk of rows while copy engines move the chunks
-             between GPUs (an error where it cannot run);
-             "fused": one persistent kernel of data movers and GEMM tiles (an error where it
-             cannot run);
-             "xla": the XLA decomposition (dot + psum_scatter; on global arrays the dot,
-             partitioned by XLA) as plain JAX ops: no overlap, and every JAX transformation
-             (forward mode, higher derivatives, jax.export).
-  The XLA path reduces as the GPU algorithms do: each rank's partial product rounded to the
-  result's dtype (x's, or out_dtype), except that float16 partials stay float32 (a partial past
-  65504 would be inf where the sum is not), the partials summed in float32 in rank order, the
-  bias added once, one rounding.
-  Differentiable in reverse mode (any algorithm; float8 operands: see below) and vmappable. The
-  result carries the checkpoint name "jax_overlap.matmul_rs" (jax_overlap.remat).
+  scatter_axis: any output dim; -1 takes the XLA path, with the bias then this rank's block of it.
+  algorithm: "auto" (default): "pipelined" or "fused" where the cost model predicts a gain over XLA, else
+             the XLA path; a float8 group of one is the vendor's fp8 GEMM;
+             "pipelined": the vendor GEMM per chunk of rows while copy engines move the chunks;
+             "fused": one persistent kernel of data movers and GEMM tiles;
+             "xla": dot + psum_scatter as plain JAX ops: no overlap, every JAX transformation.
+             The GPU algorithms raise where they cannot run. Every path rounds each rank's partial to the
+             result's dtype (float16 partials stay float32: past 65504 they would be inf) and sums in float32
+             in rank order.
+  Differentiable in reverse mode (float8: see below) and vmappable; checkpoint name "jax_overlap.matmul_rs".
 
   Example (the row-parallel half of a Megatron MLP; h's and w's contraction sharded on "tp"):
 
@@ -510,9 +475,8 @@ matmul_rs.__doc__ += _FP8_ARGS
 
 
 def _shared_x_scale(scales, axes, x):
-  """scales, marked x_shared (quantization/scaling.py) where every rank's x_scale is the same value: a global
-  x_scale (axes None), or inside shard_map one that JAX types as invariant over `axes` (x, a shard, varies over
-  them whenever shard_map checks these types: without the check nothing is known, and nothing is shared)."""
+  """scales, marked x_shared where every rank's x_scale is one value: global, or typed invariant over `axes`
+  (without shard_map's type check x does not vary either, and nothing is shared)."""
   if scales is None or scales.scaling.follows_x:
     return scales
   shared = axes is None or (set(axes) <= _compat.varying_axes(x) and not set(axes) & _compat.varying_axes(scales.x))
@@ -520,7 +484,6 @@ def _shared_x_scale(scales, axes, x):
 
 
 def _varying_operands(axes, x, w, bias, scales) -> tuple:
-  """autodiff.varying of (x, w, bias, scales): the scales too, each rank's own."""
   if scales is None:
     return (*autodiff.varying(axes, x, w, bias), None)
   x, w, bias, x_scale, w_scale = autodiff.varying(axes, x, w, bias, scales.x, scales.w)
@@ -528,10 +491,8 @@ def _varying_operands(axes, x, w, bias, scales) -> tuple:
 
 
 def all_gather(x, *, axis_name):
-  """The runtime's all-gather of x's rows (axis -2, tiled) inside shard_map.
-
-  On a GPU build it runs on the symmetric workspace (it is how the runtime is
-  tested end to end); elsewhere it is lax.all_gather.
+  """The runtime's all-gather of x's rows (axis -2, tiled) inside shard_map: on the symmetric workspace on a GPU
+  build (the runtime's end-to-end test), else lax.all_gather.
 
   Example (x's rows gathered over "tp"):
 
