@@ -1,15 +1,7 @@
 """ag_matmul: y = all_gather(x) @ w + bias, the column-parallel linear layer, as one Op (ops/op.py).
 
-Shapes: x [..., m, K] (a rank's shard of the gathered dim), w [K, *n] (or
-[*n, K] when w_kmajor), bias [*n]; results y [..., T*m, *n] and the gathered x
-[..., T*m, K] for a group of T. The primitive gathers x's rows (dim -2);
-another dim folds into the rows around it (on_shards).
-
-Float8 operands add their scales after the bias (primitive param `scaling`:
-their Scaling), and a third result: gathered_scales, each shard's x_scale in
-gathered order (the scale travels with its shard): [T] for tensor scales;
-block scales (x_scale [..., m, K/128], w_scale of w's 128x128 tiles) are
-gathered with x's rows, [..., T*m, K/128]. y is then in out_dtype.
+x [..., m, K], w [K, *n] ([*n, K] with w_kmajor), bias [*n] -> y [..., T*m, *n], gathered x [..., T*m, K], and for
+float8 gathered_scales (each shard's x_scale travels with it): [T] for tensor scales, [..., T*m, K/128] for block.
 """
 
 from __future__ import annotations
@@ -43,8 +35,7 @@ primitive.multiple_results = True
 
 
 def bind(x, w, bias, scales, *, axis_name, axis_size, algorithm, w_kmajor, out_dtype, out_specs=None):
-  """(y, gathered) of the primitive, and gathered_scales with Scales: x's rows gathered over axis_name (None: the
-  local product, x itself and x_scale)."""
+  """(y, gathered[, gathered_scales]) of the primitive; axis_name None: the local product."""
   return tuple(primitive.bind(*operands(x, w, bias, scales), axis_name=axis_name, axis_size=axis_size,
                               algorithm=algorithm, w_kmajor=w_kmajor, has_bias=bias is not None,
                               scaling=mode(scales), out_dtype=out_dtype, out_specs=out_specs))
@@ -76,16 +67,12 @@ def as_matrix(*args, w_kmajor, has_bias, scaling, **params):
 
 def reference(x, w, bias=None, scales=None, *, axis_name=None, w_kmajor: bool = False, gather: int = -2,
               out_dtype=None):
-  """The XLA decomposition: (all_gather(x, gather, tiled) @ w + bias, the gathered x), and with Scales the
-  gathered x scales (one per shard, or gathered with x's rows); axis_name None: the local product (and x, x's
-  scale). out_dtype: the result's dtype name (None: x's)."""
+  """The XLA decomposition: (all_gather(x) @ w + bias, gathered x[, gathered scales]); axis_name None: local."""
   gathered, x_scales = _gathered(x, scales, axis_name, gather)
   return _product(gathered, w, bias, x_scales, scales, w_kmajor=w_kmajor, gather=gather, out_dtype=out_dtype)
 
 
 def _gathered(x, scales, axis_name, gather: int) -> tuple:
-  """(x gathered along dim `gather` over axis_name, and with scales its shards' scales in gathered order (the
-  Scaling's gather), else None)."""
   gathered = x if axis_name is None else lax.all_gather(x, axis_name, axis=x.ndim + gather, tiled=True)
   if scales is None:
     return gathered, None
@@ -95,7 +82,6 @@ def _gathered(x, scales, axis_name, gather: int) -> tuple:
 
 
 def _product(gathered, w, bias, x_scales, scales, *, w_kmajor: bool, gather: int, out_dtype) -> tuple:
-  """The reference's results from the gathered x (and its shards' scales)."""
   out_dtype = out_dtype or gathered.dtype
   if scales is None:
     return ref.finish(ref.local_matmul(gathered, w, w_kmajor=w_kmajor), bias, out_dtype), gathered
@@ -105,9 +91,7 @@ def _product(gathered, w, bias, x_scales, scales, *, w_kmajor: bool, gather: int
 
 
 def global_results(results, scales):
-  """The results of a call on global arrays from the primitive's, a partitioned body's or the reference's: y and
-  the gathered x, which the custom partitioning carries (scales None); with Scales, gathered_scales is the scale
-  of the whole of x (Scaling.of_whole_x: tensor scales (1,), block scales x_scale itself)."""
+  """A global call's results; gathered_scales is then the scale of the whole of x."""
   y, gathered = results[:2]
   if scales is None:
     return y, gathered
@@ -118,15 +102,13 @@ def global_results(results, scales):
 
 
 def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype, axis=-2):
-  """(all_gather(x, axis) @ w + bias, all_gather(x, axis)[, gathered_scales]) inside shard_map or a partitioned
-  body; axes None: the local product. Another dim than the rows is a layout change, free on row-major arrays: the
-  dims from it up to the rows fold into one row dim, since a tiled gather moves whole blocks of everything after
-  it (and each shard stays one block, with its scale)."""
+  """The results on one rank's shards. Another gather dim than the rows folds the dims from it up to the rows
+  into one (free on row-major arrays): a tiled gather moves whole blocks of everything after it."""
   params = dict(axis_name=axes, axis_size=size, algorithm=algorithm, w_kmajor=w_kmajor, out_dtype=out_dtype)
   if axis == -2:
     return bind(x, w, bias, scales, **params)
   follows = scales is not None and scales.scaling.follows_x
-  if follows:  # x_scale's rows fold as x's do
+  if follows:
     scales = dataclasses.replace(scales, x=_sharding.fold(scales.x, axis, -1))
   y, gathered, *rest = bind(_sharding.fold(x, axis, -1), w, bias, scales, **params)
   mid = x.shape[x.ndim + axis + 1:-1]
@@ -144,12 +126,9 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
 #           (*others, *A): gather x over A; y keeps `others` on that dim and A on w's sharded dim.
 #   plain   x keeps its sharding but K, w its n dims' sharding where it does not collide with x's;
 #           y is the local product.
-# Axes on x's other dims pass through as batch. The Shardy rule "b.. g k, k n.. -> b.. p n.., b.. p q" gives
-# the gathered dim a factor of its own in the results (p), so propagation does not copy x's gathered sharding
-# onto y (the fused result is sharded on w's n dim instead); and the gathered result's K dim one too (q): no plan
-# shards K (it comes whole with the gathered x), so a K sharded like w's would be a promise the partitioned
-# result breaks, which XLA mends by replicating the result and slicing it again (its "Involuntary full
-# rematerialization": matmul_rs's gradient on rows sharded over tp).
+# The Shardy rule "b.. g k, k n.. -> b.. p n.., b.. p q" gives the results' gathered dim a factor of its own (p),
+# so propagation does not copy x's gathered sharding onto y; and the gathered K one too (q): no plan shards K, and
+# a promise the result breaks is mended by XLA with an "Involuntary full rematerialization".
 
 class Plan(NamedTuple):
   axes: tuple | None  # mesh axes x is gathered over; None: a plain partitioning
@@ -158,7 +137,7 @@ class Plan(NamedTuple):
   bias: P
   y: P
   gathered: P
-  why: str  # what decided it, for the DEBUG log
+  why: str  # for the DEBUG log
 
   @property
   def results(self) -> tuple:
@@ -166,8 +145,8 @@ class Plan(NamedTuple):
 
 
 def sharding_plan(mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor: bool, gather: int = -2, request=None) -> Plan:
-  """The partitioning of a call on global arrays from its operands' specs (_sharding.spec_of) and shapes; the
-  requested output spec (y's) settles which of x's batch dims and w's output dims keeps an axis they share."""
+  """A global call's partitioning; the requested y spec settles which of x's batch dims and w's output dims keeps
+  an axis they share."""
   x_spec, w_spec = _sharding.even(mesh, x_spec, x_shape), _sharding.even(mesh, w_spec, w_shape)
   free = x_spec[:-1]
   g = len(x_spec) + gather
@@ -193,8 +172,7 @@ def sharding_plan(mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor: bool, gather
 
 
 def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaling, w_kmajor: bool, gather: int) -> tuple[str, tuple]:
-  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim (and with a Scaling,
-  its scales' factors: Scaling.shardy_factors)."""
+  """(the Shardy rule, its reduction factors)."""
   batch = _sharding.factors("b", ndim - 1)
   x_f, out_f = list(batch), list(batch)
   x_f[ndim + gather], out_f[ndim + gather] = "g", "p"
@@ -211,7 +189,6 @@ def result_ndim(ndim: int, w_ndim: int) -> int:
 
 def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis: int, has_bias: bool, scaling,
                 out_dtype: str):
-  """The partitioned body of a plan that gathers (plan.axes set)."""
   def gather_and_multiply(*args):
     x, w, bias, scales = split_operands(args, has_bias, scaling)
     return global_results(on_shards(x, w, bias, scales, axes=plan.axes, size=size, algorithm=algorithm,
@@ -222,7 +199,7 @@ def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis: 
 # --- the public function's parts (api.py) ---------------------------------------------------
 
 def check_operands(x, w, bias, w_kmajor: bool) -> tuple:
-  """The output's shape [..., m, *n] for w [K, *n] (w_kmajor: [*n, K]) against x [..., K]."""
+  """The output's shape [..., m, *n]."""
   k_dim, which = (-1, "last") if w_kmajor else (0, "first")
   if w.shape[k_dim] != x.shape[-1]:
     raise ValueError(f"jax_overlap.ag_matmul: w's {which} dim must equal x's last dim (K = {x.shape[-1]}"
@@ -234,7 +211,6 @@ def check_operands(x, w, bias, w_kmajor: bool) -> tuple:
 
 
 def grouped(gather: int, x, out_shape: tuple, size: int, axis_name) -> tuple:
-  """(gather, y's shape) inside shard_map: the gathered dim holds every rank's shard."""
   del axis_name
   out_shape = list(out_shape)
   out_shape[x.ndim + gather] *= size
@@ -242,7 +218,7 @@ def grouped(gather: int, x, out_shape: tuple, size: int, axis_name) -> tuple:
 
 
 def empty(x, w, bias, scales, call, out_shape) -> tuple:
-  """Nothing to multiply (collectives of empty arrays do not lower): the bias, x gathered (and its scales)."""
+  """Empty operands: collectives of empty arrays do not lower."""
   del w
   gathered_shape = list(x.shape)
   gathered_shape[call.axis] *= call.size
@@ -261,14 +237,13 @@ def empty(x, w, bias, scales, call, out_shape) -> tuple:
 
 
 def xla_only(call) -> bool:
-  """The GPU algorithms serve every gather dim."""
   del call
   return False
 
 
 def plain(x, w, bias, scales, call) -> tuple:
-  """algorithm="xla" as JAX ops: (y, gathered[, gathered_scales]). Inside shard_map the reference; on global
-  arrays the dot, partitioned by XLA, typed on an Explicit mesh with the layouts the plan gives."""
+  """algorithm="xla": inside shard_map the reference; on global arrays the dot, typed on an Explicit mesh with
+  the plan's layouts."""
   log.debug("jax_overlap.ag_matmul: XLA path (algorithm='xla', as JAX ops)")
   if call.axes is not None:
     gathered, x_scales = _gathered(x, scales, call.axes, call.axis)
@@ -286,18 +261,17 @@ def plain(x, w, bias, scales, call) -> tuple:
 # --- differentiation (the custom VJP: api.py) --------------------------------------------------
 
 def residual(x, results):
-  """What the backward pass keeps of the forward besides w and bias: the gathered x (dW reads it). (Float8 calls
-  have no backward pass of their own: api.py; the fp8 layers keep the gathered fp8 x and its scales, layers/fp8.py.)"""
+  """The gathered x, which dW reads."""
   return remat.tag(results[1], remat.AG_GATHERED)
 
 
 def backward(call, residuals, cotangents, dual):
-  """(dx, dw, dbias): dx = RS(dy @ W^T) by `dual` (the differentiable call of matmul_rs), dW = gathered^T @ dy."""
+  """(dx, dw, dbias): dx = RS(dy @ W^T) by `dual`, dW = gathered^T @ dy."""
   gathered, w, bias, (x_layout, w_layout, bias_layout) = residuals
   dy, *rest = cotangents
   dx = dual(dy, w, None, None, call.dual(DUAL, call.axis if call.axes else None,
                                          autodiff.request(x_layout, gathered.ndim)))
-  if rest:  # the gathered output's own cotangent: the transpose of the all-gather
+  if rest:  # the gathered output's cotangent: the all-gather's transpose
     (dgathered,) = rest
     dx = dx + (dgathered if call.axes is None else ref.reduce_scatter(dgathered, call.axes, call.axis))
   return (autodiff.like(dx, x_layout), autodiff.weight_grad(gathered, dy, 1, w_layout, call.w_kmajor, w.dtype),
@@ -307,25 +281,22 @@ def backward(call, residuals, cotangents, dual):
 # --- planning (planning/) ----------------------------------------------------------------------
 
 def eligible(rows: int, world: int) -> str | None:
-  """What the GPU algorithms need of the call beyond what every op needs (planning.eligible): nothing."""
   del rows, world
   return None
 
 
 def chunk_rows(rows: int, world: int) -> int:
-  """Rows of x in one chunk a rank receives: a whole shard."""
   del world
   return rows
 
 
 def chunk_bytes(rows: int, k: int, n: int, world: int, itemsize: int) -> int:
-  """Bytes of one chunk a rank receives: a shard of x [rows, k]."""
   del n, world
   return rows * k * itemsize
 
 
 def stage_candidates(world: int) -> list:
-  """Every stage plan: the own shard alone first (it is here at once), then any split of the peers' shards."""
+  """The own shard alone first (it is here at once), then any split of the peers' shards."""
   return [(1,) + rest for rest in pipelined.compositions(world - 1)] if world > 1 else [(1,)]
 
 
@@ -335,10 +306,8 @@ def check_stages(stages: tuple, text: str) -> None:
 
 
 def pipelined_us(stages: tuple, f) -> float:
-  """Model of a pipelined call: stage 0 (the own shard) at once; stage j once its last shard has arrived (a
-  copy of x into the published slot, then one pull per ring position, in order). Copies on the SMs take them
-  from the GEMMs: the publish (f.publish_on_sms) before the first GEMM, a stage's pulls (f.pulls_on_sms) before
-  its GEMM, less the share the GEMMs' last waves hide."""
+  """Stage j starts once its last shard has arrived (publish, then one pull per ring position in order); copies
+  on the SMs delay the GEMMs instead, less the share the GEMMs' last waves hide."""
   pull = f.chunk_bytes / f.link_bytes_per_us
   publish = f.chunk_bytes / f.local_bytes_per_us
   end = (publish if f.publish_on_sms else 0.0) + pipelined.gemm_us(f, stages[0])
@@ -354,19 +323,17 @@ def pipelined_us(stages: tuple, f) -> float:
 
 
 def fused_traffic(rows: int, k: int, n: int, world: int, itemsize: int) -> tuple:
-  """(bytes the fetchers move, bytes pulled over the link, flops) of a fused call: every peer's shard of x."""
+  """(bytes the fetchers move, bytes pulled over the link, flops)."""
   pull_bytes = (world - 1) * rows * k * itemsize
   return pull_bytes, pull_bytes, 2.0 * world * rows * n * k
 
 
 def fused_chunk_k(tile, k: int) -> int:
-  """K columns one ready flag covers: about 8 flags along K, so GEMM blocks start on a tile once its first
-  chunk has landed, without a flag wait every k-tile."""
+  """About 8 ready flags along K: a tile starts once its first chunk lands, without a flag wait every k-tile."""
   return tile.bk * max(1, math.ceil(math.ceil(k / tile.bk) / 8))
 
 
 def fused_units(rows: int, k: int, n: int, world: int, tile, chunk_k: int) -> int:
-  """The fetchers' units of work (no more fetchers than these): the chunks of a shard."""
   del n, world
   return math.ceil(rows / tile.bm) * math.ceil(k / chunk_k)
 
