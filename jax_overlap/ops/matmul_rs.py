@@ -1,15 +1,7 @@
 """matmul_rs: z = reduce_scatter(x @ w) + bias, the row-parallel linear layer, as one Op (ops/op.py).
 
-Shapes: x [..., M, *k] (the contraction sharded: k local), w [*k, N] (or
-[N, *k] when w_kmajor), bias [N] added once after the reduction; result
-z [..., M/T, N] for a group of T. The primitive scatters the rows (dim -2);
-another output dim folds into the rows around it, and the columns (-1) take
-the XLA path (on_shards).
-
-Float8 operands add their scales after the bias (primitive param `scaling`:
-their Scaling): each rank's partial is its product scaled by its own scales,
-staged in formats.partial(out_dtype), and z is in out_dtype. Block scales (x_scale
-[..., M, k/128] of the local k, w_scale of w's 128x128 tiles) scale it alike.
+x [..., M, *k] (k local), w [*k, N] ([N, *k] with w_kmajor), bias [N] added once after the reduction -> z
+[..., M/T, N]. Float8: each rank's partial is scaled by its own scales and staged in formats.partial(out_dtype).
 """
 
 from __future__ import annotations
@@ -36,13 +28,12 @@ from jax_overlap.quantization.scaling import mode
 
 log = logging.getLogger("jax_overlap")
 
-DUAL = "ag_matmul"  # its gradient's op: dx = AG(dz) @ W^T, over the same axes
+DUAL = "ag_matmul"
 
 primitive = jex_core.Primitive("jax_overlap_matmul_rs")
 
 
 def bind(x, w, bias, scales, *, axis_name, axis_size, algorithm, w_kmajor, out_dtype, out_specs=None):
-  """z of the primitive: the rows scattered over axis_name (None: the local product)."""
   return primitive.bind(*operands(x, w, bias, scales), axis_name=axis_name, axis_size=axis_size,
                         algorithm=algorithm, w_kmajor=w_kmajor, has_bias=bias is not None, scaling=mode(scales),
                         out_dtype=out_dtype, out_specs=out_specs)
@@ -58,7 +49,7 @@ def abstract_eval(x, w, *rest, axis_name, axis_size, algorithm, w_kmajor, has_bi
 
 
 def as_matrix(*args, w_kmajor, has_bias, scaling, **params):
-  """The call with w viewed as a matrix [prod(k), N] and x's trailing k dims as one (row-major: free)."""
+  """The call with w a matrix [prod(k), N] and x's k dims as one (free on row-major arrays)."""
   x, w, bias, scales = split_operands(args, has_bias, scaling)
   contract = w.ndim - 1
   k = math.prod(w.shape[1:] if w_kmajor else w.shape[:-1])
@@ -69,10 +60,7 @@ def as_matrix(*args, w_kmajor, has_bias, scaling, **params):
 
 def reference(x, w, bias=None, scales=None, *, axis_name=None, w_kmajor: bool = False, scatter: int = -2,
               out_dtype=None):
-  """The XLA decomposition: psum_scatter(x @ w, scatter, tiled) + bias, summed as the GPU algorithms do
-  (ops/reference.py); scatter == -1 (the output columns) adds this rank's block of the bias. axis_name None: the
-  local product. scales: the Scales of float8 operands, this rank's; out_dtype: the result's dtype name
-  (None: x's); the partials are staged in formats.partial(out_dtype)."""
+  """The XLA decomposition: psum_scatter(x @ w) + bias, summed as the GPU algorithms do; axis_name None: local."""
   out_dtype = out_dtype or x.dtype
   contract = w.ndim - 1
   acc = ref.local_matmul(x, w, w_kmajor=w_kmajor, contract=contract, scales=scales)
@@ -85,14 +73,13 @@ def reference(x, w, bias=None, scales=None, *, axis_name=None, w_kmajor: bool = 
 
 
 def reference_all_reduce(x, w, bias=None, scales=None, *, axis_name, w_kmajor: bool = False, out_dtype=None):
-  """psum(x @ w) + bias: the reduction without the scatter, summed as reference's is."""
+  """psum(x @ w) + bias, summed as reference's is."""
   out_dtype = out_dtype or x.dtype
   acc = ref.local_matmul(x, w, w_kmajor=w_kmajor, contract=w.ndim - 1, scales=scales)
   return ref.all_reduce(acc.astype(formats.partial(out_dtype)), axis_name, bias, out_dtype)
 
 
 def global_results(results, scales):
-  """The results of a call on global arrays: the primitive's one."""
   del scales
   return results
 
@@ -100,9 +87,8 @@ def global_results(results, scales):
 # --- one rank's shards ----------------------------------------------------------------
 
 def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype, axis=-2):
-  """psum_scatter(x @ w, axis) + bias inside shard_map or a partitioned body, `axis` a dim of the output; axes
-  None: the local product. Another dim than the rows folds into the rows (a tiled scatter moves whole blocks of
-  everything after it); the columns (-1) are not a row layout and take the XLA path."""
+  """The result on one rank's shards. Another dim than the rows folds into them (a tiled scatter moves whole
+  blocks of everything after it); the columns (-1) are no row layout and take the XLA path."""
   contract = w.ndim - 1
   if axis == -1:
     log.debug("jax_overlap.matmul_rs: XLA path (scatter over the output columns; the fused kernels scatter rows)")
@@ -111,7 +97,7 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
   if axis == -2:
     return bind(x, w, bias, scales, **params)
   out_lead = x.shape[:x.ndim - contract]
-  if scales is not None and scales.scaling.follows_x:  # x_scale's rows fold as x's do (one contraction dim)
+  if scales is not None and scales.scaling.follows_x:
     scales = dataclasses.replace(scales, x=_sharding.fold(scales.x, axis, -1))
   z = bind(_sharding.fold(x, axis + 1 - contract, -contract), w, bias, scales, **params)
   start = len(out_lead) + axis + 1
@@ -127,13 +113,11 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
 #   reduce   as scatter, but the requested output sharding has A nowhere, or the scatter dim is not a
 #            multiple of its new axes' size: an all-reduce over A.
 #   plain    the contraction is not sharded alike: K unsharded (XLA gathers it), a local product.
-# Axes on x's other dims pass through as batch. The Shardy rule "b.. k.., k.. n -> b.. n" reduces the k factors.
-# The request is the out_sharding argument, or what propagation decided (a constraint or jit's out_shardings
-# downstream); with none on an Auto mesh the reduction is an all-reduce, as XLA's own dot would be.
+# With no request on an Auto mesh the reduction is an all-reduce, as XLA's own dot would be.
 
 class Plan(NamedTuple):
-  axes: tuple | None  # mesh axes the partial products are reduced over; None: a plain partitioning
-  scatter: int | None  # negative output dim the reduction scatters onto; None: an all-reduce
+  axes: tuple | None  # None: a plain partitioning
+  scatter: int | None  # None: an all-reduce
   x: P
   w: P
   bias: P
@@ -147,8 +131,6 @@ class Plan(NamedTuple):
 
 def sharding_plan(mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor: bool, scatter: int | None = None,
                   request=None) -> Plan:
-  """The partitioning of a call on global arrays from its operands' specs (_sharding.spec_of) and shapes.
-  `scatter`: the output dim asked for (negative), or None; `request`: a requested output spec, or None."""
   x_spec, w_spec = _sharding.even(mesh, x_spec, x_shape), _sharding.even(mesh, w_spec, w_shape)
   contract = len(w_shape) - 1
   free, xk = x_spec[:len(x_spec) - contract], x_spec[len(x_spec) - contract:]
@@ -178,7 +160,6 @@ def sharding_plan(mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor: bool, scatte
 
 
 def _scatter_dim(out, axes, scatter, request) -> int | None:
-  """The output dim (non-negative) the reduced axes go to, or None for an all-reduce."""
   if scatter is not None:
     return len(out) + scatter
   if request is None:
@@ -190,8 +171,7 @@ def _scatter_dim(out, axes, scatter, request) -> int | None:
 
 
 def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaling, w_kmajor: bool, scatter) -> tuple[str, tuple]:
-  """(the Shardy rule, its reduction factors) of a call on x of ndim dims and w of w_ndim (and with a Scaling,
-  its scales' factors, Scaling.shardy_factors, the contraction's blocks reduced as the contraction is)."""
+  """(the Shardy rule, its reduction factors)."""
   del scatter
   contract = w_ndim - 1
   batch, k = _sharding.factors("b", result_ndim(ndim, w_ndim) - 1), _sharding.factors("k", contract)
@@ -210,7 +190,6 @@ def result_ndim(ndim: int, w_ndim: int) -> int:
 
 def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis, has_bias: bool, scaling,
                 out_dtype: str):
-  """The partitioned body of a plan that reduces (plan.axes set): scattered onto plan.scatter, or all-reduced."""
   del axis  # the plan's scatter dim, which the argument decided
   if plan.scatter is None:
     def multiply_and_reduce(*args):
@@ -228,7 +207,7 @@ def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis, 
 # --- the public function's parts (api.py) ---------------------------------------------------
 
 def check_operands(x, w, bias, w_kmajor: bool) -> tuple:
-  """The output's shape [..., M, N] for w [*k, N] (w_kmajor: [N, *k]), contracted with x's trailing dims."""
+  """The output's shape [..., M, N]."""
   k = tuple(w.shape[1:] if w_kmajor else w.shape[:-1])
   if x.ndim < len(k) + 1:
     raise ValueError(f"jax_overlap.matmul_rs: x must have rank >= {len(k) + 1} (rows and w's {len(k)} contracted "
@@ -261,8 +240,7 @@ def grouped(scatter, x, out_shape: tuple, size: int, axis_name) -> tuple:
 
 
 def empty(x, w, bias, scales, call, out_shape) -> tuple:
-  """Nothing to multiply (collectives of empty arrays do not lower): the bias, this rank's block of it where the
-  columns are scattered."""
+  """Empty operands: collectives of empty arrays do not lower."""
   del x, w, scales
   if call.axes is not None and call.axis == -1 and bias is not None:
     bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(call.axes) * out_shape[-1], out_shape[-1])
@@ -270,14 +248,12 @@ def empty(x, w, bias, scales, call, out_shape) -> tuple:
 
 
 def xla_only(call) -> bool:
-  """A scatter of the output's columns inside shard_map: not a row layout, which the GPU algorithms scatter."""
   return call.axes is not None and call.axis == -1
 
 
 def plain(x, w, bias, scales, call):
-  """The XLA path as JAX ops (algorithm="xla", or a scatter over the columns inside shard_map). Inside shard_map
-  the reference; on global arrays the dot, partitioned by XLA, typed on an Explicit mesh with the plan's
-  layouts."""
+  """The XLA path: inside shard_map the reference; on global arrays the dot, typed on an Explicit mesh with the
+  plan's layouts."""
   log.debug("jax_overlap.matmul_rs: XLA path (%s, as JAX ops)", "algorithm='xla'" if call.algorithm == "xla" else
             "a scatter over the output columns; the GPU algorithms scatter rows")
   params = dict(w_kmajor=call.w_kmajor, out_dtype=call.out_dtype)
@@ -297,18 +273,15 @@ def plain(x, w, bias, scales, call):
 # --- differentiation (the custom VJP: api.py) --------------------------------------------------
 
 def residual(x, results):
-  """What the backward pass keeps of the forward besides w and bias: x (dW reads it)."""
   del results
   return x
 
 
 def backward(call, residuals, cotangents, dual):
-  """(dx, dw, dbias): (dx, AG(dz)) by `dual` (the differentiable call of ag_matmul with its gathered result),
-  dW = x^T @ AG(dz)."""
+  """(dx, dw, dbias): (dx, AG(dz)) by `dual`, dW = x^T @ AG(dz)."""
   x, w, bias, (x_layout, w_layout, bias_layout) = residuals
   (dz,) = cotangents
-  # On global arrays the gather dim points the plan at the dim dz is sharded on; after a scatter of the columns
-  # (-1) no dim of dz matches w's output axes, and the plan's plain partitioning gathers dz through XLA.
+  # After a scatter of the columns no dim of dz matches w's output axes: the plain plan gathers dz through XLA.
   gather = -2 if call.axis in (None, -1) else call.axis
   dx, dz_gathered = dual(dz, w, None, None, call.dual(DUAL, gather, outputs=2))
   return (autodiff.like(dx, x_layout),
@@ -319,19 +292,16 @@ def backward(call, residuals, cotangents, dual):
 # --- planning (planning/) ----------------------------------------------------------------------
 
 def eligible(rows: int, world: int) -> str | None:
-  """What the GPU algorithms need of the call beyond what every op needs (planning.eligible): whole row blocks."""
   if rows % world:
     return f"rows={rows} not divisible by the group size {world}"
   return None
 
 
 def chunk_rows(rows: int, world: int) -> int:
-  """Rows in one chunk a rank receives: a world-th of x's rows, its block of the output."""
   return rows // world
 
 
 def chunk_bytes(rows: int, k: int, n: int, world: int, itemsize: int) -> int:
-  """Bytes of one chunk a rank receives: a block of partials [rows / world, n]."""
   del k
   return rows // world * n * itemsize
 
@@ -341,15 +311,12 @@ def stage_candidates(world: int) -> list:
 
 
 def check_stages(stages: tuple, text: str) -> None:
-  """Any split of the ring is one of matmul_rs's plans."""
   del stages, text
 
 
 def pipelined_us(stages: tuple, f) -> float:
-  """Model of a pipelined call: the stages' GEMMs back to back (peers run the same schedule, so the peer at ring
-  distance i has my block ready when its stage holding position i - 1 ends), the pulls of my block in that
-  order, then the reduction of world partials (read) into one (written), after the last GEMM. Pulls on the SMs
-  (f.pulls_on_sms) take them from the GEMMs, less the share the GEMMs' last waves hide."""
+  """The GEMMs back to back; peers run the same schedule, so the peer at ring distance i has my block ready when
+  its stage holding position i - 1 ends; then the reduction of world partials into one."""
   world = sum(stages)
   ready, t = [], 0.0
   for size in stages:
@@ -368,8 +335,7 @@ def pipelined_us(stages: tuple, f) -> float:
 
 
 def fused_traffic(rows: int, k: int, n: int, world: int, itemsize: int) -> tuple:
-  """(bytes the reducers move, bytes pulled over the link, flops) of a fused call: each rank reads its row block
-  from every rank's staged partials."""
+  """(bytes the reducers move, bytes pulled over the link, flops)."""
   block = rows // world * n * itemsize
   return world * block, (world - 1) * block, 2.0 * rows * n * k
 
@@ -381,7 +347,6 @@ def fused_chunk_k(tile, k: int) -> int:
 
 
 def fused_units(rows: int, k: int, n: int, world: int, tile, chunk_k: int) -> int:
-  """The reducers' units of work (no more reducers than these): the tiles of a row block."""
   del k, chunk_k
   return math.ceil(rows // world / tile.bm) * math.ceil(n / tile.bn)
 
