@@ -1,28 +1,11 @@
-"""The numerics every op's reference decomposition shares (ops/<op>.py reference): the XLA path (the fallback,
-algorithm="xla") and the test oracle.
+"""The numerics the ops' reference decompositions share: the XLA path (algorithm="xla") and the test oracle.
 
-`w_kmajor` means w is stored with the contraction last ([*n, K], [N, *k]): the
-backward passes use it so that w is never transposed in memory.
-
-Numerics follow the GPU algorithms: products accumulate in float32 (float64 for
-float64), the bias is added in that type and the sum is rounded once to x's
-dtype. A reduction over the group rounds each rank's partial product to
-formats.partial(x's dtype) (what the kernels exchange: float32 for float16, whose
-65504 a partial may pass where the sum does not), moves the partials with an
-all-to-all (the bytes of a reduce-scatter), and sums them locally in float32 in
-rank order, adding the bias once, with one rounding: bitwise the GPU paths'
-reduction of the same partials. XLA's own reduce-scatter would sum the rounded
-partials in x's dtype, rounding at every step: with bfloat16 that failed
-Transformer Engine's collective-GEMM tolerance (rtol 1e-2, atol 0.125) on 5 of
-1M elements.
-
-Float8 operands come with their Scales and the result in out_dtype, which
-takes x's dtype's place above. Their
-products are the dequantized operands' (quantization/numerics.py), one dot per
-gathered shard of tensor-scaled x (rows of different scales), the form XLA
-rewrites into its fp8 GEMM, at the precision that gives its accumulation
-(Scaling.precision: HIGHEST promotes the sums to float32 as the GPU paths do,
-DEFAULT is XLA's fast accumulation).
+As the GPU algorithms: products accumulate in float32, the bias is added in it, one rounding to the result's
+dtype. A reduction rounds each rank's partial to formats.partial(dtype) (float32 for float16: a partial may pass
+65504 where the sum does not), exchanges the partials by all-to-all and sums them in float32 in rank order:
+bitwise the GPU paths' reduction. XLA's own reduce-scatter rounds at every step, which in bfloat16 fails
+Transformer Engine's collective-GEMM tolerance. Float8 products are the dequantized operands' in the form XLA
+rewrites into its fp8 GEMM, at the precision that gives its accumulation (Scaling.precision).
 """
 
 from __future__ import annotations
@@ -40,11 +23,7 @@ from jax_overlap.quantization import formats, numerics
 
 
 def local_matmul(x, w, *, w_kmajor: bool = False, contract: int = 1, scales=None, out_sharding=None):
-  """x's last `contract` dims times w's first (or, w_kmajor, last) `contract` dims, in the accumulator type.
-
-  scales: the Scales of float8 operands, or None.
-  out_sharding: the result's layout, for global arrays on a mesh with Explicit axes.
-  """
+  """x's last `contract` dims times w's first (w_kmajor: last) `contract` dims, in the accumulator type."""
   precision = None
   if scales is not None:
     x, w = numerics.dequantized(x, scales.x), numerics.dequantized(w, scales.w)
@@ -60,15 +39,13 @@ def local_matmul(x, w, *, w_kmajor: bool = False, contract: int = 1, scales=None
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
 def _accumulated(x, w, dims, out_sharding):
-  """A 16-bit product in float32."""
   return lax.dot_general(x, w, dims, preferred_element_type=jnp.float32, out_sharding=out_sharding)
 
 
 @_accumulated.defjvp
 def _accumulated_jvp(dims, out_sharding, primals, tangents):
-  # The tangent's products are rounded to the operands' dtype (their GEMMs still accumulate in float32). JAX's own
-  # tangent would be float32, and its transpose, the backward pass, would multiply a float32 cotangent by a 16-bit
-  # operand: XLA converts both to float32 and runs float32 GEMMs, where stock lax.dot_general runs 16-bit ones.
+  # The tangent's products are rounded to the operands' dtype: with JAX's float32 tangent the backward pass would
+  # run float32 GEMMs where stock lax.dot_general runs 16-bit ones.
   x, w = primals
   dx, dw = tangents
   dot = functools.partial(lax.dot_general, dimension_numbers=dims, out_sharding=out_sharding)
@@ -76,13 +53,8 @@ def _accumulated_jvp(dims, out_sharding, primals, tangents):
 
 
 def gathered_matmul(gathered, w, *, w_kmajor: bool = False, gather: int = -2, scales=None):
-  """local_matmul of a gathered x whose shards along dim `gather` (negative) carry scales of their own.
-
-  scales: the Scales of the gathered x (gathered_scales: tensor scales (T,), one per shard in gathered order;
-  block scales gathered with x, which take one dot) and w, or None. One dot per shard keeps each in the form XLA
-  rewrites into its fp8 GEMM; the products are joined along the gathered dim of the result (x's leading dims
-  come first in it). Shards that share one scale (Scaling.x_shared) take one dot.
-  """
+  """local_matmul of a gathered x whose shards along dim `gather` carry tensor scales of their own: one dot per
+  shard keeps each in the form XLA rewrites into its fp8 GEMM (shards of one shared scale take one dot)."""
   if scales is None or scales.scaling.follows_x:
     return local_matmul(gathered, w, w_kmajor=w_kmajor, scales=scales)
   if scales.scaling.x_shared:
@@ -108,9 +80,7 @@ def group_size(axis_name) -> int:
 
 
 def reduce_scatter(partial, axis_name, dim: int, bias=None, dtype=None):
-  """psum_scatter(partial, dim, tiled) + bias in `dtype` (None: partial's), summed as the GPU algorithms do
-  (module docstring): the blocks added in rank order, ((p0 + p1) + p2) + ..., which XLA does not reassociate.
-  dim is negative."""
+  """psum_scatter(partial, dim, tiled) + bias, the blocks added in rank order, which XLA does not reassociate."""
   size, axis = group_size(axis_name), partial.ndim + dim
   blocks = partial.reshape(*partial.shape[:axis], size, partial.shape[axis] // size, *partial.shape[axis + 1:])
   blocks = lax.all_to_all(blocks, axis_name, axis, axis, tiled=True)
@@ -121,14 +91,13 @@ def reduce_scatter(partial, axis_name, dim: int, bias=None, dtype=None):
 
 
 def all_reduce(partial, axis_name, bias=None, dtype=None):
-  """psum(partial) + bias with reduce_scatter's numerics: the all-reduce as a reduce-scatter of the flattened
-  partial (padded to a multiple of the group) and an all-gather of the rounded sums, so the same bytes as a
-  ring all-reduce cross the links, and every element equals what a scatter plan would give it."""
+  """psum(partial) + bias as a reduce-scatter of the flattened partial and an all-gather: a ring all-reduce's
+  bytes, and every element what a scatter plan would give it."""
   size, shape = group_size(axis_name), partial.shape
   total = math.prod(shape)
   chunk = -(-total // size)
   flat = jnp.pad(partial.reshape(-1), (0, size * chunk - total))
-  if bias is not None:  # this rank's elements of the flattened output, and the bias column of each
+  if bias is not None:
     start = lax.axis_index(axis_name) * chunk
     bias = bias[(start + jnp.arange(chunk)) % bias.shape[-1]]
   mine = reduce_scatter(flat, axis_name, -1, bias, dtype)
@@ -136,8 +105,7 @@ def all_reduce(partial, axis_name, bias=None, dtype=None):
 
 
 def empty_product(shape, dtype, bias, axes):
-  """The product of a call with an empty dim: the bias (or zeros) in the output's shape, varying over the group's
-  axes inside shard_map as the product would."""
+  """The bias (or zeros) in the output's shape, varying over `axes` as the product would."""
   out = jnp.zeros(shape, dtype)
   if bias is not None:
     out = out + bias.astype(dtype)
