@@ -1,6 +1,5 @@
-"""The op as one typed object: everything that differs between the GEMM ops, grouped by concern, so that api.py,
-integration/ and planning/ take an Op and never branch on its name. Each group is checked when it is made
-(TypeError naming the group, the field, what it takes and what it got)."""
+"""The op as one typed object: what differs between the GEMM ops, grouped by concern and checked when made, so
+that api.py, integration/ and planning/ never branch on an op's name."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from jax_overlap.quantization import formats
 
 
 def _takes(expected: str) -> tuple:
-  """(a test of a field's value, its words) for a field's annotation (text: annotations are not evaluated)."""
+  """(a test of a field's value, its words) for a field's annotation, which is text (not evaluated)."""
   if expected == "Callable":
     return callable, "a callable"
   if expected == "tuple[str, ...]":
@@ -34,43 +33,37 @@ def _check_fields(group) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Rules:
-  """The primitive and the rules that are the op's own (integration/primitives.py adds those every op shares)."""
-
   primitive: jex_core.Primitive
   bind: Callable  # (x, w, bias, scales, *, axis_name, axis_size, algorithm, w_kmajor, out_dtype, out_specs=None)
   abstract_eval: Callable
-  as_matrix: Callable  # the call with w viewed as a matrix (the GPU lowering takes no other w)
+  as_matrix: Callable  # the GPU lowering takes no other w than a matrix
 
   __post_init__ = _check_fields
 
 
 @dataclasses.dataclass(frozen=True)
 class XlaPath:
-  reference: Callable  # the XLA decomposition: the fallback and the test oracle
-  plain: Callable  # algorithm="xla" as JAX ops, which every JAX transformation takes
-  required: Callable  # (call) -> whether only the XLA path takes the call, as plain JAX ops
+  reference: Callable  # the fallback and the test oracle
+  plain: Callable  # algorithm="xla"
+  required: Callable  # (call) -> whether only the XLA path takes the call
 
   __post_init__ = _check_fields
 
 
 @dataclasses.dataclass(frozen=True)
 class Sharding:
-  """Global arrays: how a call is partitioned from its operands' shardings (integration/partitioning.py)."""
-
   Plan: type
   plan: Callable  # (mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor, axis, request) -> Plan
-  rule: Callable  # the Shardy rule and its reduction factors
+  rule: Callable
   result_ndim: Callable
-  partitioned: Callable  # the partitioned body of a plan that gathers or reduces
-  global_results: Callable  # the results a global call returns from those it partitions
+  partitioned: Callable
+  global_results: Callable
 
   __post_init__ = _check_fields
 
 
 @dataclasses.dataclass(frozen=True)
 class PlanningFigures:
-  """What planning/ models of the op: its eligibility, what a chunk holds, the pipelined and fused models."""
-
   algorithms: tuple[str, ...]  # auto's candidates
   eligible: Callable  # (rows, world) -> why not, beyond what every op needs
   chunk_rows: Callable
@@ -79,7 +72,7 @@ class PlanningFigures:
   stage_candidates: Callable
   check_stages: Callable
   pipelined_us: Callable
-  movers: str  # what the fused kernel's data movers are called, for messages
+  movers: str  # the fused kernel's data movers' name, for messages
   fused_traffic: Callable
   fused_chunk_k: Callable
   fused_units: Callable
@@ -94,8 +87,6 @@ class PlanningFigures:
 
 @dataclasses.dataclass(frozen=True)
 class Backward:
-  """The custom VJP's (api.py) parts: what the forward keeps, and the gradients, through the dual op."""
-
   residual: Callable  # (x, results) -> what the backward pass keeps besides w and bias
   grads: Callable  # (call, residuals, cotangents, dual) -> (dx, dw, dbias)
 
@@ -104,15 +95,13 @@ class Backward:
 
 @dataclasses.dataclass(frozen=True)
 class Arguments:
-  """The public function's parts (api.py): its shape checks and the op's own dim argument."""
-
   check_operands: Callable  # (x, w, bias, w_kmajor) -> the output's shape; ValueError naming what does not fit
-  dim: str  # the name of the op's dim argument (the dim it gathers or scatters)
+  dim: str  # the name of the op's dim argument
   dim_of_x: bool  # whether that argument counts x's dims (else the output's)
   dim_last: int  # the last dim it may name (negative)
   dim_optional: bool  # whether it may be None: the dim the plan or the group picks
   grouped: Callable  # (dim, x, out_shape, size, axis_name) -> (dim, out_shape) inside shard_map; ValueError
-  empty: Callable  # (x, w, bias, scales, call, out_shape) -> the results of a call with an empty dim
+  empty: Callable  # (x, w, bias, scales, call, out_shape) -> results
 
   __post_init__ = _check_fields
 
@@ -124,7 +113,7 @@ class Op:
   results: Results
   rules: Rules
   xla: XlaPath
-  on_shards: Callable  # the call on one rank's shards for any gather / scatter dim (folded into the rows)
+  on_shards: Callable
   sharding: Sharding
   planning: PlanningFigures
   backward: Backward
