@@ -9,13 +9,9 @@
                   and update rule) on the ops; imported on first use (they import flax)
   jax_overlap.maxtext  MaxText's dense layers on the ops (python -m jax_overlap.maxtext; docs/maxtext.md)
 
-Use them inside jax.shard_map (axis_name=...) or on sharded global arrays under
-jax.jit (axis_name=None). On NVIDIA and AMD GPUs a call runs a GPU algorithm
-where it gains (the vendor GEMM per chunk of rows while copy engines move the
-chunks); everywhere else, and for any call those cannot take, it runs the XLA
-path, so code that uses them runs on any backend. build_info() says what this
-installation runs; checkpoint names of the results are in jax_overlap.remat.
-Documentation: README.md and docs/.
+Use them inside jax.shard_map (axis_name=...) or on sharded global arrays under jax.jit (axis_name=None). A call
+runs a GPU algorithm where it gains, else the XLA path, on any backend; build_info() says what this installation
+runs. Documentation: README.md and docs/.
 
   import jax_overlap as jo
   y = jo.ag_matmul(x, w, axis_name="tp")   # inside jax.shard_map over a mesh with axis "tp"
@@ -33,10 +29,10 @@ from jax_overlap.runtime.errors import PeerTimeoutError, WorkspaceFullError
 from jax_overlap.runtime.native import build_info, gpu_available
 from jax_overlap.runtime.workspace import check_errors, clear_errors, initialize, shutdown, workspace_info
 
-# A value a setting does not take is an error here, on every backend (runtime/settings.py).
+# A bad setting is an error at import, on every backend.
 _settings.check_all()
 
-# The delayed-scaling layers are flax modules: flax is imported when one is first asked for, not with jax_overlap.
+# The delayed-scaling layers are flax modules: flax is imported on first use, not with jax_overlap.
 _ON_USE = {"Fp8DelayedAgDotGeneral": "jax_overlap.layers.fp8_delayed",
            "Fp8DelayedRsDotGeneral": "jax_overlap.layers.fp8_delayed"}
 

@@ -1,18 +1,12 @@
 """Checkpoint names for the ops' results, and jax.checkpoint's dot policies treating them as dot outputs.
 
-Every result the backward pass needs passes through `tag(value, name)`, an
-identity. Under jax.checkpoint, the policy is asked about it twice, as
-checkpoint_name(value, name) and as the output of a dot without batch dims
-(which the op is: x's leading dims are rows of one matrix product), and the
-more saving answer wins. So save_only_these_names / save_and_offload_only_these_names
-see the names below, and dots_saveable, dots_with_no_batch_dims_saveable and
-offload_dot_with_no_batch_dims save (or offload) these results as they do a
-dot's, instead of recomputing the op, collective included, in the backward pass.
+A policy is asked about each tagged result both by its name and as a dot without batch dims (which the op is),
+and the more saving answer wins: the name policies and the dot policies both save it rather than recompute the op,
+collective included.
 
 Names (the results the backward pass reads):
   jax_overlap.ag_matmul                  ag_matmul's y
-  jax_overlap.ag_matmul.gathered         ag_matmul's gathered x (its weight gradient reads it; float8 with the
-                                         fp8 layer, which keeps it in place of the bf16 activation)
+  jax_overlap.ag_matmul.gathered         ag_matmul's gathered x (its weight gradient reads it)
   jax_overlap.ag_matmul.gathered_scales  the gathered x's per-shard scales (float8 calls)
   jax_overlap.ag_matmul.w_scale          Fp8AgDotGeneral's weight scale
   jax_overlap.matmul_rs                  matmul_rs's output
@@ -51,7 +45,6 @@ def tag(value, name: str):
 
 
 def _as_name_or_dot(saveable):
-  """The policy, asked about a checkpoint_name equation both by its name and as a dot without batch dims."""
   def policy(prim, *avals, **params):
     by_name = saveable(prim, *avals, **params)
     if prim is not jex_primitives.name_p:

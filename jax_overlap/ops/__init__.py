@@ -1,10 +1,4 @@
-"""The ops: each GEMM op one Op (ops/op.py) in a module of its own, and nothing else branches on them.
-
-OPS maps names to the GEMM ops; importing this package checks that their duals name each other and registers every
-primitive's rules. Three other primitives have rules of their own: all_gather.py, the runtime's all-gather (tests);
-fp8_cast.py, the float8 cast of the fp8 layers, and fp8_scales.py, the delayed-scaling layers' step scales before
-their casts. reference.py holds the numerics the ops' reference decompositions share.
-"""
+"""The ops: each GEMM op one Op (ops/op.py) in a module of its own; importing this registers every primitive."""
 
 from __future__ import annotations
 
@@ -14,7 +8,7 @@ from jax_overlap.ops.op import Op
 
 
 def check_duals(ops: dict) -> None:
-  """TypeError unless every op's dual is an op of `ops` whose dual it is (the backward passes call each other)."""
+  """TypeError unless every op's dual names it back (the backward passes call each other)."""
   for name, op in ops.items():
     dual = ops.get(op.dual)
     if dual is None or dual.dual != name:
