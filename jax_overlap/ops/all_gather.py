@@ -1,10 +1,7 @@
 """all_gather: the runtime's all-gather of x's rows (axis -2, tiled) inside shard_map, on the symmetric workspace.
 
-It is how the runtime is tested end to end: on a GPU build it runs its own
-custom call (the planner's "all_gather" algorithm: rows of whole 16-byte
-vectors, a group of two or more), elsewhere and otherwise lax.all_gather.
-Not differentiable, no global-array mode: the GEMM ops' protocol does not
-apply; its rules are registered here.
+The runtime's end-to-end test: its own custom call where the planner takes it, else lax.all_gather. Not
+differentiable, no global-array mode.
 """
 
 from __future__ import annotations
@@ -43,7 +40,6 @@ def _gather_default_lowering(ctx, x, *, axis_name, axis_size):
 
 
 def _gather_gpu_lowering(ctx, x, *, axis_name, axis_size):
-  """The runtime's all-gather where the planner's "all_gather" takes it, else lax.all_gather."""
   out = lowering.gather_rule(ctx, x, axis_name=axis_name, axis_size=axis_size)
   return _gather_default_lowering(ctx, x, axis_name=axis_name, axis_size=axis_size) if out is None else out
 

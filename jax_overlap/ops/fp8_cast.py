@@ -1,14 +1,9 @@
 """The float8 cast of the fp8 layers' current scaling, x / scale rounded to a float8 format, as one primitive.
 
-Its value is XLA's form, quantization/numerics.quantize, kept as float8; on "cuda"/"rocm" the project's kernel
-takes the calls it can (integration/fp8_lowering.py), bit for bit the same.
-
-cast_with_amax is the delayed-scaling layers' variant (layers/fp8_delayed.py), with two results from one pass
-over x: the cast saturated to the format's largest finite value (their scale comes from earlier steps and need not
-cover x) and max |x| as float32, the amax those layers record. With lead > 0 the cast is of x with its first
-`lead` dims moved last (a weight [K, N] into the K-major [N, K] the fp8 GEMM takes). With amax_from (a float32 >= 0,
-ops/fp8_scales.py's zero) the amax is max(amax_from, max |x|), which lets the kernel accumulate into amax_from's
-buffer instead of zeroing one first.
+Its value is numerics.quantize's; on "cuda"/"rocm" the project's kernel takes the calls it can, bit for bit the
+same. cast_with_amax, the delayed-scaling layers' variant, saturates (their scale comes from earlier steps and need
+not cover x) and returns the amax from the same pass; amax_from lets the kernel accumulate into that buffer instead
+of zeroing one first.
 """
 
 from __future__ import annotations
@@ -35,9 +30,8 @@ amax_primitive.multiple_results = True
 
 
 def cast(x, scale, dtype, *, algorithm: str = "auto"):
-  """x / scale rounded to the float8 format `dtype` (numerics.quantize's value). algorithm: "auto" (the kernel
-  where it takes the call) or "xla" (XLA's form)."""
-  # Inside shard_map the result varies over what either operand varies over (its abstract value is x's).
+  """x / scale rounded to the float8 format `dtype`. algorithm: "auto" or "xla"."""
+  # The result varies over what either operand varies over (its abstract value is x's).
   axes = tuple(sorted(_compat.varying_axes(x) | _compat.varying_axes(scale), key=str))
   if axes:
     x, scale = _compat.make_varying(x, axes), _compat.make_varying(scale, axes)
@@ -45,10 +39,8 @@ def cast(x, scale, dtype, *, algorithm: str = "auto"):
 
 
 def cast_with_amax(x, scale, dtype, *, lead: int = 0, algorithm: str = "auto", amax_from=None):
-  """(x / scale rounded to the float8 format `dtype`, saturated: numerics.quantize_saturated's value; max |x| as a
-  float32 scalar: numerics.amax's), from one pass over x where the kernel takes the call. lead: the number of x's
-  leading dims the cast moves last (0: x's layout; else 1 to x.ndim - 1). algorithm: as cast's. amax_from: None,
-  or a float32 scalar >= 0 the amax starts from (the amax is then max(amax_from, max |x|))."""
+  """(x / scale saturated to `dtype`, max(amax_from, max |x|) as float32). lead: x's leading dims the cast moves
+  last (a weight [K, N] into the K-major [N, K] the fp8 GEMM takes)."""
   if not isinstance(lead, int) or isinstance(lead, bool) or not (lead == 0 or 0 < lead < jnp.ndim(x)):
     raise ValueError(f"jax_overlap.fp8_cast.cast_with_amax: lead must be 0 or an int from 1 to x.ndim - 1 "
                      f"({jnp.ndim(x) - 1}), got {lead!r}")
@@ -60,12 +52,11 @@ def cast_with_amax(x, scale, dtype, *, lead: int = 0, algorithm: str = "auto", a
 
 
 def _moved(dims, lead: int) -> tuple:
-  """dims with the first `lead` moved last."""
   return (*dims[lead:], *dims[:lead])
 
 
 def current_scaling(x, dtype, *, algorithm: str = "auto"):
-  """numerics.current_scaling with this cast: (x quantized to `dtype`, its float32 scale from the amax of x)."""
+  """(x quantized to `dtype`, its float32 scale from the amax of x)."""
   scale = numerics.fp8_scale(jnp.max(jnp.abs(x)), dtype)
   return cast(x, scale, dtype, algorithm=algorithm), scale
 

@@ -1,13 +1,9 @@
 """The delayed-scaling layers' step before their casts, as one primitive: for each operand a step casts, the scale it
 casts with and a float32 zero its cast's amax starts from.
 
-The scale is Flax's (fp8_ops.update_fp8_meta's new scale: compute_scale of the amax history's max and the previous
-scale), known before the step's amax. Its value is XLA's form of that rule, and jnp.zeros. On "cuda"/"rocm" it
-lowers to the project's kernel (csrc/kernels/fp8_scales.cu: one launch for every operand of a step) where the
-casts take theirs (integration/fp8_lowering.py): a step's state then costs one launch before its casts, whose
-amaxes accumulate from its zeros (cast_with_amax's amax_from), in place of XLA's reduction, its division and a
-memset per cast. The kernel divides as XLA's GPU code does, so the two agree bit for bit
-(tests/gpu/test_fp8_scales_kernel.py) and the path a process takes never changes the state.
+The scale is Flax's update_fp8_meta rule, known before the step's amax. On "cuda"/"rocm" one kernel launch serves
+every operand of a step, in place of XLA's reduction, division and a memset per cast; it divides as XLA's GPU code
+does, so the path a process takes never changes the state.
 """
 
 from __future__ import annotations
@@ -30,14 +26,12 @@ primitive.multiple_results = True
 
 
 def step_scales(scales, histories, dtypes, *, algorithm: str = "auto") -> tuple[tuple, tuple]:
-  """(the step's scales, float32 zeros), one of each per operand, for operands whose previous scales are `scales`
-  (float32 scalars), amax histories `histories` (float32 vectors of one length) and float8 formats `dtypes`.
-  algorithm: "auto" (the kernel where it takes the call) or "xla" (XLA's form)."""
+  """(the step's scales, float32 zeros), one of each per operand, from its previous float32 scale, its amax
+  history and its float8 format. algorithm: "auto" or "xla"."""
   if not (len(scales) == len(histories) == len(dtypes) >= 1):
     raise ValueError(f"jax_overlap.fp8_scales.step_scales: one scale, history and dtype per operand, got "
                      f"{len(scales)}, {len(histories)} and {len(dtypes)}")
   operands = [v for pair in zip(scales, histories) for v in pair]
-  # Inside shard_map the results vary over what any operand varies over.
   axes = tuple(sorted(set().union(*(_compat.varying_axes(v) for v in operands)), key=str))
   if axes:
     operands = [_compat.make_varying(v, axes) for v in operands]
