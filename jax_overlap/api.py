@@ -33,7 +33,7 @@ ALGORITHMS = ("auto", "xla", *formats.GPU_ALGORITHMS)
 
 @dataclasses.dataclass(frozen=True)
 class Call:
-  """How one call runs, besides its operands (static under jit)."""
+  """How one call runs besides its operands (static under jit)."""
 
   op: str
   axes: tuple | None  # None for global arrays
@@ -50,8 +50,6 @@ class Call:
     return dataclasses.replace(self, op=op, axis=axis, request=request, w_kmajor=not self.w_kmajor,
                                outputs=outputs)
 
-
-# --- argument checks -------------------------------------------------------------
 
 def _check_algorithm(op_name: str, algorithm) -> None:
   if algorithm not in ALGORITHMS:
@@ -235,8 +233,6 @@ def _constrain(out, out_sharding):
   return jax.sharding.reshard(out, out_sharding)
 
 
-# --- the custom VJP, any op ------------------------------------------------------------
-
 def _forward(x, w, bias, scales, call: Call) -> tuple:
   op = OPS[call.op]
   if call.axes is None:
@@ -295,8 +291,6 @@ def _reverse_mode(x, w, bias, scales, call: Call):
       raise
     raise TypeError(message) from e
 
-
-# --- the public functions ------------------------------------------------------------
 
 def _drive(op, x, w, bias, *, x_scale, w_scale, out_dtype, fast_accumulation, w_kmajor, axis_name, algorithm,
            dim, every_result: bool, out_sharding):
@@ -387,10 +381,8 @@ def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
     w:    [K, *n] local shard of the weight (one or more output dims, e.g. [E, heads, head_dim]);
           [*n, K] with w_kmajor=True
     bias: [*n] or None
-    returns all_gather(x, gather_axis, tiled) @ w + bias, shape [..., T*m, *n], in x's dtype (float8
-    operands: out_dtype); with return_gathered=True, (y, gathered_x), and for float8 operands
-    (y, gathered_x, gathered_scales): the gathered float8 x and float32 [T], each shard's x_scale in
-    gathered order (shard s of gathered_x has the value gathered_x[s] * gathered_scales[s]).
+    returns all_gather(x, gather_axis, tiled) @ w + bias [..., T*m, *n] in x's dtype (float8: out_dtype);
+    with return_gathered=True, (y, gathered_x[, gathered_scales: float32 [T], each shard's x_scale]).
   With axis_name=None: global arrays under jit, x @ w + bias partitioned from the input shardings (docs/api.md),
   laid out by out_sharding (NamedSharding or PartitionSpec); gathered_scales is then [1], x_scale.
 
@@ -435,9 +427,8 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
     x:    [..., M, *k] with the contraction sharded (k local; one or more dims, e.g. [heads, head_dim])
     w:    [*k, N] local shard of the weight; [N, *k] with w_kmajor=True
     bias: [N] or None, added once after the reduction
-    returns psum_scatter(x @ w, scatter_axis, tiled) + bias, shape [..., M/T, N] for the
-    default scatter_axis -2 (the rows); that dim must be divisible by T. In x's dtype (float8
-    operands: out_dtype, and each rank's product is scaled by its own x_scale and w_scale).
+    returns psum_scatter(x @ w, scatter_axis, tiled) + bias [..., M/T, N] (scatter_axis -2, divisible by T)
+    in x's dtype (float8: out_dtype, each rank's product scaled by its own scales).
   With axis_name=None: global arrays under jit, x @ w + bias partitioned from the input shardings (docs/api.md),
   scattered onto scatter_axis, else the dim out_sharding shards, else the rows.
 
@@ -491,8 +482,7 @@ def _varying_operands(axes, x, w, bias, scales) -> tuple:
 
 
 def all_gather(x, *, axis_name):
-  """The runtime's all-gather of x's rows (axis -2, tiled) inside shard_map: on the symmetric workspace on a GPU
-  build (the runtime's end-to-end test), else lax.all_gather.
+  """The runtime's all-gather of x's rows (axis -2, tiled) inside shard_map; lax.all_gather without a GPU build.
 
   Example (x's rows gathered over "tp"):
 

@@ -98,9 +98,6 @@ def global_results(results, scales):
   return y, gathered, scales.scaling.of_whole_x(scales.x)
 
 
-# --- one rank's shards ----------------------------------------------------------------
-
-
 def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype, axis=-2):
   """The results on one rank's shards. Another gather dim than the rows folds the dims from it up to the rows
   into one (free on row-major arrays): a tiled gather moves whole blocks of everything after it."""
@@ -120,8 +117,7 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
           gathered.reshape(*gathered_shape, x.shape[-1]), *rest)
 
 
-# --- global arrays ----------------------------------------------------------------------
-# x [..., m, K] @ w [K, *n] (or [*n, K]), bias [*n]; `gather` is the x dim gathered (default -2):
+# Global arrays, x [..., m, K] @ w [K, *n] (or [*n, K]), bias [*n]; `gather` is the x dim gathered (default -2):
 #   gather  exactly one of w's n dims is sharded, on axes A, and x's gather dim is sharded on
 #           (*others, *A): gather x over A; y keeps `others` on that dim and A on w's sharded dim.
 #   plain   x keeps its sharding but K, w its n dims' sharding where it does not collide with x's;
@@ -196,8 +192,6 @@ def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis: 
   return gather_and_multiply
 
 
-# --- the public function's parts (api.py) ---------------------------------------------------
-
 def check_operands(x, w, bias, w_kmajor: bool) -> tuple:
   """The output's shape [..., m, *n]."""
   k_dim, which = (-1, "last") if w_kmajor else (0, "first")
@@ -258,8 +252,6 @@ def plain(x, w, bias, scales, call) -> tuple:
   return global_results((ref.finish(y, _sharding.resharded(bias, mesh, p.bias), call.out_dtype), x), scales)
 
 
-# --- differentiation (the custom VJP: api.py) --------------------------------------------------
-
 def residual(x, results):
   """The gathered x, which dW reads."""
   return remat.tag(results[1], remat.AG_GATHERED)
@@ -277,8 +269,6 @@ def backward(call, residuals, cotangents, dual):
   return (autodiff.like(dx, x_layout), autodiff.weight_grad(gathered, dy, 1, w_layout, call.w_kmajor, w.dtype),
           autodiff.bias_grad(dy, bias, bias_layout))
 
-
-# --- planning (planning/) ----------------------------------------------------------------------
 
 def eligible(rows: int, world: int) -> str | None:
   del rows, world

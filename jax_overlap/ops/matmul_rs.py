@@ -84,8 +84,6 @@ def global_results(results, scales):
   return results
 
 
-# --- one rank's shards ----------------------------------------------------------------
-
 def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype, axis=-2):
   """The result on one rank's shards. Another dim than the rows folds into them (a tiled scatter moves whole
   blocks of everything after it); the columns (-1) are no row layout and take the XLA path."""
@@ -104,9 +102,7 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
   return z.reshape(*out_lead[:start], out_lead[start] // size, *out_lead[start + 1:], z.shape[-1])
 
 
-
-# --- global arrays ----------------------------------------------------------------------
-# x [..., M, *k] @ w [*k, N] (or [N, *k]), bias [N]:
+# Global arrays, x [..., M, *k] @ w [*k, N] (or [N, *k]), bias [N]:
 #   scatter  x's and w's k dims are sharded alike, on axes A: reduce over A, scattered onto one output
 #            dim (`scatter`: the scatter_axis argument, else the dim the requested output sharding puts
 #            A on, else the rows, -2), which keeps its own sharding as the major part.
@@ -204,8 +200,6 @@ def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis, 
   return multiply_and_scatter
 
 
-# --- the public function's parts (api.py) ---------------------------------------------------
-
 def check_operands(x, w, bias, w_kmajor: bool) -> tuple:
   """The output's shape [..., M, N]."""
   k = tuple(w.shape[1:] if w_kmajor else w.shape[:-1])
@@ -270,8 +264,6 @@ def plain(x, w, bias, scales, call):
   return ref.finish(z, _sharding.resharded(bias, mesh, p.bias), call.out_dtype)
 
 
-# --- differentiation (the custom VJP: api.py) --------------------------------------------------
-
 def residual(x, results):
   del results
   return x
@@ -288,8 +280,6 @@ def backward(call, residuals, cotangents, dual):
           autodiff.weight_grad(x, dz_gathered, w.ndim - 1, w_layout, call.w_kmajor, w.dtype),
           autodiff.bias_grad(dz, bias, bias_layout))
 
-
-# --- planning (planning/) ----------------------------------------------------------------------
 
 def eligible(rows: int, world: int) -> str | None:
   if rows % world:
