@@ -36,7 +36,7 @@ class Scaling:
   """A scaling mode or its variant: immutable and hashable, so primitives carry it as a parameter."""
 
   name: str = ""
-  code: int = 0  # the mode in the GPU calls' attributes (csrc/core/scale_mode.h ScaleMode; the harness module's SCALE_MODES)
+  code: int = 0  # the GPU calls' attribute (csrc/core/scale_mode.h ScaleMode)
   xla_gemm: bool = True  # XLA rewrites the dot of operands dequantized this way into its fp8 GEMM
   bias_epilogue: bool = True  # the vendor's GEMM with these scales adds a bias in its epilogue
   follows_x: bool = False  # x_scale has x's leading dims: batch dims fold and vmap batches it with x

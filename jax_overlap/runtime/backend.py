@@ -110,8 +110,8 @@ class State:
   regions: dict = dataclasses.field(default_factory=dict)  # key -> (offset, nbytes)
   sites: dict = dataclasses.field(default_factory=dict)  # region key -> {site name: number}
   next_offset: int = 0
-  link_bytes_per_us: float | None = None   # measured peer pull rate
-  local_bytes_per_us: float | None = None  # measured local copy rate
+  link_bytes_per_us: float | None = None
+  local_bytes_per_us: float | None = None
   copies_on_sms: tuple | None = None  # (publish, pulls) on the SMs, once the copy path is known (workspace.py)
   clears: int = 0  # collective clear_errors() calls so far (key-value barrier names)
   # processes.agree()'s outcomes by key-value name (which holds the runtime generation): each taken once.
