@@ -62,10 +62,8 @@ class Fp8DelayedDotGeneralBase(fp8_ops.Fp8DotGeneralBase):
 class Fp8DelayedAgDotGeneral(Fp8DelayedDotGeneralBase):
   """flax.linen.Fp8DirectDotGeneralOp on ag_matmul: the column-parallel layer, kernel [K, *n], x [..., K].
 
-  Pass it where Flax's op goes, as a linen layer's dot_general_cls. axis_name, gather_axis: as AgDotGeneral's.
-  algorithm: "auto", "pipelined" or "xla". e4m3_dtype, e5m2_dtype: the OCP pair (default) or the fnuz pair.
-  amax_history_length: Flax's (1024). fast_accumulation: the forward GEMM's (True, as Flax's op).
-  cast_algorithm: as Fp8AgDotGeneral's.
+  Pass it as a linen layer's dot_general_cls. Fields as Fp8AgDotGeneral's, and Flax's e4m3_dtype, e5m2_dtype
+  (the OCP or the fnuz pair) and amax_history_length (1024); fast_accumulation defaults to True, as Flax's op.
 
   Example (flax.linen, bf16 compute, on sharded global arrays under jit):
 

@@ -1,16 +1,9 @@
 """How a float8 call's operands are scaled: the scaling modes, as one type the primitives carry.
 
-An operand's value is x8.astype(float32) times its block's scale in every mode (numerics.dequantized); everything
-that differs between modes is a Scaling method, written once here. Scales travel through the Python code as one
-pytree, by name, never by position.
-
-  TENSOR  one float32 scalar per operand (inside shard_map each rank's own)
-  BLOCK   DeepSeek-V3's recipe: one float32 per 1 x BLOCK_SIZE block of x and per BLOCK_SIZE x BLOCK_SIZE tile of w
-
-Variants: fast accumulation (tensor scales only) keeps the tensor cores' partial sums in their narrower accumulator
-(cuBLASLt's FAST_ACCUM; XLA's fp8 GEMM at precision DEFAULT): faster on Hopper, less precise over long K; AMD's MFMA
-accumulates in float32 either way. x_shared: every rank passes the same x_scale, so the gathered shards share it and
-several can go through one GEMM instead of one GEMM per shard. The block layouts mirror csrc/core/block_scales.h.
+An operand's value is x8.astype(float32) times its block's scale in every mode; what differs between modes is a
+Scaling method, written once here. Variants: fast accumulation (tensor scales only: cuBLASLt's FAST_ACCUM, faster on
+Hopper, less precise over long K) and x_shared (every rank passes the same x_scale, so several gathered shards can
+share one GEMM). The block layouts mirror csrc/core/block_scales.h.
 """
 
 from __future__ import annotations
@@ -131,7 +124,7 @@ class Scaling:
 
 
 class TensorScaling(Scaling):
-  """One float32 scalar per operand."""
+  """One float32 scalar per operand (inside shard_map each rank's own)."""
 
   name = "tensor"
   code = 1
@@ -165,7 +158,7 @@ class TensorScaling(Scaling):
 
 
 class BlockScaling(Scaling):
-  """One float32 per 1 x BLOCK_SIZE block of x and per BLOCK_SIZE x BLOCK_SIZE tile of w (w 2-D)."""
+  """DeepSeek-V3's: one float32 per 1 x BLOCK_SIZE block of x and per BLOCK_SIZE x BLOCK_SIZE tile of w (w 2-D)."""
 
   name = "block"
   code = 2
@@ -266,7 +259,7 @@ MODES = {s.name: s for s in (TENSOR, BLOCK)}
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["x", "w"], meta_fields=["scaling"])
 @dataclasses.dataclass(frozen=True)
 class Scales:
-  """A float8 call's scales: x's and w's, and their mode."""
+  """A float8 call's scales and their mode: passed by name, never by position."""
 
   x: Any
   w: Any

@@ -1,9 +1,7 @@
 """The environment settings: every name, and each runtime setting's default and check.
 
-Every setting is checked at import (check_all), on every backend, and again where it is read, since the environment
-may change in between. An unknown JAX_OVERLAP_* name warns with the nearest: a misspelled kill switch must not leave
-the GPU paths on in silence. The MaxText settings' values are checked by jax_overlap/maxtext/settings.py; their
-names are here for the warning.
+Checked at import on every backend, and again where read, since the environment may change in between. An unknown
+JAX_OVERLAP_* name warns: a misspelled kill switch must not leave the GPU paths on in silence.
 """
 
 from __future__ import annotations
