@@ -1,28 +1,8 @@
 """dot_general-compatible callables, so layer libraries run their linear layers on jax_overlap.
 
-Pass one as a layer's dot_general (or the class as dot_general_cls):
-
-  flax.linen   Dense / DenseGeneral(dot_general=...), MultiHeadDotProductAttention(qkv_dot_general=AgDotGeneral(),
-               out_dot_general=RsDotGeneral())
-  flax.nnx     Linear / LinearGeneral(dot_general=...), MultiHeadAttention(qkv_dot_general=..., out_dot_general=...)
-
-AgDotGeneral is the column-parallel layer (ag_matmul): it contracts x's last dim
-with the kernel's first, kernels [K, *n] ([embed, heads, head_dim] for QKV,
-[embed, 2, ffn] for a gated MLP). RsDotGeneral is the row-parallel layer
-(matmul_rs): it contracts x's trailing dims with the kernel's leading ones,
-kernels [*k, N] ([heads, head_dim, embed] for the attention output, [ffn, embed]).
-The layer adds its bias after the call (not fused). Inputs take any leading dims.
-
-With axis_name=None (global arrays under jit) the result is x @ kernel, and the
-shardings decide the collectives; inside shard_map (axis_name given) the result
-is the op's: rows gathered (AgDotGeneral) or reduce-scattered (RsDotGeneral).
-`precision` is accepted and not used (the products accumulate in float32);
-preferred_element_type may be None or the inputs' dtype; out_sharding is passed on.
-
-The layers are frozen dataclasses (layers hold and hash them) whose fields are
-checked when one is made, and the class itself passed where an instance
-belongs (dot_general=AgDotGeneral) is an error that says to instantiate it.
-The float8 layers are layers/fp8.py's.
+Pass an instance as a layer's dot_general (or the class as dot_general_cls). The layer adds its bias after the call
+(not fused). With axis_name=None (global arrays under jit) the result is x @ kernel; inside shard_map it is the op's.
+The layers are frozen dataclasses because layers hold and hash them.
 """
 
 from __future__ import annotations
@@ -35,9 +15,8 @@ from jax_overlap import api
 
 
 class Layer:
-  """What the layers share: their fields checked at construction, lax.dot_general's signature, and clear errors for
-  a class passed where an instance belongs (a library then calls the class with the dot's operands) and for the
-  reverse (linen instantiates dot_general_cls with no arguments)."""
+  """Fields checked at construction, lax.dot_general's signature, and clear errors for a class passed where an
+  instance belongs (a library then calls the class with the dot's operands) and the reverse."""
 
   ALGORITHMS: tuple = api.ALGORITHMS
 
@@ -60,7 +39,7 @@ class Layer:
 
 
 def check_operands(layer, lhs, rhs, dimension_numbers) -> None:
-  """A TypeError for an instance called with no operands, as a linen layer calls its dot_general_cls()."""
+
   if lhs is None and rhs is None and dimension_numbers is None:
     name = type(layer).__name__
     raise TypeError(f"jax_overlap.{name}: an instance was called with no operands, as a layer calls "
@@ -69,7 +48,7 @@ def check_operands(layer, lhs, rhs, dimension_numbers) -> None:
 
 
 def check_fields(layer: str, axis_name, algorithm, algorithms: tuple) -> None:
-  """Every layer's axis_name (None, a mesh axis name or a tuple of them) and algorithm (one of `algorithms`)."""
+
   names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
   if axis_name is not None and not (names and all(isinstance(a, str) for a in names)):
     raise TypeError(f"jax_overlap.{layer}: axis_name must be None (global arrays under jit), a mesh axis name or a "
@@ -79,14 +58,14 @@ def check_fields(layer: str, axis_name, algorithm, algorithms: tuple) -> None:
 
 
 def check_bound(layer: str, axis_name) -> None:
-  """An axis_name that the enclosing shard_map binds (the ops' ValueError, naming the layer): before anything is
-  cast to vary over it, which JAX refuses with a bare AssertionError or "please call pvary"."""
+  """Before anything is cast to vary over axis_name: JAX's own error for an unbound axis is a bare AssertionError
+  or "please call pvary"."""
   if axis_name is not None:
     api.axis_group(layer, axis_name)
 
 
 def check_dim(layer: str, name: str, value, optional: bool) -> None:
-  """An int dim index (or None where `optional`), or a TypeError naming the field."""
+
   if (value is None and optional) or (isinstance(value, (int, np.integer)) and not isinstance(value, bool)):
     return
   raise TypeError(f"jax_overlap.{layer}: {name} must be an int{' or None' if optional else ''}, got {value!r}")
@@ -98,7 +77,7 @@ def _dims(dimension_numbers):
 
 
 def check_dot(op: str, lhs, rhs, dimension_numbers, preferred_element_type, contract: int, expected: str) -> None:
-  """The dot_general arguments a layer takes: x's last `contract` dims with the kernel's first, no batch dims."""
+  """x's last `contract` dims with the kernel's first, no batch dims."""
   if not hasattr(lhs, "ndim") or not hasattr(rhs, "ndim"):
     return  # the op names the argument that is not an array
   lhs_c, rhs_c, lhs_b, rhs_b = _dims(dimension_numbers)
@@ -119,7 +98,7 @@ def check_column_parallel(layer: str, lhs, rhs, dimension_numbers, preferred_ele
 
 
 def check_row_parallel(layer: str, lhs, rhs, dimension_numbers, preferred_element_type) -> int:
-  """check_dot of a row-parallel layer (kernel [*k, N]): returns how many dims it contracts."""
+  """Returns how many dims the kernel [*k, N] contracts."""
   if getattr(rhs, "ndim", 0) < 2:
     raise ValueError(f"jax_overlap.{layer}: the kernel must have rank >= 2 ([*k, N]), got shape "
                      f"{getattr(rhs, 'shape', rhs)}")
@@ -133,9 +112,8 @@ def check_row_parallel(layer: str, lhs, rhs, dimension_numbers, preferred_elemen
 class AgDotGeneral(Layer):
   """lax.dot_general's signature on ag_matmul: the column-parallel layer, kernel [K, *n], x [..., K].
 
-  axis_name: None for global arrays under jit (the shardings decide), or the mesh axis (or axes) the rows are
-  gathered over inside shard_map. algorithm: "auto", "pipelined", "fused" or "xla", as jax_overlap.ag_matmul
-  takes it. gather_axis: x's gathered dim inside shard_map (default the rows, -2).
+  axis_name: None under jit on global arrays, or the mesh axis (or axes) rows are gathered over inside shard_map.
+  algorithm: "auto", "pipelined", "fused" or "xla" (ag_matmul's). gather_axis: x's gathered dim (default -2).
 
   Example (flax.nnx; with x's rows and the kernel's columns sharded on one axis):
 
@@ -161,10 +139,9 @@ class AgDotGeneral(Layer):
 class RsDotGeneral(Layer):
   """lax.dot_general's signature on matmul_rs: the row-parallel layer, kernel [*k, N], x [..., *k].
 
-  axis_name: None for global arrays under jit (the shardings decide), or the mesh axis (or axes) the product is
-  reduce-scattered over inside shard_map. algorithm: "auto", "pipelined", "fused" or "xla", as
-  jax_overlap.matmul_rs takes it. scatter_axis: the output dim the reduction scatters onto (None: the rows inside
-  shard_map; on global arrays the plan's).
+  axis_name: None under jit on global arrays, or the mesh axis (or axes) the product is reduce-scattered over
+  inside shard_map. algorithm: "auto", "pipelined", "fused" or "xla" (matmul_rs's). scatter_axis: the output dim
+  scattered onto (None: the rows inside shard_map, the plan's on global arrays).
 
   Example (flax.nnx; with x's and the kernel's contraction sharded on one axis):
 

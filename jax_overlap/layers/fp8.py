@@ -1,14 +1,7 @@
-"""The float8 layers: AgDotGeneral and RsDotGeneral (layers/fp8.py) in float8, for training.
+"""The float8 layers for training, and the custom VJP every recipe runs (fp8_delayed.py's layers too).
 
-Fp8AgDotGeneral and Fp8RsDotGeneral take bfloat16/float16/float32 inputs and kernels and quantize both on every
-call to e4m3 (the kernel straight into the K-major layout Hopper's fp8 GEMM takes), as their recipe says
-(quantization/recipes.py: scaling="tensor", current scaling, or "block"). Their custom VJP, shared with the
-delayed-scaling layers (fp8_delayed.py), quantizes the cotangent to e5m2, so that the data gradient (the dual op)
-and the weight gradient run in float8 too, and keeps float8 residuals in place of the activation:
-Fp8AgDotGeneral the gathered x (half the bytes of the bf16 gathered x the 16-bit layer keeps) with its per-shard
-scales, Fp8RsDotGeneral its quantized x. The weight gradient contracts the rows, the outer dim of both operands,
-so both are transposed for it (Hopper's fp8 GEMM takes K-major operands only) and it runs as one float8 GEMM of
-the group of one.
+The kernel is quantized straight into K-major, the only layout Hopper's fp8 GEMM takes; for the same reason the
+weight gradient, which contracts the rows, transposes both operands. Residuals are float8 in place of the activation.
 """
 
 from __future__ import annotations
@@ -29,18 +22,14 @@ from jax_overlap.quantization.scaling import Scales
 from jax_overlap.runtime import backend
 
 FAMILIES = ("ocp", "fnuz")
-# The layers' cast_algorithm: "kernels", the project's one-pass cast kernel where it takes the call
-# (ops/fp8_cast.py), or "xla", XLA's cast of the same values, which XLA can fuse into the operation producing the
-# operand (a norm, an activation, the kernel's conversion from float32), where a kernel, a custom call, reads the
-# operand back from memory. "auto" is "kernels": faster on an operand read from memory (bench_fp8_delayed.py); where
-# XLA's fusions produce the operands, as in MaxText, "xla" is (jax_overlap/maxtext/hook.py).
+# "auto" is "kernels": faster on an operand read from memory; "xla" can fuse the cast into the operation that
+# produces the operand, which wins where XLA's fusions produce them, as in MaxText (jax_overlap/maxtext/hook.py).
 CAST_ALGORITHMS = ("auto", "kernels", "xla")
 
 
 @dataclasses.dataclass(frozen=True)
 class Casts:
-  """The ops' float8 casts with one algorithm ("auto": the project's kernels where they take the call; "xla"):
-  what a recipe rounds with."""
+  """What a recipe rounds with: the ops' float8 casts with one algorithm ("auto" or "xla")."""
 
   algorithm: str
 
@@ -85,13 +74,12 @@ class Fp8Call:
 
 
 def gpu_family() -> str:
-  """The float8 family of this process's GPUs: fnuz where one is gfx942-class, else OCP. Read from what jax says of
-  its devices (or the device state, where the runtime has made it), so that tracing sets up nothing on a GPU."""
+  """fnuz where one of this process's GPUs is gfx942-class, else OCP. Read from jax's devices unless the runtime
+  already has device states, so that tracing sets up nothing on a GPU."""
   machine = backend.current()
   if machine.state.prepared:
     archs = [d.arch for d in machine.state.devices.values()]
   else:
-    # ROCm's jax devices name their gfx arch in compute_capability; device_kind is the fallback ("MI300X").
     archs = [getattr(d, "compute_capability", "") or getattr(d, "device_kind", "") for d in machine.local_gpus()]
   fnuz = any(formats.fp8_family_of(str(a).split(":")[0]) == "fnuz" or any(m in str(a) for m in ("MI300", "MI325"))
              for a in archs)
@@ -99,8 +87,7 @@ def gpu_family() -> str:
 
 
 class Fp8Layer(Layer):
-  """What the float8 layers share: their fields checked at construction (Layer's, family, scaling's recipe and
-  fast_accumulation, cast_algorithm)."""
+
 
   ALGORITHMS = tuple(a for a in api.ALGORITHMS if formats.takes(a, "float8_e4m3fn") or a in ("auto", "xla"))
 
@@ -122,7 +109,7 @@ class Fp8Layer(Layer):
     return recipes.RECIPES[self.scaling]()
 
   def forward_fast_accumulation(self) -> bool:
-    """Whether the forward GEMM accumulates fast: fast_accumulation, None meaning the recipe's default."""
+  
     return self.recipe.fast_accumulation(type(self).__name__, self.fast_accumulation)
 
   def _overlapped(self, parallel: str, axis, lhs, rhs, dimension_numbers, preferred_element_type, out_sharding):
@@ -139,7 +126,7 @@ def check_cast_algorithm(layer: str, cast_algorithm) -> None:
 
 
 def check_scatter_axis(layer: str, axis_name, scatter_axis, given=None) -> None:
-  """Not the output columns inside shard_map (`given`: the field as the user wrote it, where it differs)."""
+  """`given`: the field as the user wrote it, where it differs."""
   if axis_name is not None and scatter_axis == -1:
     raise ValueError(f"jax_overlap.{layer}: scatter_axis={scatter_axis if given is None else given} (the output "
                      f"columns) is not supported inside shard_map (its data gradient would gather the contraction); "
@@ -154,7 +141,7 @@ def check_inputs(layer: str, lhs, rhs) -> None:
 
 
 def _negative(axis, ndim: int):
-  """An int dim index as a negative one (anything else as it is: the op names what is wrong with it)."""
+  """Anything but an int passes through: the op names what is wrong with it."""
   if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) and axis >= 0:
     return int(axis) - ndim
   return axis
@@ -163,9 +150,8 @@ def _negative(axis, ndim: int):
 def overlapped(parallel: str, lhs, rhs, dimension_numbers, state, *, layer: str, recipe: recipes.Recipe, axis_name,
                algorithm: str, axis, out_sharding, e4m3: str, e5m2: str, fast_accumulation: bool,
                cast_algorithm: str, preferred_element_type=None):
-  """A float8 layer's dot: parallel "ag" (kernel [K, *n], x [..., K]; axis: x's gathered dim) or "rs" (kernel
-  [*k, N], x [..., *k]; axis: the output dim scattered onto, None: the plan's), quantized as `recipe` says, with
-  its `state` (() for a recipe that keeps none). The result is in the inputs' promoted dtype."""
+  """A float8 layer's dot, parallel "ag" (axis: x's gathered dim) or "rs" (axis: the output dim scattered onto);
+  `state` is () for a recipe that keeps none. The result is in the inputs' promoted dtype."""
   check_inputs(layer, lhs, rhs)
   if parallel == "ag":
     check_column_parallel(layer, lhs, rhs, dimension_numbers, preferred_element_type)
@@ -189,20 +175,19 @@ def overlapped(parallel: str, lhs, rhs, dimension_numbers, state, *, layer: str,
 
 
 def _layouts(call: Fp8Call, x, w) -> tuple:
-  """What dx and dW are laid out like on global arrays (autodiff.layout). x itself is not kept: on an Explicit
-  mesh its type says it, and on an Auto mesh the dual op's plan scatters dx onto x's sharded dim (keeping x
-  alive for shard_alike would undo the float8 residual)."""
+  """dx's and dW's layouts on global arrays. x itself is not kept (shard_alike on it would undo the float8
+  residual): an Explicit mesh's type says its layout, and on an Auto mesh the dual op scatters onto x's sharded dim."""
   x_layout = autodiff.layout(x, call.axis_name)
   return (x_layout if isinstance(x_layout, autodiff.Layout) else None), autodiff.layout(w, call.axis_name)
 
 
 def _dual_layout(x_layout) -> dict:
-  """The dual op's out_sharding: x's type on an Explicit mesh, else the plan's."""
+
   return {"out_sharding": None if x_layout is None else x_layout.sharding}
 
 
 def _custom_vjp(forward, backward):
-  """layer(x, w, state, call) whose value is forward's first result, with the VJP forward / backward."""
+
   @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
   def layer(x, w, state, call: Fp8Call):
     return forward(x, w, state, call)[0]
@@ -212,9 +197,8 @@ def _custom_vjp(forward, backward):
 
 
 def _weight_grad(at8, a_scale, bt8, b_scale, w, w_layout, call: Fp8Call):
-  """dW = a^T @ b as one float8 GEMM of the op's group of one (the vendor's fp8 GEMM where it takes the call:
-  algorithm "auto", which falls back to XLA's dot; "xla" stays XLA's): at8 [Ka, *l] and bt8 [Nb, *l], both with
-  the contraction last. The result in w's dtype, shape and layout."""
+  """dW = a^T @ b as one float8 GEMM of a group of one: at8 [Ka, *l] and bt8 [Nb, *l], contraction last. The
+  result in w's dtype, shape and layout."""
   algorithm = "xla" if call.algorithm == "xla" else "auto"
   if call.axis_name is None:
     dw = api.matmul_rs(at8, bt8, x_scale=a_scale, w_scale=b_scale, out_dtype=call.w_dtype, w_kmajor=True,
@@ -238,7 +222,7 @@ def _ag_forward(x, w, state, call: Fp8Call):
 def _ag_backward(call: Fp8Call, residuals, dy):
   gathered, scales, w, w_scale, kept, (x_layout, w_layout) = residuals
   dy8, dy_scale, state_cotangent = call.recipe.cotangent(dy, kept, call)
-  # dx = RS(dy @ W^T): on an Explicit mesh laid out as x's type says, else scattered onto x's gathered dim
+  # dx = RS(dy @ W^T)
   w8, dual_scale = call.recipe.dual_kernel(w, w_scale, call)
   dx = api.matmul_rs(dy8, w8, x_scale=dy_scale, w_scale=dual_scale, out_dtype=call.x_dtype, w_kmajor=True,
                      axis_name=call.axis_name, algorithm=call.algorithm,
@@ -281,29 +265,14 @@ _fp8_rs = _custom_vjp(_rs_forward, _rs_backward)
 class Fp8AgDotGeneral(Fp8Layer):
   """AgDotGeneral in float8, for training: kernel [K, *n], x [..., K], both bf16/f16/f32.
 
-  Each call quantizes x (the amax of the local shard inside shard_map, of the whole array on
-  global arrays) and the kernel to e4m3, the kernel into [*n, K] (K-major), and runs
-  jax_overlap.ag_matmul on them; the result is in the inputs' dtype. The backward pass
-  quantizes dy to e5m2: dx = matmul_rs(dy, kernel) in float8 (the dual op), dW = gathered_x^T @ dy
-  as one float8 GEMM, with the gathered shards' scales folded into dy's quantization.
-  Residuals: the gathered float8 x and its per-shard scales (jax_overlap.remat names them).
+  Quantizes x and the kernel to e4m3 on each call and the cotangent to e5m2, so dx (matmul_rs, the dual op) and dW
+  (one GEMM) run in float8 too. Residuals: the gathered float8 x and its per-shard scales (jax_overlap.remat).
 
-  axis_name, gather_axis: as AgDotGeneral's. algorithm: "auto", "pipelined" or "xla", as
-  jax_overlap.ag_matmul takes it for float8 operands ("fused" is 16-bit only); dW's GEMM, which has
-  no communication, is the vendor's fp8 GEMM where it takes the call and XLA's dot otherwise, and
-  XLA's with "xla". family: the float8 formats, "ocp" (float8_e4m3fn and float8_e5m2) or "fnuz"
-  (float8_e4m3fnuz and float8_e5m2fnuz); None: fnuz on gfx942, OCP elsewhere. scaling: the recipe
-  (jax_overlap.quantization.recipes): "tensor" (one scale per operand: the local shard's amax) or "block"
-  (a scale per 1x128 block of x and of the cotangent, per 128x128 tile of the kernel; K and N multiples of
-  128, and the rows, gathered, of the weight gradient too).
-  fast_accumulation: whether the forward GEMM takes the vendor's fast fp8 accumulation
-  (jax_overlap.ag_matmul's fast_accumulation: TransformerEngine's forward numerics); None (default):
-  so with tensor scales, not with block scales, which take none. The gradients' GEMMs never do.
-  cast_algorithm: how x, the cotangent and the data gradient's kernel are cast to float8 (tensor scales):
-  "kernels", the project's one-pass cast kernel where it takes the call; "xla", XLA's cast of the same
-  values, which XLA can fuse into the operation that produces the operand, where the kernel reads it back
-  from memory; "auto" (default), the kernels (faster on an operand read from memory; in a model whose
-  operands come out of XLA's fusions, as in MaxText, "xla" can be faster).
+  axis_name, gather_axis: as AgDotGeneral's. algorithm: "auto", "pipelined" or "xla" ("fused" is 16-bit only).
+  family: "ocp" or "fnuz" (None: fnuz on gfx942, else OCP). scaling: "tensor" (one scale per operand, the local
+  shard's amax) or "block" (1x128 blocks of x and the cotangent, 128x128 tiles of the kernel; K, N and the gathered
+  rows multiples of 128). fast_accumulation: the forward GEMM's (None: with tensor scales only); the gradients'
+  GEMMs never. cast_algorithm: "kernels", "xla" (fusable into the operand's producer) or "auto" (the kernels).
 
   Example (flax.nnx, bf16 in and out):
 
@@ -331,18 +300,11 @@ class Fp8AgDotGeneral(Fp8Layer):
 class Fp8RsDotGeneral(Fp8Layer):
   """RsDotGeneral in float8, for training: kernel [*k, N], x [..., *k], both bf16/f16/f32.
 
-  Each call quantizes x (the amax of the local shard inside shard_map, of the whole array on
-  global arrays) and the kernel to e4m3, the kernel into [N, *k] (K-major), and runs
-  jax_overlap.matmul_rs on them (each rank's partial scaled by its own scales); the result is in
-  the inputs' dtype. The backward pass quantizes dz to e5m2: (dx, AG(dz)) = ag_matmul(dz, kernel)
-  in float8 (the dual op), dW = x^T @ AG(dz) as one float8 GEMM (Fp8AgDotGeneral's), the gathered shards'
-  scales folded into AG(dz) by exact power-of-two shifts. Residuals: the quantized x and its
-  scale (jax_overlap.remat names them).
+  As Fp8AgDotGeneral, with (dx, AG(dz)) = ag_matmul(dz, kernel) and dW = x^T @ AG(dz); the gathered shards' scales
+  fold into AG(dz) by exact power-of-two shifts. Residuals: the quantized x and its scale (jax_overlap.remat).
 
-  axis_name: as RsDotGeneral's. algorithm, family, scaling, fast_accumulation, cast_algorithm: as
-  Fp8AgDotGeneral's.
-  scatter_axis: as RsDotGeneral's, but not the columns (-1) inside shard_map, where the dual op would
-  gather the contraction.
+  axis_name: as RsDotGeneral's; the other fields as Fp8AgDotGeneral's. scatter_axis: as RsDotGeneral's, but not the
+  columns (-1) inside shard_map, where the dual op would gather the contraction.
 
   Example (flax.nnx, bf16 in and out):
 

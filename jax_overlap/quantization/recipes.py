@@ -1,22 +1,8 @@
 """The float8 training recipes: how the fp8 layers quantize, one object per recipe.
 
-A recipe owns what differs between ways of training in float8 (TransformerEngine-JAX's quantizer idea); the
-layers (layers/fp8.py, fp8_delayed.py) run the same custom VJP for all of them and ask their recipe for
-  operands       the layouts its GEMMs take (block scales take a 2-D kernel)
-  quantize       x and the kernel in e4m3 with their scales, and what the backward pass keeps of the state
-  cotangent      the cotangent in e5m2 with its scale, and the state's cotangent (its new value)
-  dual_kernel    the kernel in its own layout for the data gradient, the same float8 values as the forward's
-  *_weight_grad  the weight gradient's float8 operands with their scales, the contraction last
-  fast_accumulation  the forward GEMM's accumulation (the gradients' GEMMs promote to float32 in every recipe)
-  scaling        the ops' scaling mode (quantization/scaling.py) of the weight gradient's GEMM
-The rounding itself is the layer's `call.casts` (the ops' cast primitives, a layer above this one).
-
-  tensor   current scaling: a power-of-two scale per operand from its amax (inside shard_map the local shard's)
-  block    DeepSeek-V3's: a scale per 1x128 block of x and of the cotangent, per 128x128 tile of the kernel
-  delayed  Flax's (fp8_ops.update_fp8_meta): scales from amax histories, which the state keeps
-
-Adding a recipe (MXFP8, per-row scales) is a subclass of Recipe and one `register` line (docs/architecture.md).
-Power-of-two scales keep the layers' rescalings exact (numerics.py): per-shard scales fold into one operand's.
+A recipe owns what differs between ways of training in float8; the layers run one custom VJP for all of them. The
+rounding itself is the layer's `call.casts` (the ops' casts, a layer above this one). Power-of-two scales keep the
+layers' rescalings exact, so per-shard scales fold into one operand's. A new recipe is a Recipe subclass, registered.
 """
 
 from __future__ import annotations
@@ -34,23 +20,22 @@ from jax_overlap.quantization.scaling import BLOCK, BLOCK_SIZE, TENSOR, Scaling
 
 
 def kmajor(w, lead: int):
-  """w with its first `lead` dims (the contraction) moved last: the K-major layout Hopper's fp8 GEMM takes."""
+  """w's first `lead` dims (the contraction) last: the K-major layout Hopper's fp8 GEMM takes."""
   return jnp.transpose(w, (*range(lead, w.ndim), *range(lead)))
 
 
 def lead_last(v, lead: int):
-  """v [*l, *f] as [prod(f), *l]: a weight gradient's contraction (its first `lead` dims) last, kept as dims of
-  their own (rows of several dims, sharded on a minor one, have no merged layout without moving them)."""
+  """v [*l, *f] as [prod(f), *l], the contraction kept unmerged: rows of several dims sharded on a minor one have
+  no merged layout without moving them."""
   return _sharding.reshape(kmajor(v, lead), (-1, *v.shape[:lead]))
 
 
 class Recipe:
-  """A float8 recipe; `call` in its methods is the layer's (layers/fp8.py Fp8Call: layer, e4m3, e5m2, axis_name,
-  casts). The base class is what recipes with one scale per operand share."""
+  """A float8 recipe; `call` is the layer's Fp8Call. The base class serves recipes with one scale per operand."""
 
   name: str = ""
   scaling: Scaling = TENSOR
-  stateful = False  # keeps state between steps (a layer that holds it: the flax.linen modules)
+  stateful = False  # only a flax.linen module can hold the state
   fast_accumulation_default = True
 
   def __repr__(self) -> str:
@@ -63,7 +48,8 @@ class Recipe:
     return hash(type(self))
 
   def fast_accumulation(self, layer: str, value) -> bool:
-    """The forward GEMM's accumulation from a layer's field (None: this recipe's default), or an error."""
+    """The forward GEMM's accumulation from a layer's field (None: this recipe's default); the gradients' GEMMs
+  always promote to float32."""
     if value is not None and not isinstance(value, bool):
       raise TypeError(f"jax_overlap.{layer}: fast_accumulation must be None, True or False, got {value!r}")
     if value is None:
@@ -85,7 +71,7 @@ class Recipe:
     return x, w
 
   def quantize(self, x, w, state, call, lead: int) -> tuple:
-    """(x8, x_scale, w8 K-major (w's first `lead` dims last), w_scale, what the backward keeps of `state`)."""
+    """(x8, x_scale, w8 K-major, w_scale, what the backward keeps of `state`)."""
     raise NotImplementedError
 
   def cotangent(self, d, kept, call) -> tuple:
@@ -93,26 +79,24 @@ class Recipe:
     raise NotImplementedError
 
   def dual_kernel(self, w, w_scale, call) -> tuple:
-    """(w in e4m3 in its own layout, whose last dim is the data gradient's contraction; its scale)."""
+    """(w in e4m3 in its own layout, the same float8 values as the forward's; its scale)."""
     return call.casts.cast(w, w_scale, call.e4m3), w_scale
 
   def ag_weight_grad(self, gathered, scales, dy, dy8, dy_scale, axis: int, call) -> tuple:
-    """(a, a_scale, b, b_scale): dW = gathered^T @ dy as float8 operands with the rows (their contraction) last.
-    scales: the gathered shards' (gathered along `axis`, negative); every shard's here is one scale."""
+    """(a, a_scale, b, b_scale): dW = gathered^T @ dy's float8 operands, rows last; `axis` negative."""
     del dy, axis, call
     lead = functools.partial(lead_last, lead=gathered.ndim - 1)
     return lead(gathered), scales[0], lead(dy8), dy_scale
 
   def rs_weight_grad(self, x8, x_scale, dz_gathered, dz_scales, axis: int, call) -> tuple:
-    """(a, a_scale, b, b_scale): dW = x^T @ AG(dz) as float8 operands with the rows last; every shard of AG(dz)
-    here has one scale."""
+    """(a, a_scale, b, b_scale): dW = x^T @ AG(dz)'s float8 operands, rows last."""
     del axis, call
     lead = functools.partial(lead_last, lead=dz_gathered.ndim - 1)
     return lead(x8), x_scale, lead(dz_gathered), dz_scales[0]
 
 
 class TensorRecipe(Recipe):
-  """Current scaling: each call's operands quantized with a power-of-two scale from their own amax."""
+  """Current scaling: a power-of-two scale per operand from its amax (inside shard_map the local shard's)."""
 
   name = "tensor"
 
@@ -129,9 +113,8 @@ class TensorRecipe(Recipe):
     return call.casts.cast(d, scale, call.e5m2), scale, ()
 
   def ag_weight_grad(self, gathered, scales, dy, dy8, dy_scale, axis, call):
-    # Shards with scales of their own: dy's rows times their shard's scale, quantized again with one scale (in the
-    # transposing pass), so that dW stays one GEMM of one scale per operand. With one shard the product of the two
-    # scales is not formed: it may underflow float32 where dW does not.
+    # dy's rows times their shard's scale, quantized again with one scale, keep dW one GEMM of one scale per operand.
+    # With one shard the product of the two scales is not formed: it may underflow float32 where dW does not.
     if scales.shape[0] == 1:
       return super().ag_weight_grad(gathered, scales, dy, dy8, dy_scale, axis, call)
     lead = functools.partial(lead_last, lead=gathered.ndim - 1)
@@ -146,12 +129,9 @@ class TensorRecipe(Recipe):
 
 
 class BlockRecipe(Recipe):
-  """DeepSeek-V3's recipe on the ops' block scales. x and the cotangent per 1x128 block of their last dim (the
-  contraction of the forward and of the data gradient), the kernel per 128x128 tile, each block's scale a power of
-  two from its amax. The data gradient reads the kernel in its own layout with the same tiles' scales, transposed.
-  The weight gradient contracts the rows, so both its operands are quantized again with blocks along the rows: x
-  from its float8 value (dequantized: exact), the cotangent from its 16-bit value. Shards of whole blocks quantize
-  as the whole array does: the result depends on the sharding only through the ops' reductions."""
+  """DeepSeek-V3's recipe: x and the cotangent per 1x128 block of their last dim, the kernel per 128x128 tile. The
+  weight gradient contracts the rows, so both its operands are quantized again with blocks along the rows (x from
+  its float8 value, exactly). Shards of whole blocks quantize as the whole array does."""
 
   name = "block"
   scaling = BLOCK
@@ -202,12 +182,10 @@ class BlockRecipe(Recipe):
 
 
 class DelayedRecipe(Recipe):
-  """Flax's delayed scaling (fp8_ops.update_fp8_meta). The state is (input scale, input history, kernel scale,
-  kernel history, output-grad scale, output-grad history), as Flax's variables hold them; its cotangent is its new
-  value (Flax's '_overwrite_with_gradient'). A step's scale depends on the history and the previous scale only,
-  so it is known before the step's amax, which the same pass as the cast gives (call.casts.cast_with_amax); values
-  beyond it saturate, as Flax's clip. Amaxes are of the whole operand: inside shard_map the max over the axes it
-  varies over (the group at least), so every rank records the same history. Every shard has the step's scale."""
+  """Flax's delayed scaling (fp8_ops.update_fp8_meta): the state is Flax's six variables (scale and amax history of
+  input, kernel and output grad) and its cotangent is its new value. A step's scale is known before its amax, so
+  one pass casts and takes the amax; values beyond saturate, as Flax's clip. Amaxes are of the whole operand, so
+  every rank records the same history."""
 
   name = "delayed"
   stateful = True
@@ -230,22 +208,21 @@ class DelayedRecipe(Recipe):
     return call.casts.cast_with_amax(w, w_scale, call.e4m3)[0], w_scale
 
 
-# Flax keeps its fp8 meta in an extended dtype (fp8_ops.fm32, whose gradients accumulate by max): the arithmetic
-# runs in float32, the state's values go back in the variables' dtype.
+# Flax keeps its fp8 meta in an extended dtype (fp8_ops.fm32, whose gradients accumulate by max): arithmetic in
+# float32, the state's values back in the variables' dtype.
 
 def _float32(v):
   return lax.convert_element_type(v, jnp.float32) if jax.dtypes.issubdtype(v.dtype, jax.dtypes.extended) else v
 
 
 def _step_scales(metas, dtypes, call) -> tuple[tuple, tuple]:
-  """(the scales a step casts with, the zeros their casts' amaxes start from) for (scale, history) pairs: one
-  kernel for all of them (ops/fp8_scales.py)."""
+  """(the step's scales, the zeros their casts' amaxes start from) for (scale, history) pairs, in one kernel."""
   scalars = [jnp.reshape(_float32(s), ()).astype(jnp.float32) for s, _ in metas]
   return call.casts.step_scales(scalars, [_float32(h) for _, h in metas], dtypes)
 
 
 def _cast(v, scale, amax_from, dtype, call, lead: int = 0) -> tuple:
-  """(v in `dtype` with the step's scale, saturated, its first `lead` dims last; the whole operand's amax)."""
+
   q, amax = call.casts.cast_with_amax(v, scale, dtype, lead=lead, amax_from=amax_from)
   if call.axis_name is None:
     return q, amax
@@ -255,10 +232,8 @@ def _cast(v, scale, amax_from, dtype, call, lead: int = 0) -> tuple:
 
 
 def recorded(amax, step, scale, history) -> tuple:
-  """(scale, history) after a step that cast with scale `step` an operand whose max |value| is `amax`:
-  fp8_ops.update_fp8_meta's new values (the step's scale; the history rolled back one place, the amax first), in
-  the variables' dtypes and shapes. The history as one select of the rolled history, which XLA fuses into one
-  kernel (Flax's roll and then update in place take two)."""
+  """fp8_ops.update_fp8_meta's new (scale, history) after a step cast with scale `step`, in the variables' dtypes
+  and shapes. One select of the rolled history, which XLA fuses into one kernel (Flax's roll-then-update takes two)."""
   meta_dtype = scale.dtype if scale.dtype == history.dtype and jax.dtypes.issubdtype(
       scale.dtype, jax.dtypes.extended) else None
   h = history if meta_dtype is None else lax.convert_element_type(history, jnp.float32)
@@ -287,5 +262,5 @@ for _cls in (TensorRecipe, BlockRecipe, DelayedRecipe):
 
 
 def stateless() -> tuple:
-  """The names of the recipes that keep no state: those a layer without variables takes."""
+  """The recipes a layer without variables takes."""
   return tuple(name for name, cls in RECIPES.items() if not cls.stateful)

@@ -1,43 +1,9 @@
-"""How a float8 call's operands are scaled: the scaling modes, one type the primitives carry.
+"""How a float8 call's operands are scaled: the scaling modes, as one type the primitives carry.
 
-A float8 operand's value is x8.astype(float32) times its scale, each element
-taking the scale of its block (numerics.dequantized: the same formula for every
-mode). What differs between modes is written once, here, as a Scaling:
-  its scales' shapes, and the checks of what a caller passes (check);
-  how the scales travel with their operand: ag_matmul gathers x's with x's
-  rows (gather, gathered_shape, of_whole_x), x's dims fold and vmap batches
-  them with x where they follow x (follows_x), global arrays shard them with their operands' dims
-  (shardy_factors, partition_specs, plan_shapes);
-  how the GPU path takes them: which GPUs and GEMMs the vendor GEMM runs them
-  on (gpu_refused), the flat layout it reads (gemm_forms, gathered_from_gemm),
-  whether its epilogue adds a bias (bias_epilogue);
-  whether XLA has an fp8 GEMM for them (xla_gemm: auto's cost model compares
-  with it);
-  and how the GEMM accumulates their products (fast_accumulation, which a mode
-  carries as a variant of itself: accumulating).
-x_shared (tensor scales, a variant of its own: sharing_x): every rank of
-ag_matmul's group passes the same x_scale, as a global x_scale is, and inside
-shard_map one that JAX types as invariant over the group's axes (a replicated
-delayed-scaling scale). The gathered shards then share it: the pipelined
-schedule multiplies several shards in one GEMM, and XLA's path all of them in
-one dot, where otherwise each shard takes a GEMM of its own with its rank's
-scale.
-Scales (the pair of arrays and their mode, a pytree) is how scales travel
-through the Python code: by name, never by position.
-
-  TENSOR  one float32 scalar per operand (inside shard_map each rank's own; any size-1 array is taken as one)
-  BLOCK   DeepSeek-V3's recipe: one float32 per 1 x BLOCK_SIZE block of x (a
-          row, BLOCK_SIZE elements of K) and one per BLOCK_SIZE x BLOCK_SIZE
-          tile of w; cuBLASLt runs it on Hopper
-Fast accumulation (tensor scales only): the fp8 GEMM may keep the tensor cores'
-partial sums in their narrower accumulator instead of promoting them to float32
-as the K loop goes (cuBLASLt's FAST_ACCUM; XLA's fp8 GEMM at precision DEFAULT):
-faster on Hopper, less precise over long K. Flax's and TransformerEngine's fp8
-recipes run their forward GEMM so and their gradients' GEMMs without. AMD's MFMA
-accumulates in float32 either way (hipBLASLt has no such mode).
-Rowwise scales and MXFP8 would be modes of their own (docs/architecture.md,
-"add a scaling mode"). The block layouts mirror csrc/core/block_scales.h, whose
-constants the native module exports (a test compares them with these).
+An operand's value is x8.astype(float32) times its block's scale in every mode; what differs between modes is a
+Scaling method, written once here. Variants: fast accumulation (tensor scales only: cuBLASLt's FAST_ACCUM, faster on
+Hopper, less precise over long K) and x_shared (every rank passes the same x_scale, so several gathered shards can
+share one GEMM). The block layouts mirror csrc/core/block_scales.h.
 """
 
 from __future__ import annotations
@@ -52,27 +18,24 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-# Block scales' block: BLOCK_SIZE elements of K per scale of x, BLOCK_SIZE x BLOCK_SIZE elements per scale of w
-# (kScaleBlock). cuBLASLt's block-scaled GEMM takes rows in multiples of BLOCK_ROW_MULTIPLE (kScaleRowMultiple; 130
-# rows had no algorithm on the H200) and reads w's scales in rows padded to a multiple of W_SCALE_ROW_ALIGN
-# (kWScaleRowAlign: k/128 = 5 read a row stride of 8).
+# cuBLASLt's block-scaled GEMM takes rows in multiples of BLOCK_ROW_MULTIPLE and reads w's scales in rows padded to
+# W_SCALE_ROW_ALIGN (docs/performance.md, "Where the code's constants come from").
 BLOCK_SIZE = 128
 BLOCK_ROW_MULTIPLE = 4
 W_SCALE_ROW_ALIGN = 4
 
 
 class Scaling:
-  """A scaling mode (TENSOR, BLOCK), or its variant with fast accumulation: immutable and hashable, so primitives
-  carry it as a parameter."""
+  """A scaling mode or its variant: immutable and hashable, so primitives carry it as a parameter."""
 
   name: str = ""
-  code: int = 0  # the mode in the GPU calls' attributes (csrc/core/scale_mode.h ScaleMode; the harness module's SCALE_MODES)
+  code: int = 0  # the GPU calls' attribute (csrc/core/scale_mode.h ScaleMode)
   xla_gemm: bool = True  # XLA rewrites the dot of operands dequantized this way into its fp8 GEMM
   bias_epilogue: bool = True  # the vendor's GEMM with these scales adds a bias in its epilogue
   follows_x: bool = False  # x_scale has x's leading dims: batch dims fold and vmap batches it with x
   blocks: bool = False  # the native side's block scales (csrc/core/gemm_problem.h GemmTypes::blocks)
-  fast_accumulation: bool = False  # the GEMM's fast fp8 accumulation (module docstring; GemmTypes alike)
-  x_shared: bool = False  # every rank of the group has the same x_scale (module docstring)
+  fast_accumulation: bool = False
+  x_shared: bool = False
 
   def __repr__(self) -> str:
     return (self.name + ("+fast_accumulation" if self.fast_accumulation else "")
@@ -86,7 +49,7 @@ class Scaling:
     return hash((self.name, self.fast_accumulation, self.x_shared))
 
   def accumulating(self, fast: bool) -> Scaling:
-    """This mode with fast accumulation on or off (ValueError for a mode that takes none)."""
+  
     if bool(fast) == self.fast_accumulation:
       return self
     if fast and self.blocks:
@@ -97,7 +60,7 @@ class Scaling:
     return variant
 
   def sharing_x(self, shared: bool) -> Scaling:
-    """This mode with x_shared set or not (block scales, which follow x's rows, are never shared)."""
+  
     if bool(shared) == self.x_shared:
       return self
     if shared and self.follows_x:
@@ -108,65 +71,60 @@ class Scaling:
 
   @property
   def precision(self):
-    """The precision of XLA's dot of operands dequantized this way: DEFAULT is XLA's fp8 GEMM with fast
-    accumulation, HIGHEST without."""
+    """XLA's dot's: DEFAULT is XLA's fp8 GEMM with fast accumulation, HIGHEST without."""
     return lax.Precision.DEFAULT if self.fast_accumulation else lax.Precision.HIGHEST
 
   # --- what a caller passes (api.py) ---
 
   def check(self, op: str, x, w, x_scale, w_scale, w_kmajor: bool) -> Scales:
-    """The scales of float8 x and w, or a TypeError / ValueError naming the argument."""
+
     raise NotImplementedError
 
   # --- how the scales travel with x ---
 
   def gathered_shape(self, x_scale_shape: tuple, gathered_x_shape: tuple, size: int) -> tuple:
-    """ag_matmul's gathered_scales shape, for x_scale of x_scale_shape gathered from `size` shards."""
+
     raise NotImplementedError
 
   def gather(self, x_scale, axis_name, gather: int):
-    """ag_matmul's gathered_scales inside shard_map: every shard's x_scale in gathered order."""
+
     raise NotImplementedError
 
   def of_whole_x(self, x_scale):
-    """gathered_scales where nothing is gathered (a group of one, global arrays): x's own scale."""
+
     raise NotImplementedError
 
   # --- global arrays (integration/partitioning.py) ---
 
   def shardy_factors(self, x_factors: list, w_kmajor: bool) -> tuple:
-    """(x_scale's factors, w_scale's factors, the factors of the contraction's blocks) in a Shardy rule where x has
-    `x_factors` (the contraction last) and w is 2-D."""
+    """(x_scale's, w_scale's, the contraction blocks') factors in a Shardy rule; x's contraction last, w 2-D."""
     raise NotImplementedError
 
   def partition_specs(self, x_spec: P, w_spec: P) -> tuple:
-    """(x_scale's, w_scale's) PartitionSpecs in a partitioning that lays x and w out so."""
+
     raise NotImplementedError
 
   def plan_shapes(self, scales_shapes: tuple, x_shape: tuple, w_shape: tuple) -> tuple:
-    """The (x, w) shapes a sharding plan must divide evenly: the operands', or their scales' where coarser."""
+
     return x_shape, w_shape
 
   # --- the GPU path ---
 
   def gpu_refused(self, archs: tuple, gemm_rows: int, batch: int, world: int) -> str | None:
-    """Why the vendor GEMM cannot take these scales on GPUs of `archs` for GEMMs of `gemm_rows` rows, `batch`
-    elements of x in a group of `world`; None where it can."""
+    """Why the vendor GEMM cannot take these scales here; None where it can."""
     return None
 
   def gemm_forms(self, x_groups: int, w_kmajor: bool) -> tuple:
-    """(x_scale -> its flat form, w_scale -> its flat form) as the vendor GEMMs read them, x's rows in `x_groups`
-    groups of consecutive rows (one GEMM's each)."""
+    """(x_scale, w_scale) -> the flat forms the vendor GEMMs read; x's rows in `x_groups` groups, one GEMM each."""
     raise NotImplementedError
 
   def gathered_from_gemm(self, flat, world: int, shape: tuple):
-    """ag_matmul's gathered_scales of `shape` from the flat form its custom call returns (gemm_forms's, per
-    shard)."""
+
     return flat
 
 
 class TensorScaling(Scaling):
-  """One float32 scalar per operand."""
+  """One float32 scalar per operand (inside shard_map each rank's own)."""
 
   name = "tensor"
   code = 1
@@ -200,23 +158,23 @@ class TensorScaling(Scaling):
 
 
 class BlockScaling(Scaling):
-  """One float32 per 1 x BLOCK_SIZE block of x and per BLOCK_SIZE x BLOCK_SIZE tile of w (w 2-D)."""
+  """DeepSeek-V3's: one float32 per 1 x BLOCK_SIZE block of x and per BLOCK_SIZE x BLOCK_SIZE tile of w (w 2-D)."""
 
   name = "block"
   code = 2
   xla_gemm = False  # XLA's form is a float32 dot of the dequantized operands
-  bias_epilogue = False  # cuBLASLt has no algorithm for one (H200, cuBLASLt 13.1)
+  bias_epilogue = False  # cuBLASLt has no algorithm for one
   follows_x = True
   blocks = True
 
   def shapes(self, x_shape: tuple, w_shape: tuple, w_kmajor: bool) -> tuple:
-    """(x_scale's, w_scale's) shapes for x and w of these shapes."""
+
     b, k = BLOCK_SIZE, x_shape[-1]
     n = w_shape[0] if w_kmajor else w_shape[1]
     return (*x_shape[:-1], k // b), ((n // b, k // b) if w_kmajor else (k // b, n // b))
 
   def check_dims(self, where: str, k: int, n: int) -> None:
-    """The contraction K and the output N whole blocks, or a ValueError (`where` names the op or layer)."""
+
     if k % BLOCK_SIZE or n % BLOCK_SIZE:
       raise ValueError(f"jax_overlap.{where}: block scales need K and N multiples of {BLOCK_SIZE} (blocks of "
                        f"{BLOCK_SIZE} along the contraction K, tiles of {BLOCK_SIZE}x{BLOCK_SIZE} of w), got "
@@ -256,8 +214,7 @@ class BlockScaling(Scaling):
     return x_scale
 
   def shardy_factors(self, x_factors, w_kmajor):
-    # x's blocks [..rows, kb] follow x's dims but K, whose blocks are a factor of their own (a 128th of K); w's
-    # tiles are [kb, nb] (or [nb, kb]).
+    # K's blocks are a factor of their own (a 128th of K).
     return " ".join([*x_factors[:-1], "kb"]), "nb kb" if w_kmajor else "kb nb", ("kb",)
 
   def partition_specs(self, x_spec, w_spec):
@@ -302,7 +259,7 @@ MODES = {s.name: s for s in (TENSOR, BLOCK)}
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["x", "w"], meta_fields=["scaling"])
 @dataclasses.dataclass(frozen=True)
 class Scales:
-  """A float8 call's scales: x's and w's, and their mode."""
+  """A float8 call's scales and their mode: passed by name, never by position."""
 
   x: Any
   w: Any
@@ -313,12 +270,9 @@ class Scales:
 
 
 def of(op: str, x, w, x_scale, w_scale, w_kmajor: bool) -> Scales:
-  """The scales a caller passed for float8 x and w, checked.
-
-  Size-1 scales of any rank are tensor scales: (1,) is how Flax keeps a scale and what ag_matmul returns as the
-  gathered scales of a global x or a group of one. Block scales are any others, and size-1 scales of exactly the
-  block shapes (one block each), which scale the product alike either way and keep the block mode's gathered shape.
-  """
+  """The scales a caller passed for float8 x and w, checked. Size-1 scales of any rank are tensor scales ((1,) is
+  Flax's and a group of one's gathered scales), except size-1 scales of exactly the block shapes, which keep the
+  block mode's gathered shape."""
   sizes = [getattr(s, "size", 1) for s in (x_scale, w_scale)]
   blocks = any(size != 1 for size in sizes)
   if not blocks and w.ndim == 2 and all(hasattr(s, "shape") for s in (x_scale, w_scale)):
@@ -327,21 +281,20 @@ def of(op: str, x, w, x_scale, w_scale, w_kmajor: bool) -> Scales:
 
 
 def mode(scales: Scales | None) -> Scaling | None:
-  """The mode of scales, None for 16-bit operands."""
+
   return None if scales is None else scales.scaling
 
 
-# 16-bit operands' code in the GPU calls' attributes: no scales.
 NO_SCALES_CODE = 0
 
 
 def code(scaling: Scaling | None) -> int:
-  """The scaling mode as the GPU calls' attributes carry it (csrc/core/scale_mode.h), 0 for 16-bit operands."""
+  """The mode as the GPU calls' attributes carry it (csrc/core/scale_mode.h)."""
   return NO_SCALES_CODE if scaling is None else scaling.code
 
 
 def _scalar(op: str, name: str, scale, operand: str, dtype):
-  """A float8 operand's scale as a float32 scalar array (Python floats are taken), or a TypeError."""
+
   if scale is None:
     raise TypeError(f"jax_overlap.{op}: {name} is required with float8 operands ({operand} is {dtype}): a "
                     f"float32 scalar, {operand}'s value being {operand}.astype(float32) * {name}; got None")

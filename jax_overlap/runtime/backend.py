@@ -1,16 +1,7 @@
-"""The machine a process runs on, as one object: the native module, its GPUs and host, and what is set up on them.
+"""The machine a process runs on: the native module, its GPUs and host, and the runtime's state on them.
 
-Everything the runtime, the planner and the lowering ask of the machine goes
-through `current()`: the native module's functions (set-up, measurements,
-sizes, launch geometry, FFI targets), this process's GPUs and host name, and the
-runtime's state on them (runtime/workspace.py). Tests put another Backend in its place,
-such as one over a stand-in native module that takes CPU devices for GPUs
-(tests/fake_gpu.py): the real runtime, planner and lowering then run on it,
-from a fresh state.
-
-Also here, what the build and the GPU say that the fused planner reads: the
-compiled tiles, their launch geometry as C++ computes it, the device's
-properties.
+All of the package asks the machine through `current()`, so tests can swap in a Backend over a stand-in native
+module (tests/fake_gpu.py) and run the real runtime, planner and lowering on it.
 """
 
 from __future__ import annotations
@@ -24,7 +15,6 @@ import jax
 
 from jax_overlap.runtime import native, settings
 
-# jax platform names of the GPU backends, and XLA's names for the same.
 _XLA_PLATFORM = {"cuda": "CUDA", "rocm": "ROCM"}
 
 
@@ -43,11 +33,7 @@ class TileShape:
 
 
 def tiles_for_arch(tiles, arch: str | None = None) -> tuple:
-  """The compiled tiles of one ArchTraits: `arch`, or the build's own (its first tile's) when None.
-
-  A CUDA build also compiles the AMD data path on the mma.sync atom (arch "amd"), which the
-  GPU tests select with JAX_OVERLAP_ARCH_TRAITS=amd (Backend.tile_shapes).
-  """
+  """The compiled tiles of one ArchTraits: `arch`, or the build's own (its first tile's) when None."""
   arch = arch or tiles[0].arch
   chosen = tuple(t for t in tiles if t.arch == arch)
   if not chosen:
@@ -57,11 +43,8 @@ def tiles_for_arch(tiles, arch: str | None = None) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class GemmGeometry:
-  """A fused call's persistent launch as C++ makes it (csrc/kernels/launch.h gemm_geometry).
-
-  The planner reads these figures (Backend.gemm_geometry) and never recomputes them:
-  the launcher and the plan agree by construction.
-  """
+  """A fused call's persistent launch as C++ makes it (csrc/kernels/launch.h gemm_geometry); the planner reads it
+  and never recomputes it, so launcher and plan agree by construction."""
 
   workgroups_per_sm: int  # the kernel's occupancy
   co_resident: int  # workgroups that run at once on this rank's share of the GPU
@@ -77,16 +60,11 @@ class GemmGeometry:
 
 @dataclasses.dataclass(frozen=True)
 class DeviceProps:
-  """What the fused planner needs to know about one GPU.
+  """What the fused planner needs to know about one GPU; rates per microsecond.
 
-  Rates are in units per microsecond. `engine_flops` is the fused kernels'
-  GEMM rate and `vendor_flops` the vendor GEMM's (what the XLA path runs);
-  `link_bytes` is the peer bandwidth one GPU can pull; `pull_bytes_per_sm` is
-  what one fetcher/reducer workgroup moves while GEMM workgroups load the
-  memory system. Measured on 2 x H200: a lone workgroup pulls 13-23 GB/s over
-  NVLink (benchmarks/p2p), but a fetcher inside the fused ag_matmul, next to
-  the GEMM's loads and with its own shard to publish, moved about 3 GB/s at
-  32 KiB in flight (git show 6a98e4b:benchmarks/results/NOTES.md); sized here for 4 GB/s.
+  `engine_flops`: the fused kernels' GEMM rate; `vendor_flops`: the vendor GEMM's; `link_bytes`: the peer bandwidth
+  one GPU can pull; `pull_bytes_per_sm`: what one fetcher/reducer moves while GEMM workgroups load the memory system,
+  far below a lone workgroup's (docs/performance.md, "Where the code's constants come from").
   """
 
   sm_count: int
@@ -115,7 +93,7 @@ class LocalDevice:
 
 @dataclasses.dataclass
 class State:
-  """What the runtime has set up on the machine (runtime/workspace.py keeps it; shutdown() clears all but `agreed`)."""
+  """What the runtime has set up on the machine (workspace.py keeps it; shutdown() clears all but `agreed`)."""
 
   prepared: bool = False  # device states made
   active: bool = False    # workspaces allocated and peers mapped
@@ -132,8 +110,8 @@ class State:
   regions: dict = dataclasses.field(default_factory=dict)  # key -> (offset, nbytes)
   sites: dict = dataclasses.field(default_factory=dict)  # region key -> {site name: number}
   next_offset: int = 0
-  link_bytes_per_us: float | None = None   # measured peer pull rate
-  local_bytes_per_us: float | None = None  # measured local copy rate
+  link_bytes_per_us: float | None = None
+  local_bytes_per_us: float | None = None
   copies_on_sms: tuple | None = None  # (publish, pulls) on the SMs, once the copy path is known (workspace.py)
   clears: int = 0  # collective clear_errors() calls so far (key-value barrier names)
   # processes.agree()'s outcomes by key-value name (which holds the runtime generation): each taken once.
@@ -141,9 +119,8 @@ class State:
 
 
 class Backend:
-  """One machine: `native` (the compiled module's functions, or a stand-in with the same ones; None without a
-  build) for `platform` ("cuda" or "rocm"), this process's GPUs (`gpus()`: jax devices, by default those of
-  `platform`), its host name (`host()`) and the runtime's State on them."""
+  """One machine: `native` (the compiled module or a stand-in; None without a build) for `platform` ("cuda" or
+  "rocm"), this process's GPUs (`gpus()`, default: jax's devices of `platform`), its host name and State."""
 
   def __init__(self, native_module, platform: str | None, *, gpus: Callable | None = None,
                host: Callable = socket.gethostname):
@@ -170,12 +147,9 @@ class Backend:
     return self._host()
 
   def register_targets(self) -> None:
-    """Registers the state type and FFI targets with XLA for the platform, once.
-
-    Called from the GPU lowering rule, i.e. after the GPU backend exists: XLA
-    applies registrations queued before backend start-up in an order that can
-    put a handler before the state type it uses.
-    """
+    """Registers the state type and FFI targets with XLA, once. Called from the GPU lowering rule, after the GPU
+    backend exists: XLA applies registrations queued before start-up in an order that can put a handler before
+    the state type it uses."""
     if self._registered or self.native is None:
       return
     with self.lock:
@@ -198,8 +172,8 @@ class Backend:
     return self._compiled_tiles
 
   def tile_shapes(self) -> tuple[TileShape, ...]:
-    """The compiled tiles the planner takes: the build's own ArchTraits', or those named by
-    JAX_OVERLAP_ARCH_TRAITS (debug: "amd" runs the AMD data path on a CUDA build's mma.sync atom)."""
+    """The build's own ArchTraits' tiles, or JAX_OVERLAP_ARCH_TRAITS's (debug: "amd" runs the AMD data path on a
+    CUDA build's mma.sync atom)."""
     compiled = self.compiled_tile_shapes()
     if not compiled:
       return ()
@@ -212,15 +186,14 @@ class Backend:
   def gemm_geometry(self, op: str, tile: TileShape, comm_workgroups: int, chunk_k: int, *, dtype_name: str,
                     w_kmajor: bool, world: int, batch: int, m: int, k: int, n: int, device: DeviceProps,
                     workgroups_per_sm: int = 0) -> GemmGeometry:
-    """The launch C++ makes of a fused call (csrc/kernels/launch.h gemm_geometry). m: ag_matmul's local
-    rows, matmul_rs's total rows, per batch element. workgroups_per_sm == 0: the kernel's occupancy,
-    queried on the current GPU."""
+    """The launch C++ makes of a fused call. m: ag_matmul's local rows, matmul_rs's total rows, per batch
+    element; workgroups_per_sm 0: the kernel's occupancy on the current GPU."""
     return GemmGeometry(**self.native.gemm_geometry(
         op, tile.index, dtype_name, w_kmajor, world, batch, m, k, n, chunk_k, comm_workgroups, device.sm_count,
         device.ranks_per_gpu, device.l2_bytes, workgroups_per_sm))
 
 
-# The installed native module on this process's GPUs. Tests replace it (monkeypatch.setattr(backend, "_current", ...)).
+# Tests replace it (monkeypatch.setattr(backend, "_current", ...)).
 _current = Backend(native.module(), native.platform())
 
 

@@ -1,12 +1,5 @@
-"""The compiled extension (jax_overlap._native) this installation has, and what it was built for.
-
-A pure-Python install has no extension; everything then runs the XLA
-reference path and `build_info()` says so. What runs uses the extension
-through backend.current() (its FFI targets, tiles, sizes, the runtime's
-functions), which tests may point at a stand-in. The extension holds only
-what the package calls; the tests' and benchmarks' harness is a module of its
-own beside it (jax_overlap._native_testing), which the package never imports.
-"""
+"""The compiled extension (jax_overlap._native), if any, and what it was built for; without it every call takes the
+XLA path. The package reaches it only through backend.current(), so tests can substitute a stand-in."""
 
 from __future__ import annotations
 
@@ -23,8 +16,7 @@ try:
   _IMPORT_ERROR = None
 except ImportError as e:  # pure-Python install, or a broken build
   _native = None
-  # Without the module file Python words the failed import as a possible
-  # circular import; only a module that exists and fails to load has news.
+  # Only a module file that exists and fails to load has news; without one Python blames a circular import.
   _IMPORT_ERROR = None if importlib.util.find_spec("jax_overlap._native") is None else e
 
 
@@ -39,13 +31,8 @@ def platform() -> str | None:
 
 
 def build_info() -> dict:
-  """What this installation is (its version, platform, archs, compiler, FFI API, fused kernels, JAX version) and
-  what runs here.
-
-  "runs" says which path calls take in this process. A GPU build with its GPUs: algorithm="auto" gives a group of
-  two or more the pipelined algorithm where the cost model predicts a gain over XLA, and a group of one XLA's dot;
-  the fused kernels run when asked for. A GPU build on a machine without its GPUs runs the XLA path, like a
-  pure-Python install.
+  """What this installation is (version, platform, archs, compiler, FFI API, fused kernels, JAX version); "runs"
+  says which path calls take in this process.
 
   Example: python -c "import jax_overlap; print(jax_overlap.build_info()['runs'])"  (outside the repository root)
   """
@@ -77,9 +64,8 @@ _PACKAGE_DIR = pathlib.Path(__file__).resolve().parents[1]  # jax_overlap/, this
 
 
 def _shadowed_install() -> str | None:
-  """The installed package's directory when this import came from another copy (a source checkout first on
-  sys.path), else None. An editable install has no package directory of its own: its import hook maps the
-  package to the sources."""
+  """The installed package's directory when this import came from another copy (a checkout first on sys.path),
+  else None. An editable install has no directory of its own (its import hook maps to the sources)."""
   try:
     installed = pathlib.Path(importlib.metadata.distribution("jax-overlap").locate_file("jax_overlap")).resolve()
   except importlib.metadata.PackageNotFoundError:
@@ -90,8 +76,7 @@ def _shadowed_install() -> str | None:
 
 
 def gpu_available() -> bool:
-  """True when this build's GPU algorithms (pipelined, fused) can run here: built for a GPU platform this process
-  has.
+  """True when this build's GPU algorithms (pipelined, fused) can run here.
 
   Example: algorithm = "pipelined" if jax_overlap.gpu_available() else "xla"
   """

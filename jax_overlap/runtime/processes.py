@@ -1,14 +1,7 @@
-"""Several processes: every step one process takes with the others, through the jax.distributed key-value store.
+"""Steps taken with the other processes through the jax.distributed key-value store (local with one process).
 
-Each step is named by what it is about (never by how often a process lowered)
-and bounded by a timeout that becomes an error, never a hang:
-  agree   process 0 measures, every process uses its figures or its failure
-  gather  every process's value, after a barrier that fails on every process
-          alike when one is missing
-  hosts   the host of every process's GPUs
-  barrier every process reaches a name before any leaves it
-Names hold the runtime generation (shutdown() starts another, on every
-process). With one process every step is local.
+Each step is named by what it is about (never by how often a process lowered), the name holds the runtime
+generation, and every wait is bounded: a timeout becomes an error, never a hang.
 """
 
 from __future__ import annotations
@@ -22,8 +15,7 @@ from jax_overlap import _compat
 from jax_overlap.runtime import backend
 from jax_overlap.runtime.errors import SetupError
 
-# Bound on every wait for another process in the key-value store (a handle, a figure, a barrier): far
-# longer than any lowering or set-up takes, far shorter than the watchdog.
+# Far longer than any lowering or set-up takes, far shorter than the watchdog.
 _KV_TIMEOUT_MS = 120_000
 
 
@@ -62,11 +54,10 @@ def put(kv, key: str, value: str) -> None:
 
 
 def agree(name: str, compute):
-  """compute() as process 0 found it, on every process: the measured figures every process's decisions share.
+  """compute() as process 0 found it, on every process; taken once per name and runtime generation.
 
-  Only process 0 runs compute(); it publishes the value (JSON) or its failure (a RuntimeError), which every
-  process then raises as SetupError, so none waits for a value that will not come. Taken once per name and
-  runtime generation in each process.
+  Process 0 publishes the value (JSON) or its RuntimeError, which every process raises as SetupError, so none
+  waits for a value that will not come.
   """
   key = f"{prefix()}/agree/{name}"
   machine = backend.current()
@@ -92,12 +83,9 @@ def _agreement(key: str, compute) -> dict:
 
 
 def gather(name: str, value) -> list:
-  """Every process's `value` (JSON), in process order; collective.
+  """Every process's `value` (JSON), in process order; collective, `name` used once per runtime generation.
 
-  Each process publishes its value and waits at a barrier for all, so a process
-  that is missing makes the barrier fail on every process alike (SetupError),
-  also on one that reaches it late. `name` must be the same on every process
-  and used once per runtime generation.
+  The barrier makes a missing process fail every process alike (SetupError), also one that arrives late.
   """
   if jax.process_count() == 1:
     return [value]
@@ -115,8 +103,7 @@ def gather(name: str, value) -> list:
 
 
 def hosts() -> dict:
-  """The host of every GPU of every process (global id -> host name), the same on every process (collective
-  the first time in a runtime generation)."""
+  """Global GPU id -> host name, for every process's GPUs (collective the first time in a generation)."""
   machine = backend.current()
   with machine.lock:
     if machine.state.hosts is None:
@@ -126,7 +113,7 @@ def hosts() -> dict:
 
 
 def barrier(name: str) -> None:
-  """Every process reaches `name` before any leaves it (the key-value store)."""
+  """Every process reaches `name` before any leaves it."""
   if jax.process_count() == 1:
     return
   kv = client()

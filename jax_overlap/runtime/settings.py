@@ -1,21 +1,7 @@
-"""The settings jax_overlap reads from the environment: every setting's name, and each runtime setting's default and
-check.
+"""The environment settings: every name, and each runtime setting's default and check.
 
-Every setting is checked when jax_overlap is imported (check_all), on every
-backend, so a value a setting does not take raises a ValueError naming the
-variable, the value and what it expects, on a CPU-only machine too; and again
-where it is read (the runtime reads its options when it first prepares a GPU,
-the planner its pins at lowering), since the environment may change in
-between. Switches take 1/0, true/false, yes/no, on/off (unset: off). A
-JAX_OVERLAP_* variable that names no setting is a warning at import, naming the
-nearest: a misspelled kill switch must not leave the GPU paths on in silence.
-
-The native module reads JAX_OVERLAP_GEMM_SM_MARGIN itself, once per process;
-its value is checked here all the same. JAX_OVERLAP_FAULTS (fault injection,
-tests only) is the native module's alone. The GEMM tuning settings
-(planning/tuning.py) are passed to it at each lowering. The MaxText settings'
-values are jax_overlap/maxtext/settings.py's (checked when it is imported);
-their names are here, with every other name, for the warning.
+Checked at import on every backend, and again where read, since the environment may change in between. An unknown
+JAX_OVERLAP_* name warns: a misspelled kill switch must not leave the GPU paths on in silence.
 """
 
 from __future__ import annotations
@@ -41,16 +27,14 @@ MAXTEXT_ALGORITHM = "JAX_OVERLAP_MAXTEXT_ALGORITHM"
 MAXTEXT_FP8 = "JAX_OVERLAP_MAXTEXT_FP8"
 MAXTEXT_FP8_CAST = "JAX_OVERLAP_MAXTEXT_FP8_CAST"
 FAULTS = "JAX_OVERLAP_FAULTS"
-# Every variable of jax_overlap's: the settings above, and those read before or beside the package: the build's
-# (pyproject.toml's cmake.define) and tools/check_isa.py's.
+# Also the variables read beside the package: the build's (pyproject.toml's cmake.define) and tools/check_isa.py's.
 NAMES = frozenset({WORKSPACE_BYTES, WATCHDOG_SECONDS, ON_TIMEOUT, SYNC, TRACE, DISABLE, PIPELINE_STAGES, ARCH_TRAITS,
                    GEMM_SM_MARGIN, GEMM_TUNING, GEMM_CANDIDATES, GEMM_CACHE_DIR, MAXTEXT_ALGORITHM, MAXTEXT_FP8,
                    MAXTEXT_FP8_CAST, FAULTS, "JAX_OVERLAP_PLATFORM", "JAX_OVERLAP_CUDA_ARCHS",
                    "JAX_OVERLAP_HIP_ARCHS", "JAX_OVERLAP_ISA_WARN"})
 
 DEFAULT_WORKSPACE_BYTES = 1 << 30
-# The vendor heuristic's candidates timed per GEMM problem (XLA times up to 128; a problem's best was among the
-# heuristic's first 32 in a probe on the H200): about 0.2 s per large problem on the H200, once per process.
+# Candidates timed per GEMM problem (docs/performance.md, "Where the code's constants come from").
 DEFAULT_GEMM_CANDIDATES = 32
 ON_TIMEOUT_CHOICES = ("abort", "raise")
 ARCH_TRAITS_CHOICES = ("nvidia", "amd")
@@ -129,8 +113,7 @@ def gemm_sm_margin() -> int:
 
 
 def gemm_tuning() -> bool:
-  """Whether the vendor GEMM's algorithms are chosen by timing (planning/tuning.py): on unless set to a false
-  switch, which keeps the heuristic's first."""
+  """Whether the vendor GEMM's algorithms are chosen by timing: on unless set to a false switch."""
   return _text(GEMM_TUNING) is None or flag(GEMM_TUNING)
 
 
@@ -150,8 +133,7 @@ def plan_settings() -> tuple:
 
 
 def check_all() -> None:
-  """Checks every runtime setting the environment has, on any backend: a ValueError names the first bad one;
-  warns of variables that name no setting."""
+  """ValueError naming the first bad runtime setting in the environment; warns of names that are no setting."""
   warn_unknown()
   workspace_bytes()
   watchdog_seconds(math.inf)

@@ -1,56 +1,10 @@
-"""The runtime: per-GPU device state, the symmetric workspace, peers, regions and errors.
+"""The runtime: per-GPU device state, the symmetric workspace, peers, regions and errors (docs/runtime.md).
 
-Lifecycle. Nothing is allocated or exchanged until a call takes a path that
-needs it. The first GPU lowering that runs one of this library's kernels sets
-up a small device state per local GPU (the watchdog's abort flag and error
-record, the trace buffer). The first call of a group of two or more that takes
-the fused or pipelined path runs `initialize()` (or call it yourself): it
-allocates one workspace per local GPU, zeroes it, maps every peer's workspace
-into this process (peer access between the GPUs of one process, IPC handles
-exchanged once through the `jax.distributed` key-value store between processes
-of one host) and measures the peer link for the cost model. Devices on other
-hosts stay unmapped; groups that span hosts take the XLA path. It is
-collective: with several processes, every process must call it (lowering the
-same program does). A setup that fails on any process (out of memory, a peer
-that cannot be mapped) fails on every process, none waiting for another; it is
-not retried until shutdown() (collective) and initialize() again.
-
-Regions. Each call that takes a workspace path gets a region at an offset
-every rank of its group agrees on, keyed by (algorithm, op, group, shape,
-element size); calls of one key share it. Each call site has its own number (its "site"),
-which every flag release carries, so ranks that run such calls in different
-orders get an error instead of each other's data. A site is named by where it
-sits, not by how often it was lowered: the program (module) it is lowered in
-and its place among that module's calls of the region, numbered once per name
-(across processes through the key-value store). Flags carry exact per-region
-call counters (epochs), so nothing is reset between calls. Regions are never
-freed while the runtime runs: a call that no longer fits takes the XLA path
-(auto) or raises WorkspaceFullError.
-
-Several processes. Every step that involves other processes goes through the
-`jax.distributed` key-value store (processes.py): the set-up's steps, the host
-map, the peer link's measurement, the call sites' numbers.
-
-The machine (the native module, this process's GPUs and host) and the state of
-all this on it are backend.current()'s: tests put a stand-in in its place.
-
-Failure semantics. A wait that outlives the watchdog (default 10 minutes, like
-NCCL's) records the op, ranks, flag and epoch, and the call's outputs become
-NaN in full, as do those of every call queued behind it on that GPU. Then,
-with JAX_OVERLAP_ON_TIMEOUT=abort (the default), the process ends with the
-record printed (a monitor thread polls the records, as NCCL's watchdog does);
-with "raise", every later fused or pipelined call on that GPU fails with the
-record, and `check_errors()` raises it as `PeerTimeoutError`, until
-`clear_errors()` (collective) puts every rank back in step. JAX_OVERLAP_SYNC=1
-makes the failing call itself raise (it waits for each call: debugging).
-
-Settings (environment variables, read and checked by settings.py, or
-initialize()'s arguments):
-  JAX_OVERLAP_WORKSPACE_BYTES  workspace per GPU (default 1 GiB)
-  JAX_OVERLAP_WATCHDOG_SECONDS bound on every wait on a peer (default 600; inf: none)
-  JAX_OVERLAP_ON_TIMEOUT       "abort" (default) or "raise"
-  JAX_OVERLAP_SYNC             "1": surface watchdog errors on the failing call
-  JAX_OVERLAP_TRACE            "1": record per-workgroup trace events
+Nothing is allocated until a call needs it. Set-up is collective, and a failure on any process fails on every
+process, none waiting for another, until shutdown(). Regions are keyed by (algorithm, op, group, shape, element size)
+at offsets every rank agrees on, and never freed while the runtime runs. Each call site has its own number, carried
+by every flag release, so ranks that run calls in different orders get an error instead of each other's data; flags
+carry exact per-region call counters (epochs), so nothing is reset between calls.
 """
 
 from __future__ import annotations
@@ -112,9 +66,8 @@ def _options(watchdog_seconds, on_timeout, sync_after_launch, trace) -> tuple:
 # --- lifecycle ------------------------------------------------------------------
 
 def prepare_devices() -> bool:
-  """Makes the device state of every local GPU (small; no workspace, nothing exchanged). False without GPUs.
-
-  SetupError when a GPU's state cannot be made (out of memory)."""
+  """Makes the device state of every local GPU (no workspace, nothing exchanged). False without GPUs; SetupError
+  when a GPU's state cannot be made."""
   state = _state()
   with _lock():
     if state.prepared:
@@ -139,10 +92,9 @@ def prepare_devices() -> bool:
     return True
 
 
-# ROCm runs a process's HIP streams on GPU_MAX_HW_QUEUES hardware queues per GPU (default 4), handing them out by
-# the streams' creation order, and a queue runs its streams' work in order (each dispatch carries the barrier
-# bit): streams on one queue serialize silently (ROCm/rocm-systems #8916). torchtitan (#4032) measured +7.5% with 8
-# queues and -13.6% with 16 on MI355X. A pipelined call runs XLA's compute stream and its side streams at once.
+# ROCm hands a process's streams GPU_MAX_HW_QUEUES hardware queues per GPU by creation order, and streams on one
+# queue serialize silently (ROCm/rocm-systems #8916); a pipelined call needs XLA's compute stream and its side
+# streams to run at once.
 HW_QUEUES = "GPU_MAX_HW_QUEUES"
 DEFAULT_HW_QUEUES = 4
 XLA_STREAMS = 3  # the fewest a PjRt GPU client makes per GPU: compute, host-to-device, device-to-host
@@ -150,8 +102,7 @@ SIDE_STREAMS = 3  # a pipelined call's own: one copy stream and two compute stre
 
 
 def hw_queue_sharing(hw_queues: int, xla_streams: int = XLA_STREAMS, side_streams: int = SIDE_STREAMS) -> str | None:
-  """Why the streams of a pipelined call may share ROCm hardware queues, or None when every stream of the process
-  (XLA's first) can have a queue of its own."""
+  """Why a pipelined call's streams may share ROCm hardware queues, or None when each can have its own."""
   busy, total = 1 + side_streams, xla_streams + side_streams
   if hw_queues < busy:
     return (f"{busy} streams run at once in a pipelined call (XLA's compute stream and jax_overlap's {side_streams}) "
@@ -164,7 +115,7 @@ def hw_queue_sharing(hw_queues: int, xla_streams: int = XLA_STREAMS, side_stream
 
 
 def _note_hw_queues() -> None:
-  """Says at INFO when the streams of a pipelined call may share hardware queues (hw_queue_sharing)."""
+
   raw = os.environ.get(HW_QUEUES, "")
   try:
     queues = int(raw) if raw else DEFAULT_HW_QUEUES
@@ -178,8 +129,7 @@ def _note_hw_queues() -> None:
 
 
 def local_gpus() -> tuple:
-  """(name, arch) of each kind of GPU this process has, e.g. ("NVIDIA H200", "sm_90"); () where none is known
-  (no GPU, no native build, or its device state could not be made)."""
+  """(name, arch) of each kind of GPU this process has, e.g. ("NVIDIA H200", "sm_90"); () where none is known."""
   if backend.current().platform is None:
     return ()
   try:
@@ -193,28 +143,20 @@ def local_gpus() -> tuple:
 def initialize(*, workspace_bytes: int | None = None, watchdog_seconds: float | None = None,
                on_timeout: str | None = None, sync_after_launch: bool | None = None,
                trace: bool | None = None) -> dict:
-  """Sets up the symmetric workspace on every local GPU and maps peers. Idempotent.
-
-  The first call of a group of two or more that takes a fused or pipelined
-  path runs this with the defaults; call it yourself to choose the options.
+  """Sets up the symmetric workspace on every local GPU and maps peers; collective, idempotent. The first fused or
+  pipelined call runs it with the defaults; call it yourself to choose the options.
 
   Args:
-    workspace_bytes: bytes per GPU (default: $JAX_OVERLAP_WORKSPACE_BYTES or 1 GiB).
-      Fixed by the first call; a later call asking for a different size raises.
-    watchdog_seconds: bound on every wait on a peer (default: $JAX_OVERLAP_WATCHDOG_SECONDS or 600;
-      math.inf waits forever).
-    on_timeout: "abort" (the process ends with the error record printed, as NCCL's watchdog does) or
-      "raise" (outputs NaN, later calls and check_errors() raise) (default: $JAX_OVERLAP_ON_TIMEOUT or "abort").
-    sync_after_launch: make each call of a group of two or more wait for its GPU work and fail itself
-      (default: $JAX_OVERLAP_SYNC); calls of a group of one may sit in XLA's command buffers, where a
-      host wait cannot run.
-    trace: record per-workgroup trace events (default: $JAX_OVERLAP_TRACE); see jax_overlap.tracing.
+    workspace_bytes: bytes per GPU (default $JAX_OVERLAP_WORKSPACE_BYTES or 1 GiB); fixed by the first call.
+    watchdog_seconds: bound on every wait on a peer (default $JAX_OVERLAP_WATCHDOG_SECONDS or 600; math.inf: none).
+    on_timeout: "abort" (the process ends, printing the record) or "raise" (outputs NaN, later calls and
+      check_errors() raise) (default $JAX_OVERLAP_ON_TIMEOUT or "abort").
+    sync_after_launch: each call of a group of two or more waits for its GPU work and fails itself
+      (default $JAX_OVERLAP_SYNC); a group of one's calls may sit in XLA's command buffers, where a host wait can't run.
+    trace: record per-workgroup trace events (default $JAX_OVERLAP_TRACE); see jax_overlap.tracing.
 
-  Returns workspace_info(). On a machine without a GPU build or GPU this does
-  nothing and says what it would have done. Once initialized, a later call
-  changes only the options it is given. Raises SetupError when the set-up
-  failed on any process (then on every process, and again on every later call
-  until shutdown()).
+  Returns workspace_info(); without a GPU build or GPU, does nothing and says why. A later call changes only the
+  options it is given. SetupError when the set-up failed on any process, on every process, until shutdown().
 
   Example (a 2 GiB workspace, and calls that raise rather than end the process on a timeout):
 
@@ -264,8 +206,8 @@ def _apply_options(watchdog_seconds: float, on_timeout: str, sync_after_launch: 
 
 
 def _all_succeed(step: str, attempt) -> None:
-  """Runs `attempt` here; SetupError on every process when it raised RuntimeError on any (none waits for one that
-  failed: with several processes each says how it went, then all read every answer)."""
+  """Runs `attempt` here; SetupError on every process when it raised RuntimeError on any, so none waits for one
+  that failed."""
   try:
     attempt()
     failure = None
@@ -281,7 +223,7 @@ def _all_succeed(step: str, attempt) -> None:
 def _setup(workspace_bytes: int) -> None:
   state = _state()
   nat = _native()
-  processes.hosts()  # collective the first time: here, before anything else of the set-up, when nothing asked before
+  processes.hosts()  # collective the first time: every process must reach it at the same step
 
   def allocate():
     for d in state.devices.values():
@@ -302,8 +244,7 @@ def _setup(workspace_bytes: int) -> None:
 
 
 def _choose_copy_paths() -> None:
-  """Every pipelined copy of a GPU takes the path verified here on every mapped peer (csrc/pipelined/copy.h);
-  RuntimeError when no path lands."""
+  """Each GPU's pipelined copies take the path verified here on every mapped peer; RuntimeError when none lands."""
   state = _state()
   nat = _native()
   for d in state.devices.values():
@@ -314,7 +255,7 @@ def _choose_copy_paths() -> None:
                "; ".join(choice["rejected"]))
 
 
-# Bytes each copy measurement moves: long enough for a copy engine's full rate.
+# Long enough for a copy engine's full rate.
 _COPY_PROBE_BYTES = 64 << 20
 
 
@@ -337,21 +278,17 @@ def _measure_copies() -> None:
 
 
 def _copies_on_sms(path: str, shares_gpu: bool) -> tuple:
-  """(publish, pulls): whether the copy of x into its published slot, a copy within this GPU, and the pulls run
-  on the SMs, on copy path `path` (csrc/pipelined/copy.h). A copy within one GPU does on NVIDIA (on the H200 it
-  waits for the SMs a GEMM leaves free: docs/performance.md) and on every path but the copy engine's on AMD,
-  whose "copy_engine" is SDMA only (never run; csrc/pipelined/copy.cc kEngineLeavesCusFree: no blit or shader
-  copy stands in for it); every copy does on the kernel path. Pulls from peers on this same GPU (several ranks on
-  one GPU) run as a copy within it; from another GPU, on its copy engines on NVIDIA, and on AMD only on the copy
-  engine's path (ROCr runs large plain device copies as a blit kernel on the CUs, rocm-systems #11450)."""
+  """(publish, pulls): whether publishing x (a copy within this GPU) and the pulls run on the SMs on copy path
+  `path`. A local copy does on NVIDIA, and on AMD on every path but "copy_engine" (SDMA only, no blit stands in);
+  pulls from another GPU use the copy engines on NVIDIA, but on AMD only on "copy_engine" (ROCr runs large device
+  copies as a blit kernel on the CUs, rocm-systems #11450); pulls from the same GPU count as a local copy."""
   amd = backend.current().platform == "rocm"
   publish = not amd or path != "copy_engine"
   return publish, path == "kernel" or (shares_gpu and publish) or (amd and path != "copy_engine")
 
 
 def copies_on_sms() -> tuple:
-  """(publish, pulls) on the SMs (_copies_on_sms) for the cost model: as initialize() found the GPU, or before it,
-  on the copy engine's path across GPUs."""
+  """(publish, pulls) on the SMs for the cost model; before initialize(), the copy engine's path across GPUs."""
   state = _state()
   return state.copies_on_sms or _copies_on_sms("copy_engine", shares_gpu=False)
 
@@ -366,7 +303,7 @@ def _map_local_peers() -> None:
 
 
 def _exchange_handles() -> None:
-  """Publish this process's IPC handles and import those of every device on this host."""
+
   state = _state()
   nat = _native()
   client = processes.client()
@@ -392,8 +329,7 @@ def _exchange_handles() -> None:
         nat.import_peer(d.ordinal, gid, bytes.fromhex(peer["handle"]))
     state.reachable.add(gid)
   for d in state.devices.values():
-    # Ranks on one physical GPU (emulated groups) split its SMs, so that all
-    # their persistent kernels are co-resident.
+    # Ranks on one GPU split its SMs so that all their persistent kernels are co-resident.
     d.ranks_per_gpu = sum(1 for p in peers.values() if p["pci"] == d.pci_bus_id)
     nat.set_ranks_per_gpu(d.ordinal, d.ranks_per_gpu)
 
@@ -403,12 +339,12 @@ def is_active() -> bool:
 
 
 def setup_failed() -> str | None:
-  """Why initialize() failed (on every process alike), until shutdown(); None otherwise."""
+  """Why initialize() failed, until shutdown(); None otherwise."""
   return _state().setup_failed
 
 
 def workspace_info() -> dict:
-  """The workspace as this process sees it: whether it is set up, its size and use, the options, the GPUs.
+  """The workspace as this process sees it: set up or not, size and use, options, GPUs.
 
   Example: print(jax_overlap.workspace_info()["used_bytes"])
   """
@@ -445,7 +381,7 @@ def local_bytes_per_us() -> float | None:
 
 
 def device_props() -> backend.DeviceProps:
-  """Properties of this process's GPUs, for the configuration (the smallest when they differ)."""
+  """This process's GPUs' properties (the smallest when they differ)."""
   state = _state()
   prepare_devices()
   devs = list(state.devices.values())
@@ -456,7 +392,7 @@ def device_props() -> backend.DeviceProps:
 
 
 def local_ordinals() -> list:
-  """Device ordinals of this process's GPUs (their device states made)."""
+
   state = _state()
   prepare_devices()
   return [d.ordinal for d in state.devices.values()]
@@ -469,10 +405,8 @@ def first_ordinal() -> int:
 # --- regions and call sites -------------------------------------------------------
 
 def placement(key: tuple, nbytes: int) -> int:
-  """The offset of the region for `key`: where it is, or where it would be placed next (nothing changes).
-
-  WorkspaceFullError when a new region does not fit.
-  """
+  """The offset of the region for `key`, or where it would go next (nothing changes); WorkspaceFullError when a
+  new region does not fit."""
   state = _state()
   with _lock():
     if key in state.regions:
@@ -489,7 +423,7 @@ def placement(key: tuple, nbytes: int) -> int:
 
 
 def place(key: tuple, nbytes: int, offset: int) -> None:
-  """Records the region for `key` at `offset` (from placement(), agreed by every process); idempotent."""
+  """Records the region for `key` at `offset` (placement()'s, agreed by every process); idempotent."""
   state = _state()
   with _lock():
     if key not in state.regions:
@@ -498,10 +432,7 @@ def place(key: tuple, nbytes: int, offset: int) -> None:
 
 
 def claim(key: tuple, nbytes: int) -> int:
-  """placement() and place() as one step: threads lowering calls at once must not both take the next free offset.
-
-  WorkspaceFullError when a new region does not fit.
-  """
+  """placement() and place() as one step: threads lowering at once must not both take the next free offset."""
   with _lock():
     offset = placement(key, nbytes)
     place(key, nbytes, offset)
@@ -509,7 +440,7 @@ def claim(key: tuple, nbytes: int) -> int:
 
 
 def note_workspace_full(error: WorkspaceFullError) -> None:
-  """Says once, at INFO, that calls now take the XLA path for want of workspace, and what to do about it."""
+
   state = _state()
   with _lock():
     if state.workspace_full_noted:
@@ -522,14 +453,10 @@ def note_workspace_full(error: WorkspaceFullError) -> None:
 
 
 def site(key: tuple, name: tuple) -> int:
-  """The number (1..65535) of the call site `name` among those sharing the region of `key`.
+  """The number (1..65535) of call site `name` (its module and place in it) among those sharing `key`'s region.
 
-  `name` says where the call sits (its module and its place in it), so a site
-  lowered any number of times, by any process, keeps one number. Numbers are
-  given in the order names are first seen; with several processes, through the
-  key-value store (the first process to number a name wins). A flag holds 16
-  bits of site (csrc/kernels/protocol.h flag_value): numbers repeat every 65535
-  names of one key, and only two sites that far apart go unchecked against each other.
+  Named by place, a site keeps one number however often and by whichever process it is lowered; across processes
+  the first to number a name wins. A flag holds 16 bits of site, so only sites 65535 names apart go unchecked.
   """
   state = _state()
   with _lock():
@@ -558,7 +485,7 @@ def _number_site(key: tuple, name: tuple, known: int) -> int:
 
 
 def generation() -> int:
-  """The runtime generation calls are lowered under (shutdown() starts a new one)."""
+
   return _native().generation()
 
 
@@ -580,12 +507,10 @@ def check_errors() -> None:
 
 
 def clear_errors() -> None:
-  """Puts every rank back in step after a timeout. Collective: every process must call it.
+  """Puts every rank back in step after a timeout; collective. Calls lowered before keep working.
 
-  Each process stops its GPUs' waits and lets their work finish; after a
-  barrier it zeroes its workspaces' flags and epochs and forgets the error;
-  after a second barrier every process may call again, all ranks from epoch 1.
-  Calls lowered before keep working.
+  Protocol: stop every GPU's waits; barrier; zero flags and epochs and forget the error; barrier; all ranks go on
+  from epoch 1.
 
   Example (on every process, after a PeerTimeoutError): jax_overlap.clear_errors()
   """
@@ -596,8 +521,7 @@ def clear_errors() -> None:
     for d in state.devices.values():
       nat.stop_after_error(d.ordinal)
     processes.barrier(f"clear/{state.clears}/stopped")
-    # A GPU that cannot be restarted (a stalled stream-K tail: restart the process) raises only after the
-    # second barrier, so that its peers are not left waiting in it.
+    # A GPU that cannot restart raises only after the second barrier, so its peers are not left waiting in it.
     refused = []
     for d in state.devices.values():
       try:
@@ -610,12 +534,9 @@ def clear_errors() -> None:
 
 
 def shutdown() -> None:
-  """Frees the workspaces and device states and forgets peers, regions and a failed set-up; initialize() may
-  run again.
+  """Frees the workspaces and device states and forgets peers, regions and a failed set-up; collective.
 
-  Calls compiled before refuse to run afterwards (they were bound to the freed
-  workspaces): trace and compile them again. With several processes it is
-  collective: each finishes its GPUs' work, and none frees its workspace
+  Calls compiled before refuse to run afterwards (bound to the freed workspaces). No process frees its workspace
   before every peer has stopped reading it.
 
   Example (a larger workspace, on every process):
