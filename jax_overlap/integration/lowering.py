@@ -1,22 +1,9 @@
 """The GPU lowering of the ops: the custom call a call lowers to, once planning has chosen its algorithm.
 
-For each call on "cuda"/"rocm" (primitives.py and ops/all_gather.py register these rules):
-  1. The XLA reference decomposition when the user asked for it, when
-     JAX_OVERLAP_DISABLE is set, when the native module is not built for this
-     platform, or when no algorithm can take the call (an explicit "fused" or
-     "pipelined" request then raises, saying why; "auto" falls back, and says
-     why at DEBUG level).
-  2. planning/agreement.choose: the algorithm and its plan (planning.decide),
-     with the workspace and region it needs set up, agreed between processes:
-     "pipelined" (csrc/pipelined/: the vendor GEMM per stage of chunks with
-     copy-engine transfers; a group of one is the vendor GEMM alone), "fused"
-     (csrc/kernels/: one persistent kernel of movers and GEMM tiles), or for
-     "auto" the XLA path for a 16-bit group of one (nothing to overlap),
-     otherwise whichever the cost models predict fastest, taken only when it
-     beats the XLA path by their margin.
-  3. The custom call of that choice, its operands in the forms its target
-     takes (operands.py), its call site numbered (the number travels in every
-     flag: docs/protocol.md).
+Per call: the XLA reference decomposition when asked for, when JAX_OVERLAP_DISABLE is set, when the native module
+is not built for this platform, or when no algorithm can take the call (an explicit algorithm then raises, "auto"
+falls back with a DEBUG line); otherwise agreement.choose's algorithm and plan, emitted as its custom call with its
+call site numbered (the number travels in every flag: docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -67,8 +54,8 @@ def group_ids(ctx, axis_name) -> tuple:
 
 
 def native_ready(ctx) -> None:
-  """Declined unless this lowering can use the native module: the kill switch unset, a build for the platform
-  lowered for; then its FFI targets are registered with XLA."""
+  """Declined unless the kill switch is unset and the native module is built for the platform lowered for; then
+  registers its FFI targets."""
   machine = backend.current()
   if settings.disabled():
     raise Declined(f"{settings.DISABLE} is set")
@@ -80,20 +67,17 @@ def native_ready(ctx) -> None:
 
 
 # --- call sites --------------------------------------------------------------------
-# A call site is named by its program: the module's name, a digest of the computation lowered into it, and the
-# call's place among the module's calls of the region; workspace.site numbers the names (agreed between processes).
-# Two programs of one name (two jits of lambdas, a retrace with other static arguments) then differ, and the flags
-# tell ranks that run their calls in different orders apart (docs/protocol.md).
+# A call site is named by its module's name, a digest of the program lowered into it and its place among the
+# module's calls of the region, so two programs of one name (two jits of lambdas, a retrace) differ and the flags
+# tell apart ranks that run their calls in different orders (docs/protocol.md).
 _lowered_sites = weakref.WeakKeyDictionary()  # module -> (its program's digest, {region key: calls so far})
 # A set of names prints in hash order, which differs between processes.
 _NAME_SET = re.compile(r"\{('[^'{}]*'(?:, '[^'{}]*')+)\}")
 
 
 def _program_digest() -> str:
-  """A digest of the jaxpr JAX is lowering into the current module (mlir.lower_jaxpr_to_module's), printed with
-  sets of names sorted and object addresses left out: one program, one digest, in every process and lowering.
-  A custom partitioning's body (global arrays) is a program of its own, lowered when XLA partitions the caller's;
-  "" where JAX lowers by another path."""
+  """A digest of the jaxpr being lowered into the current module, with name sets sorted and addresses left out so
+  every process gets the same one; "" where JAX lowers by another path."""
   frame = sys._getframe(1)
   while frame is not None and frame.f_code.co_name != "lower_jaxpr_to_module":
     frame = frame.f_back
@@ -123,7 +107,6 @@ def _u8(nbytes: int):
 
 
 def _groups_attribute(problem: Problem):
-  """Every group's global device ids, flattened: the custom calls' `groups` attribute."""
   return np.array([i for g in problem.groups for i in g], np.int64)
 
 
@@ -136,9 +119,8 @@ def _emit_fused(ctx, problem: Problem, op, choice: Choice, call: operands.GemmCa
   log.debug("jax_overlap.%s: fused (world %d, tile %d, comm workgroups %d, chunk_k %d; model %.0f us vs xla %.0f us)",
             op.name, problem.world, plan.tile, plan.comm_workgroups, plan.chunk_k, plan.est_us, plan.est_xla_us)
   if problem.world == 1:
-    # No protocol, but the GPU's device state, which shutdown() frees: a target XLA dispatches each run (no
-    # command buffer), whose handler checks the generation. The second result is the stream-K tail's scratch
-    # (FusedPlan.tail_slots).
+    # No protocol, but device state that shutdown() frees: a target dispatched each run (no command buffer) whose
+    # handler checks the generation. The second result is the stream-K tail's scratch.
     sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[ctx.avals_out[0], _u8(plan.tail_scratch_bytes)])
     y = jax.ffi.ffi_lowering(machine.target(op.name + "_local"))(sub_ctx, *args, config=attrs)[0]
     return op.results.of_one(y, call.values.x, None, scaled=False)  # the fused kernels are 16-bit only
@@ -207,8 +189,7 @@ def _fallback(op_name: str, algorithm: str, error: Exception) -> None:
 
 
 def gpu_rule(ctx, *args, op, axis_name, axis_size, algorithm, w_kmajor, has_bias: bool, scaling, out_dtype: str):
-  """The lowering of a GEMM op's primitive on a GPU platform (see the module docstring): its custom call's
-  results, or None where the call takes the XLA path. args: the primitive's operands (operands.Operands)."""
+  """The GPU lowering of a GEMM op's primitive: its custom call's results, or None for the XLA path."""
   if algorithm == "xla" or settings.disabled():
     if algorithm != "xla":
       log.debug("jax_overlap.%s: XLA path (%s is set)", op.name, settings.DISABLE)
@@ -234,8 +215,8 @@ def gpu_rule(ctx, *args, op, axis_name, axis_size, algorithm, w_kmajor, has_bias
 
 
 def gather_rule(ctx, x, *, axis_name, axis_size):
-  """The runtime's all-gather on the symmetric workspace (tests): its custom call's result, or None where XLA's
-  all_gather takes the call."""
+  """The runtime's all-gather on the symmetric workspace (tests), or None where XLA's all_gather takes the call."""
+
   x_aval = ctx.avals_in[0]
   try:
     native_ready(ctx)
