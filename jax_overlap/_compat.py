@@ -37,28 +37,26 @@ def bound_axis_names() -> tuple:
 
 
 def forward_mode(*values) -> bool:
-  """Whether a value is being differentiated in forward mode (jax.jvp, jax.jacfwd) here: a JVP tracer. Reverse
-  mode (jax.grad, jax.vjp, jax.linearize) traces with linearize tracers, unless jax_use_direct_linearize is off."""
+  """Whether a value is being differentiated in forward mode here (a JVP tracer: reverse mode traces with linearize
+  tracers, unless jax_use_direct_linearize is off)."""
   from jax._src.interpreters import ad  # not exported
   return jax.config.jax_use_direct_linearize and any(isinstance(v, ad.JVPTracer) for v in values)
 
 
 def apply_primitive(prim):
-  """The eager implementation of a primitive: JAX's own dispatch (device assignment, a jitted call)."""
   from jax._src import dispatch  # not exported
   return functools.partial(dispatch.apply_primitive, prim)
 
 
 def spmd_axis_context_type():
-  """The lowering's axis-context class inside shard_map and custom partitioning (mesh and manual axes)."""
+  """The lowering's axis-context class inside shard_map and custom partitioning."""
   from jax._src import sharding_impls  # not exported
   return sharding_impls.SPMDAxisContext
 
 
 def named_spec(s, mesh, ndim: int):
-  """The PartitionSpec on `mesh` of a sharding custom partitioning hands over undecoded (decode_shardings=False: a
-  GSPMDSharding of an HloSharding), or None where no PartitionSpec of the mesh gives it (Shardy splits an axis into
-  sub-axes through reshapes, e.g. 2 blocks of a block scale on an axis of 4; JAX's decoding then raises)."""
+  """The PartitionSpec on `mesh` of an undecoded custom-partitioning sharding, or None where none gives it (Shardy's
+  sub-axes, e.g. 2 blocks of a block scale on an axis of 4)."""
   from jax._src import sharding_impls  # the decoding custom partitioning applies (not exported)
   hlo = getattr(s, "_hlo_sharding", None)
   if hlo is None:
@@ -93,14 +91,13 @@ except ImportError:  # jax 0.11 dropped the module
 
 
 def shard_alike(x, y):
-  """Ties the shardings of arrays x and y (jax.experimental.shard_alike, or its Shardy sharding group where the
-  installed JAX has no shard_alike): on an Auto mesh, the only way to give a gradient its primal's layout, which no
-  type carries there."""
+  """Ties the shardings of x and y: on an Auto mesh, the only way to give a gradient its primal's layout."""
   return _group_p.bind(x, y) if _shard_alike is None else _shard_alike(x, y)
 
 
 def _sharding_group_primitive():
-  """jax 0.10's shard_alike_p for the JAX versions without it, where Shardy is the only partitioner."""
+  """A Shardy sharding group standing in for shard_alike in the JAX versions without it."""
+
   import itertools
   from jax._src import core, dispatch  # not exported
   from jax._src.interpreters import ad, batching, mlir
