@@ -1,9 +1,7 @@
-"""What the ops' backward passes share: weight and bias gradients, the layouts gradients come back in, the varying
-cast. The ops are each other's gradient, so the fused kernels serve the backward pass too:
+"""What the ops' backward passes share. The ops are each other's gradient (the kernels read w in either layout):
   ag_matmul  y = AG(x) @ W + b:  dx = RS(dy @ W^T),  dW = AG(x)^T @ dy  (the forward's gathered x, no second gather)
-  matmul_rs  z = RS(x @ W) + b:  dx = AG(dz) @ W^T,  dW = x^T @ AG(dz)
-W^T is never materialized: the kernels read w in either layout (w_kmajor).
-"""
+  matmul_rs  z = RS(x @ W) + b:  dx = AG(dz) @ W^T,  dW = x^T @ AG(dz)"""
+
 
 from __future__ import annotations
 
@@ -37,7 +35,6 @@ def varying(axes, *values):
 
 
 def explicit_sharding(v):
-  """v's sharding when its type carries one of a mesh with Explicit axes, else None."""
   aval = jax.typeof(v)
   return aval.sharding if _sharding.explicit_mesh(aval) is not None else None
 
@@ -52,7 +49,7 @@ def layout(v, axes):
 
 
 def like(ct, primal_layout):
-  """ct laid out as layout() said."""
+
   if ct is None or primal_layout is None:
     return ct
   if isinstance(primal_layout, Layout):

@@ -1,7 +1,5 @@
-"""The GPU lowering of the fp8 cast and step-scales primitives: the project's kernel where it takes the call, else
-the XLA form. Both agree bit for bit, so the choice never changes a result. The kernels have no partitioning rule
-(XLA would replicate them), so global arrays over several devices take the XLA form.
-"""
+"""The GPU lowering of the fp8 cast and step-scales primitives: the kernel where it takes the call, else the XLA
+form (bit for bit the same). A kernel has no partitioning rule, so global arrays over several devices take XLA's."""
 
 from __future__ import annotations
 
@@ -25,8 +23,8 @@ MAX_STEP_SCALES = 4  # the step-scales kernel's operands per launch (csrc/kernel
 
 
 def transposed_declined(shape, lead: int) -> str | None:
-  """Why the transposing cast does not take x of `shape` with its first `lead` dims moved last, or None: the rule
-  of csrc/kernels/fp8_cast.cu's transposed_cast_declined."""
+  """Why the transposing cast does not take x with its first `lead` dims moved last (fp8_cast.cu's rule), or None."""
+
   rows, cols = math.prod(shape[:lead]), math.prod(shape[lead:])
   if rows % 16 or cols % 8:
     return (f"x {list(shape)} moves {rows} rows last and {cols} columns first; the transposing kernel takes "
@@ -37,7 +35,6 @@ def transposed_declined(shape, lead: int) -> str | None:
 
 
 def kernel_declined(ctx, dtypes: tuple, algorithm: str) -> str | None:
-  """Why the fp8 kernels do not take a call into the float8 formats `dtypes`, or None."""
   if algorithm == "xla":
     return "algorithm='xla'"
   try:
@@ -86,7 +83,8 @@ def cast_lowering(target: str, reference, what: str):
 
 
 def step_scales_lowering(reference):
-  """The step-scales primitive's GPU lowering: one launch for a step's operands, or `reference` where declined."""
+  """The step-scales primitive's GPU lowering: one launch for all a step's operands, or `reference`."""
+
 
   def lower(ctx, *operands, dtypes, algorithm):
     why = kernel_declined(ctx, dtypes, algorithm)

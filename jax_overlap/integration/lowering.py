@@ -1,10 +1,5 @@
-"""The GPU lowering of the ops: the custom call a call lowers to, once planning has chosen its algorithm.
-
-Per call: the XLA reference decomposition when asked for, when JAX_OVERLAP_DISABLE is set, when the native module
-is not built for this platform, or when no algorithm can take the call (an explicit algorithm then raises, "auto"
-falls back with a DEBUG line); otherwise agreement.choose's algorithm and plan, emitted as its custom call with its
-call site numbered (the number travels in every flag: docs/protocol.md).
-"""
+"""The GPU lowering of the ops: agreement.choose's algorithm emitted as its custom call, or the XLA reference where
+none takes the call (an explicit algorithm then raises; "auto" falls back, saying why at DEBUG)."""
 
 from __future__ import annotations
 
@@ -54,8 +49,7 @@ def group_ids(ctx, axis_name) -> tuple:
 
 
 def native_ready(ctx) -> None:
-  """Declined unless the kill switch is unset and the native module is built for the platform lowered for; then
-  registers its FFI targets."""
+  """Declined unless the native module can serve this lowering; then registers its FFI targets."""
   machine = backend.current()
   if settings.disabled():
     raise Declined(f"{settings.DISABLE} is set")
@@ -66,18 +60,17 @@ def native_ready(ctx) -> None:
   machine.register_targets()
 
 
-# --- call sites --------------------------------------------------------------------
-# A call site is named by its module's name, a digest of the program lowered into it and its place among the
-# module's calls of the region, so two programs of one name (two jits of lambdas, a retrace) differ and the flags
-# tell apart ranks that run their calls in different orders (docs/protocol.md).
+# A call site is named by its module, its program's digest and its place among the module's calls of the region, so
+# the flags tell apart ranks that run their calls in different orders (docs/protocol.md).
+
 _lowered_sites = weakref.WeakKeyDictionary()  # module -> (its program's digest, {region key: calls so far})
 # A set of names prints in hash order, which differs between processes.
 _NAME_SET = re.compile(r"\{('[^'{}]*'(?:, '[^'{}]*')+)\}")
 
 
 def _program_digest() -> str:
-  """A digest of the jaxpr being lowered into the current module, with name sets sorted and addresses left out so
-  every process gets the same one; "" where JAX lowers by another path."""
+  """A digest of the jaxpr lowered into the current module, the same in every process ("" if not found)."""
+
   frame = sys._getframe(1)
   while frame is not None and frame.f_code.co_name != "lower_jaxpr_to_module":
     frame = frame.f_back
@@ -99,8 +92,6 @@ def _site(ctx, region_key: tuple) -> int:
   module_name = mlir.ir.StringAttr(attributes["sym_name"]).value if "sym_name" in attributes else ""
   return workspace.site(region_key, (module_name, digest, seen[region_key]))
 
-
-# --- emitting the custom calls ---------------------------------------------------
 
 def _u8(nbytes: int):
   return jax.core.ShapedArray((int(nbytes),), np.uint8)
@@ -150,8 +141,8 @@ def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: operands.Ge
   region_key, region_bytes = choice.region
   log.debug("jax_overlap.%s: pipelined (world %d, stages %s; model %.0f us vs xla %.0f us)", op.name, problem.world,
             plan.stages, plan.est_us, plan.est_xla_us)
-  # The target of an op that gathers x returns, between y and its scratch, the gathered x and the gathered scales,
-  # flat as the GEMMs read them (f32[0] when unscaled).
+  # Between y and its scratch: the gathered x and the gathered scales, flat (f32[0] when unscaled).
+
   kinds = op.results.of_call(call.scaled)
   between = []
   if op.results.gathers:
@@ -180,7 +171,6 @@ _EMITTERS = {"pipelined": _emit_pipelined, "fused": _emit_fused}
 
 
 def _fallback(op_name: str, algorithm: str, error: Exception) -> None:
-  """Raises for an explicit algorithm; for "auto", says why the call takes the XLA path (DEBUG)."""
   if algorithm != "auto":
     raise ValueError(f"jax_overlap.{op_name}: algorithm={algorithm!r} cannot take this call: {error}") from error
   if isinstance(error, WorkspaceFullError):

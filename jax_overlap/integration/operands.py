@@ -1,7 +1,6 @@
-"""The primitives' operands by name, and the forms the GPU targets take them in: the pipelined targets take
-(x, w, bias, x_scale, w_scale) (csrc/ffi/pipelined.cc), an empty bias [0] or empty scales f32[0] where absent, a
-float8 call's scales flat in the vendor GEMM's layout and its w K-major (Hopper's fp8 GEMM takes K-major only).
-"""
+"""The primitives' operands by name, and the forms the GPU targets take them in: empty [0] where absent, a float8
+call's scales flat in the vendor GEMM's layout and its w K-major (Hopper's fp8 GEMM takes K-major only)."""
+
 
 from __future__ import annotations
 
@@ -17,12 +16,11 @@ from jax_overlap.quantization.scaling import Scales
 
 
 def operands(x, w, bias, scales) -> tuple:
-  """The primitive's operands: x, w, [bias], [x_scale, w_scale] (scales: Scales or None)."""
   return (x, w, *(() if bias is None else (bias,)), *(() if scales is None else scales.arrays()))
 
 
 class Operands(NamedTuple):
-  """The primitive's operands by name (values, avals or shapes alike); bias and scales None where absent."""
+  """The primitive's operands by name (values, avals or shapes); bias and scales None where absent."""
 
   x: object
   w: object
@@ -42,18 +40,17 @@ class Operands(NamedTuple):
 
 
 def split_operands(args, has_bias: bool, scaling) -> tuple:
-  """(x, w, bias or None, Scales or None) from the primitive's operands."""
+
   o = Operands.of(args, has_bias, scaling)
   return o.x, o.w, o.bias, o.scales(scaling)
 
 
 @dataclasses.dataclass(frozen=True)
 class GemmCall:
-  """One call's operands (IR values) and their types at lowering."""
 
   values: Operands  # IR values
-  avals: Operands  # their types
-  scaling: object  # the Scaling of a float8 call, else None
+  avals: Operands
+  scaling: object  # None for a 16-bit call
   out_dtype: np.dtype
   w_kmajor: bool  # as given: a float8 w given [k, n] is transposed for the vendor GEMM
 
@@ -69,12 +66,10 @@ def gemm_call(ctx, args, *, has_bias: bool, scaling, out_dtype, w_kmajor: bool) 
 
 
 def lowered(ctx, fn, args, avals_in, aval_out):
-  """fn(*args) lowered in place: one value of aval_out."""
   return mlir.lower_fun(fn, multiple_results=False)(ctx.replace(avals_in=avals_in, avals_out=[aval_out]), *args)[0]
 
 
 def _k_major_w(ctx, call: GemmCall) -> tuple:
-  """(w, its aval) as the call passes it: a float8 w given [k, n] transposed to [n, k], else as given."""
   w, w_aval = call.values.w, call.avals.w
   if not call.scaled or call.w_kmajor:
     return w, w_aval
@@ -83,8 +78,7 @@ def _k_major_w(ctx, call: GemmCall) -> tuple:
 
 
 def _scale_operands(ctx, call: GemmCall, x_groups: int) -> tuple:
-  """(values, avals) of x_scale and w_scale: flat in the vendor GEMMs' layout (x's rows in `x_groups` groups, one
-  GEMM's each), or f32[0] each for a 16-bit call."""
+  """x_scale and w_scale flat in the vendor GEMMs' layout (x's rows in `x_groups` GEMMs), f32[0] when 16-bit."""
   if not call.scaled:
     empty = np.zeros((0,), np.float32)
     return [mlir.ir_constant(empty)] * 2, [jax.core.ShapedArray((0,), np.float32)] * 2
@@ -119,7 +113,6 @@ def gemm_operands(ctx, call: GemmCall, bias_after: bool, x_groups: int) -> tuple
 
 
 def fused_operands(call: GemmCall) -> tuple:
-  """(values, avals) of (x, w, bias) for a fused target (16-bit): the bias empty [0] for none."""
   x_aval = call.avals.x
   bias, bias_aval = call.values.bias, call.avals.bias
   if bias is None:
@@ -136,12 +129,11 @@ def finished(ctx, call: GemmCall, y, y_aval, bias_after: bool):
 
 
 def own_gathered_scales(ctx, call: GemmCall, aval_out):
-  """A group of one's Kind.GATHERED_SCALES: x's own scale as the op returns it (Scaling.of_whole_x)."""
   return lowered(ctx, call.scaling.of_whole_x, [call.values.x_scale], [call.avals.x_scale], aval_out)
 
 
 def gathered_scales(ctx, call: GemmCall, flat, world: int, aval_out):
-  """Kind.GATHERED_SCALES as the op returns it, from the custom call's flat form."""
+
   return lowered(ctx, lambda s: call.scaling.gathered_from_gemm(s, world, aval_out.shape), [flat],
                  [flat_scales_aval(aval_out)], aval_out)
 

@@ -1,9 +1,7 @@
-"""Global-array mode (axis_name=None under jit): custom partitioning with Shardy rules, for any op (ops/op.py).
+"""Global-array mode (axis_name=None under jit): custom partitioning with Shardy rules. The op's sharding plan
+decides from the operands' shardings and the output layout asked for: the op on shards where it gathers or reduces,
+else a local product."""
 
-The op's plan decides from the operands' shardings (and the requested or propagated output layout): the body is
-the op on shards when the plan gathers or reduces, else a local product. Float8 scales are laid out as their
-Scaling says; gathered scales are x_scale itself, added after the partitioning.
-"""
 
 from __future__ import annotations
 
@@ -31,9 +29,8 @@ def _named(mesh, *specs):
 
 
 def _body(fn):
-  """A partitioned body, traced with the mesh's Explicit axes Auto: it is per-shard code, and typed with an
-  Explicit mesh its ops would carry sharding annotations that XLA's CPU backend cannot run in a collective's
-  reducer ("Unsupported reduction computation")."""
+  """A partitioned body (per-shard code), traced with the axes Auto: Explicit types would annotate its collectives'
+  reducers with shardings XLA's CPU backend cannot run ("Unsupported reduction computation")."""
   @functools.wraps(fn)
   def traced(*args):
     with _sharding.auto_axes():
@@ -44,8 +41,7 @@ def _body(fn):
 @functools.cache
 def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_kmajor: bool, algorithm: str,
                        axis, request, out_dtype: str):
-  """The custom_partitioning of `op` for operands of these ranks. `request`: the output spec asked for (aligned to
-  the end: vmap adds leading dims), or None."""
+  """The custom_partitioning of `op`; `request` (the output spec asked for) aligns to the end: vmap adds dims."""
   out_ndim = op.sharding.result_ndim(ndim, w_ndim)
   multiple = op.results.multiple
   if request is not None:
@@ -98,9 +94,8 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_km
     return mesh, _body(body), result_shardings(mesh, p), arg_sh
 
   rule, reductions = op.sharding.rule(ndim, w_ndim, has_bias, scaling, w_kmajor, axis)
-  # decode_shardings=False: JAX's decoding of the operands' shardings into NamedShardings raises on a sub-axis
-  # (IndivisibleError, KeyError) before partition runs; _spec decodes the ones the plan reads (x's, w's, the
-  # result's), and the scales' and the bias's are never read: they are laid out as the plan says.
+  # decode_shardings=False: JAX's decoding raises on a sub-axis before partition runs; _spec decodes the shardings
+  # the plan reads, and the scales' and bias's are laid out as the plan says.
   fn.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                    reduction_factors=reductions, decode_shardings=False)
   return fn
@@ -124,8 +119,7 @@ def _plan(op, mesh, avals, has_bias: bool, scaling, w_kmajor: bool, axis, asked)
 
 
 def _spec(mesh, aval, ndim: int, what: str) -> list:
-  """The spec of an operand or result; a sub-axis (propagated through an upstream reshape, such as quantizing's
-  block views) reads as unsharded, and the plan's layouts reshard it."""
+  """The spec of an operand or result; a sub-axis (from an upstream reshape) reads as unsharded: the plan reshards."""
   spec = _sharding.spec_on(mesh, aval.sharding, ndim)
   if spec is None:
     log.debug("jax_overlap: %s's sharding %s has no PartitionSpec on the mesh %s: planned as unsharded", what,
@@ -134,9 +128,8 @@ def _spec(mesh, aval, ndim: int, what: str) -> list:
   return spec
 
 
-# vmap: custom_partitioning has no batching rule, so each global op is a custom_vmap that folds a batched x into
-# the leading dims and calls the op again (so an enclosing vmap reaches this rule too); batched weights or bias go
-# to the reference product.
+# custom_partitioning has no batching rule: a custom_vmap folds a batched x into the leading dims and calls the op
+# again (so an enclosing vmap reaches this rule too); batched weights or bias go to the reference product.
 
 def _vmap_rule(op, fn, has_bias: bool, scaling, w_kmajor: bool, axis, request, out_dtype: str):
   def rule(axis_size, in_batched, *args):
@@ -181,14 +174,12 @@ def _vmappable(op, has_bias: bool, scaling, w_kmajor: bool, algorithm: str, axis
   return fn
 
 
-# Differentiating a call's custom VJP again (jax.hessian, grad of grad) differentiates custom_partitioning,
-# which has no rule in JAX.
+# A second derivative differentiates custom_partitioning, which has no rule in JAX.
 _NO_DERIVATIVE = "Differentiation rule for 'custom_partitioning' not implemented"
 
 
 def call(op, x, w, bias, scales, *, algorithm: str, w_kmajor: bool, axis, out_dtype: str, request=None):
-  """The op's results on global arrays, partitioned from their shardings (`axis`: the gather / scatter dim, None
-  for the plan's; `request`: the asked output spec, or None)."""
+  """The op's results on global arrays, partitioned from their shardings (`axis` None: the plan's)."""
   fn = _vmappable(op, bias is not None, None if scales is None else scales.scaling, w_kmajor, algorithm, axis,
                   request, out_dtype)
   try:
@@ -202,10 +193,9 @@ def call(op, x, w, bias, scales, *, algorithm: str, w_kmajor: bool, axis, out_dt
   return op.sharding.global_results(outs, scales)
 
 
-# --- jax.export -----------------------------------------------------------------
-# A multi-device custom partitioning is a compile-time Python callback that jax.export cannot serialize, and JAX's
-# error comes after lowering with no jax_overlap frame. Every global call's results pass through this identity,
-# whose lowering says so in jax_overlap's words (one device inlines the partitioning and exports).
+# jax.export cannot serialize a multi-device custom partitioning (a compile-time Python callback), and JAX says so
+# with no jax_overlap frame: every global call's results pass through this identity, whose lowering says why.
+
 
 
 export_guard_p = jex_core.Primitive("jax_overlap_export_guard")

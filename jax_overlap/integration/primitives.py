@@ -1,11 +1,8 @@
-"""The rules every GEMM op's primitive shares (impl, batching, jvp refusal, lowering per platform); the op
-(ops/op.py) holds its own abstract eval, reference decomposition and matrix view of its weights.
+"""The rules every GEMM op's primitive shares (impl, batching, jvp refusal, lowering per platform). Params beyond
+the obvious: axis_name (None for the local product), w_kmajor (w stored with the contraction last), scaling (None
+for 16-bit operands), out_specs (a global-array call's Explicit-mesh output types). Every rule runs on operand types
+without Explicit shardings (_sharding.py says why)."""
 
-Operands: x, w, [bias], [x_scale, w_scale]. Params: axis_name (mesh axes, None for the local product), axis_size,
-algorithm, w_kmajor (w stored with the contraction last), has_bias, scaling (None for 16-bit operands), out_dtype,
-out_specs (the Explicit-mesh output types of a global-array call, else None). Every rule runs on operand types
-without Explicit shardings (_sharding.py says why).
-"""
 
 from __future__ import annotations
 
@@ -26,7 +23,6 @@ from jax_overlap.quantization import formats
 log = logging.getLogger("jax_overlap")
 
 
-# --- abstract evaluation ----------------------------------------------------
 # Outputs take x's type (so its manual-axis varying set). On an Explicit mesh `out_specs` types them the way the
 # custom partitioning lays them out, so XLA adds no reshard after it.
 
@@ -42,12 +38,9 @@ def result_aval(x, shape, spec, dtype=None):
 
 
 def result_specs(out_specs, count: int) -> tuple:
-  """One spec per result: out_specs', then None (unsharded) for the rest."""
   out_specs = tuple(out_specs or ())
   return out_specs + (None,) * (count - len(out_specs))
 
-
-# --- batching ---------------------------------------------------------------
 
 def along_x(has_bias: bool, scaling) -> tuple:
   """The operand indices that a batch can fold into x's leading dims: x, and x_scale where it follows x."""
@@ -77,7 +70,6 @@ def _reference_call(op, *args, axis_name, axis_size, algorithm, w_kmajor, has_bi
   return op.xla.reference(x, w, bias, scales, axis_name=axis_name, w_kmajor=w_kmajor, out_dtype=out_dtype)
 
 
-# --- differentiation ---------------------------------------------------------
 # The custom VJPs (api.py) never differentiate these primitives: a jvp is asked for only by a second derivative,
 # which the fused algorithms do not support.
 
@@ -93,10 +85,7 @@ def _no_jvp(op_name, primals, tangents, *, algorithm, **params):
                                         algorithm))
 
 
-# --- lowering ---------------------------------------------------------------
-
 def untyped_lowering(rule):
-  """rule, on operand and result types without Explicit shardings."""
   def lower(ctx, *args, **params):
     ctx = ctx.replace(avals_in=[_sharding.untyped(a) for a in ctx.avals_in],
                       avals_out=[_sharding.untyped(a) for a in ctx.avals_out])
@@ -142,11 +131,7 @@ def _gpu_lowering(ctx, *args, op, out_specs, **params):
                         multiple_results=op.results.multiple)(ctx, *args)
 
 
-# --- registration ---------------------------------------------------------------
-
 def register_rules(prim, abstract_eval, batch_rule, default_lowering, gpu_lowering) -> None:
-  """Registers impl, abstract eval, batching and lowerings: `gpu_lowering` on cuda/rocm, `default_lowering`
-  elsewhere."""
   prim.def_impl(_compat.apply_primitive(prim))
   prim.def_abstract_eval(abstract_eval)
   batching.primitive_batchers[prim] = batch_rule
@@ -156,7 +141,7 @@ def register_rules(prim, abstract_eval, batch_rule, default_lowering, gpu_loweri
 
 
 def register(op) -> None:
-  """Registers the rules above for `op`'s primitive."""
+
 
   register_rules(op.rules.primitive, op.rules.abstract_eval, functools.partial(_batch_rule, op),
                  untyped_lowering(functools.partial(_default_lowering, op=op)),

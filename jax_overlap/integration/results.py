@@ -1,5 +1,5 @@
-"""What a GEMM op's results are, by kind: how the lowerings and rules below ops/ produce each one without knowing
-which op they serve (an op declares its Results: ops/op.py)."""
+"""A GEMM op's results by kind, so that nothing below ops/ knows which op it serves (an op declares its Results)."""
+
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The decision a call takes, set up and agreed: planning.decide() with the workspace it needs, and with several
-processes the same decision on every process.
-
-A choice made before the workspace existed (on a guessed link) is judged again once it does. With several
-processes the set-up and the region are collective steps, so every process decides alike: the models run on
-process 0's figures, and a call takes a path only when every process proposes the same one (algorithm, plan,
-region), else the XLA path everywhere. Each (call, algorithm, settings) is agreed once per runtime generation.
-"""
+"""planning.decide() with the workspace it needs, and with several processes agreed: the set-up and the region are
+collective steps, so a call takes a path only when every process proposes the same one (algorithm, plan, region),
+else the XLA path everywhere. A choice made on a guessed link is judged again once the link is measured."""
 
 from __future__ import annotations
 
@@ -23,8 +18,6 @@ from jax_overlap.runtime.errors import SetupError, WorkspaceFullError
 # memory, no answer from another process in time). Once a choice is made (and agreed), emitting it never falls back.
 DECLINED = (Declined, WorkspaceFullError, SetupError)
 
-
-# --- one process -------------------------------------------------------------------
 
 def _set_up() -> None:
   """Sets the workspace up (collective; a failure is every process's)."""
@@ -45,8 +38,7 @@ def _reachable(problem: Problem) -> None:
 
 
 def _placed(choice: Choice) -> Choice:
-  """The choice with its region's offset, not yet recorded: every process must agree on it first (under
-  _deciding, so no other thread places in between)."""
+  """The choice with its region's offset, not yet recorded: every process must agree on it first."""
   return choice if choice.region is None else dataclasses.replace(choice, offset=workspace.placement(*choice.region))
 
 
@@ -64,7 +56,6 @@ def choose(problem: Problem, op, algorithm: str) -> Choice:
   return choice if choice.region is None else dataclasses.replace(choice, offset=workspace.claim(*choice.region))
 
 
-# --- one decision for every process ------------------------------------------------
 # (call, algorithm, plan settings, runtime generation) -> (Choice, None) or (None, why not)
 _decisions: dict = {}
 
@@ -84,7 +75,7 @@ def _agreed_choice(problem: Problem, op, algorithm: str) -> Choice:
 
 
 def _agree(problem: Problem, op, algorithm: str, name: str) -> tuple:
-  """The choice every process proposes for the call, or why there is none (the same on every process)."""
+
   if not workspace.is_active() and workspace.setup_failed() is None:
     # The set-up is collective: first agree that every process wants it for this call.
     wanted, why = _decided(f"{name}/setup", _proposal(algorithm, lambda: _setup_proposal(problem, op, algorithm)))
@@ -139,7 +130,8 @@ def _proposal(algorithm: str, propose) -> dict:
 
 
 def _decided(name: str, proposal: dict) -> tuple:
-  """(the choice every process proposed, None), or (None, why not): the same on every process."""
+  """(the choice every process proposed, None), or (None, why not)."""
+
   try:
     proposals = processes.gather(name, proposal)
   except SetupError as e:

@@ -1,10 +1,7 @@
-"""decide(): an explicit algorithm's plan, or for "auto" the candidate the cost models predict fastest, taken only
-when it beats the XLA path by AUTO_MARGIN.
+"""decide(): an explicit algorithm's plan, or for "auto" the fastest predicted if it beats XLA by AUTO_MARGIN.
+The figures are a collective step (process 0 measures), so a planner takes them after the eligibility and before
+anything one process alone can refuse (vendor BLAS, tiles): every process reaches the same steps."""
 
-With several processes the figures are a collective step (process 0 measures): a planner takes them after the
-eligibility (the same everywhere) and before anything one process alone can refuse (vendor BLAS, tiles), so that
-every process reaches the same steps.
-"""
 
 from __future__ import annotations
 
@@ -128,9 +125,9 @@ _PLANNERS = {"pipelined": _plan_pipelined, "fused": _plan_fused, "all_gather": _
 
 
 def decide(problem: Problem, op, requested: str, *, again: str | None = None) -> Choice:
-  """The algorithm and plan that take the call, or Declined saying why none does. requested: an algorithm (its
-  plan, whatever the models predict) or "auto". again: auto's choice made before the workspace existed, judged
-  again now that the link is measured."""
+  """The plan that takes the call, or Declined saying why. again: auto's choice made on a guessed link, judged
+  again now that it is measured."""
+
   if requested != "auto":
     return _PLANNERS[requested](problem, op, auto=False)
   if problem.world == 1:

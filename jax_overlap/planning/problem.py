@@ -1,5 +1,5 @@
-"""What the planner is asked and what it answers: a call as the planner sees it (Problem), the algorithm and plan
-that take it (Choice), or why none does (Declined)."""
+"""What the planner is asked (Problem) and what it answers (Choice, or Declined)."""
+
 
 from __future__ import annotations
 
