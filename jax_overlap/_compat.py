@@ -19,7 +19,7 @@ def varying_axes(x) -> frozenset:
 
 
 def make_varying(x, axes: tuple):
-  """pcast `x` to varying over every axis of `axes` it does not vary over yet."""
+
   missing = tuple(a for a in axes if a not in varying_axes(x))
   if not missing:
     return x
@@ -32,34 +32,32 @@ def axis_size(axis_name) -> int:
 
 def bound_axis_names() -> tuple:
   """The axis names bound where this is traced (shard_map's manual mesh axes, vmap and pmap axis names)."""
-  from jax._src import core  # not exported
+  from jax._src import core
   return tuple(core.get_axis_env().axis_names())
 
 
 def forward_mode(*values) -> bool:
-  """Whether a value is being differentiated in forward mode (jax.jvp, jax.jacfwd) here: a JVP tracer. Reverse
-  mode (jax.grad, jax.vjp, jax.linearize) traces with linearize tracers, unless jax_use_direct_linearize is off."""
-  from jax._src.interpreters import ad  # not exported
+  """Whether a value is being differentiated in forward mode here (a JVP tracer: reverse mode traces with linearize
+  tracers, unless jax_use_direct_linearize is off)."""
+  from jax._src.interpreters import ad
   return jax.config.jax_use_direct_linearize and any(isinstance(v, ad.JVPTracer) for v in values)
 
 
 def apply_primitive(prim):
-  """The eager implementation of a primitive: JAX's own dispatch (device assignment, a jitted call)."""
-  from jax._src import dispatch  # not exported
+  from jax._src import dispatch
   return functools.partial(dispatch.apply_primitive, prim)
 
 
 def spmd_axis_context_type():
-  """The lowering's axis-context class inside shard_map and custom partitioning (mesh and manual axes)."""
-  from jax._src import sharding_impls  # not exported
+  """The lowering's axis-context class inside shard_map and custom partitioning."""
+  from jax._src import sharding_impls
   return sharding_impls.SPMDAxisContext
 
 
 def named_spec(s, mesh, ndim: int):
-  """The PartitionSpec on `mesh` of a sharding custom partitioning hands over undecoded (decode_shardings=False: a
-  GSPMDSharding of an HloSharding), or None where no PartitionSpec of the mesh gives it (Shardy splits an axis into
-  sub-axes through reshapes, e.g. 2 blocks of a block scale on an axis of 4; JAX's decoding then raises)."""
-  from jax._src import sharding_impls  # the decoding custom partitioning applies (not exported)
+  """The PartitionSpec on `mesh` of an undecoded custom-partitioning sharding, or None where none gives it (Shardy's
+  sub-axes, e.g. 2 blocks of a block scale on an axis of 4)."""
+  from jax._src import sharding_impls
   hlo = getattr(s, "_hlo_sharding", None)
   if hlo is None:
     return None
@@ -73,13 +71,13 @@ def named_spec(s, mesh, ndim: int):
 
 def kv_client():
   """The jax.distributed coordination service's key-value client, or None before jax.distributed.initialize()."""
-  from jax._src import distributed  # not exported
+  from jax._src import distributed
   return distributed.global_state.client
 
 
 def remat_rank(case) -> int:
   """How much a jax.checkpoint policy's answer keeps: save 2, offload 1, recompute 0."""
-  from jax._src.interpreters import partial_eval as pe  # the policy answer types (not exported)
+  from jax._src.interpreters import partial_eval as pe
   case = pe.ensure_enum(case)
   if isinstance(case, pe.SaveableType):
     return 2
@@ -93,16 +91,15 @@ except ImportError:  # jax 0.11 dropped the module
 
 
 def shard_alike(x, y):
-  """Ties the shardings of arrays x and y (jax.experimental.shard_alike, or its Shardy sharding group where the
-  installed JAX has no shard_alike): on an Auto mesh, the only way to give a gradient its primal's layout, which no
-  type carries there."""
+  """Ties the shardings of x and y: on an Auto mesh, the only way to give a gradient its primal's layout."""
   return _group_p.bind(x, y) if _shard_alike is None else _shard_alike(x, y)
 
 
 def _sharding_group_primitive():
-  """jax 0.10's shard_alike_p for the JAX versions without it, where Shardy is the only partitioner."""
+  """A Shardy sharding group standing in for shard_alike in the JAX versions without it."""
+
   import itertools
-  from jax._src import core, dispatch  # not exported
+  from jax._src import core, dispatch
   from jax._src.interpreters import ad, batching, mlir
   from jax._src.lib.mlir.dialects import sdy
 

@@ -1,17 +1,7 @@
-"""What the ops' backward passes share (each op's `backward`, ops/; the custom VJP itself is api.py's).
+"""What the ops' backward passes share. The ops are each other's gradient (the kernels read w in either layout):
+  ag_matmul  y = AG(x) @ W + b:  dx = RS(dy @ W^T),  dW = AG(x)^T @ dy  (the forward's gathered x, no second gather)
+  matmul_rs  z = RS(x @ W) + b:  dx = AG(dz) @ W^T,  dW = x^T @ AG(dz)"""
 
-The ops are each other's gradient:
-  ag_matmul  y = AG(x) @ W + b:  dx = RS(dy @ W^T)          (a matmul_rs)
-                                 dW = AG(x)^T @ dy          (the forward's gathered x, no second gather)
-  matmul_rs  z = RS(x @ W) + b:  dx = AG(dz) @ W^T          (an ag_matmul)
-                                 dW = x^T @ AG(dz)          (that ag_matmul's gathered dz)
-so the fused kernels serve the backward pass too; W^T is never materialized
-(the kernels read w in either layout, w_kmajor). Here: the weight and bias
-gradients, and the layouts gradients of global arrays come back in (their
-primal's: resharded to its type on an Explicit mesh, tied to it with
-shard_alike on an Auto mesh), and the cast that makes shard_map operands
-vary alike (varying), whose transpose sums the gradients of replicated ones.
-"""
 
 from __future__ import annotations
 
@@ -34,12 +24,8 @@ class Layout:
 
 
 def varying(axes, *values):
-  """Casts every operand to vary over the group's axes and every axis any operand varies over.
-
-  Then the custom VJPs' cotangents have their primal's type, and JAX's transpose
-  of each cast sums a gradient over the axes its operand was replicated on
-  (a bias replicated over the group, weights replicated over a data axis).
-  """
+  """Casts every operand to vary over the group's axes and every axis any operand varies over, so cotangents have
+  their primal's type and the cast's transpose sums the gradients of replicated operands."""
   union = set(axes)
   for v in values:
     if v is not None:
@@ -49,14 +35,13 @@ def varying(axes, *values):
 
 
 def explicit_sharding(v):
-  """v's sharding when its type carries one of a mesh with Explicit axes, else None."""
   aval = jax.typeof(v)
   return aval.sharding if _sharding.explicit_mesh(aval) is not None else None
 
 
 def layout(v, axes):
-  """What v's cotangent must be laid out like: its type on an Explicit mesh, v itself on an Auto mesh; None
-  inside shard_map (the group's `axes` set), where cotangents have their primal's type already."""
+  """v's cotangent layout: its type on an Explicit mesh, v itself (shard_alike) on an Auto mesh, None inside
+  shard_map (`axes` set), where cotangents have their primal's type already."""
   if axes is not None or v is None:
     return None
   found = explicit_sharding(v)
@@ -64,7 +49,7 @@ def layout(v, axes):
 
 
 def like(ct, primal_layout):
-  """ct laid out as layout() said."""
+
   if ct is None or primal_layout is None:
     return ct
   if isinstance(primal_layout, Layout):
@@ -80,11 +65,9 @@ def request(primal_layout, ndim: int):
 
 
 def weight_grad(a, b, a_free: int, w_layout, w_kmajor: bool, dtype):
-  """dW for out = a @ W: a^T @ b over every dim but a's last a_free and b's own, in `dtype`, laid out like w.
+  """dW for out = a @ W: a^T @ b (b^T @ a when w_kmajor) over every dim but a's last a_free and b's own, in `dtype`,
+  laid out like w."""
 
-  w_kmajor stores W with the contraction last, so the product runs b^T @ a. (The fp8 layers have their own:
-  layers/fp8.py.)
-  """
   lead = tuple(range(a.ndim - a_free))
   first, second = (b, a) if w_kmajor else (a, b)
   out_sharding = w_layout.sharding if isinstance(w_layout, Layout) else None

@@ -1,10 +1,5 @@
-"""The GPU lowering of the fp8 layers' cast and step-scales primitives (ops/fp8_cast.py, ops/fp8_scales.py): the
-project's kernel where it takes the call, else the primitive's XLA form, saying why at DEBUG.
-
-The kernels and XLA's forms agree bit for bit (tests/gpu/test_fp8_cast_kernel.py, test_fp8_scales_kernel.py), so
-which one a process takes never changes a result. The kernels run one device's data: on global arrays over several
-devices XLA partitions the XLA form (a kernel has no partitioning rule: XLA would replicate it).
-"""
+"""The GPU lowering of the fp8 cast and step-scales primitives: the kernel where it takes the call, else the XLA
+form (bit for bit the same). A kernel has no partitioning rule, so global arrays over several devices take XLA's."""
 
 from __future__ import annotations
 
@@ -28,9 +23,8 @@ MAX_STEP_SCALES = 4  # the step-scales kernel's operands per launch (csrc/kernel
 
 
 def transposed_declined(shape, lead: int) -> str | None:
-  """Why the transposing cast does not take x of `shape` with its first `lead` dims moved last, or None: the same
-  rule as csrc/kernels/fp8_cast.cu's transposed_cast_declined (128 x 128 tiles, 16-byte stores of out's rows,
-  8-element loads of x's)."""
+  """Why the transposing cast does not take x with its first `lead` dims moved last (fp8_cast.cu's rule), or None."""
+
   rows, cols = math.prod(shape[:lead]), math.prod(shape[lead:])
   if rows % 16 or cols % 8:
     return (f"x {list(shape)} moves {rows} rows last and {cols} columns first; the transposing kernel takes "
@@ -41,8 +35,6 @@ def transposed_declined(shape, lead: int) -> str | None:
 
 
 def kernel_declined(ctx, dtypes: tuple, algorithm: str) -> str | None:
-  """Why the project's fp8 kernels do not take a call into the float8 formats `dtypes` in the lowering context
-  `ctx`, or None."""
   if algorithm == "xla":
     return "algorithm='xla'"
   try:
@@ -75,9 +67,8 @@ def _cast_declined(ctx, dtype: str, algorithm: str, lead: int = 0) -> str | None
 
 
 def cast_lowering(target: str, reference, what: str):
-  """The lowering of a cast primitive on a GPU: the custom call `target` (with amax_from, `target`_from, whose amax
-  result is amax_from's buffer, so no launch zeroes it first; with lead > 0, the transposing variant
-  `target`[_from]_transposed), or `reference` where the kernel declines the call."""
+  """A cast primitive's GPU lowering: the custom call `target` (`_from`: the amax result aliases amax_from's
+  buffer, so no launch zeroes it; `_transposed` for lead > 0), or `reference` where the kernel declines."""
   def lower(ctx, x, scale, *amax_from, dtype, algorithm, **lead):
     why = _cast_declined(ctx, dtype, algorithm, **lead)
     if why is not None:
@@ -92,8 +83,9 @@ def cast_lowering(target: str, reference, what: str):
 
 
 def step_scales_lowering(reference):
-  """The lowering of the step-scales primitive on a GPU: one launch for every operand of a step, or `reference`
-  where the kernel declines the call."""
+  """The step-scales primitive's GPU lowering: one launch for all a step's operands, or `reference`."""
+
+
   def lower(ctx, *operands, dtypes, algorithm):
     why = kernel_declined(ctx, dtypes, algorithm)
     if why is None and len(dtypes) > MAX_STEP_SCALES:

@@ -1,23 +1,5 @@
-"""The GPU lowering of the ops: the custom call a call lowers to, once planning has chosen its algorithm.
-
-For each call on "cuda"/"rocm" (primitives.py and ops/all_gather.py register these rules):
-  1. The XLA reference decomposition when the user asked for it, when
-     JAX_OVERLAP_DISABLE is set, when the native module is not built for this
-     platform, or when no algorithm can take the call (an explicit "fused" or
-     "pipelined" request then raises, saying why; "auto" falls back, and says
-     why at DEBUG level).
-  2. planning/agreement.choose: the algorithm and its plan (planning.decide),
-     with the workspace and region it needs set up, agreed between processes:
-     "pipelined" (csrc/pipelined/: the vendor GEMM per stage of chunks with
-     copy-engine transfers; a group of one is the vendor GEMM alone), "fused"
-     (csrc/kernels/: one persistent kernel of movers and GEMM tiles), or for
-     "auto" the XLA path for a 16-bit group of one (nothing to overlap),
-     otherwise whichever the cost models predict fastest, taken only when it
-     beats the XLA path by their margin.
-  3. The custom call of that choice, its operands in the forms its target
-     takes (operands.py), its call site numbered (the number travels in every
-     flag: docs/protocol.md).
-"""
+"""The GPU lowering of the ops: agreement.choose's algorithm emitted as its custom call, or the XLA reference where
+none takes the call (an explicit algorithm then raises; "auto" falls back, saying why at DEBUG)."""
 
 from __future__ import annotations
 
@@ -67,8 +49,7 @@ def group_ids(ctx, axis_name) -> tuple:
 
 
 def native_ready(ctx) -> None:
-  """Declined unless this lowering can use the native module: the kill switch unset, a build for the platform
-  lowered for; then its FFI targets are registered with XLA."""
+  """Declined unless the native module can serve this lowering; then registers its FFI targets."""
   machine = backend.current()
   if settings.disabled():
     raise Declined(f"{settings.DISABLE} is set")
@@ -79,21 +60,17 @@ def native_ready(ctx) -> None:
   machine.register_targets()
 
 
-# --- call sites --------------------------------------------------------------------
-# A call site is named by its program: the module's name, a digest of the computation lowered into it, and the
-# call's place among the module's calls of the region; workspace.site numbers the names (agreed between processes).
-# Two programs of one name (two jits of lambdas, a retrace with other static arguments) then differ, and the flags
-# tell ranks that run their calls in different orders apart (docs/protocol.md).
+# A call site is named by its module, its program's digest and its place among the module's calls of the region, so
+# the flags tell apart ranks that run their calls in different orders (docs/protocol.md).
+
 _lowered_sites = weakref.WeakKeyDictionary()  # module -> (its program's digest, {region key: calls so far})
 # A set of names prints in hash order, which differs between processes.
 _NAME_SET = re.compile(r"\{('[^'{}]*'(?:, '[^'{}]*')+)\}")
 
 
 def _program_digest() -> str:
-  """A digest of the jaxpr JAX is lowering into the current module (mlir.lower_jaxpr_to_module's), printed with
-  sets of names sorted and object addresses left out: one program, one digest, in every process and lowering.
-  A custom partitioning's body (global arrays) is a program of its own, lowered when XLA partitions the caller's;
-  "" where JAX lowers by another path."""
+  """A digest of the jaxpr lowered into the current module, the same in every process ("" if not found)."""
+
   frame = sys._getframe(1)
   while frame is not None and frame.f_code.co_name != "lower_jaxpr_to_module":
     frame = frame.f_back
@@ -116,14 +93,11 @@ def _site(ctx, region_key: tuple) -> int:
   return workspace.site(region_key, (module_name, digest, seen[region_key]))
 
 
-# --- emitting the custom calls ---------------------------------------------------
-
 def _u8(nbytes: int):
   return jax.core.ShapedArray((int(nbytes),), np.uint8)
 
 
 def _groups_attribute(problem: Problem):
-  """Every group's global device ids, flattened: the custom calls' `groups` attribute."""
   return np.array([i for g in problem.groups for i in g], np.int64)
 
 
@@ -136,9 +110,8 @@ def _emit_fused(ctx, problem: Problem, op, choice: Choice, call: operands.GemmCa
   log.debug("jax_overlap.%s: fused (world %d, tile %d, comm workgroups %d, chunk_k %d; model %.0f us vs xla %.0f us)",
             op.name, problem.world, plan.tile, plan.comm_workgroups, plan.chunk_k, plan.est_us, plan.est_xla_us)
   if problem.world == 1:
-    # No protocol, but the GPU's device state, which shutdown() frees: a target XLA dispatches each run (no
-    # command buffer), whose handler checks the generation. The second result is the stream-K tail's scratch
-    # (FusedPlan.tail_slots).
+    # No protocol, but device state that shutdown() frees: a target dispatched each run (no command buffer) whose
+    # handler checks the generation. The second result is the stream-K tail's scratch.
     sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[ctx.avals_out[0], _u8(plan.tail_scratch_bytes)])
     y = jax.ffi.ffi_lowering(machine.target(op.name + "_local"))(sub_ctx, *args, config=attrs)[0]
     return op.results.of_one(y, call.values.x, None, scaled=False)  # the fused kernels are 16-bit only
@@ -168,8 +141,8 @@ def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: operands.Ge
   region_key, region_bytes = choice.region
   log.debug("jax_overlap.%s: pipelined (world %d, stages %s; model %.0f us vs xla %.0f us)", op.name, problem.world,
             plan.stages, plan.est_us, plan.est_xla_us)
-  # The target of an op that gathers x returns, between y and its scratch, the gathered x and the gathered scales,
-  # flat as the GEMMs read them (f32[0] when unscaled).
+  # Between y and its scratch: the gathered x and the gathered scales, flat (f32[0] when unscaled).
+
   kinds = op.results.of_call(call.scaled)
   between = []
   if op.results.gathers:
@@ -198,7 +171,6 @@ _EMITTERS = {"pipelined": _emit_pipelined, "fused": _emit_fused}
 
 
 def _fallback(op_name: str, algorithm: str, error: Exception) -> None:
-  """Raises for an explicit algorithm; for "auto", says why the call takes the XLA path (DEBUG)."""
   if algorithm != "auto":
     raise ValueError(f"jax_overlap.{op_name}: algorithm={algorithm!r} cannot take this call: {error}") from error
   if isinstance(error, WorkspaceFullError):
@@ -207,8 +179,7 @@ def _fallback(op_name: str, algorithm: str, error: Exception) -> None:
 
 
 def gpu_rule(ctx, *args, op, axis_name, axis_size, algorithm, w_kmajor, has_bias: bool, scaling, out_dtype: str):
-  """The lowering of a GEMM op's primitive on a GPU platform (see the module docstring): its custom call's
-  results, or None where the call takes the XLA path. args: the primitive's operands (operands.Operands)."""
+  """The GPU lowering of a GEMM op's primitive: its custom call's results, or None for the XLA path."""
   if algorithm == "xla" or settings.disabled():
     if algorithm != "xla":
       log.debug("jax_overlap.%s: XLA path (%s is set)", op.name, settings.DISABLE)
@@ -234,8 +205,8 @@ def gpu_rule(ctx, *args, op, axis_name, axis_size, algorithm, w_kmajor, has_bias
 
 
 def gather_rule(ctx, x, *, axis_name, axis_size):
-  """The runtime's all-gather on the symmetric workspace (tests): its custom call's result, or None where XLA's
-  all_gather takes the call."""
+  """The runtime's all-gather on the symmetric workspace (tests), or None where XLA's all_gather takes the call."""
+
   x_aval = ctx.avals_in[0]
   try:
     native_ready(ctx)

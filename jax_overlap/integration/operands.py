@@ -1,15 +1,6 @@
-"""The primitives' operands by name, and the forms the GPU targets take them in.
+"""The primitives' operands by name, and the forms the GPU targets take them in: empty [0] where absent, a float8
+call's scales flat in the vendor GEMM's layout and its w K-major (Hopper's fp8 GEMM takes K-major only)."""
 
-A GEMM op's primitive takes x, w, [bias], [x_scale, w_scale] (operands();
-Operands names them, so no rule finds an operand by its position). The
-pipelined targets take (x, w, bias, x_scale, w_scale) (csrc/ffi/pipelined.cc):
-an empty bias [0] for none, empty scales f32[0] for a 16-bit call, a float8
-call's scales flat in the layout the vendor GEMM reads (its Scaling's
-gemm_forms: tensor scales f32[1], block scales as csrc/core/block_scales.h lays
-them out), and a float8 w K-major (Hopper's fp8 GEMM takes K-major operands
-only: a [k, n] w is transposed, one pass over w). Where the vendor's float8
-epilogue cannot add the bias, XLA adds it after the call (bias_by_xla).
-"""
 
 from __future__ import annotations
 
@@ -25,12 +16,11 @@ from jax_overlap.quantization.scaling import Scales
 
 
 def operands(x, w, bias, scales) -> tuple:
-  """The primitive's operands: x, w, [bias], [x_scale, w_scale] (scales: Scales or None)."""
   return (x, w, *(() if bias is None else (bias,)), *(() if scales is None else scales.arrays()))
 
 
 class Operands(NamedTuple):
-  """The primitive's operands by name (values, avals or shapes alike); bias and scales None where absent."""
+  """The primitive's operands by name (values, avals or shapes); bias and scales None where absent."""
 
   x: object
   w: object
@@ -50,18 +40,17 @@ class Operands(NamedTuple):
 
 
 def split_operands(args, has_bias: bool, scaling) -> tuple:
-  """(x, w, bias or None, Scales or None) from the primitive's operands."""
+
   o = Operands.of(args, has_bias, scaling)
   return o.x, o.w, o.bias, o.scales(scaling)
 
 
 @dataclasses.dataclass(frozen=True)
 class GemmCall:
-  """One call's operands (IR values) and their types at lowering."""
 
   values: Operands  # IR values
-  avals: Operands  # their types
-  scaling: object  # the Scaling of a float8 call, else None
+  avals: Operands
+  scaling: object  # None for a 16-bit call
   out_dtype: np.dtype
   w_kmajor: bool  # as given: a float8 w given [k, n] is transposed for the vendor GEMM
 
@@ -77,12 +66,10 @@ def gemm_call(ctx, args, *, has_bias: bool, scaling, out_dtype, w_kmajor: bool) 
 
 
 def lowered(ctx, fn, args, avals_in, aval_out):
-  """fn(*args) lowered in place: one value of aval_out."""
   return mlir.lower_fun(fn, multiple_results=False)(ctx.replace(avals_in=avals_in, avals_out=[aval_out]), *args)[0]
 
 
 def _k_major_w(ctx, call: GemmCall) -> tuple:
-  """(w, its aval) as the call passes it: a float8 w given [k, n] transposed to [n, k], else as given."""
   w, w_aval = call.values.w, call.avals.w
   if not call.scaled or call.w_kmajor:
     return w, w_aval
@@ -91,8 +78,7 @@ def _k_major_w(ctx, call: GemmCall) -> tuple:
 
 
 def _scale_operands(ctx, call: GemmCall, x_groups: int) -> tuple:
-  """(values, avals) of x_scale and w_scale: flat in the vendor GEMMs' layout for a float8 call, x's rows in
-  `x_groups` groups (a GEMM's rows each); f32[0] each for a 16-bit one."""
+  """x_scale and w_scale flat in the vendor GEMMs' layout (x's rows in `x_groups` GEMMs), f32[0] when 16-bit."""
   if not call.scaled:
     empty = np.zeros((0,), np.float32)
     return [mlir.ir_constant(empty)] * 2, [jax.core.ShapedArray((0,), np.float32)] * 2
@@ -105,12 +91,9 @@ def _scale_operands(ctx, call: GemmCall, x_groups: int) -> tuple:
 
 
 def bias_by_xla(call: GemmCall, reduces_with_peers: bool) -> bool:
-  """Whether the bias of a float8 call is added by XLA after the custom call rather than by it: the vendor's
-  float8 GEMM epilogue takes a bias in a 16-bit output's dtype only (csrc/blas/cublaslt_api.h), so a float32
-  bias (or a float32 output) goes that way when a GEMM adds it: then the custom call writes y in float32
-  without it, and XLA adds the bias in float32 and rounds once, as the epilogue would (one more pass over y).
-  A reduction with peers adds its bias itself, in float32 from either dtype. Some scalings have no
-  bias epilogue at all (Scaling.bias_epilogue)."""
+  """Whether XLA adds a float8 call's bias after the custom call: the vendor's float8 epilogue takes a bias in a
+  16-bit output's dtype only, so otherwise the call writes y in float32 and XLA adds the bias and rounds once, as
+  the epilogue would. A reduction with peers adds its bias itself."""
   if not call.scaled or call.values.bias is None or reduces_with_peers:
     return False
   return (not call.scaling.bias_epilogue or call.avals.bias.dtype != call.out_dtype
@@ -118,8 +101,7 @@ def bias_by_xla(call: GemmCall, reduces_with_peers: bool) -> bool:
 
 
 def gemm_operands(ctx, call: GemmCall, bias_after: bool, x_groups: int) -> tuple:
-  """(values, avals) of (x, w, bias, x_scale, w_scale) for a pipelined target; the bias empty where XLA adds it
-  after the call (bias_after); x_groups: the groups of x's rows, one GEMM's each."""
+  """(values, avals) of (x, w, bias, x_scale, w_scale) for a pipelined target; the bias empty with bias_after."""
   w, w_aval = _k_major_w(ctx, call)
   if call.values.bias is None or bias_after:
     empty = np.zeros((0,), call.out_dtype if call.scaled else call.avals.x.dtype)
@@ -131,7 +113,6 @@ def gemm_operands(ctx, call: GemmCall, bias_after: bool, x_groups: int) -> tuple
 
 
 def fused_operands(call: GemmCall) -> tuple:
-  """(values, avals) of (x, w, bias) for a fused target (16-bit): the bias empty [0] for none."""
   x_aval = call.avals.x
   bias, bias_aval = call.values.bias, call.avals.bias
   if bias is None:
@@ -140,8 +121,7 @@ def fused_operands(call: GemmCall) -> tuple:
 
 
 def finished(ctx, call: GemmCall, y, y_aval, bias_after: bool):
-  """y of the custom call as the op returns it: with bias_after (bias_by_xla), the call's float32 y + the bias
-  in float32, rounded once to the output dtype."""
+  """y as the op returns it: with bias_after, the call's float32 y + the bias, rounded once to the output dtype."""
   if not bias_after:
     return y
   return lowered(ctx, lambda y, b: (y + b.astype(np.float32)).astype(call.out_dtype), [y, call.values.bias],
@@ -149,17 +129,15 @@ def finished(ctx, call: GemmCall, y, y_aval, bias_after: bool):
 
 
 def own_gathered_scales(ctx, call: GemmCall, aval_out):
-  """A group of one's Kind.GATHERED_SCALES: x's own scale as the op returns it (Scaling.of_whole_x)."""
   return lowered(ctx, call.scaling.of_whole_x, [call.values.x_scale], [call.avals.x_scale], aval_out)
 
 
 def gathered_scales(ctx, call: GemmCall, flat, world: int, aval_out):
-  """Kind.GATHERED_SCALES as the op returns it, from the flat form its custom call returns (each
-  shard's scales as its GEMM read them)."""
+
   return lowered(ctx, lambda s: call.scaling.gathered_from_gemm(s, world, aval_out.shape), [flat],
                  [flat_scales_aval(aval_out)], aval_out)
 
 
 def flat_scales_aval(aval):
-  """The type of Kind.GATHERED_SCALES as the custom call returns them: flat."""
+
   return jax.core.ShapedArray((math.prod(aval.shape),), np.float32)

@@ -1,17 +1,7 @@
-"""Global-array mode (axis_name=None under jit): custom partitioning with Shardy rules, for any op (ops/op.py).
+"""Global-array mode (axis_name=None under jit): custom partitioning with Shardy rules. The op's sharding plan
+decides from the operands' shardings and the output layout asked for: the op on shards where it gathers or reduces,
+else a local product."""
 
-The op's plan (op.sharding.plan) decides from the operands' shardings; the
-partitioned body is the op on shards (its `partitioned`) when the plan gathers
-or reduces, and a local product otherwise, so the answer is right either way.
-The op's rule gives Shardy the factors; an op whose plan reads the
-requested output layout (matmul_rs's scatter dim) gets the `request` argument,
-or what propagation settled on (a constraint or jit's out_shardings downstream).
-Float8 scales are laid out as their Scaling says (partition_specs): tensor
-scales replicated, block scales as their operands are (the plan is made even
-for them too: a dim of blocks is a 128th of its operand's). The partitioned
-results are the plan's (global_results(..., None)); gathered scales are x_scale
-itself, added after the partitioning.
-"""
 
 from __future__ import annotations
 
@@ -39,17 +29,8 @@ def _named(mesh, *specs):
 
 
 def _body(fn):
-  """A partitioned body, traced with the mesh's Explicit axes Auto.
-
-  JAX traces and lowers the body under the caller's mesh (jax.set_mesh, where
-  the program is compiled); with Explicit axes every op in it would be typed
-  with that mesh, a sharding annotation on each, which XLA's CPU backend cannot
-  run where the partitioner leaves them ("Unsupported reduction computation" in
-  a collective's reducer). The body is per-shard code: it has no global types.
-  JAX lowers a collective's reducer later, when it lowers the body, so the body
-  holds no reducer of JAX's: its reductions are all-to-alls and local sums
-  (ops/reference.py), and the primitives' lowerings set the axes Auto themselves.
-  """
+  """A partitioned body (per-shard code), traced with the axes Auto: Explicit types would annotate its collectives'
+  reducers with shardings XLA's CPU backend cannot run ("Unsupported reduction computation")."""
   @functools.wraps(fn)
   def traced(*args):
     with _sharding.auto_axes():
@@ -60,9 +41,7 @@ def _body(fn):
 @functools.cache
 def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_kmajor: bool, algorithm: str,
                        axis, request, out_dtype: str):
-  """The custom_partitioning of `op` for operands of these ranks (and with a Scaling, the two scales after them).
-  `axis`: the op's gather / scatter dim argument; `request`: the output spec asked for (aligned to the end: vmap
-  adds leading dims), or None."""
+  """The custom_partitioning of `op`; `request` (the output spec asked for) aligns to the end: vmap adds dims."""
   out_ndim = op.sharding.result_ndim(ndim, w_ndim)
   multiple = op.results.multiple
   if request is not None:
@@ -91,8 +70,7 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_km
     return named if multiple else named[0]
 
   def asked(mesh, result_shape):
-    # Auto meshes: the output sharding propagation settled on (a downstream
-    # constraint's); Explicit meshes: the type traced() gave, which asks for itself.
+    # Auto meshes: what propagation settled on downstream; Explicit meshes: the type traced() gave.
     if request is not None:
       return request
     first = result_shape[0] if multiple else result_shape
@@ -116,9 +94,8 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_km
     return mesh, _body(body), result_shardings(mesh, p), arg_sh
 
   rule, reductions = op.sharding.rule(ndim, w_ndim, has_bias, scaling, w_kmajor, axis)
-  # decode_shardings=False: JAX's decoding of the operands' shardings into NamedShardings raises on a sub-axis
-  # (IndivisibleError, KeyError) before partition runs; _spec decodes the ones the plan reads (x's, w's, the
-  # result's), and the scales' and the bias's are never read: they are laid out as the plan says.
+  # decode_shardings=False: JAX's decoding raises on a sub-axis before partition runs; _spec decodes the shardings
+  # the plan reads, and the scales' and bias's are laid out as the plan says.
   fn.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                    reduction_factors=reductions, decode_shardings=False)
   return fn
@@ -132,8 +109,7 @@ def _nothing_to_overlap(name: str, why: str) -> None:
 
 
 def _plan(op, mesh, avals, has_bias: bool, scaling, w_kmajor: bool, axis, asked):
-  """The op's sharding plan for operands of these types; made even for the shapes the scales need
-  (Scaling.plan_shapes), which makes it even for the operands too."""
+  """The op's sharding plan, made even for the shapes the scales need (which makes it even for the operands)."""
   o = Operands.of(avals, has_bias, scaling)
   x_shape, w_shape = o.x.shape, o.w.shape
   if scaling is not None:
@@ -143,9 +119,7 @@ def _plan(op, mesh, avals, has_bias: bool, scaling, w_kmajor: bool, axis, asked)
 
 
 def _spec(mesh, aval, ndim: int, what: str) -> list:
-  """The spec (_sharding.spec_of form) of an operand or result of a custom partitioning; one that no PartitionSpec
-  of the mesh names (a sub-axis: propagation through a reshape upstream, such as the block views of an operand
-  that quantizing it makes) reads as unsharded, and the plan's layouts then reshard it."""
+  """The spec of an operand or result; a sub-axis (from an upstream reshape) reads as unsharded: the plan reshards."""
   spec = _sharding.spec_on(mesh, aval.sharding, ndim)
   if spec is None:
     log.debug("jax_overlap: %s's sharding %s has no PartitionSpec on the mesh %s: planned as unsharded", what,
@@ -154,17 +128,13 @@ def _spec(mesh, aval, ndim: int, what: str) -> list:
   return spec
 
 
-# vmap: custom_partitioning has no batching rule, so each global op is a
-# custom_vmap whose rule folds a batched x into the leading dims (the ops take
-# any; gather and scatter dims count from the end) and calls the op itself again,
-# so that an enclosing vmap reaches this rule too; batched weights or bias go to
-# the reference product.
+# custom_partitioning has no batching rule: a custom_vmap folds a batched x into the leading dims and calls the op
+# again (so an enclosing vmap reaches this rule too); batched weights or bias go to the reference product.
 
 def _vmap_rule(op, fn, has_bias: bool, scaling, w_kmajor: bool, axis, request, out_dtype: str):
   def rule(axis_size, in_batched, *args):
     def batched(i, a):
       return a if in_batched[i] else jnp.broadcast_to(a, (axis_size, *a.shape))
-    # x's own leading dims: x batched (and scales that follow x batched alike), the weights not.
     along_x = primitives.along_x(has_bias, scaling)
     if any(in_batched[i] for i in along_x) and not any(b for i, b in enumerate(in_batched) if i not in along_x):
       out = fn(*(batched(i, a) if i in along_x else a for i, a in enumerate(args)))
@@ -180,9 +150,8 @@ def _vmap_rule(op, fn, has_bias: bool, scaling, w_kmajor: bool, axis, request, o
       mesh = _sharding.explicit_mesh(jax.typeof(args[0]))
       if mesh is None:
         return reference(*args)
-      # Explicit axes: the operands are laid out for the op (ag_matmul: x's rows and w's columns on one axis), where
-      # the reference's plain dot has no legal result type. It runs with the axes Auto, and its results take the
-      # layouts of the op's own (its plan's), as the call of an unbatched element would give them.
+      # Explicit axes: operands laid out for the op (ag_matmul: x's rows and w's columns on one axis) give the
+      # reference's plain dot no legal result type, so it runs Auto and its results take the plan's layouts.
       out_ndim = op.sharding.result_ndim(jax.typeof(args[0]).ndim, jax.typeof(args[1]).ndim)
       asked = None if request is None else (None,) * (out_ndim - len(request)) + tuple(request)
       specs = _plan(op, mesh, [jax.typeof(a) for a in args], has_bias, scaling, w_kmajor, axis, asked).results
@@ -205,14 +174,12 @@ def _vmappable(op, has_bias: bool, scaling, w_kmajor: bool, algorithm: str, axis
   return fn
 
 
-# Differentiating a call's custom VJP again (jax.hessian, grad of grad) differentiates custom_partitioning,
-# which has no rule in JAX.
+# A second derivative differentiates custom_partitioning, which has no rule in JAX.
 _NO_DERIVATIVE = "Differentiation rule for 'custom_partitioning' not implemented"
 
 
 def call(op, x, w, bias, scales, *, algorithm: str, w_kmajor: bool, axis, out_dtype: str, request=None):
-  """The op's results on global arrays, partitioned from their shardings (`axis`: the op's gather / scatter dim
-  argument, None for the plan's; `request`: the asked output spec, a tuple per dim, or None)."""
+  """The op's results on global arrays, partitioned from their shardings (`axis` None: the plan's)."""
   fn = _vmappable(op, bias is not None, None if scales is None else scales.scaling, w_kmajor, algorithm, axis,
                   request, out_dtype)
   try:
@@ -226,13 +193,10 @@ def call(op, x, w, bias, scales, *, algorithm: str, w_kmajor: bool, axis, out_dt
   return op.sharding.global_results(outs, scales)
 
 
-# --- jax.export -----------------------------------------------------------------
-# A custom partitioning over several devices is a Python callback at compile
-# time, which jax.export cannot serialize ("serialization of host_callbacks is
-# not yet implemented", raised after lowering, with no jax_overlap frame on the
-# stack). Every global call's results pass through this identity, whose lowering
-# says so in jax_overlap's words when the lowering is for export over several
-# devices (one device inlines the partitioning and exports).
+# jax.export cannot serialize a multi-device custom partitioning (a compile-time Python callback), and JAX says so
+# with no jax_overlap frame: every global call's results pass through this identity, whose lowering says why.
+
+
 
 export_guard_p = jex_core.Primitive("jax_overlap_export_guard")
 

@@ -1,32 +1,8 @@
-"""How a GEMM op's primitive is defined to JAX: impl, batching, differentiation's refusal and lowering per platform.
+"""The rules every GEMM op's primitive shares (impl, batching, jvp refusal, lowering per platform). Params beyond
+the obvious: axis_name (None for the local product), w_kmajor (w stored with the contraction last), scaling (None
+for 16-bit operands), out_specs (a global-array call's Explicit-mesh output types). Every rule runs on operand types
+without Explicit shardings (_sharding.py says why)."""
 
-Each op (ops/op.py) holds its primitive and what is its own: the abstract
-eval, the reference decomposition, the matrix view of its weights. register(op)
-adds the rules every GEMM op shares:
-  impl       JAX's own dispatch
-  batching   a batched x alone folds into x's leading dims (the ops take any);
-             batched weights or bias mean a different matrix per element: the
-             reference decomposition, vmapped
-  jvp        an error that says what to use (see "differentiation" below)
-  lowering   on "cuda"/"rocm" lowering.py picks the algorithm (pipelined,
-             fused, or the reference decomposition) and emits its custom call,
-             weights of other ranks than 2 reshaped to a matrix first; on every
-             other platform, the reference decomposition
-Operands of every GEMM op: x, w, [bias], [x_scale, w_scale] (Operands names
-them; the scales of float8 x and w, as their Scaling lays them out). Params:
-axis_name (tuple of mesh axes, or None for the local product), axis_size (the
-group size), algorithm, w_kmajor (w stored with the contraction last),
-has_bias, scaling (the Scaling of float8 operands' scales, None for 16-bit
-ones), out_dtype (the result's dtype name: x's for 16-bit operands) and
-out_specs (the Explicit-mesh output types of a global-array call, else None).
-Every rule runs on operand types without Explicit shardings (_sharding.py says
-why).
-
-A float8 format the GPU cannot run (quantization/formats.py) takes the XLA
-path under "auto" and is an error for an explicit GPU algorithm (api.py says
-so at trace time, naming the device; the lowering again, for a device it had
-not seen).
-"""
 
 from __future__ import annotations
 
@@ -47,16 +23,11 @@ from jax_overlap.quantization import formats
 log = logging.getLogger("jax_overlap")
 
 
-# --- abstract evaluation ----------------------------------------------------
-# Outputs take x's type (and with it the manual-axis varying set) with a new
-# shape. Global arrays on a mesh with Explicit axes carry their sharding in the
-# type: `out_specs` (one PartitionSpec per result, from the op's sharding plan
-# via partitioning.py) types the outputs the way the custom partitioning lays
-# them out, so XLA adds no reshard after it. Elsewhere every output dim is unsharded.
+# Outputs take x's type (so its manual-axis varying set). On an Explicit mesh `out_specs` types them the way the
+# custom partitioning lays them out, so XLA adds no reshard after it.
 
 def result_aval(x, shape, spec, dtype=None):
-  """An aval of x's type with `shape` (and `dtype`, else x's), sharded by `spec` on an Explicit mesh, else
-  unsharded."""
+  """x's aval with `shape` and `dtype` (default x's), sharded by `spec` on an Explicit mesh, else unsharded."""
   dtype = x.dtype if dtype is None else np.dtype(dtype)
   x_sharding = getattr(x, "sharding", None)
   if x_sharding is None:
@@ -67,12 +38,9 @@ def result_aval(x, shape, spec, dtype=None):
 
 
 def result_specs(out_specs, count: int) -> tuple:
-  """One spec per result: out_specs' (a global call's partitioned results), None (unsharded) for the rest."""
   out_specs = tuple(out_specs or ())
   return out_specs + (None,) * (count - len(out_specs))
 
-
-# --- batching ---------------------------------------------------------------
 
 def along_x(has_bias: bool, scaling) -> tuple:
   """The operand indices that a batch can fold into x's leading dims: x, and x_scale where it follows x."""
@@ -80,7 +48,8 @@ def along_x(has_bias: bool, scaling) -> tuple:
 
 
 def _batch_rule(op, args, dims, **params):
-  # x's own leading dims take the batch: x batched (and scales that follow x batched alike), the weights not.
+  # A batch of x alone folds into x's leading dims; batched weights or bias are a different matrix per element,
+  # which only the reference decomposition, vmapped, computes.
   along = along_x(params["has_bias"], params["scaling"])
   if any(dims[i] is not None for i in along) and all(d is None for i, d in enumerate(dims) if i not in along):
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
@@ -101,14 +70,10 @@ def _reference_call(op, *args, axis_name, axis_size, algorithm, w_kmajor, has_bi
   return op.xla.reference(x, w, bias, scales, axis_name=axis_name, w_kmajor=w_kmajor, out_dtype=out_dtype)
 
 
-# --- differentiation ---------------------------------------------------------
-# The custom VJPs (api.py) differentiate the ops once, in reverse mode, without
-# differentiating these primitives. A rule is asked for only when something
-# differentiates that VJP's own forward or backward pass (jax.hessian, grad of
-# grad), which the fused algorithms do not support: it says so, and what does.
+# The custom VJPs (api.py) never differentiate these primitives: a jvp is asked for only by a second derivative,
+# which the fused algorithms do not support.
 
 def unsupported(op_name: str, what: str, algorithm: str) -> str:
-  """The message for a transformation a call with `algorithm` cannot take."""
   return (f"jax_overlap.{op_name}: {what} is not supported with algorithm={algorithm!r}, whose custom VJP serves "
           f"first-order reverse mode (jax.grad, jax.vjp, jax.linearize); pass algorithm='xla' (the XLA path as "
           f"plain JAX ops, which every JAX transformation takes)")
@@ -120,10 +85,7 @@ def _no_jvp(op_name, primals, tangents, *, algorithm, **params):
                                         algorithm))
 
 
-# --- lowering ---------------------------------------------------------------
-
 def untyped_lowering(rule):
-  """rule, run on operand and result types without Explicit shardings (_sharding.py)."""
   def lower(ctx, *args, **params):
     ctx = ctx.replace(avals_in=[_sharding.untyped(a) for a in ctx.avals_in],
                       avals_out=[_sharding.untyped(a) for a in ctx.avals_out])
@@ -147,11 +109,11 @@ def _default_lowering(ctx, *args, op, **params):
 
 
 def _gpu_lowering(ctx, *args, op, out_specs, **params):
-  """The GPU lowering, which takes w as a matrix: other weights are reshaped around it (row-major views, free)."""
+  """The GPU lowering takes w as a matrix: other ranks are reshaped around it (row-major views, free)."""
   del out_specs  # types only the global-array trace, never a lowered (local) call
   dtype_name = formats.name(ctx.avals_in[0].dtype)
   if params["algorithm"] == "auto" and not formats.gpu_capable(dtype_name):
-    # Such dtypes serve checks on the XLA path; the GPU algorithms' planning has no figures for them.
+    # The GPU algorithms' planning has no figures for such dtypes.
     log.debug("jax_overlap.%s: XLA path (%s; the GPU algorithms take %s)", op.name, dtype_name,
               ", ".join(formats.dtypes_for("pipelined")))
     return lower_reference(ctx, *args, op=op, **params)
@@ -169,11 +131,7 @@ def _gpu_lowering(ctx, *args, op, out_specs, **params):
                         multiple_results=op.results.multiple)(ctx, *args)
 
 
-# --- registration ---------------------------------------------------------------
-
 def register_rules(prim, abstract_eval, batch_rule, default_lowering, gpu_lowering) -> None:
-  """Registers a primitive's eager implementation (JAX's dispatch), abstract evaluation, batching rule and
-  lowerings: `gpu_lowering` on "cuda" and "rocm", `default_lowering` elsewhere."""
   prim.def_impl(_compat.apply_primitive(prim))
   prim.def_abstract_eval(abstract_eval)
   batching.primitive_batchers[prim] = batch_rule
@@ -183,7 +141,8 @@ def register_rules(prim, abstract_eval, batch_rule, default_lowering, gpu_loweri
 
 
 def register(op) -> None:
-  """Registers the rules above for the primitive of `op`, a GEMM Op (ops/op.py)."""
+
+
   register_rules(op.rules.primitive, op.rules.abstract_eval, functools.partial(_batch_rule, op),
                  untyped_lowering(functools.partial(_default_lowering, op=op)),
                  untyped_lowering(functools.partial(_gpu_lowering, op=op)))

@@ -1,5 +1,5 @@
-"""What a GEMM op's results are, by kind: how the lowerings and rules below ops/ produce each one without knowing
-which op they serve (an op declares its Results: ops/op.py)."""
+"""A GEMM op's results by kind, so that nothing below ops/ knows which op it serves (an op declares its Results)."""
+
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import enum
 class Kind(enum.Enum):
   PRODUCT = "product"  # the GEMM's result, bias added, in the output dtype: what every custom call computes
   GATHERED = "gathered"  # x with its shards gathered; a group of one's is x itself
-  # Float8 calls only: each shard's x scale, as it travelled with its shard; a group of one's is x's own
-  # (Scaling.of_whole_x). Batched with x where the scales follow x's rows (block scales), else per shard.
+  # Float8 calls only: each shard's x scale as it travelled with its shard. Batched with x where the scales follow
+  # x's rows (block scales), else per shard.
   GATHERED_SCALES = "gathered_scales"
 
 
@@ -37,7 +37,6 @@ class Results:
 
   @property
   def multiple(self) -> bool:
-    """Whether the primitive returns a tuple (its multiple_results)."""
     return len(self.kinds) > 1
 
   @property
@@ -45,7 +44,6 @@ class Results:
     return Kind.GATHERED in self.kinds
 
   def of_call(self, scaled: bool) -> tuple:
-    """The kinds a call returns: Kind.GATHERED_SCALES with float8 operands only."""
     return self.kinds if scaled else tuple(k for k in self.kinds if k is not Kind.GATHERED_SCALES)
 
   def batch_dims(self, scaling) -> tuple:
@@ -54,7 +52,6 @@ class Results:
     return tuple(None if k is Kind.GATHERED_SCALES and not follows else 0 for k in self.of_call(scaling is not None))
 
   def of_one(self, product, x, own_scales, scaled: bool) -> list:
-    """The results of a group of one, whose custom call computes the product alone: x is its own gathered x, and
-    own_scales(i) gives result i, x's own scale."""
+    """The results of a group of one, whose custom call computes the product alone; own_scales(i) gives result i."""
     mine = {Kind.PRODUCT: lambda i: product, Kind.GATHERED: lambda i: x, Kind.GATHERED_SCALES: own_scales}
     return [mine[k](i) for i, k in enumerate(self.of_call(scaled))]

@@ -1,25 +1,6 @@
-"""The decision a call takes, set up and agreed: planning.decide() with the workspace it needs, and with several
-processes the same decision on every process.
-
-choose() is what the lowering asks (integration/lowering.py). A call of a
-group of two or more that takes the fused or pipelined path sets up the
-symmetric workspace (workspace.initialize) and a region of it; "auto" falls
-back to XLA on any shortfall (Declined: workspace full, peers not reachable,
-vendor BLAS missing, out of memory in the set-up or a measurement, no answer
-from another process in time). A choice made before the workspace existed (on
-a guessed link) is judged again once it does.
-
-With several processes, a call of a group of two or more leads to collective
-steps (the workspace's set-up, its region), so every process decides alike: the
-cost models run on process 0's figures (figures.py), groups that span hosts are
-found from one host map, and each process's proposal (the algorithm, its plan
-and region, or why it cannot) is gathered from all: the call takes a path only
-when every process proposes the same one, the XLA path otherwise, on every
-process (an explicit algorithm then raises everywhere, naming the process and
-its reason). Before the workspace exists a first round agrees on setting it up.
-Each (call, algorithm, settings) is decided once per process and runtime
-generation: lowering it again, on any process, asks nobody.
-"""
+"""planning.decide() with the workspace it needs, and with several processes agreed: the set-up and the region are
+collective steps, so a call takes a path only when every process proposes the same one (algorithm, plan, region),
+else the XLA path everywhere. A choice made on a guessed link is judged again once the link is measured."""
 
 from __future__ import annotations
 
@@ -37,8 +18,6 @@ from jax_overlap.runtime.errors import SetupError, WorkspaceFullError
 # memory, no answer from another process in time). Once a choice is made (and agreed), emitting it never falls back.
 DECLINED = (Declined, WorkspaceFullError, SetupError)
 
-
-# --- one process -------------------------------------------------------------------
 
 def _set_up() -> None:
   """Sets the workspace up (collective; a failure is every process's)."""
@@ -59,8 +38,7 @@ def _reachable(problem: Problem) -> None:
 
 
 def _placed(choice: Choice) -> Choice:
-  """The choice with its region's offset, not yet recorded: every process must agree on it first (the agreement
-  runs one decision at a time, under _deciding, so no other thread of this process places in between)."""
+  """The choice with its region's offset, not yet recorded: every process must agree on it first."""
   return choice if choice.region is None else dataclasses.replace(choice, offset=workspace.placement(*choice.region))
 
 
@@ -68,7 +46,7 @@ def choose(problem: Problem, op, algorithm: str) -> Choice:
   """The algorithm, plan and placed region that take the call, or Declined saying why none does."""
   if problem.world > 1 and jax.process_count() > 1:
     return _agreed_choice(problem, op, algorithm)
-  measured = workspace.is_active()  # the figures at hand: the link measured, or guessed before any set-up
+  measured = workspace.is_active()  # else the link is guessed until the set-up measures it
   choice = decide(problem, op, algorithm)
   if problem.world > 1:
     _set_up()
@@ -78,10 +56,9 @@ def choose(problem: Problem, op, algorithm: str) -> Choice:
   return choice if choice.region is None else dataclasses.replace(choice, offset=workspace.claim(*choice.region))
 
 
-# --- one decision for every process ------------------------------------------------
-# (call, algorithm, plan settings, runtime generation) -> (Choice, None) or (None, why not), decided with every
-# process once; a later lowering of the same call, by any process, reuses it.
+# (call, algorithm, plan settings, runtime generation) -> (Choice, None) or (None, why not)
 _decisions: dict = {}
+
 # One decision at a time in a process: each is a collective step, which one process must not enter twice.
 _deciding = threading.Lock()
 
@@ -98,7 +75,7 @@ def _agreed_choice(problem: Problem, op, algorithm: str) -> Choice:
 
 
 def _agree(problem: Problem, op, algorithm: str, name: str) -> tuple:
-  """The choice every process proposes for the call, or why there is none (the same on every process)."""
+
   if not workspace.is_active() and workspace.setup_failed() is None:
     # The set-up is collective: first agree that every process wants it for this call.
     wanted, why = _decided(f"{name}/setup", _proposal(algorithm, lambda: _setup_proposal(problem, op, algorithm)))
@@ -153,7 +130,8 @@ def _proposal(algorithm: str, propose) -> dict:
 
 
 def _decided(name: str, proposal: dict) -> tuple:
-  """(the choice every process proposed, None), or (None, why not): the same on every process."""
+  """(the choice every process proposed, None), or (None, why not)."""
+
   try:
     proposals = processes.gather(name, proposal)
   except SetupError as e:

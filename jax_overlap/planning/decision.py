@@ -1,11 +1,7 @@
-"""decide(): an explicit algorithm's plan, or for "auto" the candidate the cost models predict fastest, taken only
-when it beats the XLA path by AUTO_MARGIN.
+"""decide(): an explicit algorithm's plan, or for "auto" the fastest predicted if it beats XLA by AUTO_MARGIN.
+The figures are a collective step (process 0 measures), so a planner takes them after the eligibility and before
+anything one process alone can refuse (vendor BLAS, tiles): every process reaches the same steps."""
 
-Each candidate is planned once from the figures at hand. With several processes the figures are a collective step
-(process 0 measures): a planner takes them after the eligibility, which is the same on every process, and before
-anything that one process alone can refuse (the vendor BLAS, the tiles its GPU can hold), so that every process
-reaches the same steps.
-"""
 
 from __future__ import annotations
 
@@ -32,13 +28,12 @@ FUSED_ENGINE_RATIO = 0.63
 
 
 def faster(est_us: float, est_xla_us: float) -> bool:
-  """Whether `auto` should take a path the model predicts at est_us over XLA's est_xla_us."""
   return math.isfinite(est_us) and est_us < AUTO_MARGIN * est_xla_us
 
 
 def _vendor_blas() -> None:
-  """Loads the vendor BLAS on every local GPU now, at lowering: never during a command buffer's capture; and
-  checks, once per GPU, that its GEMM replays right from a captured graph (csrc/blas/capture_check.h)."""
+  """Loads the vendor BLAS on every local GPU now, never during a command buffer's capture, and checks once per
+  GPU that its GEMM replays right from a captured graph."""
   try:
     for ordinal in workspace.local_ordinals():
       check = backend.current().native.prepare_vendor_blas(ordinal)
@@ -68,8 +63,7 @@ def _plan_pipelined(problem: Problem, op, auto: bool) -> Choice:
   why = eligible(problem, op, "pipelined")
   if why:
     raise Declined(why)
-  # The GEMMs' algorithms are agreed (a collective step) before the vendor BLAS is prepared here (a step this
-  # process alone can fail), then installed on this process's GPUs.
+  # The GEMMs' algorithms are agreed (collective) before the vendor BLAS is prepared (which one process can fail).
   if problem.world == 1:
     chosen = tuning.choose(problem, op, (1,))
     _vendor_blas()
@@ -84,14 +78,13 @@ def _plan_pipelined(problem: Problem, op, auto: bool) -> Choice:
            problem.scaled and problem.scaling.blocks)
   nbytes = backend.current().native.pipelined_region_bytes(
       op.name, problem.world, problem.batch, problem.m, problem.k, problem.n, *sizes)
-  # Calls of one key share a region: its bytes follow the element sizes (and a float8 shard's scale header) as
-  # they do the shape.
+  # Calls of one key share a region, so the key holds all that its bytes follow.
   key = (f"{op.name}/pipelined", problem.groups, (problem.batch, problem.m, problem.k, problem.n, *sizes))
   return Choice("pipelined", plan, (key, nbytes))
 
 
 def _plan_fused(problem: Problem, op, auto: bool) -> Choice:
-  """auto: the model fed with this machine's figures (vendor GEMM rate, peer link) as the pipelined one is."""
+  """auto: the model is fed this machine's measured figures (vendor GEMM rate, peer link)."""
   why = eligible(problem, op, "fused")
   if why:
     raise Declined(why)
@@ -132,13 +125,9 @@ _PLANNERS = {"pipelined": _plan_pipelined, "fused": _plan_fused, "all_gather": _
 
 
 def decide(problem: Problem, op, requested: str, *, again: str | None = None) -> Choice:
-  """The algorithm and plan that take the call, or Declined saying why none does.
+  """The plan that takes the call, or Declined saying why. again: auto's choice made on a guessed link, judged
+  again now that it is measured."""
 
-  requested: an algorithm (its plan, whatever the models predict), or "auto":
-  the fastest of op.planning.algorithms the models predict AUTO_MARGIN faster than the
-  XLA path. again: auto's choice made before the workspace existed, judged once
-  more now that it does (the link measured, the ranks sharing a GPU known).
-  """
   if requested != "auto":
     return _PLANNERS[requested](problem, op, auto=False)
   if problem.world == 1:
@@ -147,8 +136,8 @@ def decide(problem: Problem, op, requested: str, *, again: str | None = None) ->
     # A float8 group of one is the vendor's fp8 GEMM, faster than XLA's fp8 forms (docs/performance.md).
     return _plan_pipelined(problem, op, auto=True)
   if problem.scaled and not problem.scaling.xla_gemm:
-    # No fp8 GEMM of XLA's takes these scales (block scales): its form is a float32 dot, which the model's XLA path
-    # (the vendor's fp8 rate) would flatter.
+    # XLA's form for block scales is a float32 dot, which the model's XLA path (the vendor's fp8 rate) would flatter.
+
     return _plan_pipelined(problem, op, auto=True)
   if again is not None:
     choice = _PLANNERS[again](problem, op, auto=True)

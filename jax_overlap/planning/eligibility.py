@@ -7,8 +7,8 @@ from jax_overlap.planning.problem import Problem
 from jax_overlap.quantization import formats
 from jax_overlap.runtime import workspace
 
-# The size of the kernels' per-rank pointer table (kMaxWorld in csrc/kernels/params.h; a native test checks they
-# agree).
+# The kernels' per-rank pointer table (kMaxWorld in csrc/kernels/params.h; a native test checks they agree).
+
 MAX_WORLD = 8
 
 
@@ -40,9 +40,8 @@ def eligible(problem: Problem, op, algorithm: str) -> str | None:
 
 
 def fp8_declined(*operand_dtypes) -> str | None:
-  """Why this process's GPUs cannot run these float8 operands (the dtype and the device, in words), or None:
-  they can, or no operand is float8, or no GPU is known here. The formats each GPU runs are its float8 family's
-  (formats.fp8_family_of; the native module's vendor GEMM agrees: tests/test_formats.py)."""
+  """Why this process's GPUs cannot run these float8 operands (the dtype and the device), or None (also where no
+  operand is float8 or no GPU is known here)."""
   families = {formats.fp8_family(d): formats.name(d) for d in operand_dtypes if formats.is_fp8(d)}
   if not families:
     return None

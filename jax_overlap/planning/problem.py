@@ -1,5 +1,5 @@
-"""What the planner is asked and what it answers: a call as the planner sees it (Problem), the algorithm and plan
-that take it (Choice), or why none does (Declined)."""
+"""What the planner is asked (Problem) and what it answers (Choice, or Declined)."""
+
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ class Declined(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-  """One call as the planner sees it. `m` is x's rows per batch element (ag_matmul: a shard's). A float8 call
-  names its scales' Scaling, its w's dtype and its output's; a 16-bit call's are x's."""
+  """One call as the planner sees it. `m`: x's rows per batch element (ag_matmul: a shard's)."""
 
   op: str
   dtype_name: str  # x's
@@ -26,7 +25,7 @@ class Problem:
   w_kmajor: bool  # as the GPU gets w (float8: always, csrc/blas/cublaslt_api.h)
   out_dtype_name: str | None = None
   w_dtype_name: str | None = None
-  scaling: object = None  # the Scaling of a float8 call's scales (quantization/scaling.py), else None
+  scaling: object = None  # a float8 call's Scaling, else None
   gemm_bias: bool = False  # the vendor GEMMs add the call's bias (it has one, and XLA does not add it after)
 
   @property
@@ -39,7 +38,7 @@ class Problem:
 
   @property
   def x_scale_shared(self) -> bool:
-    """ag_matmul's gathered shards share one x scale (Scaling.x_shared): its GEMMs take several at once."""
+    """ag_matmul's gathered shards share one x scale, so its GEMMs take several at once."""
     return self.scaled and self.scaling.x_shared
 
   @property
@@ -63,7 +62,7 @@ class Choice:
   offset: int = 0  # the region's offset, once placed
 
   def estimates(self) -> tuple:
-    """The model's times (us) for the plan and for the XLA path."""
+
     return self.plan.est_us, self.plan.est_xla_us
 
   def fingerprint(self) -> list:
