@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 import math
 
@@ -371,6 +372,12 @@ _FP8_ARGS = """
 """
 
 
+def _with_fp8_args(doc: str) -> str:
+  """doc and _FP8_ARGS as one docstring, both dedented: Python >= 3.13 dedents a function's docstring when it
+  compiles it, not a module's string, so a plain concatenation would indent the two parts unlike each other."""
+  return inspect.cleandoc(doc) + "\n\n" + inspect.cleandoc(_FP8_ARGS)
+
+
 def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fast_accumulation: bool = False,
               w_kmajor: bool = False, axis_name=None, algorithm: str = "auto", return_gathered: bool = False,
               gather_axis: int = -2, out_sharding=None):
@@ -415,7 +422,7 @@ def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
                 dim=gather_axis, every_result=return_gathered, out_sharding=out_sharding)
 
 
-ag_matmul.__doc__ += _FP8_ARGS
+ag_matmul.__doc__ = _with_fp8_args(ag_matmul.__doc__)
 
 
 def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fast_accumulation: bool = False,
@@ -462,7 +469,7 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
                 dim=scatter_axis, every_result=False, out_sharding=out_sharding)
 
 
-matmul_rs.__doc__ += _FP8_ARGS
+matmul_rs.__doc__ = _with_fp8_args(matmul_rs.__doc__)
 
 
 def _shared_x_scale(scales, axes, x):
