@@ -7,10 +7,12 @@ ride along.
   2. the fp8 layers on Explicit meshes (reshapes JAX could not type: ShardingTypeError)
   3. an amax below the format's max * 2^-126 (its scale became 1 and everything quantized to zero): also
      tests/test_numerics.py
-  4. block scales laid out unlike their operand on an Explicit mesh with algorithm="xla"
+  4. block scales laid out unlike their operand on an Explicit mesh with algorithm="xla" (also under
+     jax.set_mesh)
   5. XLA's "Involuntary full rematerialization" of a call's result (values right, time lost)
 """
 
+import contextlib
 import math
 
 import jax
@@ -154,13 +156,20 @@ def test_3_layers_keep_tiny_values(target, tiny_operand, scaling, rng, make_mesh
 
 # --- 4. block scales laid out unlike their operand ---------------------------------------------------------------
 
+@pytest.mark.parametrize("context", ["none", "set_mesh"])
 @pytest.mark.parametrize("algorithm", ["xla", "auto"])
 @pytest.mark.parametrize("op,x_scale_spec", [("matmul_rs", P("tp", None)), ("ag_matmul", P(None, "tp")),
                                              ("matmul_rs", P(None, "tp")), ("ag_matmul", P("tp", None))],
                          ids=["matmul_rs_unlike_x", "ag_matmul_unlike_x", "matmul_rs_like_x", "ag_matmul_like_x"])
-def test_4_block_scales_laid_out_unlike_their_operand_on_explicit_meshes(op, x_scale_spec, algorithm, rng,
+def test_4_block_scales_laid_out_unlike_their_operand_on_explicit_meshes(op, x_scale_spec, algorithm, context, rng,
                                                                           assert_close):
+  """Also under jax.set_mesh, where jnp.repeat of the scales to their blocks needs its result's layout."""
   mesh = mesh_of((4,), ("tp",), True)
+  with jax.set_mesh(mesh) if context == "set_mesh" else contextlib.nullcontext():
+    _check_block_scales_unlike_operand(op, x_scale_spec, algorithm, mesh, rng, assert_close)
+
+
+def _check_block_scales_unlike_operand(op, x_scale_spec, algorithm, mesh, rng, assert_close):
   x, w = blocky(rng, (64, 512)), blocky(rng, (512, 512), 1) / 24
   x8, xs = (np.asarray(a) for a in numerics.block_scaling(jnp.asarray(x), jnp.float8_e4m3fn))
   w8, ws = (np.asarray(a) for a in numerics.tile_scaling(jnp.asarray(w), jnp.float8_e4m3fn))

@@ -121,6 +121,21 @@ def test_fp8_scale_is_the_least_power_of_two_that_fits(fmt, amax):
   assert got == 2.0 ** min(max(e, -126), 127)
 
 
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"])
+def test_fp8_scale_over_every_binade(fmt, rng):
+  """Random float32 normals over every exponent: the scale is exact (2^(e - b), e from frexp of amax, one more
+  where amax's mantissa passes the format's max), with infinity at the upper bound and zero at 1."""
+  dtype = jnp.dtype(fmt)
+  m_max, b = np.frexp(float(jnp.finfo(dtype).max))
+  amax = (rng.uniform(1, 2, 20000) * 2.0 ** rng.integers(-126, 128, 20000)).astype(np.float32)
+  m, e = np.frexp(amax)
+  want = np.clip(np.ldexp(1.0, e - b + (m > m_max)), 2.0 ** -126, 2.0 ** 127).astype(np.float32)
+  got = np.asarray(jax.jit(numerics.fp8_scale, static_argnums=1)(jnp.asarray(amax), dtype))
+  np.testing.assert_array_equal(got, want)
+  edges = np.asarray(numerics.fp8_scale(jnp.float32([np.inf, 0.0]), dtype))
+  np.testing.assert_array_equal(edges, np.float32([2.0 ** 127, 1.0]))
+
+
 def test_tiny_values_quantize_to_themselves_not_zero():
   """Issue: a layer output of 0 instead of 2.7e-36 (the scale of a tiny amax flushed to 1)."""
   x = jnp.asarray(np.random.default_rng(0).standard_normal(64) * 1e-36, jnp.float32)

@@ -8,6 +8,7 @@ scales).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -22,9 +23,11 @@ def dequantized(x, scale):
     return x
   if scale.ndim:
     scale = _sharding.blocks_like(scale, x)
+  # On an Explicit mesh jnp.repeat takes the layout of its result: the scale's, which blocks_like made x's.
+  layout = {"out_sharding": jax.typeof(scale).sharding} if _sharding.explicit_mesh(jax.typeof(scale)) else {}
   for d in range(scale.ndim):
     if scale.shape[d] != x.shape[d]:
-      scale = jnp.repeat(scale, x.shape[d] // scale.shape[d], axis=d)
+      scale = jnp.repeat(scale, x.shape[d] // scale.shape[d], axis=d, **layout)
   return x.astype(jnp.float32) * scale
 
 
@@ -33,16 +36,19 @@ def fp8_max(dtype) -> float:
 
 
 def fp8_scale(amax, dtype):
-  """The least 2^e with amax <= max * 2^e, within [2^-126, 2^127]; 1 for an amax of zero.
+  """The least 2^e with amax <= max * 2^e, within [2^-126, 2^127]; 1 for an amax of zero, 2^127 for an infinite one.
 
   e comes from frexp of amax and max, not from amax / max: that ratio is a float32 subnormal for a tiny amax, which
   XLA on CPU flushes to zero (every element would quantize to zero)."""
   m_max, b = np.frexp(fp8_max(dtype))
-  mantissa, exponent = jnp.frexp(amax.astype(jnp.float32))
-  # Float arithmetic only: integer arithmetic on the exponent fails jax 0.12's varying-axes check when
-  # jax.checkpoint recomputes it inside shard_map. 2^-b is a normal float32 for every float8 format.
+  amax = amax.astype(jnp.float32)
+  mantissa, _ = jnp.frexp(amax)
+  # Float arithmetic only, all of it exact: amax = mantissa * 2^e, so amax * 2^-b / mantissa is 2^(e-b) (a product
+  # below 2^-126 only meets the clip's floor). Integer arithmetic on e fails jax 0.12's varying-axes check when
+  # jax.checkpoint recomputes it inside shard_map, and jnp.ldexp fails under a vmap sharded on an Explicit mesh.
   step = jnp.where(mantissa > m_max, jnp.float32(2.0 ** (1 - b)), jnp.float32(2.0 ** -b))
-  scale = jnp.clip(jnp.ldexp(step, exponent), jnp.float32(2.0 ** -126), jnp.float32(2.0 ** 127))
+  scale = jnp.clip(amax * step / mantissa, jnp.float32(2.0 ** -126), jnp.float32(2.0 ** 127))
+  scale = jnp.where(amax == jnp.inf, jnp.float32(2.0 ** 127), scale)
   return jnp.where(amax > 0, scale, jnp.float32(1))
 
 
