@@ -13,15 +13,17 @@ class _Timings:
   raise as the native module does when its buffers do not fit."""
 
   def __init__(self):
-    self.reductions, self.gemms, self.fail = [], [], False
+    self.reductions, self.gemms, self.types, self.fail = [], [], [], False
 
   def generation(self):
     return 1
 
-  def time_gemms(self, ordinal, dtype, rows, n, k, w_kmajor, warmup_ms, candidates, margin, cache_dir):
+  def time_gemms(self, ordinal, dtype, rows, n, k, w_kmajor, warmup_ms, candidates, margin, cache_dir, w_dtype=None,
+                 out_dtype=None):
     assert warmup_ms == figures.GEMM_WARMUP_MS
     assert (candidates, margin, cache_dir) == tuple(tuning.options().values())  # timed as the calls will run
     self.gemms.append(tuple(rows))
+    self.types.append((dtype, w_dtype, out_dtype))
     if self.fail:
       raise RuntimeError("time_gemms: out of memory")
     return [float(r) for r in rows]
@@ -47,6 +49,18 @@ def test_matmul_rs_figures_carry_its_measured_reduction(timings):
   assert f.reduce_us == 42.0
   assert f.gemm_us == (1024.0, 2048.0, 3072.0, 4096.0)
   assert f.chunk_bytes == 1024 * 256 * 2 and f.link_bytes_per_us == 3e5 and f.local_bytes_per_us == 2e6
+
+
+@pytest.mark.parametrize("dtype,gemm_out", [("float16", "float32"), ("bfloat16", None)])
+def test_matmul_rs_times_gemms_writing_its_partials(timings, dtype, gemm_out):
+  """A float16 result's partials are float32 (formats.partial): its GEMMs are timed writing those, and the
+  chunks it moves are float32 ones; bfloat16 partials are the result's dtype."""
+  f = figures.measure(matmul_rs.OP, dtype, 4096, 512, 256, 4, False)
+  assert timings.types == [(dtype, gemm_out and dtype, gemm_out)]
+  assert timings.reductions == [(dtype, 4, 1024, 256)]  # into the result's dtype
+  assert f.chunk_bytes == 1024 * 256 * (4 if gemm_out else 2)
+  figures.measure(ag_matmul.OP, dtype, 1024, 512, 384, 4, False)
+  assert timings.types[1] == (dtype, None, None)  # a gather's GEMMs write its result
 
 
 def test_ag_matmul_figures_have_no_reduction(timings):

@@ -57,7 +57,8 @@ def _local_copy_bytes_per_us() -> float:
 
 def gemm_us(dtype_name: str, chunk_rows: int, world: int, n: int, k: int, w_kmajor: bool,
             types: tuple | None = None, scaling=None) -> tuple:
-  """The vendor GEMM's us over s chunks of `chunk_rows` rows, s = 1 .. world. types: a float8 call's (w, out)."""
+  """The vendor GEMM's us over s chunks of `chunk_rows` rows, s = 1 .. world. types: (w, out) where they are not
+  x's dtype (float8; float16 x writing float32 partials)."""
   rows = [chunk_rows * s for s in range(1, world + 1)]
   unshared = scaling if scaling is None else scaling.sharing_x(False)  # the same GEMMs either way
   name = dtype_name if types is None else f"{dtype_name}x{types[0]}->{types[1]}/{unshared}"
@@ -91,8 +92,10 @@ def measure(op, dtype_name: str, rows: int, k: int, n: int, world: int, w_kmajor
   publish_on_sms, pulls_on_sms = workspace.copies_on_sms()
   out_dtype = dtype_name if types is None else types[1]
   chunk_rows = op.planning.chunk_rows(rows, world)
-  gemm = gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor, types, scaling)
   moved = formats.name(formats.partial(out_dtype)) if op.planning.reduces else dtype_name
+  # A reduction's GEMMs write its partials: float32 ones for a float16 result.
+  gemm_types = (dtype_name, moved) if types is None and moved != dtype_name and op.planning.reduces else types
+  gemm = gemm_us(dtype_name, chunk_rows, world, n, k, w_kmajor, gemm_types, scaling)
   per_shard = (types is not None and not op.planning.reduces and not (scaling is not None and scaling.x_shared)) or blocks
   return Figures(gemm_us=gemm, chunk_bytes=op.planning.chunk_bytes(rows, k, n, world, formats.itemsize(moved)),
                  link_bytes_per_us=link, local_bytes_per_us=local,
