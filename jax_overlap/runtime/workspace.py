@@ -453,10 +453,12 @@ def note_workspace_full(error: WorkspaceFullError) -> None:
 
 
 def site(key: tuple, name: tuple) -> int:
-  """The number (1..65535) of call site `name` (its module and place in it) among those sharing `key`'s region.
+  """The number (1..65535) of call site `name` among those sharing `key`'s region; `name` is its module's name, its
+  program's digest and its place in the module (integration/lowering.py `_site`), so two programs lowered under one
+  name differ.
 
-  Named by place, a site keeps one number however often and by whichever process it is lowered; across processes
-  the first to number a name wins. A flag holds 16 bits of site, so only sites 65535 names apart go unchecked.
+  Named so, a site keeps one number however often and by whichever process it is lowered; across processes the
+  first to number a name wins. A flag holds 16 bits of site, so only sites 65535 names apart go unchecked.
   """
   state = _state()
   with _lock():
