@@ -9,6 +9,8 @@
 #     does not know it)
 #     steps: build gpu_tests multiprocess examples bench bench_pipelined gemm_engine cpu_tests
 #            (default: all of these); gpu_new gpu_old example_block (parts of gpu_tests, examples);
+#            gpu_all (every tests/gpu/test_*.py, one pytest each; GPU_TESTS="f1 f2" narrows it);
+#            gemm_sm90 (the sm90 GEMM engine beside cuBLASLt and CUTLASS: benchmarks/gemm_engine/run_sm90.sh);
 #            gemm_engine_ab (two commits' GEMM engines from .gemm_objs/{base,head}: run.sh --objects)
 #            bench_plans (bench_pipelined with --plans: every plan of each schedule row)
 #            per_gpu bench_multi                                               (machines with 2+ GPUs)
@@ -41,6 +43,15 @@ for step in "${STEPS[@]}"; do
       run gpu_sim_group 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_sim_group.py
       run gpu_amd_path 240 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_amd_path.py
       run gpu_multi_gpu 200 env JAX_PLATFORMS=cuda python3 -m pytest -q -rs tests/gpu/test_multi_gpu.py ;;
+    gpu_all)
+      # One pytest per file: a crash in one cannot hide the others' results.
+      for f in ${GPU_TESTS:-tests/gpu/test_*.py}; do
+        name="$(basename "$f" .py)"
+        run "gpu_${name#test_}" 300 env JAX_PLATFORMS=cuda python3 -m pytest -q -rfEs --tb=short \
+          -o faulthandler_timeout=150 "$f"
+      done ;;
+    gemm_sm90)
+      run gemm_sm90 300 bash benchmarks/gemm_engine/run_sm90.sh ;;
     gpu_new)
       run gpu_pipelined 400 env JAX_PLATFORMS=cuda python3 -m pytest -q -rfEs --tb=short --durations=8 \
         -o faulthandler_timeout=150 tests/gpu/test_pipelined.py ;;
