@@ -237,7 +237,7 @@ static GemmParams<Out> params(Out* y, int M, int N, int K, const Out* bias = nul
 
 template <class In, class Out>
 static bool takes(const Entry<In, Out>& v, int N) {
-  return !v.tma_store || (size_t(N) * sizeof(Out)) % 16 == 0;
+  return v.launch != nullptr && (!v.tma_store || (size_t(N) * sizeof(Out)) % 16 == 0);
 }
 
 struct Row {
@@ -538,6 +538,8 @@ int main(int argc, char** argv) {
   if (dtype_name == "bf16") {
     const auto vb = select(variants<bf16, bf16>(), only);
     const auto vf = select(variants<bf16, float>(), only);
+    for (const auto& v : vf)
+      if (v.launch == nullptr) std::printf("%s: not built for fp32 out (hopper_variants.h, entry())\n", v.name);
     // Odd N (direct epilogues only), then N a multiple of 8 with tails past the
     // tile and the cluster (TMA stores too).
     for (auto [M, N, K] : {std::array<int, 3>{200, 300, 264}, {333, 517, 1000}, {129, 257, 72}, {333, 520, 1000},

@@ -78,11 +78,13 @@ bench="$build/hopper_bench"
   echo "ptxas (every kernel of the three variant tables; 168 is the cap of 384 threads at one block per SM):"
   cat "$build"/hopper_variants_*.ptxas.txt | grep -E "registers|spill" | sed 's/ptxas info *: //' | sort | uniq -c
   grep -h -i "warning" "$build"/*.ptxas.txt | sort | uniq -c
-  echo "SASS per kernel <in, out, BN, stages, cluster M, cluster N, epilogue, wgmma depth>: highest register, counts:"
+  echo "SASS per kernel <in, out, BN, stages, cluster M, cluster N, epilogue, wgmma depth, schedule>: highest" \
+    "register, counts:"
   "$(command -v cuobjdump || echo "$cuda/bin/cuobjdump")" -sass "$bench" | awk -f "$here/sass_stats.awk" |
     "$(command -v c++filt || echo cat)" |
     sed -E 's/void jo::gemm::sm90::gemm_kernel<//; s/jo::gemm::sm90::Variant<//; s/\(jo::gemm::sm90::Epilogue\)0/direct/;
-            s/\(jo::gemm::sm90::Epilogue\)1/tma/; s/>\(CUtensorMap_st, [^)]*\)//; s/__nv_//g' | sort
+            s/\(jo::gemm::sm90::Epilogue\)1/tma/; s/\(jo::gemm::sm90::Schedule\)0/coop/;
+            s/\(jo::gemm::sm90::Schedule\)1/pp/; s/>\(CUtensorMap_st, [^)]*\)//; s/__nv_//g' | sort
 } 2>&1 | tee -a "$out/build.txt"
 
 status=0

@@ -15,7 +15,7 @@ import sys
 
 _CUTLASS = 'cutlass 128x256 coop c2x1'
 _BASELINE = {'bf16': 'cublasLt best', 'fp8': 'cublasLt best (fast accum)'}
-_VARIANT = re.compile(r'^c[12][mn]? (direct|tma) \d+x\d+( d\d)?$')
+_VARIANT = re.compile(r'^c[12][mn]? (direct|tma) \d+x\d+( d\d)?( pp)?$')
 
 
 def _read(paths):

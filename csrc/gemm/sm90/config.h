@@ -38,17 +38,25 @@ enum class Epilogue {
   kTmaStore,  // through shared memory, by TMA stores that run on while the next tile's mainloop starts
 };
 
+// How the two consumer warpgroups share the work.
+enum class Schedule {
+  kCooperative,  // both on one 128-row tile, 64 rows each; the epilogue between two mainloops
+  kPingpong,     // each on its own 64-row tiles, alternately: one's epilogue runs under the other's mainloop
+};
+
 // A kernel variant. BN: the tile's columns (128, 224 or 256; the tile has 128
-// rows). kStages: depth of the operand ring. kClusterM / kClusterN: 2 makes
-// clusters of two CTAs whose tiles are neighbours along M (sharing w's tile,
-// which each CTA loads half of and multicasts) or along N (sharing x's tile).
-// kMmaDepth: k-tiles of wgmmas each consumer keeps in flight before it waits.
+// rows, 64 with ping-pong). kStages: depth of the operand ring. kClusterM /
+// kClusterN: 2 makes clusters of two CTAs whose tiles are neighbours along M
+// (sharing w's tile, which each CTA loads half of and multicasts) or along N
+// (sharing x's tile). kMmaDepth: k-tiles of wgmmas each consumer keeps in
+// flight before it waits.
 template <int BN_, int kStages_, int kClusterM_ = 1, int kClusterN_ = 1, Epilogue kEpilogue_ = Epilogue::kDirect,
-          int kMmaDepth_ = 1>
+          int kMmaDepth_ = 1, Schedule kSchedule_ = Schedule::kCooperative>
 struct Variant {
   static constexpr int BN = BN_, kStages = kStages_, kClusterM = kClusterM_, kClusterN = kClusterN_;
   static constexpr Epilogue kEpilogue = kEpilogue_;
   static constexpr int kMmaDepth = kMmaDepth_;
+  static constexpr Schedule kSchedule = kSchedule_;
 };
 
 // One k-tile is 128 bytes of K per row: the 128-byte swizzle's row, and four
@@ -97,10 +105,12 @@ constexpr int kMaxSmemPerBlock = 232448;  // Hopper's 227 KB opt-in limit per bl
 
 template <class In, class Out, class V>
 struct Config : V {
-  using V::BN, V::kStages, V::kClusterM, V::kClusterN, V::kEpilogue, V::kMmaDepth;
-  static constexpr int BM = 128;
+  using V::BN, V::kStages, V::kClusterM, V::kClusterN, V::kEpilogue, V::kMmaDepth, V::kSchedule;
+  static constexpr bool kPingpong = kSchedule == Schedule::kPingpong;
+  static constexpr int BM = kPingpong ? 64 : 128;  // a tile's rows
   static constexpr int BK = 128 / int(sizeof(In));
-  static constexpr int kConsumers = 2;  // warpgroups, 64 rows of the tile each
+  static constexpr int kConsumers = 2;  // warpgroups, each 64 rows of a tile
+  static constexpr int kSlotReaders = kPingpong ? 1 : kConsumers;  // consumer warpgroups that read one ring slot
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kClusterSize = kClusterM * kClusterN;
   static constexpr int kABytes = BM * 128, kBBytes = BN * 128;  // one k-tile: (BM, 128 B), (BN, 128 B)

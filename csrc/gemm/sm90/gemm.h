@@ -4,8 +4,10 @@
 //
 // One CTA per SM, 384 threads: warpgroup 0 is the producer (one thread issues
 // TMA loads into a kStages-deep shared-memory ring, completing on mbarriers:
-// mainloop.h), warpgroups 1 and 2 are the consumers (rows 0-63 and 64-127 of
-// the 128-row tile, wgmma from shared memory, then the epilogue: epilogue.h).
+// mainloop.h), warpgroups 1 and 2 are the consumers (wgmma from shared memory,
+// then the epilogue: epilogue.h): cooperative, rows 0-63 and 64-127 of one
+// 128-row tile; ping-pong, 64-row tiles taken in turn (the CTA's tiles 0, 2, ...
+// and 1, 3, ...), each consumer skipping the other's slots of the ring.
 // setmaxnreg gives the consumers the producer's registers. Tiles come from the
 // persistent walk of tile_scheduler.h. The knobs of a variant (tile width, ring
 // depth, clusters of two with TMA multicast, epilogue, wgmma depth) are
@@ -61,7 +63,7 @@ __global__ __launch_bounds__(384, 1) void gemm_kernel(const __grid_constant__ CU
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       mbar_init(&ring.full[s], 1);
-      mbar_init(&ring.empty[s], C::kConsumers * C::kClusterSize);
+      mbar_init(&ring.empty[s], C::kSlotReaders * C::kClusterSize);
     }
     mbar_init_fence();
   }
@@ -81,17 +83,35 @@ __global__ __launch_bounds__(384, 1) void gemm_kernel(const __grid_constant__ CU
   }
 
   setmaxnreg_inc<232>();
-  const int cw = wg - 1;  // this warpgroup's 64 rows of the tile
+  const int cw = wg - 1;  // this consumer warpgroup
   const Sched sched(p.M, p.N, p.own_chunk * p.chunk_rows, p.raster_group);
   const int k_tiles = (p.K + C::BK - 1) / C::BK;
   const float alpha = scale_of(p);
   EpilogueOf<C, Out> epi(smem + C::kRingBytes, &map_y, cw);
   float acc[C::BN / 2];
   RingPos pos;
-  for (int t = first_tile; t < sched.tiles(); t += tile_step) {
+  // Ping-pong: this warpgroup takes every other tile of the CTA's walk, and its
+  // ring position passes over the other's k_tiles slots. The mainloops take
+  // turns (named barrier 3 + w: warpgroup w may start its next one), which
+  // also keeps the mbarrier phases exact: a consumer that skipped the other's
+  // slots waits on a slot only after the other has consumed its previous use,
+  // so it is never two phases ahead of a barrier (its parity would alias).
+  constexpr int kTurns = C::kPingpong ? 2 : 1;
+  const int turn = C::kPingpong ? cw : 0;
+  if (turn > 0) pos.template skip<C::kStages>(k_tiles);
+  bool first = true;
+  for (int t = first_tile + turn * tile_step; t < sched.tiles(); t += kTurns * tile_step) {
     const TileCoord tc = Sched::cta_tile(sched.cluster_tile(t), rank);
+    if constexpr (C::kPingpong) {
+      if (cw == 1 || !first) named_barrier_sync(3 + cw, 256);
+    }
     mma_tile<C, In>(acc, ring, pos, k_tiles, cw, p.error, hang_ns);
-    epi.store(acc, p, alpha, tc.m0 + cw * 64, tc.n0);
+    if constexpr (C::kPingpong) {
+      named_barrier_arrive(3 + (1 - cw), 256);
+      pos.template skip<C::kStages>(k_tiles);
+    }
+    epi.store(acc, p, alpha, tc.m0 + (C::kPingpong ? 0 : cw * 64), tc.n0);
+    first = false;
   }
   epi.finish();
 }

@@ -6,9 +6,10 @@
 // - full[s] (count 1): the own producer's arrive.expect_tx of the slot's bytes
 //   (x's tile and w's tile), completed by the TMA loads that land in this CTA,
 //   its own and, in a cluster, the peer's multicast half;
-// - empty[s] (count kConsumers x cluster size): each consumer warpgroup of each
-//   CTA of the cluster arrives on every CTA's empty[s] once its wgmmas have
-//   read the slot, since a producer's multicast writes the slot in both CTAs.
+// - empty[s] (count kSlotReaders x cluster size): each consumer warpgroup that
+//   read the slot (both, cooperative; the slot's tile's one, ping-pong) of
+//   each CTA of the cluster arrives on every CTA's empty[s] once its wgmmas
+//   are done, since a producer's multicast writes the slot in both CTAs.
 // Both CTAs of a cluster walk the same cluster tiles with the same K, so their
 // slot and phase sequences agree. A CTA leaves only after its producer has
 // seen its last kStages slots released (the producer tail): every arrival that
@@ -35,6 +36,13 @@ struct RingPos {
       stage = 0;
       phase ^= 1;
     }
+  }
+  // n slots on: a ping-pong consumer passes over the other one's tile.
+  template <int kStages>
+  __device__ __forceinline__ void skip(int n) {
+    const int to = stage + n;
+    stage = to % kStages;
+    phase ^= (to / kStages) & 1;
   }
 };
 
@@ -136,16 +144,17 @@ __device__ __forceinline__ void release(const Ring& ring, int stage) {
   }
 }
 
-// One tile's mainloop for consumer warpgroup cw (rows 64 cw to 64 cw + 63 of
-// the tile): acc = x_tile w_tile^T over all of K. kMmaDepth k-tiles of wgmmas
-// stay in flight; a slot is released once the wgmmas that read it are done.
+// One tile's mainloop for consumer warpgroup cw (cooperative: rows 64 cw to
+// 64 cw + 63 of the tile; ping-pong: its own 64-row tile): acc = x_tile
+// w_tile^T over all of K. kMmaDepth k-tiles of wgmmas stay in flight; a slot
+// is released once the wgmmas that read it are done.
 template <class C, class In>
 __device__ __forceinline__ void mma_tile(float (&acc)[C::BN / 2], const Ring& ring, RingPos& pos, int k_tiles,
                                          int cw, uint32_t* error, uint64_t hang_ns) {
   RingPos rel = pos;  // the oldest slot not yet released
   for (int k = 0; k < k_tiles; ++k) {
     mbar_wait(&ring.full[pos.stage], pos.phase, error, hang_ns, kHangConsumerFull);
-    const uint64_t da = smem_desc_k128b(ring.a + pos.stage * C::kABytes + cw * 64 * 128);
+    const uint64_t da = smem_desc_k128b(ring.a + pos.stage * C::kABytes + (C::kPingpong ? 0 : cw * 64 * 128));
     const uint64_t db = smem_desc_k128b(ring.b + pos.stage * C::kBBytes);
     wgmma_fence();
 #pragma unroll
