@@ -15,7 +15,8 @@ def test_wgmma_header_is_generated(tmp_path):
 
 def test_wgmma_operands_cover_the_accumulator():
   text = (_SM90 / "wgmma.h").read_text()
-  for n, ty, k in [(256, "bf16", 16), (128, "bf16", 16), (256, "e4m3", 32), (128, "e4m3", 32)]:
+  for n, ty, k in [(256, "bf16", 16), (224, "bf16", 16), (128, "bf16", 16), (256, "e4m3", 32), (224, "e4m3", 32),
+                   (128, "e4m3", 32)]:
     head = f"wgmma_m64n{n}k{k}_{ty}(float (&d)[{n // 2}]"
     assert head in text, head
     body = text.split(head, 1)[1].split("#else", 1)[0]

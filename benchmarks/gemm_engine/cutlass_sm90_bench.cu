@@ -1,9 +1,10 @@
 // CUTLASS's sm90 persistent warp-specialized GEMM (cooperative, 128x256x64,
-// cluster 2x1, TMA epilogue) beside the project's sm90 GEMM on the shapes of
-// hopper_bench.cu: the ceiling the own mainloop is measured against. Same
-// layouts (x [M,K], w [N,K], y [M,N] bf16), same timing (per launch of 30 back
-// to back, median). Needs CUTLASS's headers (pip package nvidia-cutlass:
-// cutlass_library/source/include); links only the CUDA runtime.
+// cluster 2x1, TMA epilogue) beside the project's sm90 GEMM (its first
+// variant, c1 direct 256x4) on the shapes of hopper_bench.cu: the ceiling the
+// own mainloop is measured against. Same layouts (x [M,K], w [N,K], y [M,N]
+// bf16), same timing (per launch of 30 back to back, median); each time also
+// printed as a ROW line for sm90_table.py. Needs CUTLASS's headers (pip package
+// nvidia-cutlass: cutlass_library/source/include); links only the CUDA runtime.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -81,10 +82,14 @@ int main() {
     CHECK(cudaMalloc(&sums, 2 * sizeof(double)));
     fill_normal<<<1024, 256>>>(x, size_t(M) * K, 1 + M, 1.f);
     fill_normal<<<1024, 256>>>(w, size_t(N) * K, 2 + N, 0.05f);
-    jo::gemm::sm90::GemmParams<bf16> p{ref, nullptr, 1.f, M, N, K, nullptr, 0, M, 0, nullptr, 0};
+    jo::gemm::sm90::GemmParams<bf16> p;
+    p.y = ref;
+    p.M = M, p.N = N, p.K = K;
+    p.chunk_rows = M;
     char err[512];
     auto own = [&] {
-      if (jo::gemm::sm90::Gemm<bf16, bf16, 256, 4>::launch(x, w, p, sms, 0, err, sizeof(err)) != 0) {
+      if (jo::gemm::sm90::Gemm<bf16, bf16, jo::gemm::sm90::Variant<256, 4>>::launch(x, w, p, sms, 0, err,
+                                                                                  sizeof(err)) != 0) {
         std::fprintf(stderr, "%s\n", err);
         std::exit(1);
       }
@@ -128,8 +133,10 @@ int main() {
     const float t_cut = time_b2b(cut), t_own = time_b2b(own);
     std::printf("%-32s %6d %6d %6d %10.4f %9.1f %12.2e\n", "cutlass 128x256 coop c2x1", M, N, K, t_cut,
                 flop / t_cut / 1e9, re);
-    std::printf("%-32s %6d %6d %6d %10.4f %9.1f %12s\n", "sm90 128x256 s4", M, N, K, t_own, flop / t_own / 1e9,
+    std::printf("%-32s %6d %6d %6d %10.4f %9.1f %12s\n", "sm90 c1 direct 256x4", M, N, K, t_own, flop / t_own / 1e9,
                 "(ref)");
+    std::printf("ROW\tcutlass\tbf16\t%d\t%d\t%d\tcutlass 128x256 coop c2x1\t%.5f\n", M, N, K, t_cut);
+    std::printf("ROW\tcutlass\tbf16\t%d\t%d\t%d\tc1 direct 256x4 (in the CUTLASS process)\t%.5f\n", M, N, K, t_own);
     if (ws) CHECK(cudaFree(ws));
     for (void* q : {(void*)x, (void*)w, (void*)y, (void*)ref, (void*)sums}) CHECK(cudaFree(q));
   }

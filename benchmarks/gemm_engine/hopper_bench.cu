@@ -1,44 +1,63 @@
-// The sm90 persistent GEMM (csrc/gemm/sm90) alone against cuBLASLt on one
-// Hopper GPU, before any transport feeds it.
+// The sm90 persistent GEMM's variants (csrc/gemm/sm90, hopper_variants.h)
+// alone against cuBLASLt on one Hopper GPU, before any transport feeds them.
 //
-// Checks: float64 host references on small odd shapes (bias, bf16 and fp32
-// output), cuBLASLt on the large and odd shapes; the output is poisoned with
-// NaN before every checked launch and NaNs are counted.
-// Times: per launch of 30 launched back to back (events between), median, after
-// 5 warm-up launches; cuBLASLt's 8 best heuristic candidates are each timed the
-// same way ("cublasLt best" is the fastest of them, "cublasLt heur" the first).
-// The chunk gate, 4 chunks of rows walked from chunk 1:
+//   hopper_bench [--dtype bf16|fp8] [--only PREFIX] [--tag TAG]
+//
+// runs the variants whose name starts with PREFIX (all by default) for one
+// input dtype: bf16, or fp8 e4m3 with tensor scales (device scalars, applied
+// in the epilogue; cuBLASLt fp8 with the same scales and fast accumulation is
+// the reference and the baseline, its default accumulation timed beside it).
+// run_sm90.sh runs one process per dtype and cluster shape, so that a variant
+// that wedges the context takes only its own process down.
+//
+// Checks, for every variant: float64 host references on small odd shapes
+// (tails in M, N and K, a cluster's second CTA past M or N, bias; bf16 and fp32
+// out for bf16 in), cuBLASLt on the large and odd shapes; the output is
+// poisoned with NaN before every checked launch and NaNs are counted; the
+// kernel's error word (gate watchdog, bounded mbarrier waits: gemm.h) must
+// stay 0. The chunk gate, 4 chunks of rows walked from chunk 1, per variant:
 // - "gate, flags set": flags released before the launch (the fused kernels'
 //   world-1 target);
 // - "gate, flags late": released after the launch by 4-byte host-to-device
 //   copies on another stream, in walk order;
 // - "gate, rows late": x poisoned, each chunk's rows copied from pinned host
 //   memory on another stream and then its flag: the result must be bitwise the
-//   prompt one, the time is set by the copies ("copies alone" beside it).
+//   "flags set" one, the time is set by the copies ("copies alone" beside it).
+// Times: per launch of 30 launched back to back (events between), median, after
+// 5 warm-up launches; cuBLASLt's 8 best heuristic candidates are each timed the
+// same way ("cublasLt best" is the fastest of them, "cublasLt first" the first
+// that runs). Every timed row is also printed as a tab-separated line starting
+// with ROW, which sm90_table.py joins across processes with CUTLASS's rows.
 // Build and run: bash benchmarks/gemm_engine/run_sm90.sh
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <random>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "check.h"
+#include "hopper_variants.h"
 #include "timing.h"
-#include "gemm/sm90/gemm.h"
 
-using jo::gemm::sm90::Gemm;
-using jo::gemm::sm90::GemmParams;
-using bf16 = __nv_bfloat16;
-using fp8 = __nv_fp8_e4m3;
+using namespace sm90v;
+using jo::gemm::sm90::kErrorBarrierHang;
 
 constexpr int kChunks = 4, kOwnChunk = 1;
+constexpr uint32_t kWatchdogNs = 2000000000u;
+// The fp8 operands' tensor scales (x, w), passed as device scalars.
+constexpr float kXScale = 0.5f, kWScale = 0.02f;
+// Launch-time raster groups swept beside the default 8 for the variants in kSweep.
+constexpr int kRasterSweep[] = {2, 4, 16};
+static const char* const kSweep[] = {"c1 direct 256x4", "c2m tma 256x4", "c2n tma 256x4", "c2m tma 224x4"};
 
 template <class T>
 __global__ void fill_normal(T* p, size_t n, uint64_t seed, float scale) {
@@ -149,79 +168,128 @@ struct Lt {
     return cublasLtMatmul(h, p.op, &one, w, p.a, x, p.b, &zero, y, p.c, y, p.c, &p.algos[i].algo, ws, ws_bytes, 0);
   }
   void run(const Plan& p, int i, const void* x, const void* w, void* y) { CHECK(try_run(p, i, x, w, y)); }
-  // Each candidate that runs (a heuristic candidate can still be refused: status 15, not supported).
-  std::vector<float> time_all(const Plan& p, const void* x, const void* w, void* y);
+  // The first candidate that runs (a heuristic candidate can still be refused: status 15, not supported), or -1.
+  int first_that_runs(const Plan& p, const void* x, const void* w, void* y) {
+    for (size_t i = 0; i < p.algos.size(); ++i)
+      if (try_run(p, i, x, w, y) == CUBLAS_STATUS_SUCCESS) return int(i);
+    return -1;
+  }
+  // Each candidate that runs, timed.
+  std::vector<float> time_all(const Plan& p, const void* x, const void* w, void* y) {
+    std::vector<float> ms;
+    for (size_t i = 0; i < p.algos.size(); ++i)
+      if (try_run(p, i, x, w, y) == CUBLAS_STATUS_SUCCESS) ms.push_back(time_b2b([&] { run(p, i, x, w, y); }));
+    return ms;
+  }
 };
 
-std::vector<float> Lt::time_all(const Plan& p, const void* x, const void* w, void* y) {
-  std::vector<float> ms;
-  for (size_t i = 0; i < p.algos.size(); ++i)
-    if (try_run(p, i, x, w, y) == CUBLAS_STATUS_SUCCESS) ms.push_back(time_b2b([&] { run(p, i, x, w, y); }));
-  return ms;
+static int failures = 0;
+static int sms = 0;
+static uint32_t* error_word = nullptr;  // the kernels' error word (device), reset after each check
+static std::string tag, dtype_name;
+
+static void verdict(const std::string& what, int M, int N, int K, Cmp c, double tol) {
+  const bool ok = c.nans == 0 && c.rel_err < tol;
+  failures += !ok;
+  std::printf("check %-44s %6d %6d %6d  relerr %.2e  nan %.0f  %s\n", what.c_str(), M, N, K, c.rel_err, c.nans,
+              ok ? "PASS" : "FAIL");
 }
 
-template <int BN, int S, class Out = bf16, class In = bf16>
-static void launch(const In* x, const In* w, const GemmParams<Out>& p, int sms, cudaStream_t s = 0) {
+// The error word must be 0 after every checked launch (gemm.h says what else it can hold).
+static void check_error_word(const std::string& what, int M, int N, int K) {
+  uint32_t e = 0;
+  CHECK(cudaMemcpy(&e, error_word, 4, cudaMemcpyDeviceToHost));
+  if (e == 0) return;
+  ++failures;
+  if (e & kErrorBarrierHang)
+    std::printf("check %-44s %6d %6d %6d  an mbarrier wait hung (site %u: 1 producer empty, 2 consumer full, 3 "
+                "producer tail; word 0x%08x)  FAIL\n",
+                what.c_str(), M, N, K, e & 3u, e);
+  else
+    std::printf("check %-44s %6d %6d %6d  the gate's watchdog fired on chunk %u  FAIL\n", what.c_str(), M, N, K,
+                e - 1);
+  CHECK(cudaMemset(error_word, 0, 4));
+}
+
+template <class In, class Out>
+static void launch(const Entry<In, Out>& v, const In* x, const In* w, const GemmParams<Out>& p, cudaStream_t s = 0) {
   char err[512];
-  if (Gemm<In, Out, BN, S>::launch(x, w, p, sms, s, err, sizeof(err)) != 0) {
-    std::fprintf(stderr, "%s\n", err);
+  if (v.launch(x, w, p, sms, s, err, sizeof(err)) != 0) {
+    std::fprintf(stderr, "%s: %s\n", v.name, err);
     std::exit(1);
   }
 }
 
-template <class Out>
+// fp8 runs with the tensor scales as device scalars; bf16 with none.
+static float* dev_scales = nullptr;  // {x_scale, w_scale}
+
+template <class In, class Out>
 static GemmParams<Out> params(Out* y, int M, int N, int K, const Out* bias = nullptr) {
-  return {y, bias, 1.f, M, N, K, nullptr, 0, M, 0, nullptr, 0};
+  GemmParams<Out> p;
+  p.y = y;
+  p.bias = bias;
+  p.M = M, p.N = N, p.K = K;
+  p.chunk_rows = M;
+  p.error = error_word;
+  if constexpr (std::is_same_v<In, fp8>) p.x_scale = dev_scales, p.w_scale = dev_scales + 1;
+  return p;
+}
+
+template <class In, class Out>
+static bool takes(const Entry<In, Out>& v, int N) {
+  return v.launch != nullptr && (!v.tma_store || (size_t(N) * sizeof(Out)) % 16 == 0);
 }
 
 struct Row {
-  char name[48];
+  std::string name;
   int M, N, K;
   float ms;
   double ratio;  // cuBLASLt's best time over this one
 };
 static std::vector<Row> table;
-static void add(const char* name, int M, int N, int K, float ms, float base) {
-  Row r{};
-  std::snprintf(r.name, sizeof(r.name), "%s", name);
-  r.M = M, r.N = N, r.K = K, r.ms = ms, r.ratio = base / ms;
-  table.push_back(r);
+static void add(const std::string& name, int M, int N, int K, float ms, float base) {
+  table.push_back({name, M, N, K, ms, base / ms});
+  std::printf("ROW\t%s\t%s\t%d\t%d\t%d\t%s\t%.5f\n", tag.c_str(), dtype_name.c_str(), M, N, K, name.c_str(), ms);
 }
 
-static int failures = 0;
-static void verdict(const char* what, int M, int N, int K, Cmp c, double tol) {
-  const bool ok = c.nans == 0 && c.rel_err < tol;
-  failures += !ok;
-  std::printf("check %-36s %6d %6d %6d  relerr %.2e  nan %.0f  %s\n", what, M, N, K, c.rel_err, c.nans,
-              ok ? "PASS" : "FAIL");
-}
-
-// Small shapes against float64 on the host: tails in M, N and K, odd N, bias,
-// bf16 and fp32 output, both tile widths.
-static void check_host(int M, int N, int K, int sms) {
-  bf16 *x, *w, *bias, *y;
-  float* yf;
-  CHECK(cudaMalloc(&x, size_t(M) * K * 2));
-  CHECK(cudaMalloc(&w, size_t(N) * K * 2));
+// Small shapes against float64 on the host, for every variant: out is bf16
+// (and fp32 where vf is given), bias, the fp8 scales.
+template <class In>
+static void check_host(const std::vector<Entry<In, bf16>>& vb, const std::vector<Entry<In, float>>* vf, int M, int N,
+                       int K) {
+  In *x, *w;
+  bf16 *bias, *y;
+  float *yf, *biasf;
+  CHECK(cudaMalloc(&x, size_t(M) * K * sizeof(In)));
+  CHECK(cudaMalloc(&w, size_t(N) * K * sizeof(In)));
   CHECK(cudaMalloc(&bias, size_t(N) * 2));
   CHECK(cudaMalloc(&y, size_t(M) * N * 2));
   CHECK(cudaMalloc(&yf, size_t(M) * N * 4));
-  fill_normal<<<256, 256>>>(x, size_t(M) * K, 11 + M, 1.f);
-  fill_normal<<<256, 256>>>(w, size_t(N) * K, 12 + N, 1.f);
+  CHECK(cudaMalloc(&biasf, size_t(N) * 4));
+  const float spread = std::is_same_v<In, fp8> ? 2.f : 1.f;
+  fill_normal<<<256, 256>>>(x, size_t(M) * K, 11 + M, spread);
+  fill_normal<<<256, 256>>>(w, size_t(N) * K, 12 + N, spread);
   fill_normal<<<256, 256>>>(bias, N, 13 + K, 1.f);
-  std::vector<bf16> hx(size_t(M) * K), hw(size_t(N) * K), hb(N);
-  CHECK(cudaMemcpy(hx.data(), x, hx.size() * 2, cudaMemcpyDeviceToHost));
-  CHECK(cudaMemcpy(hw.data(), w, hw.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<In> hx(size_t(M) * K), hw(size_t(N) * K);
+  std::vector<bf16> hb(N);
+  CHECK(cudaMemcpy(hx.data(), x, hx.size() * sizeof(In), cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(hw.data(), w, hw.size() * sizeof(In), cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(hb.data(), bias, hb.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> hbf(N);
+  for (int n = 0; n < N; ++n) hbf[n] = __bfloat162float(hb[n]);
+  CHECK(cudaMemcpy(biasf, hbf.data(), size_t(N) * 4, cudaMemcpyHostToDevice));
+  const double scale = std::is_same_v<In, fp8> ? double(kXScale) * double(kWScale) : 1.0;
+  std::vector<double> fx(hx.size()), fw(hw.size());
+  for (size_t i = 0; i < hx.size(); ++i) fx[i] = double(static_cast<float>(hx[i]));
+  for (size_t i = 0; i < hw.size(); ++i) fw[i] = double(static_cast<float>(hw[i]));
   std::vector<double> ref(size_t(M) * N);
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < N; ++n) {
-      double s = double(__bfloat162float(hb[n]));
-      for (int k = 0; k < K; ++k)
-        s += double(__bfloat162float(hx[size_t(m) * K + k])) * double(__bfloat162float(hw[size_t(n) * K + k]));
-      ref[size_t(m) * N + n] = s;
+      double s = 0;
+      for (int k = 0; k < K; ++k) s += fx[size_t(m) * K + k] * fw[size_t(n) * K + k];
+      ref[size_t(m) * N + n] = scale * s + double(hbf[n]);
     }
-  auto host_cmp = [&](auto* dev, const char* what, double tol) {
+  auto host_cmp = [&](auto* dev, const std::string& what, double tol) {
     using T = std::remove_pointer_t<decltype(dev)>;
     std::vector<T> h(size_t(M) * N);
     CHECK(cudaMemcpy(h.data(), dev, h.size() * sizeof(T), cudaMemcpyDeviceToHost));
@@ -233,224 +301,261 @@ static void check_host(int M, int N, int K, int sms) {
       r2 += ref[i] * ref[i];
     }
     verdict(what, M, N, K, {std::sqrt(d2 / r2), nans, 0}, tol);
+    check_error_word(what, M, N, K);
   };
-  CHECK(cudaMemset(y, 0xFF, size_t(M) * N * 2));
-  launch<256, 4>(x, w, params(y, M, N, K, bias), sms);
-  host_cmp(y, "vs float64: 128x256 bf16 out, bias", 1e-2);
-  CHECK(cudaMemset(y, 0xFF, size_t(M) * N * 2));
-  launch<128, 6>(x, w, params(y, M, N, K, bias), sms);
-  host_cmp(y, "vs float64: 128x128 bf16 out, bias", 1e-2);
-  CHECK(cudaMemset(yf, 0xFF, size_t(M) * N * 4));
-  std::vector<float> hbf(N);
-  for (int n = 0; n < N; ++n) hbf[n] = __bfloat162float(hb[n]);
-  float* biasf;
-  CHECK(cudaMalloc(&biasf, size_t(N) * 4));
-  CHECK(cudaMemcpy(biasf, hbf.data(), size_t(N) * 4, cudaMemcpyHostToDevice));
-  launch<256, 4, float>(x, w, params<float>(yf, M, N, K, biasf), sms);
-  host_cmp(yf, "vs float64: 128x256 fp32 out, bias", 1e-4);
+  for (const auto& v : vb) {
+    if (!takes(v, N)) continue;
+    CHECK(cudaMemset(y, 0xFF, size_t(M) * N * 2));
+    launch(v, x, w, params<In>(y, M, N, K, bias));
+    host_cmp(y, std::string("vs float64: ") + v.name + ", bf16 out", 1e-2);
+  }
+  if (vf != nullptr)
+    for (const auto& v : *vf) {
+      if (!takes(v, N)) continue;
+      CHECK(cudaMemset(yf, 0xFF, size_t(M) * N * 4));
+      launch(v, x, w, params<In>(yf, M, N, K, biasf));
+      host_cmp(yf, std::string("vs float64: ") + v.name + ", fp32 out", 1e-4);
+    }
   for (void* p : {(void*)x, (void*)w, (void*)bias, (void*)y, (void*)yf, (void*)biasf}) CHECK(cudaFree(p));
 }
 
-// fp8 e4m3 with tensor scales, bf16 out, against cuBLASLt fp8 (fast
-// accumulation: the tensor cores' own, as here; and cuBLASLt's default).
-static void fp8_section(Lt& lt, int M, int N, int K, int sms) {
-  if (K % 16 != 0) return;  // TMA needs rows of whole 16-byte units
-  fp8 *x, *w;
-  bf16 *y, *ref;
-  float* scales;
-  CHECK(cudaMalloc(&x, size_t(M) * K));
-  CHECK(cudaMalloc(&w, size_t(N) * K));
-  CHECK(cudaMalloc(&y, size_t(M) * N * 2));
-  CHECK(cudaMalloc(&ref, size_t(M) * N * 2));
-  CHECK(cudaMalloc(&scales, 2 * sizeof(float)));
-  const float h_scales[2] = {0.5f, 0.02f};
-  CHECK(cudaMemcpy(scales, h_scales, sizeof(h_scales), cudaMemcpyHostToDevice));
-  fill_normal<<<1024, 256>>>(x, size_t(M) * K, 3 + M, 2.f);
-  fill_normal<<<1024, 256>>>(w, size_t(N) * K, 4 + N, 2.f);
-  auto fast = lt.plan(M, N, K, CUDA_R_16BF, nullptr, CUDA_R_8F_E4M3, scales + 1, scales, true);
-  auto slow = lt.plan(M, N, K, CUDA_R_16BF, nullptr, CUDA_R_8F_E4M3, scales + 1, scales, false);
-  // cuBLASLt refused its first fp8 candidate on an H100 (status 15): the reference is the first that runs.
-  size_t first = 0;
-  while (first < fast.algos.size() && lt.try_run(fast, first, x, w, ref) != CUBLAS_STATUS_SUCCESS) ++first;
-  if (first == fast.algos.size()) {
-    std::printf("cublasLt: no fp8 candidate runs at %dx%dx%d\n", M, N, K);
-    return;
-  }
-  GemmParams<bf16> p = params(y, M, N, K);
-  p.alpha = h_scales[0] * h_scales[1];
-  auto k256 = [&] { launch<256, 4>(x, w, p, sms); };
-  auto k128 = [&] { launch<128, 6>(x, w, p, sms); };
-  for (auto [what, f] : {std::pair<const char*, std::function<void()>>{"vs cublasLt fp8: 128x256 s4", k256},
-                         {"vs cublasLt fp8: 128x128 s6", k128}}) {
-    CHECK(cudaMemset(y, 0xFF, size_t(M) * N * 2));
-    f();
-    CHECK(cudaDeviceSynchronize());
-    verdict(what, M, N, K, compare_dev(y, ref, size_t(M) * N), 1e-2);
-  }
-  if (M < 1024 || M % 128 != 0) {
-    for (void* q : {(void*)x, (void*)w, (void*)y, (void*)ref, (void*)scales}) CHECK(cudaFree(q));
-    return;
-  }
-  const std::vector<float> fast_ms = lt.time_all(fast, x, w, ref), slow_ms = lt.time_all(slow, x, w, ref);
-  if (fast_ms.empty()) return;
-  const float best = *std::min_element(fast_ms.begin(), fast_ms.end());
-  add("fp8 cublasLt fast-accum best", M, N, K, best, best);
-  if (!slow_ms.empty())
-    add("fp8 cublasLt default best", M, N, K, *std::min_element(slow_ms.begin(), slow_ms.end()), best);
-  add("fp8 sm90 128x256 s4", M, N, K, time_b2b(k256), best);
-  add("fp8 sm90 128x128 s6", M, N, K, time_b2b(k128), best);
-  for (void* q : {(void*)x, (void*)w, (void*)y, (void*)ref, (void*)scales}) CHECK(cudaFree(q));
+static bool in_sweep(const char* name) {
+  for (const char* s : kSweep)
+    if (std::strcmp(s, name) == 0) return true;
+  return false;
 }
 
-int main() {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a later failure keeps the lines before it
-  int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaDeviceProp prop;
-  CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device %s, %d SMs\n", prop.name, sms);
-  check_host(200, 300, 264, sms);
-  check_host(333, 517, 1000, sms);
-  check_host(129, 257, 72, sms);
-
-  Lt lt;
+// The large shapes: each variant against cuBLASLt, the gate, and the timings.
+template <class In>
+static void run_shapes(Lt& lt, const std::vector<Entry<In, bf16>>& vs) {
+  constexpr bool kFp8 = std::is_same_v<In, fp8>;
   cudaStream_t side;
   CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  uint32_t *flags, *error, *h_epochs;
+  uint32_t *flags, *h_epochs;
   CHECK(cudaMalloc(&flags, kChunks * 4));
-  CHECK(cudaMalloc(&error, 4));
-  CHECK(cudaMemset(error, 0, 4));
   CHECK(cudaMallocHost(&h_epochs, 4 * 1024));
   uint32_t epoch = 0;
+  cudaEvent_t launched;
+  CHECK(cudaEventCreateWithFlags(&launched, cudaEventDisableTiming));
 
   const int shapes[][3] = {{16384, 3584, 8192}, {16384, 8192, 3584}, {4096, 3584, 8192},
-                           {1024, 3584, 8192},  {1000, 3576, 8184}};
+                           {1024, 3584, 8192},  {1000, 3576, 8192 - (kFp8 ? 16 : 8)}};
   for (auto& s : shapes) {
-    if (std::getenv("JO_SM90_FP8_ONLY")) break;
     const int M = s[0], N = s[1], K = s[2];
     const bool timed = M >= 1024 && M % (128 * kChunks) == 0;
-    bf16 *x, *w, *y, *ref, *prompt;
-    CHECK(cudaMalloc(&x, size_t(M) * K * 2));
-    CHECK(cudaMalloc(&w, size_t(N) * K * 2));
+    In *x, *w, *h_x = nullptr;
+    bf16 *y, *ref, *prompt;
+    CHECK(cudaMalloc(&x, size_t(M) * K * sizeof(In)));
+    CHECK(cudaMalloc(&w, size_t(N) * K * sizeof(In)));
     CHECK(cudaMalloc(&y, size_t(M) * N * 2));
     CHECK(cudaMalloc(&ref, size_t(M) * N * 2));
     CHECK(cudaMalloc(&prompt, size_t(M) * N * 2));
-    fill_normal<<<1024, 256>>>(x, size_t(M) * K, 1 + M, 1.f);
-    fill_normal<<<1024, 256>>>(w, size_t(N) * K, 2 + N, 0.05f);
-    auto plan = lt.plan(M, N, K, CUDA_R_16BF, nullptr);
-    if (plan.algos.empty()) continue;
-    lt.run(plan, 0, x, w, ref);
+    fill_normal<<<1024, 256>>>(x, size_t(M) * K, 1 + M, kFp8 ? 2.f : 1.f);
+    fill_normal<<<1024, 256>>>(w, size_t(N) * K, 2 + N, kFp8 ? 2.f : 0.05f);
+    auto free_all = [&] {
+      for (void* p : {(void*)x, (void*)w, (void*)y, (void*)ref, (void*)prompt}) CHECK(cudaFree(p));
+      if (h_x != nullptr) CHECK(cudaFreeHost(h_x));
+    };
+    const cudaDataType in_type = kFp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    // cuBLASLt's A is w: its scale is w's.
+    auto plan = lt.plan(M, N, K, CUDA_R_16BF, nullptr, in_type, kFp8 ? dev_scales + 1 : nullptr,
+                        kFp8 ? dev_scales : nullptr, true);
+    const int ref_algo = lt.first_that_runs(plan, x, w, ref);
+    if (ref_algo < 0) {
+      std::printf("cublasLt: no candidate runs at %dx%dx%d (%s); shape skipped\n", M, N, K, dtype_name.c_str());
+      free_all();
+      continue;
+    }
+    lt.run(plan, ref_algo, x, w, ref);
     CHECK(cudaDeviceSynchronize());
 
-    auto checked = [&](const char* what, const std::function<void()>& f) {
+    auto checked = [&](const std::string& what, const std::function<void()>& f) {
       CHECK(cudaMemset(y, 0xFF, size_t(M) * N * 2));
       f();
       CHECK(cudaDeviceSynchronize());
       verdict(what, M, N, K, compare_dev(y, ref, size_t(M) * N), 1e-2);
+      check_error_word(what, M, N, K);
     };
-    auto plain256 = [&] { launch<256, 4>(x, w, params(y, M, N, K), sms); };
-    auto plain128 = [&] { launch<128, 6>(x, w, params(y, M, N, K), sms); };
-    checked("vs cublasLt: 128x256 s4", plain256);
-    checked("vs cublasLt: 128x128 s6", plain128);
+    for (const auto& v : vs)
+      if (takes(v, N)) checked(std::string("vs cublasLt: ") + v.name, [&] { launch(v, x, w, params<In>(y, M, N, K)); });
     if (!timed) {
-      for (void* p : {(void*)x, (void*)w, (void*)y, (void*)ref, (void*)prompt}) CHECK(cudaFree(p));
+      free_all();
       continue;
     }
 
     const int chunk_rows = M / kChunks;
-    auto gated = [&](uint32_t e) {
-      GemmParams<bf16> p = params(y, M, N, K);
+    auto gated = [&](uint32_t e, int group = 8) {
+      GemmParams<bf16> p = params<In>(y, M, N, K);
       p.flags = flags;
       p.epoch = e;
       p.chunk_rows = chunk_rows;
       p.own_chunk = kOwnChunk;
-      p.error = error;
-      p.watchdog_ns = 2000000000u;
+      p.watchdog_ns = kWatchdogNs;
+      p.raster_group = group;
       return p;
     };
     auto set_flags = [&](uint32_t v) {
       std::vector<uint32_t> h(kChunks, v);
       CHECK(cudaMemcpy(flags, h.data(), kChunks * 4, cudaMemcpyHostToDevice));
     };
-    // Flags released before the launch.
-    set_flags(++epoch);
-    const uint32_t prompt_epoch = epoch;
-    checked("vs cublasLt: gate, flags set", [&] { launch<256, 4>(x, w, gated(prompt_epoch), sms); });
-    CHECK(cudaMemcpy(prompt, y, size_t(M) * N * 2, cudaMemcpyDeviceToDevice));
-    // Flags released after the launch, chunk by chunk in walk order, on the side stream.
-    cudaEvent_t launched;
-    CHECK(cudaEventCreateWithFlags(&launched, cudaEventDisableTiming));
-    auto release_late = [&](bf16* rows_dst, const bf16* rows_src) {
+    // Flags released after the launch, chunk by chunk in walk order, on the
+    // side stream; with rows_dst, each chunk's rows copied in before its flag.
+    auto release_late = [&](const Entry<In, bf16>& v, In* rows_dst, const In* rows_src) {
       const uint32_t e = ++epoch;
       h_epochs[e % 1024] = e;
       // The side stream follows what precedes the launch (the poisoning of x),
       // never the launch itself, which waits for the side stream's flags.
       CHECK(cudaEventRecord(launched, 0));
       CHECK(cudaStreamWaitEvent(side, launched));
-      launch<256, 4>(x, w, gated(e), sms);
+      launch(v, x, w, gated(e));
       for (int i = 0; i < kChunks; ++i) {
         const int c = (kOwnChunk + i) % kChunks;
         if (rows_dst != nullptr)
           CHECK(cudaMemcpyAsync(rows_dst + size_t(c) * chunk_rows * K, rows_src + size_t(c) * chunk_rows * K,
-                                size_t(chunk_rows) * K * 2, cudaMemcpyHostToDevice, side));
+                                size_t(chunk_rows) * K * sizeof(In), cudaMemcpyHostToDevice, side));
         CHECK(cudaMemcpyAsync(flags + c, &h_epochs[e % 1024], 4, cudaMemcpyHostToDevice, side));
       }
     };
-    auto flags_late = [&] {
-      release_late(nullptr, nullptr);
-      CHECK(cudaStreamSynchronize(side));
-    };
-    checked("vs cublasLt: gate, flags late", flags_late);
-    bf16* h_x;
-    CHECK(cudaMallocHost(&h_x, size_t(M) * K * 2));
-    CHECK(cudaMemcpy(h_x, x, size_t(M) * K * 2, cudaMemcpyDeviceToHost));
-    auto rows_late = [&] {
-      CHECK(cudaMemset(x, 0xFF, size_t(M) * K * 2));
-      release_late(x, h_x);
-    };
-    checked("vs cublasLt: gate, rows late", rows_late);
-    const Cmp bits = compare_dev(y, prompt, size_t(M) * N);
-    failures += bits.diffs != 0;
-    std::printf("check %-36s %6d %6d %6d  %.0f elements differ from the prompt launch  %s\n",
-                "gate, rows late: bitwise", M, N, K, bits.diffs, bits.diffs == 0 ? "PASS" : "FAIL");
-    uint32_t herr = 0;
-    CHECK(cudaMemcpy(&herr, error, 4, cudaMemcpyDeviceToHost));
-    if (herr != 0) {
-      std::printf("check watchdog fired: chunk %u\n", herr - 1);
-      ++failures;
+    CHECK(cudaMallocHost(&h_x, size_t(M) * K * sizeof(In)));
+    CHECK(cudaMemcpy(h_x, x, size_t(M) * K * sizeof(In), cudaMemcpyDeviceToHost));
+    for (const auto& v : vs) {
+      if (!takes(v, N)) continue;
+      const std::string name = v.name;
+      set_flags(++epoch);
+      const uint32_t prompt_epoch = epoch;
+      checked("vs cublasLt: " + name + ", gate, flags set", [&] { launch(v, x, w, gated(prompt_epoch)); });
+      CHECK(cudaMemcpy(prompt, y, size_t(M) * N * 2, cudaMemcpyDeviceToDevice));
+      checked("vs cublasLt: " + name + ", gate, flags late", [&] {
+        release_late(v, nullptr, nullptr);
+        CHECK(cudaStreamSynchronize(side));
+      });
+      checked("vs cublasLt: " + name + ", gate, rows late", [&] {
+        CHECK(cudaMemset(x, 0xFF, size_t(M) * K * sizeof(In)));
+        release_late(v, x, h_x);
+        CHECK(cudaStreamSynchronize(side));
+      });
+      const Cmp bits = compare_dev(y, prompt, size_t(M) * N);
+      failures += bits.diffs != 0;
+      std::printf("check %-44s %6d %6d %6d  %.0f elements differ from the flags-set launch  %s\n",
+                  (name + ", gate, rows late: bitwise").c_str(), M, N, K, bits.diffs, bits.diffs == 0 ? "PASS" : "FAIL");
+      set_flags(epoch);
     }
 
-    auto add = [&](const char* name, float ms, float base) { ::add(name, M, N, K, ms, base); };
     const std::vector<float> lt_ms = lt.time_all(plan, x, w, ref);
-    if (lt_ms.empty()) continue;
+    if (lt_ms.empty()) {
+      free_all();
+      continue;
+    }
     const float best = *std::min_element(lt_ms.begin(), lt_ms.end());
-    add("cublasLt best of 8", best, best);
-    add("cublasLt first that runs", lt_ms[0], best);
-    add("sm90 128x256 s4", time_b2b(plain256), best);
-    add("sm90 128x128 s6", time_b2b(plain128), best);
-    add("sm90 128x256 gate, flags set", time_b2b([&] { launch<256, 4>(x, w, gated(prompt_epoch), sms); }), best);
-    add("sm90 128x256 gate, flags late", time_b2b(flags_late, 10), best);
-    add("sm90 128x256 gate, rows late", time_b2b([&] {
-          release_late(x, h_x);
-          CHECK(cudaStreamSynchronize(side));
-        }, 5), best);
-    add("copies alone (rows + flags)", time_b2b([&] {
+    add(kFp8 ? "cublasLt best (fast accum)" : "cublasLt best", M, N, K, best, best);
+    add(kFp8 ? "cublasLt first (fast accum)" : "cublasLt first", M, N, K, lt_ms[0], best);
+    if (kFp8) {
+      auto slow = lt.plan(M, N, K, CUDA_R_16BF, nullptr, in_type, dev_scales + 1, dev_scales, false);
+      const std::vector<float> slow_ms = lt.time_all(slow, x, w, ref);
+      if (!slow_ms.empty()) add("cublasLt best (default accum)", M, N, K, *std::min_element(slow_ms.begin(), slow_ms.end()), best);
+    }
+    for (const auto& v : vs) {
+      if (!takes(v, N)) continue;
+      const std::string name = v.name;
+      add(name, M, N, K, time_b2b([&] { launch(v, x, w, params<In>(y, M, N, K)); }), best);
+      add(name + " gate set", M, N, K, time_b2b([&] { launch(v, x, w, gated(epoch)); }), best);
+      if (!in_sweep(v.name)) continue;
+      for (int g : kRasterSweep) {
+        GemmParams<bf16> p = params<In>(y, M, N, K);
+        p.raster_group = g;
+        add(name + " g" + std::to_string(g), M, N, K, time_b2b([&] { launch(v, x, w, p); }), best);
+      }
+      add(name + " gate late", M, N, K, time_b2b([&] {
+            release_late(v, nullptr, nullptr);
+            CHECK(cudaStreamSynchronize(side));
+          }, 10), best);
+      add(name + " gate rows late", M, N, K, time_b2b([&] {
+            release_late(v, x, h_x);
+            CHECK(cudaStreamSynchronize(side));
+          }, 5), best);
+      set_flags(epoch);
+    }
+    add("copies alone (rows + flags)", M, N, K, time_b2b([&] {
           for (int c = 0; c < kChunks; ++c) {
             CHECK(cudaMemcpyAsync(x + size_t(c) * chunk_rows * K, h_x + size_t(c) * chunk_rows * K,
-                                  size_t(chunk_rows) * K * 2, cudaMemcpyHostToDevice, 0));
+                                  size_t(chunk_rows) * K * sizeof(In), cudaMemcpyHostToDevice, 0));
             CHECK(cudaMemcpyAsync(flags + c, &h_epochs[0], 4, cudaMemcpyHostToDevice, 0));
           }
         }, 5), best);
     set_flags(epoch);
-    CHECK(cudaEventDestroy(launched));
-    CHECK(cudaFreeHost(h_x));
-    for (void* p : {(void*)x, (void*)w, (void*)y, (void*)ref, (void*)prompt}) CHECK(cudaFree(p));
+    uint32_t e = 0;
+    CHECK(cudaMemcpy(&e, error_word, 4, cudaMemcpyDeviceToHost));
+    if (e != 0) {  // the timed launches' error word: a gate or barrier that timed out there
+      std::printf("check timed launches' error word 0x%08x at %dx%dx%d  FAIL\n", e, M, N, K);
+      ++failures;
+      CHECK(cudaMemset(error_word, 0, 4));
+    }
+    free_all();
   }
-  for (auto& s : shapes) fp8_section(lt, s[0], s[1], s[2], sms);
-  std::printf("\n%-32s %6s %6s %6s %10s %9s %12s\n", "variant", "M", "N", "K", "b2b ms", "TFLOP/s", "vs cuBLAS");
+  CHECK(cudaEventDestroy(launched));
+  CHECK(cudaFreeHost(h_epochs));
+  CHECK(cudaFree(flags));
+  CHECK(cudaStreamDestroy(side));
+}
+
+template <class In, class Out>
+static std::vector<Entry<In, Out>> select(std::vector<Entry<In, Out>> all, const char* only) {
+  std::vector<Entry<In, Out>> out;
+  for (const auto& v : all)
+    if (std::strncmp(v.name, only, std::strlen(only)) == 0) out.push_back(v);
+  return out;
+}
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a later failure keeps the lines before it
+  const char* only = "";
+  dtype_name = "bf16";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--dtype")) dtype_name = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--tag")) tag = argv[i + 1];
+    else {
+      std::fprintf(stderr, "usage: hopper_bench [--dtype bf16|fp8] [--only PREFIX] [--tag TAG]\n");
+      return 2;
+    }
+  }
+  if (dtype_name != "bf16" && dtype_name != "fp8") {
+    std::fprintf(stderr, "hopper_bench: --dtype is bf16 or fp8, got %s\n", dtype_name.c_str());
+    return 2;
+  }
+  if (tag.empty()) tag = dtype_name + (*only ? std::string("-") + only : std::string());
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, %d SMs; %s, variants \"%s*\"\n", prop.name, sms, dtype_name.c_str(), only);
+  CHECK(cudaMalloc(&error_word, 4));
+  CHECK(cudaMemset(error_word, 0, 4));
+  CHECK(cudaMalloc(&dev_scales, 2 * sizeof(float)));
+  const float h_scales[2] = {kXScale, kWScale};
+  CHECK(cudaMemcpy(dev_scales, h_scales, sizeof(h_scales), cudaMemcpyHostToDevice));
+
+  Lt lt;
+  if (dtype_name == "bf16") {
+    const auto vb = select(variants<bf16, bf16>(), only);
+    const auto vf = select(variants<bf16, float>(), only);
+    for (const auto& v : vf)
+      if (v.launch == nullptr) std::printf("%s: not built for fp32 out (hopper_variants.h, entry())\n", v.name);
+    // Odd N (direct epilogues only), then N a multiple of 8 with tails past the
+    // tile and the cluster (TMA stores too).
+    for (auto [M, N, K] : {std::array<int, 3>{200, 300, 264}, {333, 517, 1000}, {129, 257, 72}, {333, 520, 1000},
+                           {129, 264, 72}, {200, 776, 264}})
+      check_host(vb, &vf, M, N, K);
+    run_shapes(lt, vb);
+  } else {
+    const auto v8 = select(variants<fp8, bf16>(), only);
+    for (auto [M, N, K] : {std::array<int, 3>{333, 520, 1008}, {129, 264, 80}, {200, 776, 272}, {200, 300, 272}})
+      check_host<fp8>(v8, nullptr, M, N, K);
+    run_shapes(lt, v8);
+  }
+  std::printf("\n%-40s %6s %6s %6s %10s %9s %12s\n", "variant", "M", "N", "K", "b2b ms", "TFLOP/s", "vs cuBLASLt");
   for (const Row& r : table)
-    std::printf("%-32s %6d %6d %6d %10.4f %9.1f %12.3f\n", r.name, r.M, r.N, r.K, r.ms,
+    std::printf("%-40s %6d %6d %6d %10.4f %9.1f %12.3f\n", r.name.c_str(), r.M, r.N, r.K, r.ms,
                 2.0 * r.M * r.N * r.K / r.ms / 1e9, r.ratio);
-  std::printf("\n%s: %d check(s) failed\n", failures ? "FAIL" : "PASS", failures);
+  std::printf("\n%s %s: %d check(s) failed\n", tag.c_str(), failures ? "FAIL" : "PASS", failures);
   return failures != 0;
 }

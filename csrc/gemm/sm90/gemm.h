@@ -1,242 +1,137 @@
-// The sm90 (Hopper, sm_90a) persistent GEMM: y[M,N] = alpha * x[M,K] w[N,K]^T
-// (+ bias[N]), both operands K-major, fp32 accumulation.
+// The sm90 (Hopper, sm_90a) persistent GEMM: y[M,N] = alpha x_scale w_scale
+// x[M,K] w[N,K]^T (+ bias[N]), both operands K-major, fp32 accumulation;
+// bf16 or fp8 e4m3 operands, bf16 / fp16 / fp32 out.
 //
 // One CTA per SM, 384 threads: warpgroup 0 is the producer (one thread issues
-// TMA loads into a kStages-deep shared-memory ring, completing on mbarriers),
-// warpgroups 1 and 2 are the consumers (rows 0-63 and 64-127 of the 128-row
-// tile, wgmma from shared memory, then the epilogue straight from registers to
-// global memory). setmaxnreg gives the consumers the producer's registers.
+// TMA loads into a kStages-deep shared-memory ring, completing on mbarriers:
+// mainloop.h), warpgroups 1 and 2 are the consumers (wgmma from shared memory,
+// then the epilogue: epilogue.h): cooperative, rows 0-63 and 64-127 of one
+// 128-row tile; ping-pong, 64-row tiles taken in turn (the CTA's tiles 0, 2, ...
+// and 1, 3, ...), each consumer skipping the other's slots of the ring.
+// setmaxnreg gives the consumers the producer's registers. Tiles come from the
+// persistent walk of tile_scheduler.h. The knobs of a variant (tile width, ring
+// depth, clusters of two with TMA multicast, epilogue, wgmma depth) are
+// config.h's Variant; the benchmark compares them side by side.
 //
 // The chunk gate: with p.flags set, x's rows come in chunks of p.chunk_rows,
-// chunk c ready once flags[c] >= p.epoch (epochs are monotonic, so a later
-// call's flags may land while this one runs). Before the first load of a tile
-// the producer acquires the flags of every chunk the tile's rows touch; a flag
-// that stays below the epoch for about p.watchdog_ns records 1 + its chunk in
-// *p.error and the wait ends (the output is then invalid: the host reads
-// *p.error after the launch), so no launch hangs on a peer that never comes.
-// Flags must be written by copy engines (memcpy, memset), never by a kernel:
-// one would starve behind this grid, which holds every SM.
+// chunk c ready once flags[c] >= p.epoch. Before the first load of a (cluster)
+// tile the producer acquires the flags of every chunk the tile's rows touch
+// (mainloop.h); a flag that stays below the epoch for about p.watchdog_ns
+// records 1 + its chunk in *p.error and the wait ends (the output is then
+// invalid: the host reads *p.error after the launch), so no launch hangs on a
+// peer that never comes. Flags must be written by copy engines (memcpy,
+// memset), never by a kernel: one would starve behind this grid, which holds
+// every SM.
+//
+// The error word after a launch: 0; or 1 + the chunk whose flag never came;
+// or kErrorBarrierHang | HangSite (ptx.h) where an mbarrier wait outlasted
+// p.watchdog_ns (with flags) + 1 s, a protocol bug: the grid then drains
+// instead of hanging, its output garbage. Without an error word such a wait
+// traps.
 #pragma once
 
 #include <cuda.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
-#include <type_traits>
+#include <cstring>
 
+#include "gemm/sm90/config.h"
+#include "gemm/sm90/epilogue.h"
+#include "gemm/sm90/mainloop.h"
 #include "gemm/sm90/ptx.h"
 #include "gemm/sm90/tensor_map.h"
 #include "gemm/sm90/tile_scheduler.h"
-#include "gemm/sm90/wgmma.h"
 
 namespace jo::gemm::sm90 {
 
-template <class Out>
-struct GemmParams {
-  Out* y;                 // [M, N] row-major
-  const Out* bias;        // [N] or nullptr
-  float alpha;            // the product of the operands' tensor scales (1 for bf16)
-  int M, N, K;
-  const uint32_t* flags;  // [ceil(M / chunk_rows)] or nullptr: no gate
-  uint32_t epoch;
-  int chunk_rows;
-  int own_chunk;          // the walk starts at this chunk's rows
-  uint32_t* error;        // 0, or 1 + the chunk whose flag never came (needed with flags)
-  uint32_t watchdog_ns;
-};
-
-// One k-tile is 128 bytes of K per row: the 128-byte swizzle's row, and four
-// wgmma k-slices of 32 bytes.
-template <class In>
-struct InTraits;
-
-template <>
-struct InTraits<__nv_bfloat16> {
-  static constexpr CUtensorMapDataType kMapType = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  template <int BN>
-  __device__ static void mma(float (&d)[BN / 2], uint64_t a, uint64_t b, int scale_d) {
-    if constexpr (BN == 256) wgmma_m64n256k16_bf16(d, a, b, scale_d);
-    else wgmma_m64n128k16_bf16(d, a, b, scale_d);
-  }
-};
-
-template <>
-struct InTraits<__nv_fp8_e4m3> {
-  static constexpr CUtensorMapDataType kMapType = CU_TENSOR_MAP_DATA_TYPE_UINT8;
-  template <int BN>
-  __device__ static void mma(float (&d)[BN / 2], uint64_t a, uint64_t b, int scale_d) {
-    if constexpr (BN == 256) wgmma_m64n256k32_e4m3(d, a, b, scale_d);
-    else wgmma_m64n128k32_e4m3(d, a, b, scale_d);
-  }
-};
-
-template <class In, int BN_, int kStages_>
-struct Config {
-  static constexpr int BM = 128, BN = BN_, kStages = kStages_;
-  static constexpr int BK = 128 / int(sizeof(In));
-  static constexpr int kThreads = 384;
-  static constexpr int kABytes = BM * 128, kBBytes = BN * 128;
-  static constexpr int kSmemBytes = kStages * (kABytes + kBBytes) + 2 * kStages * 8 + 1024;  // + alignment slack
-  static_assert(BN == 128 || BN == 256, "sm90 gemm: BN is 128 or 256");
-  static_assert(kSmemBytes <= 232448, "sm90 gemm: the ring exceeds Hopper's 227 KB of shared memory per block");
-};
-
-template <class Out>
-__device__ __forceinline__ Out to_out(float v) {
-  if constexpr (std::is_same_v<Out, __nv_bfloat16>) return __float2bfloat16_rn(v);
-  else if constexpr (std::is_same_v<Out, __half>) return __float2half_rn(v);
-  else return v;
-}
-
-template <class Out>
-__device__ __forceinline__ float bias_at(const GemmParams<Out>& p, int col) {
-  return p.bias != nullptr && col < p.N ? static_cast<float>(p.bias[col]) : 0.f;
-}
-
-template <class Out>
-__device__ __forceinline__ void store_pair(const GemmParams<Out>& p, int row, int col, float v0, float v1) {
-  if (row >= p.M) return;
-  Out* dst = p.y + int64_t(row) * p.N + col;
-  if (col + 1 < p.N && (p.N & 1) == 0) {  // an even N keeps every pair aligned
-    if constexpr (std::is_same_v<Out, float>) *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-    else if constexpr (std::is_same_v<Out, __nv_bfloat16>)
-      *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
-    else *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(v0, v1);
-  } else {
-    if (col < p.N) dst[0] = to_out<Out>(v0);
-    if (col + 1 < p.N) dst[1] = to_out<Out>(v1);
-  }
-}
-
-// The producer's gate (see the file comment). `ready` caches the chunks already
-// seen released: a flag only grows within a launch.
-template <class Out>
-__device__ void wait_for_rows(const GemmParams<Out>& p, int m0, int BM, uint64_t& ready) {
-  const int last = (min(m0 + BM, p.M) - 1) / p.chunk_rows;
-  bool waited = false;
-  for (int c = m0 / p.chunk_rows; c <= last; ++c) {
-    if ((ready >> c) & 1) continue;
-    uint64_t slept = 0;
-    while (int32_t(load_acquire_sys(p.flags + c) - p.epoch) < 0) {  // >= modulo 2^32
-      if (slept >= p.watchdog_ns) {
-        atomicCAS(p.error, 0u, 1u + c);
-        break;
-      }
-      __nanosleep(128);
-      slept += 128;
-    }
-    ready |= uint64_t(1) << c;
-    waited = true;
-  }
-  if (waited) fence_proxy_async_global();
-}
-
-template <class In, class Out, int BN, int kStages>
+// map_y is read only by the TMA-store epilogue.
+template <class In, class Out, class V>
 __global__ __launch_bounds__(384, 1) void gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                                                       const __grid_constant__ CUtensorMap map_b,
+                                                      const __grid_constant__ CUtensorMap map_y,
                                                       const GemmParams<Out> p) {
-  using C = Config<In, BN, kStages>;
+  using C = Config<In, Out, V>;
+  using Sched = PersistentScheduler<C::BM, C::BN, C::kClusterM, C::kClusterN>;
   extern __shared__ uint8_t smem_raw[];
+  // The ring, then the epilogue's staging, then the barriers; every tile and
+  // slice on a 1024-byte boundary (the 128-byte swizzle's atom).
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint8_t* sa = smem;
-  uint8_t* sb = smem + kStages * C::kABytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(sb + kStages * C::kBBytes);
-  uint64_t* empty = full + kStages;
-  constexpr int kConsumers = 2;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + C::kRingBytes + C::kEpiBytes);
+  const Ring ring{smem, smem + C::kStages * C::kABytes, bars, bars + C::kStages};
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumers);
+    for (int s = 0; s < C::kStages; ++s) {
+      mbar_init(&ring.full[s], 1);
+      mbar_init(&ring.empty[s], C::kSlotReaders * C::kClusterSize);
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  // The peer's barriers must be initialized before this CTA's first arrival
+  // on them or multicast into its ring.
+  if constexpr (C::kClusterSize > 1) cluster_sync();
+  else __syncthreads();
 
-  const PersistentScheduler<C::BM, BN> sched(p.M, p.N, p.own_chunk * p.chunk_rows);
-  const int k_tiles = (p.K + C::BK - 1) / C::BK;
+  const uint32_t rank = C::kClusterSize > 1 ? cluster_ctarank() : 0;
+  const int first_tile = blockIdx.x / C::kClusterSize, tile_step = gridDim.x / C::kClusterSize;
+  const uint64_t hang_ns = (p.flags != nullptr ? uint64_t(p.watchdog_ns) : 0) + 1000000000ull;
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     setmaxnreg_dec<40>();
-    if (threadIdx.x != 0) return;
-    tma_prefetch_descriptor(&map_a);
-    tma_prefetch_descriptor(&map_b);
-    uint64_t ready = 0;
-    int stage = 0;
-    uint32_t phase = 0;
-    for (int t = blockIdx.x; t < sched.tiles(); t += gridDim.x) {
-      const TileCoord tc = sched.coord(t);
-      if (p.flags != nullptr) wait_for_rows(p, tc.m0, C::BM, ready);
-      for (int k = 0; k < k_tiles; ++k) {
-        mbar_wait(&empty[stage], phase ^ 1);
-        mbar_arrive_expect_tx(&full[stage], C::kABytes + C::kBBytes);
-        tma_load_2d(sa + stage * C::kABytes, &map_a, &full[stage], k * C::BK, tc.m0);
-        tma_load_2d(sb + stage * C::kBBytes, &map_b, &full[stage], k * C::BK, tc.n0);
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
-      }
-    }
+    if (threadIdx.x == 0) produce<C, In>(&map_a, &map_b, p, ring, first_tile, tile_step, rank, hang_ns);
     return;
   }
 
   setmaxnreg_inc<232>();
-  const int cw = wg - 1;  // this warpgroup's 64 rows of the tile
-  const bool signals = threadIdx.x % 128 == 0;
-  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-  float acc[BN / 2];
-  int stage = 0;
-  uint32_t phase = 0;
-  for (int t = blockIdx.x; t < sched.tiles(); t += gridDim.x) {
-    const TileCoord tc = sched.coord(t);
-    int prev = 0;
-    for (int k = 0; k < k_tiles; ++k) {
-      mbar_wait(&full[stage], phase);
-      const uint64_t da = smem_desc_k128b(sa + stage * C::kABytes + cw * 64 * 128);
-      const uint64_t db = smem_desc_k128b(sb + stage * C::kBBytes);
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < 4; ++s) InTraits<In>::template mma<BN>(acc, da + 2 * s, db + 2 * s, k > 0 || s > 0);
-      wgmma_commit();
-      // One k-tile's wgmmas stay in flight; the one before has read its slot.
-      wgmma_wait<1>();
-      if (k > 0 && signals) mbar_arrive(&empty[prev]);
-      prev = stage;
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
+  const int cw = wg - 1;  // this consumer warpgroup
+  const Sched sched(p.M, p.N, p.own_chunk * p.chunk_rows, p.raster_group);
+  const int k_tiles = (p.K + C::BK - 1) / C::BK;
+  const float alpha = scale_of(p);
+  EpilogueOf<C, Out> epi(smem + C::kRingBytes, &map_y, cw);
+  float acc[C::BN / 2];
+  RingPos pos;
+  // Ping-pong: this warpgroup takes every other tile of the CTA's walk, and its
+  // ring position passes over the other's k_tiles slots. The mainloops take
+  // turns (named barrier 3 + w: warpgroup w may start its next one), which
+  // also keeps the mbarrier phases exact: a consumer that skipped the other's
+  // slots waits on a slot only after the other has consumed its previous use,
+  // so it is never two phases ahead of a barrier (its parity would alias).
+  constexpr int kTurns = C::kPingpong ? 2 : 1;
+  const int turn = C::kPingpong ? cw : 0;
+  if (turn > 0) pos.template skip<C::kStages>(k_tiles);
+  bool first = true;
+  for (int t = first_tile + turn * tile_step; t < sched.tiles(); t += kTurns * tile_step) {
+    const TileCoord tc = Sched::cta_tile(sched.cluster_tile(t), rank);
+    if constexpr (C::kPingpong) {
+      if (cw == 1 || !first) named_barrier_sync(3 + cw, 256);
     }
-    wgmma_wait<0>();
-    if (signals) mbar_arrive(&empty[prev]);
-
-    // Accumulator fragment of wgmma m64nN: warp w holds rows 16w + lane/4 (+ 8),
-    // columns 8j + 2 (lane % 4) (+ 1) in registers 4j (+ 1) and 4j + 2 (+ 1).
-    const int row = tc.m0 + cw * 64 + warp * 16 + lane / 4;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int col = tc.n0 + 8 * j + 2 * (lane % 4);
-      const float b0 = bias_at(p, col), b1 = bias_at(p, col + 1);
-      store_pair(p, row, col, acc[4 * j] * p.alpha + b0, acc[4 * j + 1] * p.alpha + b1);
-      store_pair(p, row + 8, col, acc[4 * j + 2] * p.alpha + b0, acc[4 * j + 3] * p.alpha + b1);
+    mma_tile<C, In>(acc, ring, pos, k_tiles, cw, p.error, hang_ns);
+    if constexpr (C::kPingpong) {
+      named_barrier_arrive(3 + (1 - cw), 256);
+      pos.template skip<C::kStages>(k_tiles);
     }
+    epi.store(acc, p, alpha, tc.m0 + (C::kPingpong ? 0 : cw * 64), tc.n0);
+    first = false;
   }
+  epi.finish();
 }
 
-// Host launcher. x [M, K] and w [N, K] row-major (K contiguous). Returns 0, or
-// -1 with the reason in `err`.
-template <class In, class Out, int BN, int kStages>
+// Host launcher. x [M, K] and w [N, K] row-major (K contiguous). `max_ctas`
+// caps the persistent grid (the SM count); with clusters the grid is also
+// capped at the clusters that fit at once, so that none waits for a second
+// wave. Returns 0, or -1 with the reason in `err`.
+template <class In, class Out, class V>
 struct Gemm {
-  using C = Config<In, BN, kStages>;
+  using C = Config<In, Out, V>;
+  using Sched = PersistentScheduler<C::BM, C::BN, C::kClusterM, C::kClusterN>;
 
-  static int launch(const In* x, const In* w, const GemmParams<Out>& p, int grid, cudaStream_t stream, char* err,
-                    size_t err_len) {
+  static int check(const GemmParams<Out>& p, char* err, size_t err_len) {
     if (p.M <= 0 || p.N <= 0 || p.K <= 0) {
       std::snprintf(err, err_len, "sm90 gemm: M, N, K must be positive, got %d, %d, %d", p.M, p.N, p.K);
+      return -1;
+    }
+    if (p.raster_group <= 0) {
+      std::snprintf(err, err_len, "sm90 gemm: raster_group must be positive, got %d", p.raster_group);
       return -1;
     }
     if (p.flags != nullptr) {
@@ -255,21 +150,75 @@ struct Gemm {
                     p.chunk_rows, p.own_chunk);
       return -1;
     }
-    CUtensorMap map_a, map_b;
-    if (make_tensor_map_k128b(&map_a, x, InTraits<In>::kMapType, sizeof(In), p.M, p.K, C::BM, err, err_len) ||
-        make_tensor_map_k128b(&map_b, w, InTraits<In>::kMapType, sizeof(In), p.N, p.K, BN, err, err_len))
+    return 0;
+  }
+
+  // The most clusters of this variant that are resident at once (0 on error).
+  static int max_active_clusters(int max_ctas) {
+    cudaLaunchConfig_t cfg{};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3(max_ctas / C::kClusterSize * C::kClusterSize);
+    cfg.blockDim = dim3(C::kThreads);
+    cfg.dynamicSmemBytes = C::kSmemBytes;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = C::kClusterSize;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, gemm_kernel<In, Out, V>, &cfg) != cudaSuccess) return 0;
+    return clusters;
+  }
+
+  static int launch(const In* x, const In* w, const GemmParams<Out>& p, int max_ctas, cudaStream_t stream, char* err,
+                    size_t err_len) {
+    if (check(p, err, err_len)) return -1;
+    CUtensorMap map_a, map_b, map_y;
+    std::memset(&map_y, 0, sizeof(map_y));
+    if (make_tensor_map_2d(&map_a, x, InTraits<In>::kMapType, sizeof(In), p.M, p.K, C::BM / C::kClusterN, 128, "x",
+                           err, err_len) ||
+        make_tensor_map_2d(&map_b, w, InTraits<In>::kMapType, sizeof(In), p.N, p.K, C::BN / C::kClusterM, 128, "w",
+                           err, err_len))
       return -1;
+    if constexpr (C::kEpilogue == Epilogue::kTmaStore) {
+      if (make_tensor_map_2d(&map_y, p.y, OutTraits<Out>::kMapType, sizeof(Out), p.M, p.N, 64,
+                             C::kSliceCols * int(sizeof(Out)), "y (the TMA-store epilogue; the direct one takes any N)",
+                             err, err_len))
+        return -1;
+    }
     static const cudaError_t configured = cudaFuncSetAttribute(
-        gemm_kernel<In, Out, BN, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+        gemm_kernel<In, Out, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
     if (configured != cudaSuccess) {
       std::snprintf(err, err_len, "sm90 gemm: cannot raise shared memory to %d bytes: %s", C::kSmemBytes,
                     cudaGetErrorString(configured));
       return -1;
     }
-    const int tiles = PersistentScheduler<C::BM, BN>(p.M, p.N, 0).tiles();
-    gemm_kernel<In, Out, BN, kStages><<<grid < tiles ? grid : tiles, C::kThreads, C::kSmemBytes, stream>>>(
-        map_a, map_b, p);
-    const cudaError_t e = cudaGetLastError();
+    int clusters = max_ctas / C::kClusterSize;
+    if constexpr (C::kClusterSize > 1) {
+      static const int resident = max_active_clusters(max_ctas);
+      if (resident <= 0) {
+        std::snprintf(err, err_len, "sm90 gemm: no cluster of %d CTAs with %d bytes of shared memory fits",
+                      C::kClusterSize, C::kSmemBytes);
+        return -1;
+      }
+      clusters = clusters < resident ? clusters : resident;
+    }
+    const int tiles = Sched(p.M, p.N, 0, p.raster_group).tiles();
+    clusters = clusters < tiles ? clusters : tiles;
+    cudaLaunchConfig_t cfg{};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3(clusters * C::kClusterSize);
+    cfg.blockDim = dim3(C::kThreads);
+    cfg.dynamicSmemBytes = C::kSmemBytes;
+    cfg.stream = stream;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = C::kClusterSize;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = C::kClusterSize > 1 ? 1 : 0;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, gemm_kernel<In, Out, V>, map_a, map_b, map_y, p);
     if (e != cudaSuccess) {
       std::snprintf(err, err_len, "sm90 gemm: launch failed: %s", cudaGetErrorString(e));
       return -1;
