@@ -10,8 +10,6 @@ it is refused naming both threads. That XLA's execute path takes the claim is te
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from jax_overlap.quantization import scaling
@@ -169,51 +167,50 @@ def test_both_e5m2_and_other_dtypes_are_refused_by_name():
 # --- EnqueueClaim ------------------------------------------------------------------------------------------------
 
 
-def claims(ordinals, overlap):
-  """(thread id, status) of each thread's claim on its ordinal, as ag_matmul's execute takes it."""
-  return harness().enqueue_claims("ag_matmul", ordinals, overlap)
+def claims(ordinals, hold):
+  """(thread id, status) of each thread's claim on its ordinal, as ag_matmul's execute takes it, the threads in
+  turn; hold: each keeps a claim it got until all have claimed."""
+  return harness().enqueue_claims("ag_matmul", ordinals, hold)
 
 
-def test_two_overlapping_claims_on_one_gpu_refuse_one_naming_both_threads():
-  (first, first_status), (second, second_status) = claims([0, 0], overlap=True)
-  assert first != second
-  refused = [(t, s) for t, s in ((first, first_status), (second, second_status)) if s]
-  assert len(refused) == 1, (first_status, second_status)
-  thread, message = refused[0]
-  holder = second if thread == first else first
-  assert message.startswith(f"FAILED_PRECONDITION: jax_overlap ag_matmul: host thread {thread} ran a call on GPU 0 "
-                            f"while thread {holder} was enqueuing another there"), message
+def refused(thread, holder, ordinal) -> str:
+  return (f"FAILED_PRECONDITION: jax_overlap ag_matmul: host thread {thread} ran a call on GPU {ordinal} while "
+          f"thread {holder} was enqueuing another there; ")
+
+
+def test_a_second_claim_on_a_held_gpu_is_refused_naming_both_threads():
+  (holder, held), (thread, message) = claims([0, 0], hold=True)
+  assert holder != thread and held == "", held
+  assert message.startswith(refused(thread, holder, 0)), message
   assert '(docs/protocol.md, "Host threads")' in message, message
 
 
-def test_overlapping_claims_refuse_all_but_the_holder_on_each_gpu():
-  got = claims([5, 6, 5, 5, 6], overlap=True)
-  for ordinal in (5, 6):
-    on_it = [(t, s) for o, (t, s) in zip([5, 6, 5, 5, 6], got) if o == ordinal]
-    holders = [t for t, s in on_it if not s]
-    assert len(holders) == 1, on_it
-    for thread, message in on_it:
-      if message:
-        assert re.search(rf"host thread {thread} ran a call on GPU {ordinal} while thread {holders[0]} was ",
-                         message), message
+def test_each_gpu_has_one_holder_and_a_refused_claim_frees_nothing():
+  """Claims on GPUs 5 and 6 in turn: the first on each holds it; a refused claim, dropped at once, leaves the
+  holder's in place, so the claims after it are refused too."""
+  got = claims([5, 6, 5, 5, 6], hold=True)
+  (t5, s5), (t6, s6) = got[0], got[1]
+  assert (s5, s6) == ("", ""), got
+  for (thread, message), ordinal, holder in zip(got[2:], [5, 5, 6], [t5, t5, t6]):
+    assert message.startswith(refused(thread, holder, ordinal)), message
 
 
-def test_overlapping_claims_on_different_gpus_are_not_refused():
-  got = claims([0, 1, 2, 63], overlap=True)
+def test_held_claims_on_different_gpus_are_not_refused():
+  got = claims([0, 1, 2, 63], hold=True)
   assert [s for _, s in got] == [""] * 4, got
 
 
 def test_claims_one_after_another_are_not_refused():
-  got = claims([0, 0, 0], overlap=False)
+  got = claims([0, 0, 0], hold=False)
   assert len({t for t, _ in got}) == 3 and [s for _, s in got] == [""] * 3, got
-  # After an overlap, the holder's release frees the GPU for the next thread.
-  claims([4, 4], overlap=True)
-  assert [s for _, s in claims([4], overlap=False)] == [""]
+  # The holder's release frees the GPU for the next thread's call.
+  claims([4, 4], hold=True)
+  assert [s for _, s in claims([4], hold=False)] == [""]
 
 
 @pytest.mark.parametrize("ordinal", [-1, 64])
 def test_an_ordinal_out_of_range_is_refused(ordinal):
   assert harness().MAX_LOCAL_DEVICES == 64
-  ((_, message),) = claims([ordinal], overlap=False)
+  ((_, message),) = claims([ordinal], hold=False)
   assert message == (f"INVALID_ARGUMENT: jax_overlap ag_matmul: invalid device ordinal: expected 0 to 63, got "
                      f"{ordinal}"), message

@@ -80,11 +80,9 @@ std::string error_text(const ffi::Error& e) {
   return name + ": " + e.message();
 }
 
-// Until `count` threads have arrived. The claims' threads meet here so that what the test asks of them (all
-// claims held at once) holds however the threads are scheduled.
-void arrive_and_wait(std::atomic<int>& arrived, int count) {
-  arrived.fetch_add(1);
-  while (arrived.load() < count) std::this_thread::yield();
+// Until `turn` reaches `until`.
+void wait_for(const std::atomic<int>& turn, int until) {
+  while (turn.load() < until) std::this_thread::yield();
 }
 
 }  // namespace
@@ -117,39 +115,39 @@ void bind_handler_checks(py::module_& m) {
       py::arg("op"), py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("x_scale"), py::arg("w_scale"),
       py::arg("y"), py::arg("like_x") = py::none(), py::arg("w_kmajor") = false, py::arg("scaling") = 0,
       py::arg("fast_accumulation") = false);
-  // One host thread per entry of `ordinals` takes an EnqueueClaim on that GPU, as handler `op`'s execute does.
-  // overlap: the threads claim at once and hold their claims until every thread has claimed; otherwise each
-  // claims after the one before has released. Per thread: its Linux thread id and its claim's status as
-  // error_text gives it ("" when it held the GPU).
+  // One host thread per entry of `ordinals` takes an EnqueueClaim on that GPU, as handler `op`'s execute does,
+  // each in turn (so the first on each GPU is the one that holds it). hold: each keeps a claim it got until every
+  // thread has claimed (a refused claim is dropped at once, as its handler returns); otherwise each releases before
+  // the next claims. Per thread: its Linux thread id and its claim's status as error_text gives it ("" when it
+  // held the GPU).
   m.def(
       "enqueue_claims",
-      [](const std::string& op, const std::vector<int32_t>& ordinals, bool overlap) {
+      [](const std::string& op, const std::vector<int32_t>& ordinals, bool hold) {
         const int count = static_cast<int>(ordinals.size());
         std::vector<uint64_t> threads(ordinals.size());
         std::vector<std::string> statuses(ordinals.size());
-        std::atomic<int> ready{0}, claimed{0};
+        std::atomic<int> turn{0};  // the thread whose turn it is to claim; count when all have
         const auto claim = [&](int i) {
           threads[i] = static_cast<uint64_t>(syscall(SYS_gettid));
-          if (overlap) arrive_and_wait(ready, count);
-          const EnqueueClaim held(ordinals[i]);
-          statuses[i] = error_text(held.status(op.c_str()));
-          if (overlap) arrive_and_wait(claimed, count);
+          wait_for(turn, i);
+          std::optional<EnqueueClaim> held;
+          held.emplace(ordinals[i]);
+          statuses[i] = error_text(held->status(op.c_str()));
+          if (!hold || !statuses[i].empty()) held.reset();
+          turn.store(i + 1);
+          wait_for(turn, count);
         };
         {
           py::gil_scoped_release release;
           std::vector<std::thread> running;
-          for (int i = 0; i < count; ++i) {
-            running.emplace_back(claim, i);
-            if (!overlap) running.back().join();
-          }
-          for (std::thread& t : running)
-            if (t.joinable()) t.join();
+          for (int i = 0; i < count; ++i) running.emplace_back(claim, i);
+          for (std::thread& t : running) t.join();
         }
         py::list out;
         for (int i = 0; i < count; ++i) out.append(py::make_tuple(threads[i], statuses[i]));
         return out;
       },
-      py::arg("op"), py::arg("ordinals"), py::arg("overlap"));
+      py::arg("op"), py::arg("ordinals"), py::arg("hold"));
 }
 
 }  // namespace jo::bindings
