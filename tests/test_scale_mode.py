@@ -1,7 +1,8 @@
 """The scaling mode travels to the GPU calls in their attributes (issue 52.6): one enum, csrc/core/scale_mode.h
 ScaleMode, that Scaling.code mirrors (the header and the harness module's SCALE_MODES against Python), and in every
 float8 call's config as the lowering emits it on a stand-in GPU runtime (tests/fake_gpu.py). The handlers' refusal
-of scales whose shape disagrees with the mode runs on a GPU: tests/gpu/test_scale_mode_gpu.py."""
+of scales whose shape disagrees with the mode: tests/test_native_contracts.py (check_gemm on a CPU) and
+tests/gpu/test_scale_mode_gpu.py (through a call on a GPU)."""
 
 import re
 from pathlib import Path

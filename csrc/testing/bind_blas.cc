@@ -16,6 +16,16 @@ using namespace pybind11::literals;
 
 namespace jo::bindings {
 
+py::dict gemm_problem_dict(const GemmProblem& p) {
+  return py::dict("x"_a = dtype_name(p.types.x), "w"_a = dtype_name(p.types.w), "out"_a = dtype_name(p.types.out),
+                  "bias_type"_a = dtype_name(p.types.bias), "scaled"_a = p.types.scaled, "blocks"_a = p.types.blocks,
+                  "fast_accumulation"_a = p.types.fast_accumulation, "rows"_a = p.rows, "n"_a = p.n, "k"_a = p.k,
+                  "batch"_a = p.batch, "ldx"_a = p.ldx, "ldy"_a = p.ldy, "ldw"_a = p.ldw,
+                  "x_stride"_a = p.x_batch_stride, "y_stride"_a = p.y_batch_stride, "w_kmajor"_a = p.w_kmajor,
+                  "bias"_a = p.bias, "alignment"_a = p.alignment, "sm_count"_a = p.sm_count,
+                  "id"_a = blas::problem_id(p));
+}
+
 void bind_blas(py::module_& m) {
   // The float8 formats the vendor GEMM runs on a GPU of architecture `arch` ("sm_90", "gfx942": the
   // runtime's device_info), by jax's names.
@@ -42,20 +52,8 @@ void bind_blas(py::module_& m) {
   });
   m.def("describe_gemm_problem", [](const std::string& id) { return blas::describe(problem_arg(id)); },
         py::arg("id"));
-  m.def(
-      "gemm_problem_fields",
-      [](const std::string& id) {
-        const GemmProblem p = problem_arg(id);
-        return py::dict("x"_a = dtype_name(p.types.x), "w"_a = dtype_name(p.types.w),
-                        "out"_a = dtype_name(p.types.out), "bias_type"_a = dtype_name(p.types.bias),
-                        "scaled"_a = p.types.scaled, "blocks"_a = p.types.blocks,
-                        "fast_accumulation"_a = p.types.fast_accumulation, "rows"_a = p.rows, "n"_a = p.n,
-                        "k"_a = p.k, "batch"_a = p.batch, "ldx"_a = p.ldx, "ldy"_a = p.ldy, "ldw"_a = p.ldw,
-                        "x_stride"_a = p.x_batch_stride, "y_stride"_a = p.y_batch_stride, "w_kmajor"_a = p.w_kmajor,
-                        "bias"_a = p.bias, "alignment"_a = p.alignment, "sm_count"_a = p.sm_count,
-                        "id"_a = blas::problem_id(p));
-      },
-      py::arg("id"));
+  m.def("gemm_problem_fields", [](const std::string& id) { return gemm_problem_dict(problem_arg(id)); },
+        py::arg("id"));
   // The heuristic's first `candidates` for a problem on GPU `ordinal`, each timed as tune_gemm times them but
   // under the protocol given (samples of sample_us, `rounds` turns, after warmup_us of the first); no plan changes.
   m.def(

@@ -20,5 +20,11 @@ void bind_blas(pybind11::module_& m);
 void bind_pipelined_harness(pybind11::module_& m);
 // Simulated ranks on one GPU (bind_sim_group.cc).
 void bind_sim_group(pybind11::module_& m);
+// The FFI handlers' shared checks on a CPU: check_gemm on described buffers, EnqueueClaim from threads
+// (bind_handler_checks.cc).
+void bind_handler_checks(pybind11::module_& m);
+
+// A GEMM problem's fields by name, and its id (blas/gemm.h problem_id) as "id" (bind_blas.cc).
+pybind11::dict gemm_problem_dict(const GemmProblem& p);
 
 }  // namespace jo::bindings

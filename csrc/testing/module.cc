@@ -4,10 +4,12 @@
 #include "testing/bindings.h"
 
 PYBIND11_MODULE(_native_testing, m) {
-  m.doc() = "jax_overlap test and benchmark harness: simulated ranks, loopback timings, hooks, mirrored constants";
+  m.doc() = "jax_overlap test and benchmark harness: simulated ranks, loopback timings, hooks, mirrored constants, "
+            "the handlers' checks";
   jo::bindings::bind_contracts(m);
   jo::bindings::bind_hooks(m);
   jo::bindings::bind_blas(m);
   jo::bindings::bind_pipelined_harness(m);
   jo::bindings::bind_sim_group(m);
+  jo::bindings::bind_handler_checks(m);
 }
