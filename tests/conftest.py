@@ -128,6 +128,19 @@ def make_mesh():
 
 
 @pytest.fixture
+def fake(monkeypatch):
+  """A fresh runtime on a FakeNative (every CPU device as a GPU of this process), not set up; jax's caches cleared
+  before and after, so no executable lowered for another runtime is reused."""
+  import jax
+  from fake_gpu import FakeNative, install
+  native = FakeNative()
+  install(monkeypatch.setattr, native)
+  jax.clear_caches()
+  yield native
+  jax.clear_caches()
+
+
+@pytest.fixture
 def fake_gpu_runtime(monkeypatch):
   """A runtime that believes it has every CPU device as a reachable GPU (tests/fake_gpu.py: an H200's sm_90, a
   300 GB/s link), set up with a 1 GiB workspace; the FakeNative it runs on."""

@@ -24,20 +24,9 @@ from jax_overlap.planning import agreement
 
 import fake_gpu
 import two_processes
-from fake_gpu import FakeNative, install
 
 # The calls' per-rank GEMM: with the model GPU of fake_gpu, overlapping the gather pays (pipelined).
 ROWS, K, N = 4096, 8192, 2048
-
-
-@pytest.fixture
-def fake(monkeypatch):
-  """A fresh runtime on a FakeNative (8 CPU devices as GPUs of one process)."""
-  native = FakeNative()
-  install(monkeypatch.setattr, native)
-  jax.clear_caches()
-  yield native
-  jax.clear_caches()
 
 
 def _ag(mesh, algorithm, name="layer"):

@@ -12,14 +12,6 @@ from jax_overlap.ops import OPS, ag_matmul, matmul_rs
 from jax_overlap.planning import figures, pipelined
 from jax_overlap.quantization import scaling
 
-from fake_gpu import FakeNative, install
-
-
-@pytest.fixture
-def fake(monkeypatch):
-  fake = FakeNative()
-  install(monkeypatch.setattr, fake)
-  return fake
 
 
 def _problem(op, x="float8_e4m3fn", w="float8_e4m3fn", out="bfloat16", world=4, rows=4096, k=1024, n=1024):

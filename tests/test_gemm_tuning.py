@@ -16,17 +16,10 @@ from jax_overlap.runtime import native, settings
 from jax_overlap.planning import tuning
 
 import native_testing
-from fake_gpu import FakeNative, cuda_text, install
+from fake_gpu import cuda_text
 
 needs_native = pytest.mark.skipif(native.module() is None,
                                   reason="needs jax_overlap's native module (a pure-Python install has none)")
-
-
-@pytest.fixture
-def fake(monkeypatch):
-  fake = FakeNative()
-  install(monkeypatch.setattr, fake)
-  return fake
 
 
 # --- settings ------------------------------------------------------------------------------------------------

@@ -8,24 +8,14 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_overlap
 from jax_overlap.runtime import workspace
 
-from fake_gpu import FakeNative, custom_calls, cuda_text, install
+from fake_gpu import custom_calls, cuda_text
 
 WORLD, ROWS, K = 8, 64, 128
-
-
-@pytest.fixture
-def fake(monkeypatch):
-  native = FakeNative()
-  install(monkeypatch.setattr, native)
-  jax.clear_caches()
-  yield native
-  jax.clear_caches()
 
 
 def _layer(mesh, algorithm):
