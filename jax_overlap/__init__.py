@@ -1,20 +1,13 @@
 """jax_overlap: all-gather and reduce-scatter overlapped with GEMMs, for tensor parallelism in JAX.
 
-  ag_matmul       all-gather x's rows + GEMM (the column-parallel linear layer)
-  matmul_rs       GEMM + reduce-scatter (the row-parallel linear layer)
-  AgDotGeneral    ag_matmul as a layer's dot_general (flax Dense, DenseGeneral, nnx.Linear, attention qkv)
-  RsDotGeneral    matmul_rs as a layer's dot_general (the row-parallel projections)
-  Fp8AgDotGeneral, Fp8RsDotGeneral  the same layers in float8, for training (bf16/f32 in, quantized each call)
-  Fp8DelayedAgDotGeneral, Fp8DelayedRsDotGeneral  flax.linen modules: Flax's delayed-scaling fp8 dot (its state
-                  and update rule) on the ops; imported on first use (they import flax)
-  jax_overlap.maxtext  MaxText's dense layers on the ops (python -m jax_overlap.maxtext; docs/maxtext.md)
+  ag_matmul, matmul_rs          all-gather + GEMM, GEMM + reduce-scatter: the column- and row-parallel layers
+  AgDotGeneral, RsDotGeneral    the ops as a layer's dot_general (flax Dense, DenseGeneral, nnx.Linear, attention)
+  Fp8AgDotGeneral, Fp8RsDotGeneral  the same in float8, for training (bf16/f32 in, quantized each call)
+  Fp8DelayedAgDotGeneral, Fp8DelayedRsDotGeneral  Flax's delayed-scaling fp8 dot on the ops (flax.linen modules)
+  jax_overlap.maxtext           MaxText's dense layers on the ops (docs/maxtext.md)
 
-Use them inside jax.shard_map (axis_name=...) or on sharded global arrays under jax.jit (axis_name=None). A call
-runs a GPU algorithm where it gains, else the XLA path, on any backend; build_info() says what this installation
-runs. Documentation: README.md and docs/.
-
-  import jax_overlap as jo
-  y = jo.ag_matmul(x, w, axis_name="tp")   # inside jax.shard_map over a mesh with axis "tp"
+Inside jax.shard_map (axis_name=...) or on sharded global arrays under jax.jit (axis_name=None), on any backend: a
+GPU algorithm where it gains, else the XLA path (build_info() says which). Documentation: README.md and docs/.
 """
 
 import importlib
@@ -29,7 +22,6 @@ from jax_overlap.runtime.errors import PeerTimeoutError, WorkspaceFullError
 from jax_overlap.runtime.native import build_info, gpu_available
 from jax_overlap.runtime.workspace import check_errors, clear_errors, initialize, shutdown, workspace_info
 
-# A bad setting is an error at import, on every backend.
 _settings.check_all()
 
 # The delayed-scaling layers are flax modules: flax is imported on first use, not with jax_overlap.

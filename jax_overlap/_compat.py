@@ -19,7 +19,6 @@ def varying_axes(x) -> frozenset:
 
 
 def make_varying(x, axes: tuple):
-
   missing = tuple(a for a in axes if a not in varying_axes(x))
   if not missing:
     return x
@@ -31,14 +30,12 @@ def axis_size(axis_name) -> int:
 
 
 def bound_axis_names() -> tuple:
-  """The axis names bound where this is traced (shard_map's manual mesh axes, vmap and pmap axis names)."""
   from jax._src import core
   return tuple(core.get_axis_env().axis_names())
 
 
 def forward_mode(*values) -> bool:
-  """Whether a value is being differentiated in forward mode here (a JVP tracer: reverse mode traces with linearize
-  tracers, unless jax_use_direct_linearize is off)."""
+  """Whether a value is a JVP tracer; reverse mode has linearize tracers unless jax_use_direct_linearize is off."""
   from jax._src.interpreters import ad
   return jax.config.jax_use_direct_linearize and any(isinstance(v, ad.JVPTracer) for v in values)
 
@@ -49,14 +46,12 @@ def apply_primitive(prim):
 
 
 def spmd_axis_context_type():
-  """The lowering's axis-context class inside shard_map and custom partitioning."""
   from jax._src import sharding_impls
   return sharding_impls.SPMDAxisContext
 
 
 def named_spec(s, mesh, ndim: int):
-  """The PartitionSpec on `mesh` of an undecoded custom-partitioning sharding, or None where none gives it (Shardy's
-  sub-axes, e.g. 2 blocks of a block scale on an axis of 4)."""
+  """The PartitionSpec of an undecoded custom-partitioning sharding; None for Shardy's sub-axes."""
   from jax._src import sharding_impls
   hlo = getattr(s, "_hlo_sharding", None)
   if hlo is None:
@@ -65,12 +60,11 @@ def named_spec(s, mesh, ndim: int):
     (spec,) = sharding_impls.parse_flatten_op_sharding(hlo, mesh)
   except (ValueError, KeyError, StopIteration, NotImplementedError, AssertionError):
     return None
-  # its parse of an unusual device order may name another layout: only one that gives the same shards counts
+  # An unusual device order may parse as another layout.
   return spec if s.is_equivalent_to(jax.sharding.NamedSharding(mesh, spec), ndim) else None
 
 
 def kv_client():
-  """The jax.distributed coordination service's key-value client, or None before jax.distributed.initialize()."""
   from jax._src import distributed
   return distributed.global_state.client
 
@@ -91,13 +85,12 @@ except ImportError:  # jax 0.11 dropped the module
 
 
 def shard_alike(x, y):
-  """Ties the shardings of x and y: on an Auto mesh, the only way to give a gradient its primal's layout."""
+  """Ties x's and y's shardings: on an Auto mesh the only way to give a gradient its primal's layout."""
   return _group_p.bind(x, y) if _shard_alike is None else _shard_alike(x, y)
 
 
 def _sharding_group_primitive():
   """A Shardy sharding group standing in for shard_alike in the JAX versions without it."""
-
   import itertools
   from jax._src import core, dispatch
   from jax._src.interpreters import ad, batching, mlir

@@ -1,12 +1,7 @@
-"""Shardings every layer reads: specs, the pieces of the ops' global-array plans, and meshes with Explicit axes.
-
-A spec has one entry per dim: a tuple of mesh axes, or None. A dim its axes do not divide is unsharded: XLA pads
-uneven shards with values that must not reach a product or a gather.
-
-Lowerings and partitioned bodies are per-shard code and run with the mesh's Explicit axes Auto (auto_axes, untyped):
-typed by the caller's mesh, a one-device call is inlined with global operand types (an illegal local dot_general),
-and a collective's reducer would be typed too (XLA's CPU collectives take only a plain binary reducer).
-"""
+"""Specs (per dim a tuple of mesh axes, or None), the global-array plans' pieces, and Explicit meshes. A dim its
+axes do not divide is unsharded: XLA's padding of uneven shards must not reach a product. Per-shard code runs with
+Explicit axes Auto (auto_axes, untyped): typed, a one-device call inlines with global operand types (an illegal
+local dot_general), and XLA's CPU collectives refuse a typed reducer."""
 
 from __future__ import annotations
 
@@ -20,7 +15,6 @@ from jax_overlap import _compat
 
 
 def spec_of(sharding, ndim: int) -> list:
-  """Per-dim mesh axes (a tuple, or None) of a sharding or a PartitionSpec."""
   spec = list(sharding if isinstance(sharding, P) else getattr(sharding, "spec", ()))
   spec += [None] * (ndim - len(spec))
   out = []
@@ -33,8 +27,7 @@ def spec_of(sharding, ndim: int) -> list:
 
 
 def spec_on(mesh, s, ndim: int) -> list | None:
-  """spec_of an undecoded sharding from custom partitioning; None where no PartitionSpec names it (Shardy's
-  sub-axes from reshapes, e.g. a dim of 2 blocks that was 256 on an axis of 4)."""
+  """spec_of an undecoded custom-partitioning sharding; None for Shardy's sub-axes (_compat.named_spec)."""
   if isinstance(s, (NamedSharding, P)):
     return spec_of(s, ndim)
   spec = _compat.named_spec(s, mesh, ndim)
@@ -46,7 +39,6 @@ def size(mesh, axes) -> int:
 
 
 def even(mesh, spec, shape) -> list:
-  """spec with every dim that its axes do not divide evenly unsharded."""
   return [s if s and n % size(mesh, s) == 0 else None for s, n in zip(spec, shape)]
 
 
@@ -55,7 +47,6 @@ def axes_in(specs) -> set:
 
 
 def disjoint(specs, taken: set) -> list:
-  """specs, each left unsharded where its axes collide with `taken` or with an earlier kept spec."""
   out, used = [], set(taken)
   for s in specs:
     keep = s if s and not set(s) & used else None
@@ -65,9 +56,8 @@ def disjoint(specs, taken: set) -> list:
 
 
 def settle(free, n_specs, request) -> tuple[list, list]:
-  """(free, n_specs) with no axis in both. The output dims win where the requested output spec has them: a
-  reshard of the result is one XLA's SPMD partitioner does by replicating it ("Involuntary full
-  rematerialization"); else the batch dims win."""
+  """(free, n_specs) with no axis in both: the output dims win where the request has them (XLA reshards a result
+  by replicating it, an "Involuntary full rematerialization"), else the batch dims."""
   n_specs = list(n_specs)
   if request is not None and axes_in(free) & axes_in(n_specs):
     asked = list(request[len(request) - len(n_specs):])
@@ -77,7 +67,6 @@ def settle(free, n_specs, request) -> tuple[list, list]:
 
 
 def w_spec(k_specs, n_specs, w_kmajor: bool) -> P:
-  """w's spec from its contraction dims' and output dims' ([K.., N..], or [N.., K..] when w_kmajor)."""
   return P(*n_specs, *k_specs) if w_kmajor else P(*k_specs, *n_specs)
 
 
@@ -86,18 +75,16 @@ def factors(prefix: str, count: int) -> list:
 
 
 def fold(a, axis: int, end: int):
-  """a with dims axis..end-1 (negative) merged: on row-major arrays a tiled gather or scatter along `axis` is one
-  along the merged dim."""
+  """a with dims axis..end-1 merged: a tiled gather or scatter along `axis` is one along the merged dim."""
   shape = a.shape
   start, stop = a.ndim + axis, a.ndim + end
   return a.reshape(*shape[:start], math.prod(shape[start:stop]), *shape[stop:])
 
 
 def reshape(a, shape, like=None):
-  """a.reshape(shape), typed on an Explicit mesh, where JAX's own rule refuses all but one split or merge of a
-  sharded-major dim (tiles [a, b] -> [a/128, 128, b/128, 128]; [B, S, K] -> [B*S, K] with S sharded). `like`: an
-  array whose layout the result takes. Otherwise merged dims keep all their axes in order, and a split dim's axes go
-  to the first part they divide (none: gathered)."""
+  """a.reshape(shape), typed on an Explicit mesh, where JAX refuses most splits or merges of a sharded dim ([B, S,
+  K] -> [B*S, K] with S sharded). The result takes `like`'s layout, else merged dims keep their axes in order and a
+  split dim's go to the first part they divide (none: gathered)."""
   if -1 in shape:
     rest = math.prod(d for d in shape if d != -1)
     shape = tuple(math.prod(a.shape) // rest if d == -1 else d for d in shape)
@@ -124,7 +111,7 @@ def _reshaped_spec(mesh, old: tuple, spec: list, new: tuple) -> list:
         news.append(j)
         pn, j = pn * new[j], j + 1
     axes = tuple(a for d in olds for a in (spec[d] or ()))
-    if not axes or (len(olds) > 1 and len(news) > 1):  # neither a split nor a merge: gathered
+    if not axes or (len(olds) > 1 and len(news) > 1):
       continue
     if len(olds) > 1:
       out[news[0]] = axes
@@ -137,15 +124,13 @@ def _reshaped_spec(mesh, old: tuple, spec: list, new: tuple) -> list:
 
 
 def resharded(v, mesh, spec):
-  """v (or None) in layout `spec`, resharded only when its type has another."""
   if v is None or spec_of(jax.typeof(v).sharding, v.ndim) == spec_of(spec, v.ndim):
     return v
   return jax.sharding.reshard(v, NamedSharding(mesh, spec))
 
 
 def blocks_like(scale, x):
-  """A block scale in its operand x's layout on an Explicit mesh (x's axes where they divide a dim): its product
-  with x is illegal otherwise, and the reshard is small (a 128th of x or less)."""
+  """A block scale in x's layout on an Explicit mesh, where its product with x is illegal otherwise (small reshard)."""
   aval = jax.typeof(x)
   mesh = explicit_mesh(aval)
   if mesh is None:

@@ -1,9 +1,5 @@
-"""Public functions: argument checks at trace time, one driver (_drive) for both GEMM ops, and their custom VJP.
-
-The ops are each other's gradient: one custom VJP serves both, so the GPU algorithms serve the backward pass too.
-Operands are made varying over the group's axes first, so that JAX's transpose of that cast sums a replicated
-operand's gradient over the group. Only first-order reverse mode is served; algorithm="xla" takes every transform.
-"""
+"""The public ops: argument checks at trace time, one driver (_drive), and one custom VJP for both, each op being
+the other's gradient, so the GPU algorithms serve the backward pass (first-order reverse mode)."""
 
 from __future__ import annotations
 
@@ -43,7 +39,7 @@ class Call:
   axis: int | None  # the op's dim argument, negative; None: the plan's
   request: tuple | None = None  # global arrays: the output spec asked for
   w_kmajor: bool = False
-  outputs: int = 1  # how many of the op's results the caller takes
+  outputs: int = 1
   out_dtype: str = ""
 
   def dual(self, op: str, axis, request=None, outputs: int = 1) -> Call:
@@ -190,8 +186,7 @@ def _check_out_sharding(op: str, out_sharding, out_shape: tuple, axis_name) -> N
   if isinstance(out_sharding, PartitionSpec) and mesh.empty:
     raise ValueError(f"jax_overlap.{op}: out_sharding={out_sharding} is a PartitionSpec, which needs a mesh: "
                      f"pass a NamedSharding, or set one with jax.set_mesh")
-  # The plans never make uneven shards (XLA's padding must not reach a product), and a reshard after the call
-  # is refused on Explicit meshes.
+  # Uneven shards are refused: no plan makes them (_sharding.py), and an Explicit mesh refuses a reshard after.
   for dim, (axes, size) in enumerate(zip(spec_of(spec, len(out_shape)), out_shape)):
     missing = [a for a in axes or () if a not in mesh.shape]
     if missing:
@@ -223,8 +218,7 @@ def axis_group(op: str, axis_name) -> tuple[tuple, int]:
 
 
 def _constrain(out, out_sharding):
-  """out in out_sharding's layout: a constraint on an Auto mesh, a reshard on an Explicit one (out's type or
-  out_sharding's: an untyped cotangent's dual product may be asked for x's Explicit type)."""
+  """out in out_sharding's layout: a constraint, or a reshard where out's type or out_sharding's mesh is Explicit."""
   if out_sharding is None:
     return out
   if autodiff.explicit_sharding(out) is None and not has_explicit_axes(getattr(out_sharding, "mesh", None)):
@@ -274,14 +268,13 @@ def _differentiable_bwd(call: Call, residuals, cotangents):
 _differentiable.defvjp(_differentiable_fwd, _differentiable_bwd)
 
 
-# JAX's refusal of forward mode through a custom VJP (the second: in an eager shard_map). With
-# jax_use_direct_linearize off reverse mode traces with JVP tracers too, and only these words tell them apart.
+# JAX's refusals of forward mode through a custom VJP (the second: in an eager shard_map); with
+# jax_use_direct_linearize off, reverse mode has JVP tracers too and only these words tell the two apart.
 _FORWARD_MODE = ("can't apply forward-mode autodiff (jvp) to a custom_vjp function", "unhashable type: 'Unhashable'")
 
 
 def _reverse_mode(x, w, bias, scales, call: Call):
-  """The differentiable call; forward mode is refused from the operands' tracers first, since under jit JAX
-  refuses only when it lowers the staged tangent, after the call returned."""
+  """Forward mode is refused up front: under jit JAX refuses only when it lowers the tangent, after the call."""
   message = primitives.unsupported(call.op, "forward-mode differentiation (jax.jvp, jax.jacfwd)", call.algorithm)
   if _compat.forward_mode(x, w, bias, *(() if scales is None else scales.arrays())):
     raise TypeError(message)
@@ -295,7 +288,6 @@ def _reverse_mode(x, w, bias, scales, call: Call):
 
 def _drive(op, x, w, bias, *, x_scale, w_scale, out_dtype, fast_accumulation, w_kmajor, axis_name, algorithm,
            dim, every_result: bool, out_sharding):
-  """A public op's call: `dim` is its op.arguments.dim; returns the first result, or with every_result all."""
   name, arguments = op.name, op.arguments
   _check_algorithm(name, algorithm)
   with _local_shapes(axis_name):
@@ -373,8 +365,7 @@ _FP8_ARGS = """
 
 
 def _with_fp8_args(doc: str) -> str:
-  """doc and _FP8_ARGS as one docstring, both dedented: Python >= 3.13 dedents a function's docstring when it
-  compiles it, not a module's string, so a plain concatenation would indent the two parts unlike each other."""
+  """Both dedented: Python >= 3.13 dedents a function's docstring at compile time, not a module's string."""
   return inspect.cleandoc(doc) + "\n\n" + inspect.cleandoc(_FP8_ARGS)
 
 
@@ -383,25 +374,19 @@ def ag_matmul(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
               gather_axis: int = -2, out_sharding=None):
   """All-gather x's rows over a mesh axis and multiply by w: the column-parallel linear layer.
 
-  Inside jax.shard_map (axis_name names a bound mesh axis, or a tuple of axes, of size T):
-    x:    [..., m, K] local row shard (any leading batch dims; gathered along gather_axis, default -2)
-    w:    [K, *n] local shard of the weight (one or more output dims, e.g. [E, heads, head_dim]);
-          [*n, K] with w_kmajor=True
-    bias: [*n] or None
-    returns all_gather(x, gather_axis, tiled) @ w + bias [..., T*m, *n] in x's dtype (float8: out_dtype);
-    with return_gathered=True, (y, gathered_x[, gathered_scales: float32 [T], each shard's x_scale]).
-  With axis_name=None: global arrays under jit, x @ w + bias partitioned from the input shardings (docs/api.md),
-  laid out by out_sharding (NamedSharding or PartitionSpec); gathered_scales is then [1], x_scale.
+  Inside jax.shard_map (axis_name: a bound mesh axis or a tuple of them, T ranks in all):
+    x:    [..., m, K] this rank's rows, gathered along gather_axis (any dim but the last; default -2)
+    w:    [K, *n] this rank's shard of the weight ([*n, K] with w_kmajor=True); bias: [*n] or None
+    returns all_gather(x) @ w + bias [..., T*m, *n] in x's dtype (float8: out_dtype); with return_gathered=True,
+    (y, gathered_x[, gathered_scales: float32 [T], each shard's x_scale]).
+  With axis_name=None: global arrays under jit, partitioned from the input shardings (docs/api.md) and laid out by
+  out_sharding (NamedSharding or PartitionSpec); gathered_scales is then [1].
 
-  gather_axis: any dim of x but the last; the GPU algorithms serve every one.
-  algorithm: "auto" (default): "pipelined" or "fused" where the cost model predicts a gain over XLA, else
-             the XLA path; a float8 group of one is the vendor's fp8 GEMM;
-             "pipelined": the vendor GEMM per chunk of rows while copy engines move the chunks;
-             "fused": one persistent kernel of data movers and GEMM tiles;
-             "xla": all_gather + dot as plain JAX ops: no overlap, every JAX transformation.
-             The GPU algorithms raise where they cannot run.
-  Differentiable in reverse mode (float8: see below) and vmappable. Checkpoint names (jax_overlap.remat):
-  "jax_overlap.ag_matmul", "jax_overlap.ag_matmul.gathered", "jax_overlap.ag_matmul.gathered_scales".
+  algorithm: "auto" (default): a GPU algorithm where the cost model predicts a gain over XLA, else the XLA path;
+             "pipelined": the vendor GEMM per chunk of rows while copy engines move the chunks; "fused": one
+             persistent kernel of data movers and GEMM tiles; "xla": all_gather + dot as plain JAX ops, no overlap,
+             every JAX transformation. The GPU algorithms raise where they cannot run.
+  Differentiable in reverse mode (float8: see below) and vmappable; checkpoint names: jax_overlap.remat.
 
   Example (the column-parallel half of a Megatron MLP; x's rows and w's columns sharded on "tp"):
 
@@ -430,24 +415,18 @@ def matmul_rs(x, w, bias=None, *, x_scale=None, w_scale=None, out_dtype=None, fa
               out_sharding=None):
   """Multiply by w and reduce-scatter the partial products: the row-parallel linear layer.
 
-  Inside jax.shard_map (axis_name bound, group size T):
-    x:    [..., M, *k] with the contraction sharded (k local; one or more dims, e.g. [heads, head_dim])
-    w:    [*k, N] local shard of the weight; [N, *k] with w_kmajor=True
+  Inside jax.shard_map (axis_name bound, T ranks):
+    x:    [..., M, *k] with the contraction k sharded; w: [*k, N] this rank's shard ([N, *k] with w_kmajor=True)
     bias: [N] or None, added once after the reduction
-    returns psum_scatter(x @ w, scatter_axis, tiled) + bias [..., M/T, N] (scatter_axis -2, divisible by T)
-    in x's dtype (float8: out_dtype, each rank's product scaled by its own scales).
-  With axis_name=None: global arrays under jit, x @ w + bias partitioned from the input shardings (docs/api.md),
-  scattered onto scatter_axis, else the dim out_sharding shards, else the rows.
+    returns psum_scatter(x @ w) + bias [..., M/T, N] in x's dtype (float8: out_dtype), scattered onto scatter_axis
+    (default -2; divisible by T; -1 takes the XLA path, adding this rank's block of bias).
+  With axis_name=None: global arrays under jit, partitioned from the input shardings (docs/api.md) and scattered
+  onto scatter_axis, else the dim out_sharding shards, else the rows.
 
-  scatter_axis: any output dim; -1 takes the XLA path, with the bias then this rank's block of it.
-  algorithm: "auto" (default): "pipelined" or "fused" where the cost model predicts a gain over XLA, else
-             the XLA path; a float8 group of one is the vendor's fp8 GEMM;
-             "pipelined": the vendor GEMM per chunk of rows while copy engines move the chunks;
-             "fused": one persistent kernel of data movers and GEMM tiles;
-             "xla": dot + psum_scatter as plain JAX ops: no overlap, every JAX transformation.
-             The GPU algorithms raise where they cannot run. Every path rounds each rank's partial to the
-             result's dtype (float16 partials stay float32: past 65504 they would be inf) and sums in float32
-             in rank order.
+  algorithm: as ag_matmul's: "auto" (default): a GPU algorithm where it gains, else the XLA path; "pipelined": the
+             vendor GEMM per chunk of rows; "fused": one persistent kernel; "xla": dot + psum_scatter as plain JAX
+             ops. Every path rounds each rank's partial to the result's dtype (float16's stay float32) and sums them
+             in float32 in rank order.
   Differentiable in reverse mode (float8: see below) and vmappable; checkpoint name "jax_overlap.matmul_rs".
 
   Example (the row-parallel half of a Megatron MLP; h's and w's contraction sharded on "tp"):
@@ -473,8 +452,7 @@ matmul_rs.__doc__ = _with_fp8_args(matmul_rs.__doc__)
 
 
 def _shared_x_scale(scales, axes, x):
-  """scales, marked x_shared where every rank's x_scale is one value: global, or typed invariant over `axes`
-  (without shard_map's type check x does not vary either, and nothing is shared)."""
+  """scales, x_shared where every rank's x_scale is one value: global, or invariant over `axes` while x varies."""
   if scales is None or scales.scaling.follows_x:
     return scales
   shared = axes is None or (set(axes) <= _compat.varying_axes(x) and not set(axes) & _compat.varying_axes(scales.x))

@@ -1,20 +1,13 @@
-"""Checkpoint names for the ops' results, and jax.checkpoint's dot policies treating them as dot outputs.
-
-A policy is asked about each tagged result both by its name and as a dot without batch dims (which the op is),
-and the more saving answer wins: the name policies and the dot policies both save it rather than recompute the op,
-collective included.
-
-Names (the results the backward pass reads):
+"""Checkpoint names of the ops' results. A policy is asked about each both by name and as a dot without batch dims
+(which the op is), and the more saving answer wins: the dot policies save the op, collective included.
   jax_overlap.ag_matmul                  ag_matmul's y
-  jax_overlap.ag_matmul.gathered         ag_matmul's gathered x (its weight gradient reads it)
-  jax_overlap.ag_matmul.gathered_scales  the gathered x's per-shard scales (float8 calls)
+  jax_overlap.ag_matmul.gathered         its gathered x (the weight gradient reads it)
+  jax_overlap.ag_matmul.gathered_scales  the gathered x's per-shard scales (float8)
   jax_overlap.ag_matmul.w_scale          Fp8AgDotGeneral's weight scale
   jax_overlap.matmul_rs                  matmul_rs's output
-  jax_overlap.matmul_rs.x_fp8            Fp8RsDotGeneral's quantized x (its weight gradient reads it)
-  jax_overlap.matmul_rs.x_scale          and its scale
+  jax_overlap.matmul_rs.x_fp8, .x_scale  Fp8RsDotGeneral's quantized x and its scale (the weight gradient reads them)
   jax_overlap.matmul_rs.w_scale          Fp8RsDotGeneral's weight scale
-Save both ag_matmul names to keep its backward from recomputing the op; the fp8
-layers' residuals are the float8 and scale names (NAMES saves them all).
+Save both ag_matmul names to keep its backward from recomputing the op; NAMES saves them all.
 """
 
 from __future__ import annotations
@@ -56,7 +49,7 @@ def _as_name_or_dot(saveable):
 
 
 def _partial_eval(saveable, unknowns, instantiated, eqn):
-  # The generic rule of a call, on a one-equation jaxpr: checkpoint_name(x, name).
+  # A call's rule, on the one-equation jaxpr checkpoint_name(x, name).
   aval = eqn.outvars[0].aval
   x, y = jex_core.Var(aval), jex_core.Var(aval)
   named = jex_core.new_jaxpr_eqn([x], [y], jex_primitives.name_p, {"name": eqn.params["name"]}, set())

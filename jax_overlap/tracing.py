@@ -1,8 +1,5 @@
-"""Per-workgroup traces of the fused kernels as Chrome/Perfetto JSON.
-
-jax_overlap.initialize(trace=True) (or JAX_OVERLAP_TRACE=1), run the calls, then export(path): up to 65536 events
-per GPU since the last export. The switch is a word in GPU memory, so it also reaches calls compiled earlier and
-XLA's command-buffer replays.
+"""Per-workgroup traces of the fused kernels as Chrome/Perfetto JSON: initialize(trace=True), run, export(path) (up
+to 65536 events per GPU). The switch is a word in GPU memory, so it reaches compiled calls and command buffers too.
 """
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-"""The JAX integration of the ops: how their primitives are defined to JAX, lowered, partitioned and differentiated.
-Nothing here names an op: each function takes the Op (ops/op.py) it serves."""
+"""The ops' primitives to JAX (rules, lowering, partitioning, autodiff); each function takes the Op it serves."""
 
 

@@ -1,7 +1,6 @@
 """What the ops' backward passes share. The ops are each other's gradient (the kernels read w in either layout):
-  ag_matmul  y = AG(x) @ W + b:  dx = RS(dy @ W^T),  dW = AG(x)^T @ dy  (the forward's gathered x, no second gather)
+  ag_matmul  y = AG(x) @ W + b:  dx = RS(dy @ W^T),  dW = AG(x)^T @ dy
   matmul_rs  z = RS(x @ W) + b:  dx = AG(dz) @ W^T,  dW = x^T @ AG(dz)"""
-
 
 from __future__ import annotations
 
@@ -18,8 +17,6 @@ from jax_overlap.quantization import formats
 @jax.tree_util.register_static
 @dataclasses.dataclass(frozen=True)
 class Layout:
-  """A primal's sharding on an Explicit mesh, kept as a residual (static: no array)."""
-
   sharding: NamedSharding
 
 
@@ -49,7 +46,6 @@ def layout(v, axes):
 
 
 def like(ct, primal_layout):
-
   if ct is None or primal_layout is None:
     return ct
   if isinstance(primal_layout, Layout):
@@ -60,14 +56,11 @@ def like(ct, primal_layout):
 
 
 def request(primal_layout, ndim: int):
-  """The output spec (_sharding.spec_of form) a dual call is asked for, so its result lands in the layout."""
   return tuple(_sharding.spec_of(primal_layout.sharding, ndim)) if isinstance(primal_layout, Layout) else None
 
 
 def weight_grad(a, b, a_free: int, w_layout, w_kmajor: bool, dtype):
-  """dW for out = a @ W: a^T @ b (b^T @ a when w_kmajor) over every dim but a's last a_free and b's own, in `dtype`,
-  laid out like w."""
-
+  """dW for out = a @ W: a^T @ b (b^T @ a when w_kmajor) over every dim but a's last a_free and b's own."""
   lead = tuple(range(a.ndim - a_free))
   first, second = (b, a) if w_kmajor else (a, b)
   out_sharding = w_layout.sharding if isinstance(w_layout, Layout) else None

@@ -1,5 +1,5 @@
 """The GPU lowering of the fp8 cast and step-scales primitives: the kernel where it takes the call, else the XLA
-form (bit for bit the same). A kernel has no partitioning rule, so global arrays over several devices take XLA's."""
+form; a kernel has no partitioning rule, so global arrays over several devices take XLA's."""
 
 from __future__ import annotations
 
@@ -19,12 +19,11 @@ from jax_overlap.runtime import backend, workspace
 log = logging.getLogger("jax_overlap")
 
 CAST_INPUT_DTYPES = ("bfloat16", "float16", "float32")
-MAX_STEP_SCALES = 4  # the step-scales kernel's operands per launch (csrc/kernels/fp8_scales.h, kMaxStepScales)
+MAX_STEP_SCALES = 4  # csrc/kernels/fp8_scales.h kMaxStepScales
 
 
 def transposed_declined(shape, lead: int) -> str | None:
   """Why the transposing cast does not take x with its first `lead` dims moved last (fp8_cast.cu's rule), or None."""
-
   rows, cols = math.prod(shape[:lead]), math.prod(shape[lead:])
   if rows % 16 or cols % 8:
     return (f"x {list(shape)} moves {rows} rows last and {cols} columns first; the transposing kernel takes "
@@ -67,8 +66,8 @@ def _cast_declined(ctx, dtype: str, algorithm: str, lead: int = 0) -> str | None
 
 
 def cast_lowering(target: str, reference, what: str):
-  """A cast primitive's GPU lowering: the custom call `target` (`_from`: the amax result aliases amax_from's
-  buffer, so no launch zeroes it; `_transposed` for lead > 0), or `reference` where the kernel declines."""
+  """The custom call `target` (`_from`: the amax aliases amax_from's buffer, so no launch zeroes it; `_transposed`
+  for lead > 0), or `reference` where the kernel declines."""
   def lower(ctx, x, scale, *amax_from, dtype, algorithm, **lead):
     why = _cast_declined(ctx, dtype, algorithm, **lead)
     if why is not None:
@@ -83,9 +82,6 @@ def cast_lowering(target: str, reference, what: str):
 
 
 def step_scales_lowering(reference):
-  """The step-scales primitive's GPU lowering: one launch for all a step's operands, or `reference`."""
-
-
   def lower(ctx, *operands, dtypes, algorithm):
     why = kernel_declined(ctx, dtypes, algorithm)
     if why is None and len(dtypes) > MAX_STEP_SCALES:

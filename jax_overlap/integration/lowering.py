@@ -1,5 +1,5 @@
-"""The GPU lowering of the ops: agreement.choose's algorithm emitted as its custom call, or the XLA reference where
-none takes the call (an explicit algorithm then raises; "auto" falls back, saying why at DEBUG)."""
+"""The GPU lowering of the ops: agreement.choose's algorithm as its custom call, or the XLA reference where none
+takes the call (an explicit algorithm then raises; "auto" says why at DEBUG)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ log = logging.getLogger("jax_overlap")
 
 
 def group_ids(ctx, axis_name) -> tuple:
-  """Global device ids of every group of `axis_name`, each in rank order (axis_index order)."""
   axis_ctx = ctx.module_context.axis_context
   if not isinstance(axis_ctx, _compat.spmd_axis_context_type()):
     raise Declined("not inside shard_map or a custom partitioning")
@@ -60,9 +59,8 @@ def native_ready(ctx) -> None:
   machine.register_targets()
 
 
-# A call site is named by its module, its program's digest and its place among the module's calls of the region, so
-# the flags tell apart ranks that run their calls in different orders (docs/protocol.md).
-
+# A site is named by its module, its program's digest and its place among the module's calls of the region, so the
+# flags tell apart ranks that run their calls in different orders (docs/protocol.md).
 _lowered_sites = weakref.WeakKeyDictionary()  # module -> (its program's digest, {region key: calls so far})
 # A set of names prints in hash order, which differs between processes.
 _NAME_SET = re.compile(r"\{('[^'{}]*'(?:, '[^'{}]*')+)\}")
@@ -70,7 +68,6 @@ _NAME_SET = re.compile(r"\{('[^'{}]*'(?:, '[^'{}]*')+)\}")
 
 def _program_digest() -> str:
   """A digest of the jaxpr lowered into the current module, the same in every process ("" if not found)."""
-
   frame = sys._getframe(1)
   while frame is not None and frame.f_code.co_name != "lower_jaxpr_to_module":
     frame = frame.f_back
@@ -110,8 +107,8 @@ def _emit_fused(ctx, problem: Problem, op, choice: Choice, call: operands.GemmCa
   log.debug("jax_overlap.%s: fused (world %d, tile %d, comm workgroups %d, chunk_k %d; model %.0f us vs xla %.0f us)",
             op.name, problem.world, plan.tile, plan.comm_workgroups, plan.chunk_k, plan.est_us, plan.est_xla_us)
   if problem.world == 1:
-    # No protocol, but device state that shutdown() frees: a target dispatched each run (no command buffer) whose
-    # handler checks the generation. The second result is the stream-K tail's scratch.
+    # No protocol, but device state shutdown() frees: a target run outside command buffers checks the generation.
+    # The second result is the stream-K tail's scratch.
     sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[ctx.avals_out[0], _u8(plan.tail_scratch_bytes)])
     y = jax.ffi.ffi_lowering(machine.target(op.name + "_local"))(sub_ctx, *args, config=attrs)[0]
     return op.results.of_one(y, call.values.x, None, scaled=False)  # the fused kernels are 16-bit only
@@ -131,7 +128,7 @@ def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: operands.Ge
   if problem.world == 1:
     log.debug("jax_overlap.%s: pipelined, a group of one: the vendor GEMM", op.name)
     sub_ctx = ctx.replace(avals_in=avals_in, avals_out=[y_aval, scratch])
-    # In XLA's command buffers only where the vendor GEMM passed its capture check (planning/decision.py _vendor_blas).
+    # In command buffers only where the vendor GEMM passed its capture check (planning/decision.py _vendor_blas).
     target = machine.target("vendor_gemm" if machine.native.vendor_gemm_graph_safe() else "vendor_gemm_no_graph")
     y = jax.ffi.ffi_lowering(target)(sub_ctx, *args, w_kmajor=np.int64(problem.w_kmajor),
                                      scaling=np.int64(scaling_modes.code(problem.scaling)),
@@ -141,8 +138,7 @@ def _emit_pipelined(ctx, problem: Problem, op, choice: Choice, call: operands.Ge
   region_key, region_bytes = choice.region
   log.debug("jax_overlap.%s: pipelined (world %d, stages %s; model %.0f us vs xla %.0f us)", op.name, problem.world,
             plan.stages, plan.est_us, plan.est_xla_us)
-  # Between y and its scratch: the gathered x and the gathered scales, flat (f32[0] when unscaled).
-
+  # Between y and its scratch: the gathered x and the flat gathered scales (f32[0] when unscaled).
   kinds = op.results.of_call(call.scaled)
   between = []
   if op.results.gathers:
@@ -179,7 +175,6 @@ def _fallback(op_name: str, algorithm: str, error: Exception) -> None:
 
 
 def gpu_rule(ctx, *args, op, axis_name, axis_size, algorithm, w_kmajor, has_bias: bool, scaling, out_dtype: str):
-  """The GPU lowering of a GEMM op's primitive: its custom call's results, or None for the XLA path."""
   if algorithm == "xla" or settings.disabled():
     if algorithm != "xla":
       log.debug("jax_overlap.%s: XLA path (%s is set)", op.name, settings.DISABLE)
@@ -190,7 +185,6 @@ def gpu_rule(ctx, *args, op, axis_name, axis_size, algorithm, w_kmajor, has_bias
   try:
     native_ready(ctx)
     groups = () if axis_name is None else group_ids(ctx, axis_name)
-    # A float8 w reaches the GPU K-major whatever its layout here (operands.gemm_operands).
     world = axis_size if axis_name is not None else 1
     problem = Problem(op.name, formats.name(x_aval.dtype), math.prod(lead), m, k,
                       w_aval.shape[0 if w_kmajor else 1], world, groups,
@@ -205,8 +199,6 @@ def gpu_rule(ctx, *args, op, axis_name, axis_size, algorithm, w_kmajor, has_bias
 
 
 def gather_rule(ctx, x, *, axis_name, axis_size):
-  """The runtime's all-gather on the symmetric workspace (tests), or None where XLA's all_gather takes the call."""
-
   x_aval = ctx.avals_in[0]
   try:
     native_ready(ctx)

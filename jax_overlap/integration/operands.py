@@ -1,6 +1,5 @@
-"""The primitives' operands by name, and the forms the GPU targets take them in: empty [0] where absent, a float8
-call's scales flat in the vendor GEMM's layout and its w K-major (Hopper's fp8 GEMM takes K-major only)."""
-
+"""The primitives' operands by name, and the forms the GPU targets take: empty [0] where absent, a float8 call's
+scales flat in the vendor GEMM's layout and its w K-major (Hopper's fp8 GEMM takes no other)."""
 
 from __future__ import annotations
 
@@ -20,8 +19,6 @@ def operands(x, w, bias, scales) -> tuple:
 
 
 class Operands(NamedTuple):
-  """The primitive's operands by name (values, avals or shapes); bias and scales None where absent."""
-
   x: object
   w: object
   bias: object
@@ -40,19 +37,17 @@ class Operands(NamedTuple):
 
 
 def split_operands(args, has_bias: bool, scaling) -> tuple:
-
   o = Operands.of(args, has_bias, scaling)
   return o.x, o.w, o.bias, o.scales(scaling)
 
 
 @dataclasses.dataclass(frozen=True)
 class GemmCall:
-
-  values: Operands  # IR values
+  values: Operands
   avals: Operands
-  scaling: object  # None for a 16-bit call
+  scaling: object
   out_dtype: np.dtype
-  w_kmajor: bool  # as given: a float8 w given [k, n] is transposed for the vendor GEMM
+  w_kmajor: bool  # as given (a float8 w [k, n] is transposed for the GPU)
 
   @property
   def scaled(self) -> bool:
@@ -78,7 +73,7 @@ def _k_major_w(ctx, call: GemmCall) -> tuple:
 
 
 def _scale_operands(ctx, call: GemmCall, x_groups: int) -> tuple:
-  """x_scale and w_scale flat in the vendor GEMMs' layout (x's rows in `x_groups` GEMMs), f32[0] when 16-bit."""
+  """The scales flat in the vendor GEMMs' layout (x's rows in `x_groups` GEMMs), f32[0] when 16-bit."""
   if not call.scaled:
     empty = np.zeros((0,), np.float32)
     return [mlir.ir_constant(empty)] * 2, [jax.core.ShapedArray((0,), np.float32)] * 2
@@ -91,9 +86,8 @@ def _scale_operands(ctx, call: GemmCall, x_groups: int) -> tuple:
 
 
 def bias_by_xla(call: GemmCall, reduces_with_peers: bool) -> bool:
-  """Whether XLA adds a float8 call's bias after the custom call: the vendor's float8 epilogue takes a bias in a
-  16-bit output's dtype only, so otherwise the call writes y in float32 and XLA adds the bias and rounds once, as
-  the epilogue would. A reduction with peers adds its bias itself."""
+  """Whether XLA adds a float8 call's bias: the vendor's float8 epilogue takes one in a 16-bit output's dtype only,
+  so otherwise the call writes float32 y and XLA adds the bias and rounds once. A reduction adds its own."""
   if not call.scaled or call.values.bias is None or reduces_with_peers:
     return False
   return (not call.scaling.bias_epilogue or call.avals.bias.dtype != call.out_dtype
@@ -101,7 +95,6 @@ def bias_by_xla(call: GemmCall, reduces_with_peers: bool) -> bool:
 
 
 def gemm_operands(ctx, call: GemmCall, bias_after: bool, x_groups: int) -> tuple:
-  """(values, avals) of (x, w, bias, x_scale, w_scale) for a pipelined target; the bias empty with bias_after."""
   w, w_aval = _k_major_w(ctx, call)
   if call.values.bias is None or bias_after:
     empty = np.zeros((0,), call.out_dtype if call.scaled else call.avals.x.dtype)
@@ -121,7 +114,6 @@ def fused_operands(call: GemmCall) -> tuple:
 
 
 def finished(ctx, call: GemmCall, y, y_aval, bias_after: bool):
-  """y as the op returns it: with bias_after, the call's float32 y + the bias, rounded once to the output dtype."""
   if not bias_after:
     return y
   return lowered(ctx, lambda y, b: (y + b.astype(np.float32)).astype(call.out_dtype), [y, call.values.bias],
@@ -133,11 +125,9 @@ def own_gathered_scales(ctx, call: GemmCall, aval_out):
 
 
 def gathered_scales(ctx, call: GemmCall, flat, world: int, aval_out):
-
   return lowered(ctx, lambda s: call.scaling.gathered_from_gemm(s, world, aval_out.shape), [flat],
                  [flat_scales_aval(aval_out)], aval_out)
 
 
 def flat_scales_aval(aval):
-
   return jax.core.ShapedArray((math.prod(aval.shape),), np.float32)

@@ -1,7 +1,4 @@
-"""Global-array mode (axis_name=None under jit): custom partitioning with Shardy rules. The op's sharding plan
-decides from the operands' shardings and the output layout asked for: the op on shards where it gathers or reduces,
-else a local product."""
-
+"""Global arrays (axis_name=None under jit): custom partitioning with Shardy rules, by the op's sharding plan."""
 
 from __future__ import annotations
 
@@ -29,8 +26,7 @@ def _named(mesh, *specs):
 
 
 def _body(fn):
-  """A partitioned body (per-shard code), traced with the axes Auto: Explicit types would annotate its collectives'
-  reducers with shardings XLA's CPU backend cannot run ("Unsupported reduction computation")."""
+  """A partitioned body, traced with the axes Auto (_sharding.py says why)."""
   @functools.wraps(fn)
   def traced(*args):
     with _sharding.auto_axes():
@@ -41,7 +37,7 @@ def _body(fn):
 @functools.cache
 def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_kmajor: bool, algorithm: str,
                        axis, request, out_dtype: str):
-  """The custom_partitioning of `op`; `request` (the output spec asked for) aligns to the end: vmap adds dims."""
+  """`request`, the output spec asked for, aligns to the end: vmap adds dims."""
   out_ndim = op.sharding.result_ndim(ndim, w_ndim)
   multiple = op.results.multiple
   if request is not None:
@@ -94,8 +90,8 @@ def custom_partitioned(op, ndim: int, w_ndim: int, has_bias: bool, scaling, w_km
     return mesh, _body(body), result_shardings(mesh, p), arg_sh
 
   rule, reductions = op.sharding.rule(ndim, w_ndim, has_bias, scaling, w_kmajor, axis)
-  # decode_shardings=False: JAX's decoding raises on a sub-axis before partition runs; _spec decodes the shardings
-  # the plan reads, and the scales' and bias's are laid out as the plan says.
+  # decode_shardings=False: JAX's decoding raises on a sub-axis before partition runs; _spec decodes what the plan
+  # reads.
   fn.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                    reduction_factors=reductions, decode_shardings=False)
   return fn
@@ -109,7 +105,6 @@ def _nothing_to_overlap(name: str, why: str) -> None:
 
 
 def _plan(op, mesh, avals, has_bias: bool, scaling, w_kmajor: bool, axis, asked):
-  """The op's sharding plan, made even for the shapes the scales need (which makes it even for the operands)."""
   o = Operands.of(avals, has_bias, scaling)
   x_shape, w_shape = o.x.shape, o.w.shape
   if scaling is not None:
@@ -119,7 +114,7 @@ def _plan(op, mesh, avals, has_bias: bool, scaling, w_kmajor: bool, axis, asked)
 
 
 def _spec(mesh, aval, ndim: int, what: str) -> list:
-  """The spec of an operand or result; a sub-axis (from an upstream reshape) reads as unsharded: the plan reshards."""
+  """A sub-axis (from an upstream reshape) reads as unsharded: the plan reshards."""
   spec = _sharding.spec_on(mesh, aval.sharding, ndim)
   if spec is None:
     log.debug("jax_overlap: %s's sharding %s has no PartitionSpec on the mesh %s: planned as unsharded", what,
@@ -129,7 +124,7 @@ def _spec(mesh, aval, ndim: int, what: str) -> list:
 
 
 # custom_partitioning has no batching rule: a custom_vmap folds a batched x into the leading dims and calls the op
-# again (so an enclosing vmap reaches this rule too); batched weights or bias go to the reference product.
+# again; batched weights or bias go to the reference.
 
 def _vmap_rule(op, fn, has_bias: bool, scaling, w_kmajor: bool, axis, request, out_dtype: str):
   def rule(axis_size, in_batched, *args):
@@ -150,8 +145,7 @@ def _vmap_rule(op, fn, has_bias: bool, scaling, w_kmajor: bool, axis, request, o
       mesh = _sharding.explicit_mesh(jax.typeof(args[0]))
       if mesh is None:
         return reference(*args)
-      # Explicit axes: operands laid out for the op (ag_matmul: x's rows and w's columns on one axis) give the
-      # reference's plain dot no legal result type, so it runs Auto and its results take the plan's layouts.
+      # Operands laid out for the op give the reference's plain dot no legal Explicit result type: run it Auto.
       out_ndim = op.sharding.result_ndim(jax.typeof(args[0]).ndim, jax.typeof(args[1]).ndim)
       asked = None if request is None else (None,) * (out_ndim - len(request)) + tuple(request)
       specs = _plan(op, mesh, [jax.typeof(a) for a in args], has_bias, scaling, w_kmajor, axis, asked).results
@@ -179,7 +173,6 @@ _NO_DERIVATIVE = "Differentiation rule for 'custom_partitioning' not implemented
 
 
 def call(op, x, w, bias, scales, *, algorithm: str, w_kmajor: bool, axis, out_dtype: str, request=None):
-  """The op's results on global arrays, partitioned from their shardings (`axis` None: the plan's)."""
   fn = _vmappable(op, bias is not None, None if scales is None else scales.scaling, w_kmajor, algorithm, axis,
                   request, out_dtype)
   try:
@@ -193,8 +186,8 @@ def call(op, x, w, bias, scales, *, algorithm: str, w_kmajor: bool, axis, out_dt
   return op.sharding.global_results(outs, scales)
 
 
-# jax.export cannot serialize a multi-device custom partitioning (a compile-time Python callback), and JAX says so
-# with no jax_overlap frame: every global call's results pass through this identity, whose lowering says why.
+# jax.export cannot serialize a multi-device custom partitioning (a compile-time Python callback) and says so
+# without a jax_overlap frame: every global call's results pass through this identity, whose lowering says why.
 
 
 

@@ -1,8 +1,5 @@
-"""The rules every GEMM op's primitive shares (impl, batching, jvp refusal, lowering per platform). Params beyond
-the obvious: axis_name (None for the local product), w_kmajor (w stored with the contraction last), scaling (None
-for 16-bit operands), out_specs (a global-array call's Explicit-mesh output types). Every rule runs on operand types
-without Explicit shardings (_sharding.py says why)."""
-
+"""The rules every GEMM op's primitive shares. axis_name None: the local product; scaling None: 16-bit; out_specs: a
+global call's Explicit output types. Rules run untyped (_sharding.py says why)."""
 
 from __future__ import annotations
 
@@ -23,11 +20,8 @@ from jax_overlap.quantization import formats
 log = logging.getLogger("jax_overlap")
 
 
-# Outputs take x's type (so its manual-axis varying set). On an Explicit mesh `out_specs` types them the way the
-# custom partitioning lays them out, so XLA adds no reshard after it.
-
 def result_aval(x, shape, spec, dtype=None):
-  """x's aval with `shape` and `dtype` (default x's), sharded by `spec` on an Explicit mesh, else unsharded."""
+  """x's aval (its varying axes) with `shape`, `dtype` and, on an Explicit mesh, `spec`: XLA adds no reshard after."""
   dtype = x.dtype if dtype is None else np.dtype(dtype)
   x_sharding = getattr(x, "sharding", None)
   if x_sharding is None:
@@ -43,13 +37,12 @@ def result_specs(out_specs, count: int) -> tuple:
 
 
 def along_x(has_bias: bool, scaling) -> tuple:
-  """The operand indices that a batch can fold into x's leading dims: x, and x_scale where it follows x."""
+  """The operands a batch folds into x's leading dims with: x, and x_scale where it follows x."""
   return (0, 2 + has_bias) if scaling is not None and scaling.follows_x else (0,)
 
 
 def _batch_rule(op, args, dims, **params):
-  # A batch of x alone folds into x's leading dims; batched weights or bias are a different matrix per element,
-  # which only the reference decomposition, vmapped, computes.
+  # Batched weights or bias are a matrix per element: only the reference, vmapped, computes that.
   along = along_x(params["has_bias"], params["scaling"])
   if any(dims[i] is not None for i in along) and all(d is None for i, d in enumerate(dims) if i not in along):
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
@@ -70,8 +63,7 @@ def _reference_call(op, *args, axis_name, axis_size, algorithm, w_kmajor, has_bi
   return op.xla.reference(x, w, bias, scales, axis_name=axis_name, w_kmajor=w_kmajor, out_dtype=out_dtype)
 
 
-# The custom VJPs (api.py) never differentiate these primitives: a jvp is asked for only by a second derivative,
-# which the fused algorithms do not support.
+# The custom VJPs (api.py) never differentiate these primitives: only a second derivative asks for a jvp.
 
 def unsupported(op_name: str, what: str, algorithm: str) -> str:
   return (f"jax_overlap.{op_name}: {what} is not supported with algorithm={algorithm!r}, whose custom VJP serves "
@@ -109,11 +101,10 @@ def _default_lowering(ctx, *args, op, **params):
 
 
 def _gpu_lowering(ctx, *args, op, out_specs, **params):
-  """The GPU lowering takes w as a matrix: other ranks are reshaped around it (row-major views, free)."""
-  del out_specs  # types only the global-array trace, never a lowered (local) call
+  """The GPU lowering takes w as a matrix: other ranks are reshaped around it (free views)."""
+  del out_specs
   dtype_name = formats.name(ctx.avals_in[0].dtype)
   if params["algorithm"] == "auto" and not formats.gpu_capable(dtype_name):
-    # The GPU algorithms' planning has no figures for such dtypes.
     log.debug("jax_overlap.%s: XLA path (%s; the GPU algorithms take %s)", op.name, dtype_name,
               ", ".join(formats.dtypes_for("pipelined")))
     return lower_reference(ctx, *args, op=op, **params)
@@ -141,8 +132,6 @@ def register_rules(prim, abstract_eval, batch_rule, default_lowering, gpu_loweri
 
 
 def register(op) -> None:
-
-
   register_rules(op.rules.primitive, op.rules.abstract_eval, functools.partial(_batch_rule, op),
                  untyped_lowering(functools.partial(_default_lowering, op=op)),
                  untyped_lowering(functools.partial(_gpu_lowering, op=op)))

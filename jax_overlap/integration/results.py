@@ -1,5 +1,4 @@
-"""A GEMM op's results by kind, so that nothing below ops/ knows which op it serves (an op declares its Results)."""
-
+"""A GEMM op's results by kind, so that nothing below ops/ knows which op it serves."""
 
 from __future__ import annotations
 
@@ -8,16 +7,15 @@ import enum
 
 
 class Kind(enum.Enum):
-  PRODUCT = "product"  # the GEMM's result, bias added, in the output dtype: what every custom call computes
-  GATHERED = "gathered"  # x with its shards gathered; a group of one's is x itself
-  # Float8 calls only: each shard's x scale as it travelled with its shard. Batched with x where the scales follow
-  # x's rows (block scales), else per shard.
+  PRODUCT = "product"
+  GATHERED = "gathered"
+  # Float8 only: each shard's x scale, travelled with it; batched with x where the scales follow x's rows.
   GATHERED_SCALES = "gathered_scales"
 
 
 @dataclasses.dataclass(frozen=True)
 class Results:
-  """An op's results in the order its primitive returns them, and their checkpoint names (remat.py)."""
+  """An op's results in its primitive's order, and their checkpoint names (remat.py)."""
 
   kinds: tuple
   tags: tuple
@@ -52,6 +50,6 @@ class Results:
     return tuple(None if k is Kind.GATHERED_SCALES and not follows else 0 for k in self.of_call(scaling is not None))
 
   def of_one(self, product, x, own_scales, scaled: bool) -> list:
-    """The results of a group of one, whose custom call computes the product alone; own_scales(i) gives result i."""
+    """A group of one's results, its custom call giving the product alone; own_scales(i) gives result i."""
     mine = {Kind.PRODUCT: lambda i: product, Kind.GATHERED: lambda i: x, Kind.GATHERED_SCALES: own_scales}
     return [mine[k](i) for i, k in enumerate(self.of_call(scaled))]

@@ -1,2 +1,1 @@
-"""Layers on the ops for layer libraries: dot_general callables in 16-bit and float32 (dot_general.py) and float8
-(fp8.py, fp8_delayed.py)."""
+"""Layers on the ops for layer libraries: dot_general callables (dot_general.py) and in float8 (fp8*.py)."""

@@ -1,9 +1,5 @@
-"""dot_general-compatible callables, so layer libraries run their linear layers on jax_overlap.
-
-Pass an instance as a layer's dot_general (or the class as dot_general_cls). The layer adds its bias after the call
-(not fused). With axis_name=None (global arrays under jit) the result is x @ kernel; inside shard_map it is the op's.
-The layers are frozen dataclasses because layers hold and hash them.
-"""
+"""lax.dot_general-compatible layers on the ops: pass an instance as a layer's dot_general, or the class as
+dot_general_cls (the layer adds its bias after the call). Frozen dataclasses, since layers hold and hash them."""
 
 from __future__ import annotations
 
@@ -15,8 +11,7 @@ from jax_overlap import api
 
 
 class Layer:
-  """Fields checked at construction, lax.dot_general's signature, and clear errors for a class passed where an
-  instance belongs (a library then calls the class with the dot's operands) and the reverse."""
+  """Fields checked when made, and clear errors for a class passed where an instance belongs and the reverse."""
 
   ALGORITHMS: tuple = api.ALGORITHMS
 
@@ -33,13 +28,12 @@ class Layer:
 
   def __call__(self, lhs=None, rhs=None, dimension_numbers=None, precision=None, preferred_element_type=None,
                out_sharding=None):
-    del precision  # the products accumulate in float32
+    del precision  # the products accumulate in float32 anyway
     check_operands(self, lhs, rhs, dimension_numbers)
     return self._dot(lhs, rhs, dimension_numbers, preferred_element_type, out_sharding)
 
 
 def check_operands(layer, lhs, rhs, dimension_numbers) -> None:
-
   if lhs is None and rhs is None and dimension_numbers is None:
     name = type(layer).__name__
     raise TypeError(f"jax_overlap.{name}: an instance was called with no operands, as a layer calls "
@@ -48,7 +42,6 @@ def check_operands(layer, lhs, rhs, dimension_numbers) -> None:
 
 
 def check_fields(layer: str, axis_name, algorithm, algorithms: tuple) -> None:
-
   names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
   if axis_name is not None and not (names and all(isinstance(a, str) for a in names)):
     raise TypeError(f"jax_overlap.{layer}: axis_name must be None (global arrays under jit), a mesh axis name or a "
@@ -58,14 +51,12 @@ def check_fields(layer: str, axis_name, algorithm, algorithms: tuple) -> None:
 
 
 def check_bound(layer: str, axis_name) -> None:
-  """Before anything is cast to vary over axis_name: JAX's own error for an unbound axis is a bare AssertionError
-  or "please call pvary"."""
+  """Before any cast to vary over axis_name: JAX's error for an unbound axis is a bare AssertionError."""
   if axis_name is not None:
     api.axis_group(layer, axis_name)
 
 
 def check_dim(layer: str, name: str, value, optional: bool) -> None:
-
   if (value is None and optional) or (isinstance(value, (int, np.integer)) and not isinstance(value, bool)):
     return
   raise TypeError(f"jax_overlap.{layer}: {name} must be an int{' or None' if optional else ''}, got {value!r}")
@@ -77,9 +68,8 @@ def _dims(dimension_numbers):
 
 
 def check_dot(op: str, lhs, rhs, dimension_numbers, preferred_element_type, contract: int, expected: str) -> None:
-  """x's last `contract` dims with the kernel's first, no batch dims."""
   if not hasattr(lhs, "ndim") or not hasattr(rhs, "ndim"):
-    return  # the op names the argument that is not an array
+    return
   lhs_c, rhs_c, lhs_b, rhs_b = _dims(dimension_numbers)
   lhs_c = tuple(d % lhs.ndim for d in lhs_c)
   rhs_c = tuple(d % rhs.ndim for d in rhs_c)
@@ -98,7 +88,7 @@ def check_column_parallel(layer: str, lhs, rhs, dimension_numbers, preferred_ele
 
 
 def check_row_parallel(layer: str, lhs, rhs, dimension_numbers, preferred_element_type) -> int:
-  """Returns how many dims the kernel [*k, N] contracts."""
+  """How many dims the kernel [*k, N] contracts."""
   if getattr(rhs, "ndim", 0) < 2:
     raise ValueError(f"jax_overlap.{layer}: the kernel must have rank >= 2 ([*k, N]), got shape "
                      f"{getattr(rhs, 'shape', rhs)}")
@@ -110,9 +100,9 @@ def check_row_parallel(layer: str, lhs, rhs, dimension_numbers, preferred_elemen
 
 @dataclasses.dataclass(frozen=True)
 class AgDotGeneral(Layer):
-  """lax.dot_general's signature on ag_matmul: the column-parallel layer, kernel [K, *n], x [..., K].
+  """ag_matmul as a dot_general: the column-parallel layer, kernel [K, *n], x [..., K].
 
-  axis_name: None under jit on global arrays, or the mesh axis (or axes) rows are gathered over inside shard_map.
+  axis_name: None on global arrays under jit, or the mesh axis (or axes) rows are gathered over inside shard_map.
   algorithm: "auto", "pipelined", "fused" or "xla" (ag_matmul's). gather_axis: x's gathered dim (default -2).
 
   Example (flax.nnx; with x's rows and the kernel's columns sharded on one axis):
@@ -137,11 +127,9 @@ class AgDotGeneral(Layer):
 
 @dataclasses.dataclass(frozen=True)
 class RsDotGeneral(Layer):
-  """lax.dot_general's signature on matmul_rs: the row-parallel layer, kernel [*k, N], x [..., *k].
-
-  axis_name: None under jit on global arrays, or the mesh axis (or axes) the product is reduce-scattered over
-  inside shard_map. algorithm: "auto", "pipelined", "fused" or "xla" (matmul_rs's). scatter_axis: the output dim
-  scattered onto (None: the rows inside shard_map, the plan's on global arrays).
+  """matmul_rs as a dot_general: the row-parallel layer, kernel [*k, N], x [..., *k]. axis_name: as AgDotGeneral's.
+  algorithm: "auto", "pipelined", "fused" or "xla" (matmul_rs's). scatter_axis: the output dim scattered onto
+  (None: the rows inside shard_map, the plan's on global arrays).
 
   Example (flax.nnx; with x's and the kernel's contraction sharded on one axis):
 

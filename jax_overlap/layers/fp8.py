@@ -1,8 +1,5 @@
-"""The float8 layers for training, and the custom VJP every recipe runs (fp8_delayed.py's layers too).
-
-The kernel is quantized straight into K-major, the only layout Hopper's fp8 GEMM takes; for the same reason the
-weight gradient, which contracts the rows, transposes both operands. Residuals are float8 in place of the activation.
-"""
+"""The float8 layers for training, and the custom VJP every recipe runs (fp8_delayed.py's too). The kernel is
+quantized straight into K-major, the only layout Hopper's fp8 GEMM takes; residuals are float8."""
 
 from __future__ import annotations
 
@@ -22,15 +19,13 @@ from jax_overlap.quantization.scaling import Scales
 from jax_overlap.runtime import backend
 
 FAMILIES = ("ocp", "fnuz")
-# "auto" is "kernels": faster on an operand read from memory; "xla" can fuse the cast into the operation that
-# produces the operand, which wins where XLA's fusions produce them, as in MaxText (jax_overlap/maxtext/hook.py).
+# "auto" is "kernels", faster on an operand read from memory; "xla" fuses the cast into the operand's producer,
+# which wins where XLA's fusions produce the operands (MaxText: maxtext/hook.py AUTO_FP8_CAST).
 CAST_ALGORITHMS = ("auto", "kernels", "xla")
 
 
 @dataclasses.dataclass(frozen=True)
 class Casts:
-  """What a recipe rounds with: the ops' float8 casts with one algorithm ("auto" or "xla")."""
-
   algorithm: str
 
   def cast(self, x, scale, dtype):
@@ -45,20 +40,20 @@ class Casts:
 
 @dataclasses.dataclass(frozen=True)
 class Fp8Call:
-  """One fp8 layer call, besides its operands and state (static: the custom VJP's nondiff argument)."""
+  """One fp8 layer call besides its operands and state: the custom VJP's static argument."""
 
-  layer: str  # the layer's name, for errors
+  layer: str
   recipe: recipes.Recipe
   axis_name: str | tuple | None
   algorithm: str
   axis: int | None  # ag: x's gather dim; rs: the output's scatter dim (None: the plan's)
   out_sharding: object
   e4m3: str  # x's and the kernel's format
-  e5m2: str  # the cotangent's format
+  e5m2: str
   x_dtype: str
   w_dtype: str
-  fast_accumulation: bool  # the forward GEMM's (api.ag_matmul's)
-  cast_algorithm: str = "auto"  # CAST_ALGORITHMS
+  fast_accumulation: bool
+  cast_algorithm: str = "auto"
 
   @property
   def out_dtype(self) -> str:
@@ -74,8 +69,7 @@ class Fp8Call:
 
 
 def gpu_family() -> str:
-  """fnuz where one of this process's GPUs is gfx942-class, else OCP. Read from jax's devices unless the runtime
-  already has device states, so that tracing sets up nothing on a GPU."""
+  """fnuz where a local GPU is gfx942-class, else OCP; jax's devices tell before set-up, so tracing sets nothing up."""
   machine = backend.current()
   if machine.state.prepared:
     archs = [d.arch for d in machine.state.devices.values()]
@@ -87,8 +81,6 @@ def gpu_family() -> str:
 
 
 class Fp8Layer(Layer):
-
-
   ALGORITHMS = tuple(a for a in api.ALGORITHMS if formats.takes(a, "float8_e4m3fn") or a in ("auto", "xla"))
 
   def __post_init__(self):
@@ -109,7 +101,6 @@ class Fp8Layer(Layer):
     return recipes.RECIPES[self.scaling]()
 
   def forward_fast_accumulation(self) -> bool:
-  
     return self.recipe.fast_accumulation(type(self).__name__, self.fast_accumulation)
 
   def _overlapped(self, parallel: str, axis, lhs, rhs, dimension_numbers, preferred_element_type, out_sharding):
@@ -126,7 +117,6 @@ def check_cast_algorithm(layer: str, cast_algorithm) -> None:
 
 
 def check_scatter_axis(layer: str, axis_name, scatter_axis, given=None) -> None:
-  """`given`: the field as the user wrote it, where it differs."""
   if axis_name is not None and scatter_axis == -1:
     raise ValueError(f"jax_overlap.{layer}: scatter_axis={scatter_axis if given is None else given} (the output "
                      f"columns) is not supported inside shard_map (its data gradient would gather the contraction); "
@@ -141,7 +131,6 @@ def check_inputs(layer: str, lhs, rhs) -> None:
 
 
 def _negative(axis, ndim: int):
-  """Anything but an int passes through: the op names what is wrong with it."""
   if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) and axis >= 0:
     return int(axis) - ndim
   return axis
@@ -150,8 +139,8 @@ def _negative(axis, ndim: int):
 def overlapped(parallel: str, lhs, rhs, dimension_numbers, state, *, layer: str, recipe: recipes.Recipe, axis_name,
                algorithm: str, axis, out_sharding, e4m3: str, e5m2: str, fast_accumulation: bool,
                cast_algorithm: str, preferred_element_type=None):
-  """A float8 layer's dot, parallel "ag" (axis: x's gathered dim) or "rs" (axis: the output dim scattered onto);
-  `state` is () for a recipe that keeps none. The result is in the inputs' promoted dtype."""
+  """A float8 layer's dot, parallel "ag" (axis: x's gathered dim) or "rs" (the output dim scattered onto); `state`
+  () for a stateless recipe. The result is in the inputs' promoted dtype."""
   check_inputs(layer, lhs, rhs)
   if parallel == "ag":
     check_column_parallel(layer, lhs, rhs, dimension_numbers, preferred_element_type)
@@ -165,7 +154,7 @@ def overlapped(parallel: str, lhs, rhs, dimension_numbers, state, *, layer: str,
                  out_sharding=out_sharding, e4m3=e4m3, e5m2=e5m2, x_dtype=formats.name(lhs.dtype),
                  w_dtype=formats.name(rhs.dtype), fast_accumulation=fast_accumulation, cast_algorithm=cast_algorithm)
   x, w = lhs, rhs
-  if axis_name is not None:  # JAX's transpose of the varying cast sums dW over replicas
+  if axis_name is not None:
     x, w = autodiff.varying(call.axes, x, w)
   if parallel == "ag":
     x, w, restore = recipe.ag_operands(x, w, layer)
@@ -175,19 +164,17 @@ def overlapped(parallel: str, lhs, rhs, dimension_numbers, state, *, layer: str,
 
 
 def _layouts(call: Fp8Call, x, w) -> tuple:
-  """dx's and dW's layouts on global arrays. x itself is not kept (shard_alike on it would undo the float8
-  residual): an Explicit mesh's type says its layout, and on an Auto mesh the dual op scatters onto x's sharded dim."""
+  """dx's and dW's layouts on global arrays. x is not kept (shard_alike on it would undo the float8 residual): on an
+  Auto mesh the dual op scatters onto x's sharded dim."""
   x_layout = autodiff.layout(x, call.axis_name)
   return (x_layout if isinstance(x_layout, autodiff.Layout) else None), autodiff.layout(w, call.axis_name)
 
 
 def _dual_layout(x_layout) -> dict:
-
   return {"out_sharding": None if x_layout is None else x_layout.sharding}
 
 
 def _custom_vjp(forward, backward):
-
   @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
   def layer(x, w, state, call: Fp8Call):
     return forward(x, w, state, call)[0]
@@ -197,13 +184,12 @@ def _custom_vjp(forward, backward):
 
 
 def _weight_grad(at8, a_scale, bt8, b_scale, w, w_layout, call: Fp8Call):
-  """dW = a^T @ b as one float8 GEMM of a group of one: at8 [Ka, *l] and bt8 [Nb, *l], contraction last. The
-  result in w's dtype, shape and layout."""
+  """dW = a^T @ b, one float8 GEMM of a group of one (at8 [Ka, *l], bt8 [Nb, *l]), in w's dtype, shape, layout."""
   algorithm = "xla" if call.algorithm == "xla" else "auto"
   if call.axis_name is None:
     dw = api.matmul_rs(at8, bt8, x_scale=a_scale, w_scale=b_scale, out_dtype=call.w_dtype, w_kmajor=True,
                        algorithm=algorithm)
-  else:  # the local product on this rank's operands
+  else:
     at8, bt8, a_scale, b_scale = autodiff.varying(call.axes, at8, bt8, a_scale, b_scale)
     dw = OPS["matmul_rs"].rules.bind(at8, bt8, None, Scales(a_scale, b_scale, call.recipe.scaling), axis_name=None,
                                      axis_size=1, algorithm=algorithm, w_kmajor=True, out_dtype=call.w_dtype)
@@ -222,7 +208,6 @@ def _ag_forward(x, w, state, call: Fp8Call):
 def _ag_backward(call: Fp8Call, residuals, dy):
   gathered, scales, w, w_scale, kept, (x_layout, w_layout) = residuals
   dy8, dy_scale, state_cotangent = call.recipe.cotangent(dy, kept, call)
-  # dx = RS(dy @ W^T)
   w8, dual_scale = call.recipe.dual_kernel(w, w_scale, call)
   dx = api.matmul_rs(dy8, w8, x_scale=dy_scale, w_scale=dual_scale, out_dtype=call.x_dtype, w_kmajor=True,
                      axis_name=call.axis_name, algorithm=call.algorithm,
@@ -247,7 +232,6 @@ def _rs_forward(x, w, state, call: Fp8Call):
 def _rs_backward(call: Fp8Call, residuals, dz):
   x8, x_scale, w, w_scale, kept, (x_layout, w_layout) = residuals
   dz8, dz_scale, state_cotangent = call.recipe.cotangent(dz, kept, call)
-  # (dx, AG(dz)) = ag_matmul(dz, W^T)
   w8, dual_scale = call.recipe.dual_kernel(w, w_scale, call)
   gather = -2 if call.axis in (None, -1) else call.axis
   dx, dz_gathered, dz_scales = api.ag_matmul(
@@ -263,10 +247,8 @@ _fp8_rs = _custom_vjp(_rs_forward, _rs_backward)
 
 @dataclasses.dataclass(frozen=True)
 class Fp8AgDotGeneral(Fp8Layer):
-  """AgDotGeneral in float8, for training: kernel [K, *n], x [..., K], both bf16/f16/f32.
-
-  Quantizes x and the kernel to e4m3 on each call and the cotangent to e5m2, so dx (matmul_rs, the dual op) and dW
-  (one GEMM) run in float8 too. Residuals: the gathered float8 x and its per-shard scales (jax_overlap.remat).
+  """AgDotGeneral in float8, for training: kernel [K, *n], x [..., K], both bf16/f16/f32, quantized to e4m3 each
+  call and the cotangent to e5m2, so dx (matmul_rs) and dW run in float8 too. Residuals: jax_overlap.remat.
 
   axis_name, gather_axis: as AgDotGeneral's. algorithm: "auto", "pipelined" or "xla" ("fused" is 16-bit only).
   family: "ocp" or "fnuz" (None: fnuz on gfx942, else OCP). scaling: "tensor" (one scale per operand, the local
@@ -298,13 +280,9 @@ class Fp8AgDotGeneral(Fp8Layer):
 
 @dataclasses.dataclass(frozen=True)
 class Fp8RsDotGeneral(Fp8Layer):
-  """RsDotGeneral in float8, for training: kernel [*k, N], x [..., *k], both bf16/f16/f32.
-
-  As Fp8AgDotGeneral, with (dx, AG(dz)) = ag_matmul(dz, kernel) and dW = x^T @ AG(dz); the gathered shards' scales
-  fold into AG(dz) by exact power-of-two shifts. Residuals: the quantized x and its scale (jax_overlap.remat).
-
-  axis_name: as RsDotGeneral's; the other fields as Fp8AgDotGeneral's. scatter_axis: as RsDotGeneral's, but not the
-  columns (-1) inside shard_map, where the dual op would gather the contraction.
+  """RsDotGeneral in float8, for training: kernel [*k, N], x [..., *k], both bf16/f16/f32; as Fp8AgDotGeneral, with
+  dx by ag_matmul. axis_name: as RsDotGeneral's; scatter_axis too, but not the columns (-1) inside shard_map, where
+  the dual op would gather the contraction. The other fields as Fp8AgDotGeneral's.
 
   Example (flax.nnx, bf16 in and out):
 

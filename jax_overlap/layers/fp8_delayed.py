@@ -1,10 +1,5 @@
-"""Delayed-scaling float8 layers in Flax's convention: flax.linen.Fp8DirectDotGeneralOp on the ops.
-
-Same variables ('_overwrite_with_gradient' collection, names, shapes, initial values) and update rule, the new
-values returned as the variables' gradients, so training loops and checkpoints of Flax's op carry over. Values
-differ from Flax's only by float8 rounding: x is multiplied by the float32 reciprocal (the cast kernel's form) where
-Flax divides in the compute dtype. Imports flax; `import jax_overlap` loads it lazily.
-"""
+"""flax.linen.Fp8DirectDotGeneralOp on the ops, with Flax's variables and update rule, so training loops and
+checkpoints carry over; values differ by float8 rounding only (x times the float32 reciprocal where Flax divides)."""
 
 from __future__ import annotations
 
@@ -17,13 +12,10 @@ from jax_overlap.quantization import formats, recipes
 
 
 class Fp8DelayedDotGeneralBase(fp8_ops.Fp8DotGeneralBase):
-  """Flax's variables, their checks, and `overlapped`, which a module named otherwise (to keep another library's
-  state paths) may call on its own variables."""
+  """Flax's variables, their checks, and `overlapped`, for a module named otherwise (maxtext/hook.py) too."""
 
   ALGORITHMS = fp8.Fp8Layer.ALGORITHMS
-  # As Flax's op: its forward dot at precision DEFAULT (fast accumulation), its gradients' at HIGHEST.
-  fast_accumulation: bool = True
-  # fp8.CAST_ALGORITHMS, for x, the kernel and the cotangent.
+  fast_accumulation: bool = True  # as Flax's forward dot, at precision DEFAULT
   cast_algorithm: str = "auto"
 
   def __post_init__(self):
@@ -43,14 +35,12 @@ class Fp8DelayedDotGeneralBase(fp8_ops.Fp8DotGeneralBase):
                        f"{self.amax_history_length!r}")
 
   def meta(self) -> tuple:
-    """The variables' values in the order the custom VJP takes them."""
     return (self.input_scale.value, self.input_amax_history.value, self.kernel_scale.value,
             self.kernel_amax_history.value, self.output_grad_scale.value, self.output_grad_amax_history.value)
 
   def overlapped(self, parallel: str, lhs, rhs, dimension_numbers, *, axis_name, algorithm: str, axis,
                  out_sharding=None, preferred_element_type=None):
-    """fp8.overlapped on this module's variables. x is cast to the kernel's dtype, the computation dtype, first, as
-    Flax's op does; the result is in it."""
+    """fp8.overlapped on this module's variables, x first cast to the kernel's dtype as Flax's op does."""
     fp8.check_inputs(type(self).__name__, lhs, rhs)
     return fp8.overlapped(parallel, jnp.asarray(lhs, rhs.dtype), rhs, dimension_numbers, self.meta(), layer=type(self).__name__,
                           recipe=recipes.DelayedRecipe(), axis_name=axis_name, algorithm=algorithm, axis=axis,
@@ -62,8 +52,8 @@ class Fp8DelayedDotGeneralBase(fp8_ops.Fp8DotGeneralBase):
 class Fp8DelayedAgDotGeneral(Fp8DelayedDotGeneralBase):
   """flax.linen.Fp8DirectDotGeneralOp on ag_matmul: the column-parallel layer, kernel [K, *n], x [..., K].
 
-  Pass it as a linen layer's dot_general_cls. Fields as Fp8AgDotGeneral's, and Flax's e4m3_dtype, e5m2_dtype
-  (the OCP or the fnuz pair) and amax_history_length (1024); fast_accumulation defaults to True, as Flax's op.
+  Pass it as a linen layer's dot_general_cls. Fields as Fp8AgDotGeneral's (fast_accumulation True, as Flax's op),
+  and Flax's e4m3_dtype, e5m2_dtype (the OCP or the fnuz pair) and amax_history_length (1024).
 
   Example (flax.linen, bf16 compute, on sharded global arrays under jit):
 
@@ -90,8 +80,7 @@ class Fp8DelayedAgDotGeneral(Fp8DelayedDotGeneralBase):
 class Fp8DelayedRsDotGeneral(Fp8DelayedDotGeneralBase):
   """flax.linen.Fp8DirectDotGeneralOp on matmul_rs: the row-parallel layer, kernel [*k, N], x [..., *k].
 
-  As Fp8DelayedAgDotGeneral, with scatter_axis as jax_overlap.Fp8RsDotGeneral's (not the columns, -1, inside
-  shard_map).
+  As Fp8DelayedAgDotGeneral, with scatter_axis as Fp8RsDotGeneral's.
 
   Example (flax.linen, bf16 compute, on sharded global arrays under jit):
 

@@ -1,7 +1,5 @@
-"""jax_overlap in MaxText: enable() makes MaxText's dense layers run jax_overlap's ops (docs/maxtext.md).
-
-Importing this package needs flax, not MaxText: enable() and the entry point import MaxText. Its settings
-(JAX_OVERLAP_MAXTEXT_*, checked at import): settings.py.
+"""jax_overlap in MaxText: enable() makes MaxText's dense layers run jax_overlap's ops (docs/maxtext.md). Importing
+this package needs flax, not MaxText; its settings (JAX_OVERLAP_MAXTEXT_*) are checked at import.
 
   import jax_overlap.maxtext
   jax_overlap.maxtext.enable()   # before MaxText builds its model; then MaxText's train.main(argv)

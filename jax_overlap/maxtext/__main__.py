@@ -39,7 +39,7 @@ def main(argv: list | None = None) -> None:
     logger.setLevel(logging.INFO)
     logger.propagate = False
   patches.enable(**options)
-  # pylint: disable=import-outside-toplevel  (MaxText is optional: imported only here)
+  # pylint: disable=import-outside-toplevel
   from absl import app
   from maxtext.trainers.pre_train import train
   app.run(train.main, argv=argv)

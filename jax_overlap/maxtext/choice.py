@@ -1,10 +1,9 @@
 """Which op a MaxText dense layer takes, from the mesh axes its kernel's and activation's logical names resolve to.
-
 With the activation's rows (its second dim) on mesh axes R (axes of size 1 dropped):
   ag_matmul  the kernel's one sharded output dim on exactly R, its contraction on none of R (column-parallel)
   matmul_rs  the kernel's contraction dims on exactly R together, no output dim on any of R (row-parallel)
   dot        anything else, e.g. rows not sharded (tensor parallelism without sequence parallelism)
-The hook does not see the activation's names, so the choice takes the decoder layer's (ACTIVATION_AXES).
+The hook does not see the activation's names: ACTIVATION_AXES are the decoder layer's.
 """
 
 from __future__ import annotations
@@ -20,17 +19,17 @@ OPS = (AG, RS, DOT)
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-  op: str  # one of OPS
+  op: str
   why: str
   model_parallel: bool = False  # the kernel is sharded on axes the activation's batch is not
-  group: tuple = ()  # the mesh axes the op gathers or reduces over
+  group: tuple = ()
   group_size: int = 1
   one_device: bool = False
 
 
 def resolve(logical: tuple, rules, mesh_shape: dict) -> list:
-  """Per dim, the mesh axes (of size > 1) that these logical names resolve to through `rules`."""
-  import flax.linen as nn  # pylint: disable=import-outside-toplevel  (the integration's own import, as MaxText's)
+  """Per dim, the mesh axes (of size > 1) these logical names resolve to through `rules`."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
   spec = nn.logical_to_mesh_axes(tuple(logical), tuple(rules))
   dims = []
   for entry in spec:
@@ -40,8 +39,7 @@ def resolve(logical: tuple, rules, mesh_shape: dict) -> list:
 
 
 def choose(kernel_axes, contract: int, rules, mesh_shape: dict, activation_axes=ACTIVATION_AXES) -> Choice:
-  """The op for a kernel with logical names `kernel_axes`, its first `contract` dims contracted (DenseGeneral's
-  layout)."""
+  """The op for a kernel named `kernel_axes`, its first `contract` dims contracted (DenseGeneral's layout)."""
   if not kernel_axes or not any(size > 1 for size in mesh_shape.values()):
     return Choice(DOT, "one device" if kernel_axes else "the kernel has no logical axes",
                   one_device=not any(size > 1 for size in mesh_shape.values()))

@@ -1,14 +1,7 @@
-"""MaxText's quantization hook: the objects configure_quantization returns under enable() and the linen modules
-MaxText's dense layers build from them.
-
-The hook (MaxText 0.2.5, layers/linears.py): a dense layer calls quant.dot_general_cls(mesh_axes=kernel_axes)(),
+"""MaxText's quantization hook (0.2.5, layers/linears.py): a dense layer calls quant.dot_general_cls(mesh_axes=...)(),
 wraps the module in ToNNX as type(module).__name__ + "_0", initializes it on dummy inputs, then calls it as
-lax.dot_general (precision=None). MoE layers get MaxText's own objects (patches.py) and keep its einsums.
-
-Each module picks its op at trace time (choice.py); with no mesh yet, or while initializing, it runs the layer's
-own dot. The fp8 modules carry Flax's class names because MaxText names the state after them: state and
-checkpoints stay stock MaxText's.
-"""
+lax.dot_general, when the modules here pick their op (choice.py). The fp8 modules carry Flax's class names, which
+MaxText names the state after: checkpoints stay stock MaxText's."""
 
 from __future__ import annotations
 
@@ -34,14 +27,14 @@ from jax_overlap.quantization import formats
 
 log = logging.getLogger("jax_overlap.maxtext")
 
-LOCAL = "local"  # a float8 dot on one device (the group of one)
+LOCAL = "local"  # a float8 dot on one device
 SEQUENCE_PARALLEL_SETTING = "ici_tensor_sequence_parallelism"
 
-# Unlike the layers' own "auto" (the cast kernels): in MaxText the operands come out of XLA's fusions, which XLA
-# fuses its casts into, and the cast kernels would read them back from memory (docs/performance.md, "MaxText").
+# Not the layers' "auto" (the kernels): MaxText's operands come out of XLA's fusions, which take XLA's casts in, where
+# the kernels would read them back from memory (docs/performance.md, "MaxText").
 AUTO_FP8_CAST = "xla"
 
-_sites = itertools.count(1)  # the census counts call sites once
+_sites = itertools.count(1)
 
 
 def layer_cast_algorithm(fp8_cast: str) -> str:
@@ -90,7 +83,7 @@ def _mesh_shape() -> dict | None:
 
 
 def _pick(module, dimension_numbers) -> choices.Choice | None:
-  """The module's op for this call; None while the model is built (no mesh, or initializing)."""
+  """None while the model is built (no mesh, or initializing): the layer's own dot."""
   mesh_shape = _mesh_shape()
   if mesh_shape is None or module.is_initializing():
     return None
@@ -108,8 +101,7 @@ def _pick(module, dimension_numbers) -> choices.Choice | None:
 
 
 class OverlapDotGeneral(nn.Module):
-  """A 16-bit or float32 run's dense layer: ag_matmul, matmul_rs or the dot, per call. fp8: "", "tensor" or
-  "block". No variables and no rngs (patches.py keeps ToNNX from forking the layer's rngs for it)."""
+  """A 16-bit or float32 run's dense layer: ag_matmul, matmul_rs or the dot, per call; no variables, no rngs."""
 
   site: int = 0
   kernel_axes: tuple = ()
@@ -120,7 +112,7 @@ class OverlapDotGeneral(nn.Module):
   matmul_precision: str = "default"
 
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-    del precision  # the hook passes None
+    del precision
     picked = _pick(self, dimension_numbers)
     op = choices.DOT if picked is None else picked.op
     if picked is not None:
@@ -136,7 +128,7 @@ class OverlapDotGeneral(nn.Module):
 
 
 class _Fp8Delayed(Fp8DelayedDotGeneralBase):
-  """The op per call on Flax's variables; `stock`: Flax's module of the recipe, the layer's own dot."""
+  """The op per call on Flax's variables; `stock`: Flax's module, the layer's own dot."""
 
   stock: ClassVar[type]
   site: int = 0
@@ -162,14 +154,10 @@ class _Fp8Delayed(Fp8DelayedDotGeneralBase):
 
 
 class Fp8DirectDotGeneralOp(_Fp8Delayed):
-  """quantization="fp8" (Flax's name, variables and update rule)."""
-
   stock = fp8_ops.Fp8DirectDotGeneralOp
 
 
 class NANOOFp8DotGeneralOp(_Fp8Delayed):
-  """quantization="nanoo_fp8" (Flax's name, variables, update rule and fnuz formats)."""
-
   stock = fp8_ops.NANOOFp8DotGeneralOp
   e4m3_dtype: object = fp8_ops.NANOOFp8DotGeneralOp.e4m3_dtype
   e5m2_dtype: object = fp8_ops.NANOOFp8DotGeneralOp.e5m2_dtype
@@ -180,7 +168,7 @@ FP8_MODULES = {"fp8": Fp8DirectDotGeneralOp, "nanoo_fp8": NANOOFp8DotGeneralOp}
 
 @dataclasses.dataclass
 class OverlapQuantization:
-  """MaxText's quantization object for quantization="" (MaxText reads quant_mode and needs_apply_rngs)."""
+  """quantization="" (MaxText reads quant_mode and needs_apply_rngs)."""
 
   rules: tuple = ()
   algorithm: str = "auto"
@@ -201,7 +189,7 @@ class OverlapQuantization:
 
 @functools.cache
 def fp8_quantization(recipe: str) -> type:
-  """A subclass of MaxText's Fp8Quantization / NANOOFp8Quantization, so that MaxText's checks see the recipe."""
+  """A subclass of MaxText's own, so that MaxText's checks see the recipe."""
   from maxtext.layers import quantizations  # pylint: disable=import-outside-toplevel  (MaxText is optional)
   parent = {"fp8": quantizations.Fp8Quantization, "nanoo_fp8": quantizations.NANOOFp8Quantization}[recipe]
   module = FP8_MODULES[recipe]

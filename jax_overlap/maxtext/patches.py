@@ -1,9 +1,7 @@
-"""enable(): the MaxText functions the integration wraps, each once however often enable() runs.
-
-  quantizations.configure_quantization  hook.py's object for a training run (looked up at call time by
-      model_creation_utils, so the next model built takes it)
-  nnx_wrappers.ToNNX.__init__  no rngs for OverlapDotGeneral: forking the layer's rngs for it would shift every
-      later kernel's key and so change the initial weights (the fp8 modules keep the fork, as Flax's have it)
+"""enable(): the MaxText functions the integration wraps, once each however often it runs.
+  quantizations.configure_quantization  hook.py's object for a training run (read at call time: the next model)
+  nnx_wrappers.ToNNX.__init__  no rngs for OverlapDotGeneral: forking them would shift every later kernel's key
+      and so the initial weights (the fp8 modules fork, as Flax's do)
   moe.RoutedMoE.__init__  MaxText's own quantization object: experts keep MaxText's einsums
   models.Transformer.__call__  logs the census after the first trace under a mesh
 """
@@ -17,7 +15,7 @@ import inspect
 from jax_overlap import api, planning
 from jax_overlap.maxtext import hook, settings
 
-# The hook and the functions above move between releases.
+# The hook and the functions above change between releases.
 TESTED_MAXTEXT = ("0.2.5",)
 RECIPES = ("", "fp8", "nanoo_fp8")
 _options = {}
@@ -126,19 +124,17 @@ def _transformer_call(original):
 
 
 def enable(*, algorithm: str | None = None, fp8: str | None = None, fp8_cast: str | None = None) -> None:
-  """Make MaxText's dense layers run jax_overlap's ops (call before MaxText builds its model).
-
-  Takes quantization "", "fp8" and "nanoo_fp8"; initial weights, state names and checkpoints stay stock MaxText's.
-  algorithm: "auto", "xla", "pipelined" or "fused". fp8: "", or "tensor" / "block" (a 16-bit run's dense layers in
-  float8). fp8_cast: "auto" (XLA's casts in MaxText: hook.AUTO_FP8_CAST), "xla" or "kernels". Each defaults to its
-  JAX_OVERLAP_MAXTEXT_* setting. Raises ImportError without MaxText, RuntimeError for an untested MaxText release.
-  """
+  """Make MaxText's dense layers run jax_overlap's ops; call before MaxText builds its model. Takes quantization "",
+  "fp8" and "nanoo_fp8"; weights, state names and checkpoints stay stock MaxText's. algorithm: "auto", "xla",
+  "pipelined" or "fused". fp8: "", "tensor" or "block" (a 16-bit run's dense layers in float8). fp8_cast: "auto"
+  (hook.AUTO_FP8_CAST), "xla" or "kernels". Each defaults to its JAX_OVERLAP_MAXTEXT_* setting. Raises ImportError
+  without MaxText, RuntimeError for an untested release."""
   algorithm = settings.algorithm() if algorithm is None else algorithm
   fp8 = settings.fp8() if fp8 is None else fp8
   fp8_cast = settings.fp8_cast() if fp8_cast is None else fp8_cast
   check_options(algorithm, fp8, fp8_cast)
   check_version(_maxtext_version())
-  # pylint: disable=import-outside-toplevel  (MaxText is optional: imported only here)
+  # pylint: disable=import-outside-toplevel
   from maxtext.layers import moe, nnx_wrappers, quantizations
   from maxtext.models import models
   _options.update(algorithm=algorithm, fp8=fp8, fp8_cast=fp8_cast)

@@ -1,8 +1,4 @@
-"""The MaxText integration's settings: each one's default and check (their names are runtime/settings.py's, with
-every other name of jax_overlap's, so that the warning about misspelled ones knows them all).
-
-Checked when jax_overlap.maxtext is imported, and read by enable(); its key=value arguments name them too.
-"""
+"""The MaxText settings' defaults and checks; their names are runtime/settings.py's, with all the others."""
 
 from __future__ import annotations
 
@@ -13,10 +9,7 @@ from jax_overlap.runtime.settings import MAXTEXT_ALGORITHM as ALGORITHM, MAXTEXT
 from jax_overlap.runtime.settings import MAXTEXT_FP8_CAST as FP8_CAST
 
 ALGORITHM_CHOICES = api.ALGORITHMS
-# jax_overlap's own fp8 layers for a 16-bit MaxText run ("": none; else the scaling of Fp8AgDotGeneral /
-# Fp8RsDotGeneral).
 FP8_CHOICES = ("", "tensor", "block")
-# The float8 layers' cast_algorithm, where "auto" is the integration's own choice (hook.py AUTO_FP8_CAST).
 FP8_CAST_CHOICES = fp8_layers.CAST_ALGORITHMS
 
 
@@ -33,7 +26,6 @@ def fp8_cast() -> str:
 
 
 def check_all() -> None:
-  """Checks the MaxText settings the environment has: a ValueError names the first bad one."""
   algorithm()
   fp8()
   fp8_cast()

@@ -1,8 +1,4 @@
-"""ag_matmul: y = all_gather(x) @ w + bias, the column-parallel linear layer, as one Op (ops/op.py).
-
-x [..., m, K], w [K, *n] ([*n, K] with w_kmajor), bias [*n] -> y [..., T*m, *n], gathered x [..., T*m, K], and for
-float8 gathered_scales (each shard's x_scale travels with it): [T] for tensor scales, [..., T*m, K/128] for block.
-"""
+"""ag_matmul, y = all_gather(x) @ w + bias, as one Op; a float8 shard's x_scale travels with it."""
 
 from __future__ import annotations
 
@@ -28,14 +24,13 @@ from jax_overlap.quantization.scaling import mode
 
 log = logging.getLogger("jax_overlap")
 
-DUAL = "matmul_rs"  # its gradient's op: dx = RS(dy @ W^T), over the same axes
+DUAL = "matmul_rs"
 
 primitive = jex_core.Primitive("jax_overlap_ag_matmul")
 primitive.multiple_results = True
 
 
 def bind(x, w, bias, scales, *, axis_name, axis_size, algorithm, w_kmajor, out_dtype, out_specs=None):
-  """(y, gathered[, gathered_scales]) of the primitive; axis_name None: the local product."""
   return tuple(primitive.bind(*operands(x, w, bias, scales), axis_name=axis_name, axis_size=axis_size,
                               algorithm=algorithm, w_kmajor=w_kmajor, has_bias=bias is not None,
                               scaling=mode(scales), out_dtype=out_dtype, out_specs=out_specs))
@@ -57,7 +52,6 @@ def abstract_eval(*args, axis_name, axis_size, algorithm, w_kmajor, has_bias, sc
 
 
 def as_matrix(*args, w_kmajor, has_bias, scaling, **params):
-  """The call with w viewed as a matrix [K, prod(n)] (row-major: free), y viewed back with w's dims."""
   x, w, bias, scales = split_operands(args, has_bias, scaling)
   n = w.shape[:-1] if w_kmajor else w.shape[1:]
   w2 = w.reshape(-1, w.shape[-1]) if w_kmajor else w.reshape(w.shape[0], -1)
@@ -67,7 +61,6 @@ def as_matrix(*args, w_kmajor, has_bias, scaling, **params):
 
 def reference(x, w, bias=None, scales=None, *, axis_name=None, w_kmajor: bool = False, gather: int = -2,
               out_dtype=None):
-  """The XLA decomposition: (all_gather(x) @ w + bias, gathered x[, gathered scales]); axis_name None: local."""
   gathered, x_scales = _gathered(x, scales, axis_name, gather)
   return _product(gathered, w, bias, x_scales, scales, w_kmajor=w_kmajor, gather=gather, out_dtype=out_dtype)
 
@@ -91,7 +84,6 @@ def _product(gathered, w, bias, x_scales, scales, *, w_kmajor: bool, gather: int
 
 
 def global_results(results, scales):
-  """A global call's results; gathered_scales is then the scale of the whole of x."""
   y, gathered = results[:2]
   if scales is None:
     return y, gathered
@@ -99,8 +91,6 @@ def global_results(results, scales):
 
 
 def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype, axis=-2):
-  """The results on one rank's shards. Another gather dim than the rows folds the dims from it up to the rows
-  into one (free on row-major arrays): a tiled gather moves whole blocks of everything after it."""
   params = dict(axis_name=axes, axis_size=size, algorithm=algorithm, w_kmajor=w_kmajor, out_dtype=out_dtype)
   if axis == -2:
     return bind(x, w, bias, scales, **params)
@@ -117,23 +107,22 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
           gathered.reshape(*gathered_shape, x.shape[-1]), *rest)
 
 
-# Global arrays, x [..., m, K] @ w [K, *n] (or [*n, K]), bias [*n]; `gather` is the x dim gathered (default -2):
-#   gather  exactly one of w's n dims is sharded, on axes A, and x's gather dim is sharded on
-#           (*others, *A): gather x over A; y keeps `others` on that dim and A on w's sharded dim.
-#   plain   x keeps its sharding but K, w its n dims' sharding where it does not collide with x's;
-#           y is the local product.
-# The Shardy rule "b.. g k, k n.. -> b.. p n.., b.. p q" gives the results' gathered dim a factor of its own (p),
-# so propagation does not copy x's gathered sharding onto y; and the gathered K one too (q): no plan shards K, and
-# a promise the result breaks is mended by XLA with an "Involuntary full rematerialization".
+# Global arrays, x [..., m, K] @ w [K, *n] (or [*n, K]); `gather` is the x dim gathered (default -2):
+#   gather  exactly one of w's n dims is sharded, on axes A, and x's gather dim on (*others, *A): gather x over A;
+#           y keeps `others` on that dim and A on w's sharded dim.
+#   plain   x keeps its sharding but K's, w its n dims' where they do not collide with x's: the local product.
+# The Shardy rule "b.. g k, k n.. -> b.. p n.., b.. p q" gives the gathered dim (p) and the gathered K (q) factors of
+# their own, so propagation copies no sharding of x onto the results: no plan shards K, and XLA mends a promise the
+# result breaks with an "Involuntary full rematerialization".
 
 class Plan(NamedTuple):
-  axes: tuple | None  # mesh axes x is gathered over; None: a plain partitioning
+  axes: tuple | None
   x: P
   w: P
   bias: P
   y: P
   gathered: P
-  why: str  # for the DEBUG log
+  why: str
 
   @property
   def results(self) -> tuple:
@@ -141,8 +130,7 @@ class Plan(NamedTuple):
 
 
 def sharding_plan(mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor: bool, gather: int = -2, request=None) -> Plan:
-  """A global call's partitioning; the requested y spec settles which of x's batch dims and w's output dims keeps
-  an axis they share."""
+  """The requested y spec settles which of x's batch dims and w's output dims keeps an axis they share."""
   x_spec, w_spec = _sharding.even(mesh, x_spec, x_shape), _sharding.even(mesh, w_spec, w_shape)
   free = x_spec[:-1]
   g = len(x_spec) + gather
@@ -168,7 +156,6 @@ def sharding_plan(mesh, x_spec, w_spec, x_shape, w_shape, w_kmajor: bool, gather
 
 
 def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaling, w_kmajor: bool, gather: int) -> tuple[str, tuple]:
-  """(the Shardy rule, its reduction factors)."""
   batch = _sharding.factors("b", ndim - 1)
   x_f, out_f = list(batch), list(batch)
   x_f[ndim + gather], out_f[ndim + gather] = "g", "p"
@@ -193,7 +180,6 @@ def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis: 
 
 
 def check_operands(x, w, bias, w_kmajor: bool) -> tuple:
-  """The output's shape [..., m, *n]."""
   k_dim, which = (-1, "last") if w_kmajor else (0, "first")
   if w.shape[k_dim] != x.shape[-1]:
     raise ValueError(f"jax_overlap.ag_matmul: w's {which} dim must equal x's last dim (K = {x.shape[-1]}"
@@ -212,7 +198,6 @@ def grouped(gather: int, x, out_shape: tuple, size: int, axis_name) -> tuple:
 
 
 def empty(x, w, bias, scales, call, out_shape) -> tuple:
-  """Empty operands: collectives of empty arrays do not lower."""
   del w
   gathered_shape = list(x.shape)
   gathered_shape[call.axis] *= call.size
@@ -236,8 +221,7 @@ def xla_only(call) -> bool:
 
 
 def plain(x, w, bias, scales, call) -> tuple:
-  """algorithm="xla": inside shard_map the reference; on global arrays the dot, typed on an Explicit mesh with
-  the plan's layouts."""
+  """Inside shard_map the reference; on global arrays the dot, typed on an Explicit mesh with the plan's layouts."""
   log.debug("jax_overlap.ag_matmul: XLA path (algorithm='xla', as JAX ops)")
   if call.axes is not None:
     gathered, x_scales = _gathered(x, scales, call.axes, call.axis)
@@ -253,17 +237,16 @@ def plain(x, w, bias, scales, call) -> tuple:
 
 
 def residual(x, results):
-  """The gathered x, which dW reads."""
   return remat.tag(results[1], remat.AG_GATHERED)
 
 
 def backward(call, residuals, cotangents, dual):
-  """(dx, dw, dbias): dx = RS(dy @ W^T) by `dual`, dW = gathered^T @ dy."""
+  """dx = RS(dy @ W^T) by `dual`, dW = gathered^T @ dy: no second gather."""
   gathered, w, bias, (x_layout, w_layout, bias_layout) = residuals
   dy, *rest = cotangents
   dx = dual(dy, w, None, None, call.dual(DUAL, call.axis if call.axes else None,
                                          autodiff.request(x_layout, gathered.ndim)))
-  if rest:  # the gathered output's cotangent: the all-gather's transpose
+  if rest:  # the gathered x's cotangent: the all-gather's transpose
     (dgathered,) = rest
     dx = dx + (dgathered if call.axes is None else ref.reduce_scatter(dgathered, call.axes, call.axis))
   return (autodiff.like(dx, x_layout), autodiff.weight_grad(gathered, dy, 1, w_layout, call.w_kmajor, w.dtype),
@@ -286,7 +269,7 @@ def chunk_bytes(rows: int, k: int, n: int, world: int, itemsize: int) -> int:
 
 
 def stage_candidates(world: int) -> list:
-  """The own shard alone first (it is here at once), then any split of the peers' shards."""
+  """The own shard alone first (it is here at once), then any split of the peers'."""
   return [(1,) + rest for rest in pipelined.compositions(world - 1)] if world > 1 else [(1,)]
 
 
@@ -313,7 +296,6 @@ def pipelined_us(stages: tuple, f) -> float:
 
 
 def fused_traffic(rows: int, k: int, n: int, world: int, itemsize: int) -> tuple:
-  """(bytes the fetchers move, bytes pulled over the link, flops)."""
   pull_bytes = (world - 1) * rows * k * itemsize
   return pull_bytes, pull_bytes, 2.0 * world * rows * n * k
 

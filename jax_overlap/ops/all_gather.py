@@ -1,8 +1,5 @@
-"""all_gather: the runtime's all-gather of x's rows (axis -2, tiled) inside shard_map, on the symmetric workspace.
-
-The runtime's end-to-end test: its own custom call where the planner takes it, else lax.all_gather. Not
-differentiable, no global-array mode.
-"""
+"""all_gather inside shard_map on the symmetric workspace (the runtime's end-to-end test), else lax.all_gather. Not
+differentiable, no global-array mode."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The float8 cast of the fp8 layers' current scaling, x / scale rounded to a float8 format, as one primitive.
-
-Its value is numerics.quantize's; on "cuda"/"rocm" the project's kernel takes the calls it can, bit for bit the
-same. cast_with_amax, the delayed-scaling layers' variant, saturates (their scale comes from earlier steps and need
-not cover x) and returns the amax from the same pass; amax_from lets the kernel accumulate into that buffer instead
-of zeroing one first.
-"""
+"""The fp8 layers' cast, x / scale rounded to float8, as a primitive: numerics.quantize, or on a GPU the project's
+kernel, bit for bit the same. cast_with_amax (delayed scaling) saturates, since a scale from earlier steps need not
+cover x, and returns the amax from the same pass, accumulated into amax_from's buffer where given."""
 
 from __future__ import annotations
 
@@ -31,7 +27,7 @@ amax_primitive.multiple_results = True
 
 def cast(x, scale, dtype, *, algorithm: str = "auto"):
   """x / scale rounded to the float8 format `dtype`. algorithm: "auto" or "xla"."""
-  # The result varies over what either operand varies over (its abstract value is x's).
+  # The abstract value is x's, so x must vary over whatever the scale does.
   axes = tuple(sorted(_compat.varying_axes(x) | _compat.varying_axes(scale), key=str))
   if axes:
     x, scale = _compat.make_varying(x, axes), _compat.make_varying(scale, axes)
@@ -39,8 +35,7 @@ def cast(x, scale, dtype, *, algorithm: str = "auto"):
 
 
 def cast_with_amax(x, scale, dtype, *, lead: int = 0, algorithm: str = "auto", amax_from=None):
-  """(x / scale saturated to `dtype`, max(amax_from, max |x|) as float32). lead: x's leading dims the cast moves
-  last (a weight [K, N] into the K-major [N, K] the fp8 GEMM takes)."""
+  """(x / scale saturated to `dtype`, max(amax_from, max |x|)); lead: x's leading dims moved last (K-major)."""
   if not isinstance(lead, int) or isinstance(lead, bool) or not (lead == 0 or 0 < lead < jnp.ndim(x)):
     raise ValueError(f"jax_overlap.fp8_cast.cast_with_amax: lead must be 0 or an int from 1 to x.ndim - 1 "
                      f"({jnp.ndim(x) - 1}), got {lead!r}")
@@ -56,7 +51,6 @@ def _moved(dims, lead: int) -> tuple:
 
 
 def current_scaling(x, dtype, *, algorithm: str = "auto"):
-  """(x quantized to `dtype`, its float32 scale from the amax of x)."""
   scale = numerics.fp8_scale(jnp.max(jnp.abs(x)), dtype)
   return cast(x, scale, dtype, algorithm=algorithm), scale
 
@@ -85,15 +79,14 @@ def _amax_abstract_eval(x, scale, *amax_from, dtype, algorithm, lead):
 
 def _batch_rule(args, dims, *, dtype, algorithm):
   (x, scale), (x_dim, scale_dim) = args, dims
-  if scale_dim is None:  # elementwise in x
+  if scale_dim is None:
     return cast(x, scale, dtype, algorithm=algorithm), x_dim
-  # A scale per batch element (a vmapped current scaling): XLA's form, which takes any scale's shape.
   log.debug("jax_overlap.fp8_cast: XLA's cast (vmapped with a scale per batch element)")
   return jax.vmap(lambda xi, si: numerics.quantize(xi, dtype, si), in_axes=(x_dim, scale_dim))(x, scale), 0
 
 
 def _amax_batch_rule(args, dims, *, dtype, algorithm, lead):
-  """An amax per batch element: XLA's form, vmapped (the kernel's amax is of all of x)."""
+  """XLA's form, vmapped: the kernel's amax is of all of x."""
   del algorithm
   log.debug("jax_overlap.fp8_cast: XLA's cast with amax (vmapped)")
   out = jax.vmap(lambda *a: _amax_reference(*a, dtype=dtype, lead=lead), in_axes=tuple(dims))(*args)

@@ -1,10 +1,6 @@
-"""The delayed-scaling layers' step before their casts, as one primitive: for each operand a step casts, the scale it
-casts with and a float32 zero its cast's amax starts from.
-
-The scale is Flax's update_fp8_meta rule, known before the step's amax. On "cuda"/"rocm" one kernel launch serves
-every operand of a step, in place of XLA's reduction, division and a memset per cast; it divides as XLA's GPU code
-does, so the path a process takes never changes the state.
-"""
+"""The delayed-scaling step before the casts as one primitive: per operand, the scale (Flax's update_fp8_meta
+rule) and a zero its cast's amax starts from. On a GPU one launch serves a step's operands in place of XLA's
+reduction, division and memset per cast, dividing as XLA's GPU code does: the path never changes the state."""
 
 from __future__ import annotations
 
@@ -26,8 +22,7 @@ primitive.multiple_results = True
 
 
 def step_scales(scales, histories, dtypes, *, algorithm: str = "auto") -> tuple[tuple, tuple]:
-  """(the step's scales, float32 zeros), one of each per operand, from its previous float32 scale, its amax
-  history and its float8 format. algorithm: "auto" or "xla"."""
+  """(the step's scales, float32 zeros) from each operand's previous scale, amax history and float8 format."""
   if not (len(scales) == len(histories) == len(dtypes) >= 1):
     raise ValueError(f"jax_overlap.fp8_scales.step_scales: one scale, history and dtype per operand, got "
                      f"{len(scales)}, {len(histories)} and {len(dtypes)}")
@@ -59,7 +54,7 @@ def _abstract_eval(*operands, dtypes, algorithm):
 
 def _reference(*operands, dtypes):
   """Flax's rule (fp8_ops.compute_scale of the history's max, margin 0) and a zero, per operand."""
-  from flax.linen import fp8_ops  # the delayed-scaling layers' dependency, imported where their rule runs
+  from flax.linen import fp8_ops
   out = []
   for scale, history, dtype in zip(operands[0::2], operands[1::2], dtypes):
     fp8_max = fp8_ops.get_fp8_max(jnp.dtype(dtype), jnp.float32)
@@ -73,7 +68,6 @@ def _reference_lowering(ctx, *operands, dtypes, algorithm):
 
 
 def _batch_rule(args, dims, *, dtypes, algorithm):
-  """A state per batch element: XLA's form, vmapped."""
   del algorithm
   log.debug("jax_overlap.fp8_scales: XLA's step scales (vmapped)")
   out = jax.vmap(lambda *a: _reference(*a, dtypes=dtypes), in_axes=tuple(dims))(*args)

@@ -1,8 +1,4 @@
-"""matmul_rs: z = reduce_scatter(x @ w) + bias, the row-parallel linear layer, as one Op (ops/op.py).
-
-x [..., M, *k] (k local), w [*k, N] ([N, *k] with w_kmajor), bias [N] added once after the reduction -> z
-[..., M/T, N]. Float8: each rank's partial is scaled by its own scales and staged in formats.partial(out_dtype).
-"""
+"""matmul_rs, z = reduce_scatter(x @ w) + bias, as one Op; each rank's partial is staged in formats.partial."""
 
 from __future__ import annotations
 
@@ -49,7 +45,6 @@ def abstract_eval(x, w, *rest, axis_name, axis_size, algorithm, w_kmajor, has_bi
 
 
 def as_matrix(*args, w_kmajor, has_bias, scaling, **params):
-  """The call with w a matrix [prod(k), N] and x's k dims as one (free on row-major arrays)."""
   x, w, bias, scales = split_operands(args, has_bias, scaling)
   contract = w.ndim - 1
   k = math.prod(w.shape[1:] if w_kmajor else w.shape[:-1])
@@ -60,7 +55,7 @@ def as_matrix(*args, w_kmajor, has_bias, scaling, **params):
 
 def reference(x, w, bias=None, scales=None, *, axis_name=None, w_kmajor: bool = False, scatter: int = -2,
               out_dtype=None):
-  """The XLA decomposition: psum_scatter(x @ w) + bias, summed as the GPU algorithms do; axis_name None: local."""
+  """The XLA decomposition, summed as the GPU algorithms sum; axis_name None: the local product."""
   out_dtype = out_dtype or x.dtype
   contract = w.ndim - 1
   acc = ref.local_matmul(x, w, w_kmajor=w_kmajor, contract=contract, scales=scales)
@@ -73,7 +68,6 @@ def reference(x, w, bias=None, scales=None, *, axis_name=None, w_kmajor: bool = 
 
 
 def reference_all_reduce(x, w, bias=None, scales=None, *, axis_name, w_kmajor: bool = False, out_dtype=None):
-  """psum(x @ w) + bias, summed as reference's is."""
   out_dtype = out_dtype or x.dtype
   acc = ref.local_matmul(x, w, w_kmajor=w_kmajor, contract=w.ndim - 1, scales=scales)
   return ref.all_reduce(acc.astype(formats.partial(out_dtype)), axis_name, bias, out_dtype)
@@ -85,8 +79,6 @@ def global_results(results, scales):
 
 
 def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype, axis=-2):
-  """The result on one rank's shards. Another dim than the rows folds into them (a tiled scatter moves whole
-  blocks of everything after it); the columns (-1) are no row layout and take the XLA path."""
   contract = w.ndim - 1
   if axis == -1:
     log.debug("jax_overlap.matmul_rs: XLA path (scatter over the output columns; the fused kernels scatter rows)")
@@ -102,17 +94,14 @@ def on_shards(x, w, bias, scales, *, axes, size, algorithm, w_kmajor, out_dtype,
   return z.reshape(*out_lead[:start], out_lead[start] // size, *out_lead[start + 1:], z.shape[-1])
 
 
-# Global arrays, x [..., M, *k] @ w [*k, N] (or [N, *k]), bias [N]:
-#   scatter  x's and w's k dims are sharded alike, on axes A: reduce over A, scattered onto one output
-#            dim (`scatter`: the scatter_axis argument, else the dim the requested output sharding puts
-#            A on, else the rows, -2), which keeps its own sharding as the major part.
-#   reduce   as scatter, but the requested output sharding has A nowhere, or the scatter dim is not a
-#            multiple of its new axes' size: an all-reduce over A.
-#   plain    the contraction is not sharded alike: K unsharded (XLA gathers it), a local product.
-# With no request on an Auto mesh the reduction is an all-reduce, as XLA's own dot would be.
+# Global arrays, x [..., M, *k] @ w [*k, N] (or [N, *k]):
+#   scatter  x's and w's k dims sharded alike, on axes A: reduce over A onto one output dim (scatter_axis, else
+#            the dim the requested output sharding puts A on, else the rows), which keeps its own axes as major.
+#   reduce   as scatter, but the request has A nowhere, or the dim is no multiple of its axes' size: all-reduce.
+#   plain    the contraction not sharded alike: K unsharded (XLA gathers it), a local product.
 
 class Plan(NamedTuple):
-  axes: tuple | None  # None: a plain partitioning
+  axes: tuple | None
   scatter: int | None  # None: an all-reduce
   x: P
   w: P
@@ -167,7 +156,6 @@ def _scatter_dim(out, axes, scatter, request) -> int | None:
 
 
 def sharding_rule(ndim: int, w_ndim: int, has_bias: bool, scaling, w_kmajor: bool, scatter) -> tuple[str, tuple]:
-  """(the Shardy rule, its reduction factors)."""
   del scatter
   contract = w_ndim - 1
   batch, k = _sharding.factors("b", result_ndim(ndim, w_ndim) - 1), _sharding.factors("k", contract)
@@ -186,7 +174,7 @@ def result_ndim(ndim: int, w_ndim: int) -> int:
 
 def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis, has_bias: bool, scaling,
                 out_dtype: str):
-  del axis  # the plan's scatter dim, which the argument decided
+  del axis
   if plan.scatter is None:
     def multiply_and_reduce(*args):
       x, w, bias, scales = split_operands(args, has_bias, scaling)
@@ -201,7 +189,6 @@ def partitioned(plan: Plan, *, size: int, algorithm: str, w_kmajor: bool, axis, 
 
 
 def check_operands(x, w, bias, w_kmajor: bool) -> tuple:
-  """The output's shape [..., M, N]."""
   k = tuple(w.shape[1:] if w_kmajor else w.shape[:-1])
   if x.ndim < len(k) + 1:
     raise ValueError(f"jax_overlap.matmul_rs: x must have rank >= {len(k) + 1} (rows and w's {len(k)} contracted "
@@ -221,7 +208,6 @@ def check_operands(x, w, bias, w_kmajor: bool) -> tuple:
 
 
 def grouped(scatter, x, out_shape: tuple, size: int, axis_name) -> tuple:
-  """(scatter, z's shape) inside shard_map: the rows unless another dim is asked for, a size-th of it each rank's."""
   del x
   scatter = -2 if scatter is None else scatter
   out_shape = list(out_shape)
@@ -234,7 +220,6 @@ def grouped(scatter, x, out_shape: tuple, size: int, axis_name) -> tuple:
 
 
 def empty(x, w, bias, scales, call, out_shape) -> tuple:
-  """Empty operands: collectives of empty arrays do not lower."""
   del x, w, scales
   if call.axes is not None and call.axis == -1 and bias is not None:
     bias = lax.dynamic_slice_in_dim(bias, lax.axis_index(call.axes) * out_shape[-1], out_shape[-1])
@@ -246,8 +231,6 @@ def xla_only(call) -> bool:
 
 
 def plain(x, w, bias, scales, call):
-  """The XLA path: inside shard_map the reference; on global arrays the dot, typed on an Explicit mesh with the
-  plan's layouts."""
   log.debug("jax_overlap.matmul_rs: XLA path (%s, as JAX ops)", "algorithm='xla'" if call.algorithm == "xla" else
             "a scatter over the output columns; the GPU algorithms scatter rows")
   params = dict(w_kmajor=call.w_kmajor, out_dtype=call.out_dtype)
@@ -270,7 +253,7 @@ def residual(x, results):
 
 
 def backward(call, residuals, cotangents, dual):
-  """(dx, dw, dbias): (dx, AG(dz)) by `dual`, dW = x^T @ AG(dz)."""
+  """(dx, AG(dz)) by `dual`, dW = x^T @ AG(dz)."""
   x, w, bias, (x_layout, w_layout, bias_layout) = residuals
   (dz,) = cotangents
   # After a scatter of the columns no dim of dz matches w's output axes: the plain plan gathers dz through XLA.
@@ -306,7 +289,7 @@ def check_stages(stages: tuple, text: str) -> None:
 
 def pipelined_us(stages: tuple, f) -> float:
   """The GEMMs back to back; peers run the same schedule, so the peer at ring distance i has my block ready when
-  its stage holding position i - 1 ends; then the reduction of world partials into one."""
+  its stage holding position i - 1 ends; then the reduction."""
   world = sum(stages)
   ready, t = [], 0.0
   for size in stages:
@@ -325,13 +308,12 @@ def pipelined_us(stages: tuple, f) -> float:
 
 
 def fused_traffic(rows: int, k: int, n: int, world: int, itemsize: int) -> tuple:
-  """(bytes the reducers move, bytes pulled over the link, flops)."""
   block = rows // world * n * itemsize
   return world * block, (world - 1) * block, 2.0 * rows * n * k
 
 
 def fused_chunk_k(tile, k: int) -> int:
-  """No ready flags along K: a partial is staged whole."""
+  """No ready flags along K: partials are staged whole."""
   del tile, k
   return 0
 

@@ -1,5 +1,4 @@
-"""The op as one typed object: what differs between the GEMM ops, grouped by concern and checked when made, so
-that api.py, integration/ and planning/ never branch on an op's name."""
+"""The op as one typed object, checked when made: what differs between the GEMM ops, so nothing else branches."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from jax_overlap.quantization import formats
 
 
 def _takes(expected: str) -> tuple:
-  """(a test of a field's value, its words) for a field's annotation, which is text (not evaluated)."""
+  """(a test of a field's value, its words) for a field's annotation (text: not evaluated)."""
   if expected == "Callable":
     return callable, "a callable"
   if expected == "tuple[str, ...]":
@@ -36,7 +35,7 @@ class Rules:
   primitive: jex_core.Primitive
   bind: Callable  # (x, w, bias, scales, *, axis_name, axis_size, algorithm, w_kmajor, out_dtype, out_specs=None)
   abstract_eval: Callable
-  as_matrix: Callable  # the GPU lowering takes no other w than a matrix
+  as_matrix: Callable  # the call with w as a matrix (free views), as the GPU lowering takes it
 
   __post_init__ = _check_fields
 
@@ -45,7 +44,7 @@ class Rules:
 class XlaPath:
   reference: Callable  # the fallback and the test oracle
   plain: Callable  # algorithm="xla"
-  required: Callable  # (call) -> whether only the XLA path takes the call
+  required: Callable  # (call) -> whether only the XLA path takes it
 
   __post_init__ = _check_fields
 
@@ -73,7 +72,7 @@ class PlanningFigures:
   check_stages: Callable
   pipelined_us: Callable
   movers: str  # the fused kernel's data movers' name, for messages
-  fused_traffic: Callable
+  fused_traffic: Callable  # (rows, k, n, world, itemsize) -> (bytes the movers move, bytes over the link, flops)
   fused_chunk_k: Callable
   fused_units: Callable
 
@@ -87,7 +86,7 @@ class PlanningFigures:
 
 @dataclasses.dataclass(frozen=True)
 class Backward:
-  residual: Callable  # (x, results) -> what the backward pass keeps besides w and bias
+  residual: Callable  # (x, results) -> what the backward keeps besides w and bias
   grads: Callable  # (call, residuals, cotangents, dual) -> (dx, dw, dbias)
 
   __post_init__ = _check_fields
@@ -96,12 +95,12 @@ class Backward:
 @dataclasses.dataclass(frozen=True)
 class Arguments:
   check_operands: Callable  # (x, w, bias, w_kmajor) -> the output's shape; ValueError naming what does not fit
-  dim: str  # the name of the op's dim argument
+  dim: str
   dim_of_x: bool  # whether that argument counts x's dims (else the output's)
-  dim_last: int  # the last dim it may name (negative)
-  dim_optional: bool  # whether it may be None: the dim the plan or the group picks
+  dim_last: int
+  dim_optional: bool  # whether it may be None: the plan's or the group's
   grouped: Callable  # (dim, x, out_shape, size, axis_name) -> (dim, out_shape) inside shard_map; ValueError
-  empty: Callable  # (x, w, bias, scales, call, out_shape) -> results
+  empty: Callable  # (x, w, bias, scales, call, out_shape) -> results: collectives of empty arrays do not lower
 
   __post_init__ = _check_fields
 
@@ -109,7 +108,7 @@ class Arguments:
 @dataclasses.dataclass(frozen=True)
 class Op:
   name: str  # the public function's, its FFI targets' stem and its messages' prefix
-  dual: str  # the op of its gradient (ops.OPS checks that the two name each other)
+  dual: str
   results: Results
   rules: Rules
   xla: XlaPath

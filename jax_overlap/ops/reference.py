@@ -1,12 +1,7 @@
-"""The numerics the ops' reference decompositions share: the XLA path (algorithm="xla") and the test oracle.
-
-As the GPU algorithms: products accumulate in float32, the bias is added in it, one rounding to the result's
-dtype. A reduction rounds each rank's partial to formats.partial(dtype) (float32 for float16: a partial may pass
-65504 where the sum does not), exchanges the partials by all-to-all and sums them in float32 in rank order:
-bitwise the GPU paths' reduction. XLA's own reduce-scatter rounds at every step, which in bfloat16 fails
-Transformer Engine's collective-GEMM tolerance. Float8 products are the dequantized operands' in the form XLA
-rewrites into its fp8 GEMM, at the precision that gives its accumulation (Scaling.precision).
-"""
+"""The numerics of the ops' XLA path and test oracle, as the GPU algorithms': float32 accumulation and bias, one
+rounding. A reduction exchanges each rank's partial (formats.partial) by all-to-all and sums in float32 in rank
+order, bitwise the GPU's: XLA's own reduce-scatter rounds every step, which in bfloat16 fails Transformer Engine's
+collective-GEMM tolerance. Float8 products are dot_generals XLA rewrites into its fp8 GEMM (Scaling.precision)."""
 
 from __future__ import annotations
 
@@ -23,7 +18,7 @@ from jax_overlap.quantization import formats, numerics
 
 
 def local_matmul(x, w, *, w_kmajor: bool = False, contract: int = 1, scales=None, out_sharding=None):
-  """x's last `contract` dims times w's first (w_kmajor: last) `contract` dims, in the accumulator type."""
+  """x's last `contract` dims times w's first (w_kmajor: last), in the accumulator type."""
   precision = None
   if scales is not None:
     x, w = numerics.dequantized(x, scales.x), numerics.dequantized(w, scales.w)
@@ -44,8 +39,8 @@ def _accumulated(x, w, dims, out_sharding):
 
 @_accumulated.defjvp
 def _accumulated_jvp(dims, out_sharding, primals, tangents):
-  # The tangent's products are rounded to the operands' dtype: with JAX's float32 tangent the backward pass would
-  # run float32 GEMMs where stock lax.dot_general runs 16-bit ones.
+  # Tangent products in the operands' dtype: JAX's float32 tangent would make the backward's GEMMs float32 where
+  # stock lax.dot_general's are 16-bit.
   x, w = primals
   dx, dw = tangents
   dot = functools.partial(lax.dot_general, dimension_numbers=dims, out_sharding=out_sharding)
@@ -53,8 +48,7 @@ def _accumulated_jvp(dims, out_sharding, primals, tangents):
 
 
 def gathered_matmul(gathered, w, *, w_kmajor: bool = False, gather: int = -2, scales=None):
-  """local_matmul of a gathered x whose shards along dim `gather` carry tensor scales of their own: one dot per
-  shard keeps each in the form XLA rewrites into its fp8 GEMM (shards of one shared scale take one dot)."""
+  """local_matmul of a gathered x of per-shard tensor scales: a dot per shard (one if shared), each XLA's fp8 GEMM."""
   if scales is None or scales.scaling.follows_x:
     return local_matmul(gathered, w, w_kmajor=w_kmajor, scales=scales)
   if scales.scaling.x_shared:
@@ -68,7 +62,6 @@ def gathered_matmul(gathered, w, *, w_kmajor: bool = False, gather: int = -2, sc
 
 
 def finish(acc, bias, dtype):
-  """acc (+ bias in the accumulator type), rounded once to dtype."""
   if bias is not None:
     acc = acc.astype(formats.accumulator(dtype)) + bias.astype(formats.accumulator(dtype))
   return acc.astype(dtype)
@@ -80,7 +73,7 @@ def group_size(axis_name) -> int:
 
 
 def reduce_scatter(partial, axis_name, dim: int, bias=None, dtype=None):
-  """psum_scatter(partial, dim, tiled) + bias, the blocks added in rank order, which XLA does not reassociate."""
+  """psum_scatter(partial, dim, tiled) + bias, added in rank order (XLA does not reassociate it)."""
   size, axis = group_size(axis_name), partial.ndim + dim
   blocks = partial.reshape(*partial.shape[:axis], size, partial.shape[axis] // size, *partial.shape[axis + 1:])
   blocks = lax.all_to_all(blocks, axis_name, axis, axis, tiled=True)
@@ -91,8 +84,7 @@ def reduce_scatter(partial, axis_name, dim: int, bias=None, dtype=None):
 
 
 def all_reduce(partial, axis_name, bias=None, dtype=None):
-  """psum(partial) + bias as a reduce-scatter of the flattened partial and an all-gather: a ring all-reduce's
-  bytes, and every element what a scatter plan would give it."""
+  """psum(partial) + bias as reduce-scatter and all-gather: a ring all-reduce's bytes, each sum a scatter plan's."""
   size, shape = group_size(axis_name), partial.shape
   total = math.prod(shape)
   chunk = -(-total // size)
@@ -105,7 +97,6 @@ def all_reduce(partial, axis_name, bias=None, dtype=None):
 
 
 def empty_product(shape, dtype, bias, axes):
-  """The bias (or zeros) in the output's shape, varying over `axes` as the product would."""
   out = jnp.zeros(shape, dtype)
   if bias is not None:
     out = out + bias.astype(dtype)

@@ -1,8 +1,5 @@
-"""The dtypes the ops take and the paths that run each: one table, so a new dtype is an entry here.
-
-Every accepted dtype runs on the XLA path (float64 for checks against float64). The float8 formats come in two
-families no GPU mixes, OCP and fnuz; the fused kernels are 16-bit only, so float8 takes the pipelined algorithm.
-"""
+"""The dtypes the ops take and the paths that run each: one table, a new dtype an entry. Every dtype runs on the XLA
+path; float8 comes in two families no GPU mixes, OCP and fnuz."""
 
 from __future__ import annotations
 
@@ -13,7 +10,6 @@ import numpy as np
 
 GPU_ALGORITHMS = ("fused", "pipelined")
 VECTOR_BYTES = 16  # the kernels' loads: rows and columns move in 16-byte vectors
-# The vendor fp8 GEMMs' output types.
 OUT_DTYPES = ("bfloat16", "float16", "float32")
 FP8_DEFAULT_OUT = "bfloat16"
 # Per family: the first sm_XY that runs it, and the gfx archs that do.
@@ -25,7 +21,7 @@ class DType:
   name: str
   itemsize: int
   algorithms: tuple  # () for the XLA path only
-  fp8: str | None = None  # "ocp" or "fnuz"
+  fp8: str | None = None
 
 
 TABLE = {d.name: d for d in (
@@ -45,9 +41,7 @@ def accumulator(dtype):
 
 
 def partial(dtype):
-  """The type each rank's partial product of a reduction (matmul_rs) is staged and summed from, for a result of
-  `dtype`: float32 for float16 (a partial past 65504 would be inf where the sum is in range), else `dtype`
-  (bfloat16 has float32's range; its partials are rounded, as documented). csrc/core/dtype.h partial_dtype."""
+  """A reduction's partials' dtype (csrc/core/dtype.h partial_dtype): float32 for float16, which a partial overflows."""
   return jnp.dtype(jnp.float32) if jnp.dtype(dtype) == jnp.float16 else jnp.dtype(dtype)
 
 
@@ -64,7 +58,6 @@ def itemsize(dtype_name: str) -> int:
 
 
 def vector_elems(dtype_name: str) -> int:
-  """What k and n must be multiples of on a GPU path."""
   return VECTOR_BYTES // itemsize(dtype_name)
 
 

@@ -1,9 +1,5 @@
-"""The float8 training recipes: how the fp8 layers quantize, one object per recipe.
-
-A recipe owns what differs between ways of training in float8; the layers run one custom VJP for all of them. The
-rounding itself is the layer's `call.casts` (the ops' casts, a layer above this one). Power-of-two scales keep the
-layers' rescalings exact, so per-shard scales fold into one operand's. A new recipe is a Recipe subclass, registered.
-"""
+"""The float8 training recipes under the layers' one custom VJP; a new one is a Recipe subclass, registered.
+Power-of-two scales keep rescalings exact, so per-shard scales fold into one operand's."""
 
 from __future__ import annotations
 
@@ -20,22 +16,20 @@ from jax_overlap.quantization.scaling import BLOCK, BLOCK_SIZE, TENSOR, Scaling
 
 
 def kmajor(w, lead: int):
-  """w's first `lead` dims (the contraction) last: the K-major layout Hopper's fp8 GEMM takes."""
   return jnp.transpose(w, (*range(lead, w.ndim), *range(lead)))
 
 
 def lead_last(v, lead: int):
-  """v [*l, *f] as [prod(f), *l], the contraction kept unmerged: rows of several dims sharded on a minor one have
-  no merged layout without moving them."""
+  """v [*l, *f] as [prod(f), *l], l unmerged: rows sharded on a minor dim have no merged layout without moving."""
   return _sharding.reshape(kmajor(v, lead), (-1, *v.shape[:lead]))
 
 
 class Recipe:
-  """A float8 recipe; `call` is the layer's Fp8Call. The base class serves recipes with one scale per operand."""
+  """`call` is the layer's Fp8Call. The base class serves recipes of one scale per operand."""
 
   name: str = ""
   scaling: Scaling = TENSOR
-  stateful = False  # only a flax.linen module can hold the state
+  stateful = False
   fast_accumulation_default = True
 
   def __repr__(self) -> str:
@@ -48,8 +42,7 @@ class Recipe:
     return hash(type(self))
 
   def fast_accumulation(self, layer: str, value) -> bool:
-    """The forward GEMM's accumulation from a layer's field (None: this recipe's default); the gradients' GEMMs
-  always promote to float32."""
+    """The forward GEMM's accumulation from a layer's field (None: this recipe's default)."""
     if value is not None and not isinstance(value, bool):
       raise TypeError(f"jax_overlap.{layer}: fast_accumulation must be None, True or False, got {value!r}")
     if value is None:
@@ -61,12 +54,11 @@ class Recipe:
     return value
 
   def ag_operands(self, x, w, layer: str) -> tuple:
-    """(x, w as the GEMM takes them, the result back in the layer's shape) for a kernel [K, *n]."""
+    """(x, w as the GEMM takes them, y back in the layer's shape) for a kernel [K, *n]."""
     del layer
     return x, w, lambda y: y
 
   def rs_operands(self, x, w, contract: int, layer: str) -> tuple:
-    """(x, w) as the GEMM takes them for a kernel [*k, N] contracting x's last `contract` dims."""
     del contract, layer
     return x, w
 
@@ -75,11 +67,11 @@ class Recipe:
     raise NotImplementedError
 
   def cotangent(self, d, kept, call) -> tuple:
-    """(d in e5m2, its scale, the state's cotangent), `kept` being quantize's last result."""
+    """(d in e5m2, its scale, the state's cotangent); `kept`: quantize's last result."""
     raise NotImplementedError
 
   def dual_kernel(self, w, w_scale, call) -> tuple:
-    """(w in e4m3 in its own layout, the same float8 values as the forward's; its scale)."""
+    """(w in e4m3 in its own layout, the forward's float8 values; its scale)."""
     return call.casts.cast(w, w_scale, call.e4m3), w_scale
 
   def ag_weight_grad(self, gathered, scales, dy, dy8, dy_scale, axis: int, call) -> tuple:
@@ -89,7 +81,6 @@ class Recipe:
     return lead(gathered), scales[0], lead(dy8), dy_scale
 
   def rs_weight_grad(self, x8, x_scale, dz_gathered, dz_scales, axis: int, call) -> tuple:
-    """(a, a_scale, b, b_scale): dW = x^T @ AG(dz)'s float8 operands, rows last."""
     del axis, call
     lead = functools.partial(lead_last, lead=dz_gathered.ndim - 1)
     return lead(x8), x_scale, lead(dz_gathered), dz_scales[0]
@@ -103,7 +94,7 @@ class TensorRecipe(Recipe):
   def quantize(self, x, w, state, call, lead):
     del state
     x8 = call.casts.cast(x, x_scale := numerics.fp8_scale(jnp.max(jnp.abs(x)), call.e4m3), call.e4m3)
-    # The kernel's transpose and cast are XLA's: one pass over w.
+    # XLA transposes and casts the kernel in one pass over w.
     w_scale = numerics.fp8_scale(jnp.max(jnp.abs(w)), call.e4m3)
     return x8, x_scale, numerics.quantize(kmajor(w, lead), call.e4m3, w_scale), w_scale, ()
 
@@ -113,8 +104,8 @@ class TensorRecipe(Recipe):
     return call.casts.cast(d, scale, call.e5m2), scale, ()
 
   def ag_weight_grad(self, gathered, scales, dy, dy8, dy_scale, axis, call):
-    # dy's rows times their shard's scale, quantized again with one scale, keep dW one GEMM of one scale per operand.
-    # With one shard the product of the two scales is not formed: it may underflow float32 where dW does not.
+    # dy's rows times their shard's scale, requantized with one scale: dW stays one GEMM of a scale per operand.
+    # With one shard the scales' product is not formed: it may underflow float32 where dW does not.
     if scales.shape[0] == 1:
       return super().ag_weight_grad(gathered, scales, dy, dy8, dy_scale, axis, call)
     lead = functools.partial(lead_last, lead=gathered.ndim - 1)
@@ -129,13 +120,12 @@ class TensorRecipe(Recipe):
 
 
 class BlockRecipe(Recipe):
-  """DeepSeek-V3's recipe: x and the cotangent per 1x128 block of their last dim, the kernel per 128x128 tile. The
-  weight gradient contracts the rows, so both its operands are quantized again with blocks along the rows (x from
-  its float8 value, exactly). Shards of whole blocks quantize as the whole array does."""
+  """DeepSeek-V3's: x and the cotangent per 1x128 block of their last dim, the kernel per 128x128 tile. dW contracts
+  the rows, so its operands are requantized in blocks along the rows (x from its float8 value, exactly)."""
 
   name = "block"
   scaling = BLOCK
-  fast_accumulation_default = False  # block scales promote per 128 elements of K
+  fast_accumulation_default = False
 
   def ag_operands(self, x, w, layer):
     w2 = _sharding.reshape(w, (w.shape[0], -1))
@@ -168,8 +158,6 @@ class BlockRecipe(Recipe):
 
   @staticmethod
   def _weight_grad(x8, x_scale, d, call, rows_are: str) -> tuple:
-    """x8 [..., R, K] with its 1x128 scales blocked along the rows (e4m3), the 16-bit d [..., R, N] tiled along
-    them (e5m2)."""
     def rows_last(a):
       rows = math.prod(a.shape[:-1])
       if rows % BLOCK_SIZE:
@@ -182,10 +170,8 @@ class BlockRecipe(Recipe):
 
 
 class DelayedRecipe(Recipe):
-  """Flax's delayed scaling (fp8_ops.update_fp8_meta): the state is Flax's six variables (scale and amax history of
-  input, kernel and output grad) and its cotangent is its new value. A step's scale is known before its amax, so
-  one pass casts and takes the amax; values beyond saturate, as Flax's clip. Amaxes are of the whole operand, so
-  every rank records the same history."""
+  """Flax's delayed scaling: the state is Flax's six variables, its cotangent their new value. A step's scale precedes
+  its amax, so one pass casts (saturating) and takes the amax, of the whole operand: every rank's history is one."""
 
   name = "delayed"
   stateful = True
@@ -208,8 +194,7 @@ class DelayedRecipe(Recipe):
     return call.casts.cast_with_amax(w, w_scale, call.e4m3)[0], w_scale
 
 
-# Flax keeps its fp8 meta in an extended dtype (fp8_ops.fm32, whose gradients accumulate by max): arithmetic in
-# float32, the state's values back in the variables' dtype.
+# Flax's fp8 meta is in an extended dtype (fp8_ops.fm32, gradients accumulated by max): arithmetic in float32.
 
 def _float32(v):
   return lax.convert_element_type(v, jnp.float32) if jax.dtypes.issubdtype(v.dtype, jax.dtypes.extended) else v
@@ -222,7 +207,6 @@ def _step_scales(metas, dtypes, call) -> tuple[tuple, tuple]:
 
 
 def _cast(v, scale, amax_from, dtype, call, lead: int = 0) -> tuple:
-
   q, amax = call.casts.cast_with_amax(v, scale, dtype, lead=lead, amax_from=amax_from)
   if call.axis_name is None:
     return q, amax
@@ -232,8 +216,7 @@ def _cast(v, scale, amax_from, dtype, call, lead: int = 0) -> tuple:
 
 
 def recorded(amax, step, scale, history) -> tuple:
-  """fp8_ops.update_fp8_meta's new (scale, history) after a step cast with scale `step`, in the variables' dtypes
-  and shapes. One select of the rolled history, which XLA fuses into one kernel (Flax's roll-then-update takes two)."""
+  """update_fp8_meta's new (scale, history): one select of the rolled history (Flax's roll-then-update: two kernels)."""
   meta_dtype = scale.dtype if scale.dtype == history.dtype and jax.dtypes.issubdtype(
       scale.dtype, jax.dtypes.extended) else None
   h = history if meta_dtype is None else lax.convert_element_type(history, jnp.float32)
@@ -244,8 +227,6 @@ def recorded(amax, step, scale, history) -> tuple:
     return new_scale, new_history
   return lax.convert_element_type(new_scale, meta_dtype), lax.convert_element_type(new_history, meta_dtype)
 
-
-# --- the registry: a layer's scaling= names its recipe ------------------------------------------------------
 
 RECIPES: dict[str, type[Recipe]] = {}
 
@@ -262,5 +243,4 @@ for _cls in (TensorRecipe, BlockRecipe, DelayedRecipe):
 
 
 def stateless() -> tuple:
-  """The recipes a layer without variables takes."""
   return tuple(name for name, cls in RECIPES.items() if not cls.stateful)

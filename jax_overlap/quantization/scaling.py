@@ -1,10 +1,5 @@
-"""How a float8 call's operands are scaled: the scaling modes, as one type the primitives carry.
-
-An operand's value is x8.astype(float32) times its block's scale in every mode; what differs between modes is a
-Scaling method, written once here. Variants: fast accumulation (tensor scales only: cuBLASLt's FAST_ACCUM, faster on
-Hopper, less precise over long K) and x_shared (every rank passes the same x_scale, so several gathered shards can
-share one GEMM). The block layouts mirror csrc/core/block_scales.h.
-"""
+"""The float8 scaling modes as one type the primitives carry. In every mode an operand's value is x8.astype(float32)
+times its block's scale; what differs is a Scaling method. The block layouts mirror csrc/core/block_scales.h."""
 
 from __future__ import annotations
 
@@ -26,14 +21,14 @@ W_SCALE_ROW_ALIGN = 4
 
 
 class Scaling:
-  """A scaling mode or its variant: immutable and hashable, so primitives carry it as a parameter."""
+  """A mode or its variant (x_shared: one x_scale on every rank, so gathered shards share a GEMM); hashable."""
 
   name: str = ""
-  code: int = 0  # the GPU calls' attribute (csrc/core/scale_mode.h ScaleMode)
+  code: int = 0  # csrc/core/scale_mode.h ScaleMode
   xla_gemm: bool = True  # XLA rewrites the dot of operands dequantized this way into its fp8 GEMM
-  bias_epilogue: bool = True  # the vendor's GEMM with these scales adds a bias in its epilogue
+  bias_epilogue: bool = True
   follows_x: bool = False  # x_scale has x's leading dims: batch dims fold and vmap batches it with x
-  blocks: bool = False  # the native side's block scales (csrc/core/gemm_problem.h GemmTypes::blocks)
+  blocks: bool = False  # csrc/core/gemm_problem.h GemmTypes::blocks
   fast_accumulation: bool = False
   x_shared: bool = False
 
@@ -49,7 +44,6 @@ class Scaling:
     return hash((self.name, self.fast_accumulation, self.x_shared))
 
   def accumulating(self, fast: bool) -> Scaling:
-  
     if bool(fast) == self.fast_accumulation:
       return self
     if fast and self.blocks:
@@ -60,7 +54,6 @@ class Scaling:
     return variant
 
   def sharing_x(self, shared: bool) -> Scaling:
-  
     if bool(shared) == self.x_shared:
       return self
     if shared and self.follows_x:
@@ -71,47 +64,32 @@ class Scaling:
 
   @property
   def precision(self):
-    """XLA's dot's: DEFAULT is XLA's fp8 GEMM with fast accumulation, HIGHEST without."""
+    """XLA's fp8 GEMM accumulates fast at DEFAULT, not at HIGHEST."""
     return lax.Precision.DEFAULT if self.fast_accumulation else lax.Precision.HIGHEST
 
-  # --- what a caller passes (api.py) ---
-
   def check(self, op: str, x, w, x_scale, w_scale, w_kmajor: bool) -> Scales:
-
     raise NotImplementedError
 
-  # --- how the scales travel with x ---
-
   def gathered_shape(self, x_scale_shape: tuple, gathered_x_shape: tuple, size: int) -> tuple:
-
     raise NotImplementedError
 
   def gather(self, x_scale, axis_name, gather: int):
-
     raise NotImplementedError
 
   def of_whole_x(self, x_scale):
-
     raise NotImplementedError
-
-  # --- global arrays (integration/partitioning.py) ---
 
   def shardy_factors(self, x_factors: list, w_kmajor: bool) -> tuple:
     """(x_scale's, w_scale's, the contraction blocks') factors in a Shardy rule; x's contraction last, w 2-D."""
     raise NotImplementedError
 
   def partition_specs(self, x_spec: P, w_spec: P) -> tuple:
-
     raise NotImplementedError
 
   def plan_shapes(self, scales_shapes: tuple, x_shape: tuple, w_shape: tuple) -> tuple:
-
     return x_shape, w_shape
 
-  # --- the GPU path ---
-
   def gpu_refused(self, archs: tuple, gemm_rows: int, batch: int, world: int) -> str | None:
-    """Why the vendor GEMM cannot take these scales here; None where it can."""
     return None
 
   def gemm_forms(self, x_groups: int, w_kmajor: bool) -> tuple:
@@ -119,13 +97,10 @@ class Scaling:
     raise NotImplementedError
 
   def gathered_from_gemm(self, flat, world: int, shape: tuple):
-
     return flat
 
 
 class TensorScaling(Scaling):
-  """One float32 scalar per operand (inside shard_map each rank's own)."""
-
   name = "tensor"
   code = 1
 
@@ -158,23 +133,21 @@ class TensorScaling(Scaling):
 
 
 class BlockScaling(Scaling):
-  """DeepSeek-V3's: one float32 per 1 x BLOCK_SIZE block of x and per BLOCK_SIZE x BLOCK_SIZE tile of w (w 2-D)."""
+  """DeepSeek-V3's: a float32 per 1 x BLOCK_SIZE block of x and per BLOCK_SIZE x BLOCK_SIZE tile of a 2-D w."""
 
   name = "block"
   code = 2
-  xla_gemm = False  # XLA's form is a float32 dot of the dequantized operands
+  xla_gemm = False
   bias_epilogue = False  # cuBLASLt has no algorithm for one
   follows_x = True
   blocks = True
 
   def shapes(self, x_shape: tuple, w_shape: tuple, w_kmajor: bool) -> tuple:
-
     b, k = BLOCK_SIZE, x_shape[-1]
     n = w_shape[0] if w_kmajor else w_shape[1]
     return (*x_shape[:-1], k // b), ((n // b, k // b) if w_kmajor else (k // b, n // b))
 
   def check_dims(self, where: str, k: int, n: int) -> None:
-
     if k % BLOCK_SIZE or n % BLOCK_SIZE:
       raise ValueError(f"jax_overlap.{where}: block scales need K and N multiples of {BLOCK_SIZE} (blocks of "
                        f"{BLOCK_SIZE} along the contraction K, tiles of {BLOCK_SIZE}x{BLOCK_SIZE} of w), got "
@@ -214,14 +187,13 @@ class BlockScaling(Scaling):
     return x_scale
 
   def shardy_factors(self, x_factors, w_kmajor):
-    # K's blocks are a factor of their own (a 128th of K).
     return " ".join([*x_factors[:-1], "kb"]), "nb kb" if w_kmajor else "kb nb", ("kb",)
 
   def partition_specs(self, x_spec, w_spec):
     return x_spec, w_spec
 
   def plan_shapes(self, scales_shapes, x_shape, w_shape):
-    # A dim of blocks is a 128th of its operand's: a plan even for the scales' shapes is even for the operands'.
+    # A plan even for the scales' shapes (a 128th of the operands') is even for the operands'.
     del x_shape, w_shape
     return scales_shapes
 
@@ -259,8 +231,6 @@ MODES = {s.name: s for s in (TENSOR, BLOCK)}
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["x", "w"], meta_fields=["scaling"])
 @dataclasses.dataclass(frozen=True)
 class Scales:
-  """A float8 call's scales and their mode: passed by name, never by position."""
-
   x: Any
   w: Any
   scaling: Scaling
@@ -270,9 +240,7 @@ class Scales:
 
 
 def of(op: str, x, w, x_scale, w_scale, w_kmajor: bool) -> Scales:
-  """The scales a caller passed for float8 x and w, checked. Size-1 scales of any rank are tensor scales ((1,) is
-  Flax's and a group of one's gathered scales), except size-1 scales of exactly the block shapes, which keep the
-  block mode's gathered shape."""
+  """A caller's scales, checked: size-1 scales are tensor scales ((1,) is Flax's) unless of exactly the block shapes."""
   sizes = [getattr(s, "size", 1) for s in (x_scale, w_scale)]
   blocks = any(size != 1 for size in sizes)
   if not blocks and w.ndim == 2 and all(hasattr(s, "shape") for s in (x_scale, w_scale)):
@@ -281,7 +249,6 @@ def of(op: str, x, w, x_scale, w_scale, w_kmajor: bool) -> Scales:
 
 
 def mode(scales: Scales | None) -> Scaling | None:
-
   return None if scales is None else scales.scaling
 
 
@@ -289,12 +256,10 @@ NO_SCALES_CODE = 0
 
 
 def code(scaling: Scaling | None) -> int:
-  """The mode as the GPU calls' attributes carry it (csrc/core/scale_mode.h)."""
   return NO_SCALES_CODE if scaling is None else scaling.code
 
 
 def _scalar(op: str, name: str, scale, operand: str, dtype):
-
   if scale is None:
     raise TypeError(f"jax_overlap.{op}: {name} is required with float8 operands ({operand} is {dtype}): a "
                     f"float32 scalar, {operand}'s value being {operand}.astype(float32) * {name}; got None")

@@ -1,8 +1,5 @@
-"""The machine a process runs on: the native module, its GPUs and host, and the runtime's state on them.
-
-All of the package asks the machine through `current()`, so tests can swap in a Backend over a stand-in native
-module (tests/fake_gpu.py) and run the real runtime, planner and lowering on it.
-"""
+"""The machine a process runs on: the native module, its GPUs and host, and the runtime's state. The package asks
+it only through `current()`, so tests swap in a stand-in native module (tests/fake_gpu.py) under the real code."""
 
 from __future__ import annotations
 
@@ -28,12 +25,11 @@ class TileShape:
   bk: int
   threads: int
   smem_bytes: int
-  stream_k: bool = False  # its group-of-one kernels can end in the stream-K tail
-  arch: str = "nvidia"  # the ArchTraits its kernels run (csrc/gemm/arch_traits.h)
+  stream_k: bool = False
+  arch: str = "nvidia"  # csrc/gemm/arch_traits.h ArchTraits
 
 
 def tiles_for_arch(tiles, arch: str | None = None) -> tuple:
-  """The compiled tiles of one ArchTraits: `arch`, or the build's own (its first tile's) when None."""
   arch = arch or tiles[0].arch
   chosen = tuple(t for t in tiles if t.arch == arch)
   if not chosen:
@@ -43,29 +39,25 @@ def tiles_for_arch(tiles, arch: str | None = None) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class GemmGeometry:
-  """A fused call's persistent launch as C++ makes it (csrc/kernels/launch.h gemm_geometry); the planner reads it
-  and never recomputes it, so launcher and plan agree by construction."""
+  """A fused launch as C++ makes it (csrc/kernels/launch.h gemm_geometry): the planner never recomputes it."""
 
-  workgroups_per_sm: int  # the kernel's occupancy
+  workgroups_per_sm: int
   co_resident: int  # workgroups that run at once on this rank's share of the GPU
   comm_workgroups: int  # fetchers / reducers among them
-  grid: int  # workgroups launched
+  grid: int
   tiles: int  # output tiles of all the world's row blocks
-  group_cols: int  # tile columns per band of the walk
-  tail_slots: int  # stream-K tail scratch slots of a group of one (0: no tail)
+  group_cols: int
+  tail_slots: int
   tail_scratch_bytes: int
-  region_bytes: int  # symmetric region of a call with peers (0 at world 1)
+  region_bytes: int
   launchable: bool = True  # at least one GEMM workgroup beside the comm workgroups
 
 
 @dataclasses.dataclass(frozen=True)
 class DeviceProps:
-  """What the fused planner needs to know about one GPU; rates per microsecond.
-
-  `engine_flops`: the fused kernels' GEMM rate; `vendor_flops`: the vendor GEMM's; `link_bytes`: the peer bandwidth
-  one GPU can pull; `pull_bytes_per_sm`: what one fetcher/reducer moves while GEMM workgroups load the memory system,
-  far below a lone workgroup's (docs/performance.md, "Where the code's constants come from").
-  """
+  """One GPU to the fused planner, rates per microsecond: engine_flops the fused kernels' GEMM, vendor_flops the
+  vendor GEMM's, link_bytes one GPU's peer pull, pull_bytes_per_sm one mover's while the GEMMs load memory
+  (docs/performance.md, "Where the code's constants come from")."""
 
   sm_count: int
   smem_per_block: int
@@ -88,17 +80,17 @@ class LocalDevice:
   name: str
   arch: str
   ranks_per_gpu: int = 1
-  copy_path: str = ""  # the pipelined copies' path initialize() verified (csrc/pipelined/copy.h), once it has
+  copy_path: str = ""  # csrc/pipelined/copy.h's path, once initialize() verified it
 
 
 @dataclasses.dataclass
 class State:
-  """What the runtime has set up on the machine (workspace.py keeps it; shutdown() clears all but `agreed`)."""
+  """What the runtime has set up (workspace.py keeps it; shutdown() clears all but `agreed`)."""
 
   prepared: bool = False  # device states made
   active: bool = False    # workspaces allocated and peers mapped
-  setup_failed: str | None = None  # why initialize() failed (on every process alike) until shutdown()
-  workspace_full_noted: bool = False  # the INFO line saying calls now take the XLA path for want of workspace
+  setup_failed: str | None = None
+  workspace_full_noted: bool = False
   workspace_bytes: int = 0
   watchdog_seconds: float = 0.0
   on_timeout: str = "abort"
@@ -106,28 +98,26 @@ class State:
   trace: bool = False
   devices: dict = dataclasses.field(default_factory=dict)  # global id -> LocalDevice
   reachable: set = dataclasses.field(default_factory=set)  # global ids mapped into this process
-  hosts: dict | None = None  # global id -> host of every process's GPUs (agreed), once known
+  hosts: dict | None = None  # global id -> host, of every process's GPUs
   regions: dict = dataclasses.field(default_factory=dict)  # key -> (offset, nbytes)
   sites: dict = dataclasses.field(default_factory=dict)  # region key -> {site name: number}
   next_offset: int = 0
   link_bytes_per_us: float | None = None
   local_bytes_per_us: float | None = None
-  copies_on_sms: tuple | None = None  # (publish, pulls) on the SMs, once the copy path is known (workspace.py)
-  clears: int = 0  # collective clear_errors() calls so far (key-value barrier names)
-  # processes.agree()'s outcomes by key-value name (which holds the runtime generation): each taken once.
-  agreed: dict = dataclasses.field(default_factory=dict)
+  copies_on_sms: tuple | None = None
+  clears: int = 0
+  agreed: dict = dataclasses.field(default_factory=dict)  # processes.agree()'s outcomes by key-value name
 
 
 class Backend:
-  """One machine: `native` (the compiled module or a stand-in; None without a build) for `platform` ("cuda" or
-  "rocm"), this process's GPUs (`gpus()`, default: jax's devices of `platform`), its host name and State."""
+  """`native` (compiled, a stand-in, or None) for `platform`, this process's GPUs (`gpus()`), host name and State."""
 
   def __init__(self, native_module, platform: str | None, *, gpus: Callable | None = None,
                host: Callable = socket.gethostname):
     self.native = native_module
     self.platform = platform
     self.state = State()
-    self.lock = threading.RLock()  # held by every change of the state (workspace.py, processes.py)
+    self.lock = threading.RLock()
     self._gpus = gpus
     self._host = host
     self._registered = False
@@ -140,16 +130,14 @@ class Backend:
       return []
     try:
       return jax.local_devices(backend=self.platform)
-    except RuntimeError:  # no such backend in this process
+    except RuntimeError:
       return []
 
   def hostname(self) -> str:
     return self._host()
 
   def register_targets(self) -> None:
-    """Registers the state type and FFI targets with XLA, once. Called from the GPU lowering rule, after the GPU
-    backend exists: XLA applies registrations queued before start-up in an order that can put a handler before
-    the state type it uses."""
+    """Once, from the GPU lowering: queued before the GPU backend exists, a handler may precede its state type."""
     if self._registered or self.native is None:
       return
     with self.lock:
@@ -163,7 +151,6 @@ class Backend:
       self._registered = True
 
   def target(self, name: str) -> str:
-    """XLA custom-call target name: "ag_matmul", "ag_matmul_pipelined", "vendor_gemm", "all_gather", ..."""
     return self.native.targets()[name]
 
   def compiled_tile_shapes(self) -> tuple[TileShape, ...]:
@@ -172,8 +159,7 @@ class Backend:
     return self._compiled_tiles
 
   def tile_shapes(self) -> tuple[TileShape, ...]:
-    """The build's own ArchTraits' tiles, or JAX_OVERLAP_ARCH_TRAITS's (debug: "amd" runs the AMD data path on a
-    CUDA build's mma.sync atom)."""
+    """The build's own ArchTraits' tiles, or JAX_OVERLAP_ARCH_TRAITS's (debug: "amd" on a CUDA build)."""
     compiled = self.compiled_tile_shapes()
     if not compiled:
       return ()
@@ -186,14 +172,12 @@ class Backend:
   def gemm_geometry(self, op: str, tile: TileShape, comm_workgroups: int, chunk_k: int, *, dtype_name: str,
                     w_kmajor: bool, world: int, batch: int, m: int, k: int, n: int, device: DeviceProps,
                     workgroups_per_sm: int = 0) -> GemmGeometry:
-    """The launch C++ makes of a fused call. m: ag_matmul's local rows, matmul_rs's total rows, per batch
-    element; workgroups_per_sm 0: the kernel's occupancy on the current GPU."""
+    """m: ag_matmul's local rows, matmul_rs's total rows, per batch element; workgroups_per_sm 0: the current GPU's."""
     return GemmGeometry(**self.native.gemm_geometry(
         op, tile.index, dtype_name, w_kmajor, world, batch, m, k, n, chunk_k, comm_workgroups, device.sm_count,
         device.ranks_per_gpu, device.l2_bytes, workgroups_per_sm))
 
 
-# Tests replace it (monkeypatch.setattr(backend, "_current", ...)).
 _current = Backend(native.module(), native.platform())
 
 

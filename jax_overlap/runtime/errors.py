@@ -16,5 +16,4 @@ class WorkspaceFullError(RuntimeError):
 
 
 class SetupError(RuntimeError):
-  """A call's setup failed (GPU memory, a measurement, the vendor BLAS, a peer process's answer): `auto` takes the
-  XLA path, on every process."""
+  """A call's setup failed (GPU memory, a measurement, the vendor BLAS, a peer): `auto` takes the XLA path."""

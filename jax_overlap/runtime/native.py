@@ -1,5 +1,4 @@
-"""The compiled extension (jax_overlap._native), if any, and what it was built for; without it every call takes the
-XLA path. The package reaches it only through backend.current(), so tests can substitute a stand-in."""
+"""The compiled extension (jax_overlap._native), if any; without it every call takes the XLA path."""
 
 from __future__ import annotations
 
@@ -16,23 +15,20 @@ try:
   _IMPORT_ERROR = None
 except ImportError as e:  # pure-Python install, or a broken build
   _native = None
-  # Only a module file that exists and fails to load has news; without one Python blames a circular import.
+  # Only a module file that fails to load has news: without one Python blames a circular import.
   _IMPORT_ERROR = None if importlib.util.find_spec("jax_overlap._native") is None else e
 
 
 def module():
-  """The extension module, or None on a pure-Python install."""
   return _native
 
 
 def platform() -> str | None:
-  """"cuda" or "rocm": the GPU platform the extension was built for; None without one."""
   return None if _native is None else _native.build_info()["platform"]
 
 
 def build_info() -> dict:
-  """What this installation is (version, platform, archs, compiler, FFI API, fused kernels, JAX version); "runs"
-  says which path calls take in this process.
+  """What this installation is (version, platform, archs, compiler, ...); "runs": the path calls take here.
 
   Example: python -c "import jax_overlap; print(jax_overlap.build_info()['runs'])"  (outside the repository root)
   """
@@ -60,12 +56,11 @@ def build_info() -> dict:
   return info
 
 
-_PACKAGE_DIR = pathlib.Path(__file__).resolve().parents[1]  # jax_overlap/, this file being in runtime/
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _shadowed_install() -> str | None:
-  """The installed package's directory when this import came from another copy (a checkout first on sys.path),
-  else None. An editable install has no directory of its own (its import hook maps to the sources)."""
+  """The installed package's directory when Python imported another copy (a checkout first on sys.path)."""
   try:
     installed = pathlib.Path(importlib.metadata.distribution("jax-overlap").locate_file("jax_overlap")).resolve()
   except importlib.metadata.PackageNotFoundError:
@@ -84,5 +79,5 @@ def gpu_available() -> bool:
     return False
   try:
     return bool(jax.devices(platform()))
-  except RuntimeError:  # no such backend in this process
+  except RuntimeError:
     return False

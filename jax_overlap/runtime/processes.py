@@ -1,8 +1,5 @@
-"""Steps taken with the other processes through the jax.distributed key-value store (local with one process).
-
-Each step is named by what it is about (never by how often a process lowered), the name holds the runtime
-generation, and every wait is bounded: a timeout becomes an error, never a hang.
-"""
+"""Steps with the other processes through the jax.distributed key-value store. Each is named by what it is about
+(never by how often a process lowered) and the runtime generation; every wait is bounded: an error, never a hang."""
 
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ _KV_TIMEOUT_MS = 120_000
 
 
 def client():
-  """The key-value client; RuntimeError before jax.distributed.initialize()."""
   kv = _compat.kv_client()
   if kv is None:
     raise RuntimeError("jax_overlap: several processes need jax.distributed.initialize() before "
@@ -29,19 +25,18 @@ def client():
 
 
 def prefix() -> str:
-  """Key-value names of this runtime generation (shutdown() starts another, on every process)."""
+  """This runtime generation's names (shutdown() starts another)."""
   return f"jax_overlap/{backend.current().native.generation()}"
 
 
 def digest(value) -> str:
-  """A short name for a tuple of ints and strings, the same in every process."""
   return hashlib.sha1(repr(value).encode()).hexdigest()[:16]
 
 
 def get(kv, key: str, waiting_for: str) -> str:
   try:
     return kv.blocking_key_value_get(key, _KV_TIMEOUT_MS)
-  except RuntimeError as e:  # jax's key-value errors (a timeout: DEADLINE_EXCEEDED) are RuntimeErrors
+  except RuntimeError as e:
     raise SetupError(f"jax_overlap: {waiting_for} did not come within {_KV_TIMEOUT_MS / 1000:.0f} s "
                      f"({key}): {str(e).splitlines()[0]}") from e
 
@@ -49,16 +44,12 @@ def get(kv, key: str, waiting_for: str) -> str:
 def put(kv, key: str, value: str) -> None:
   try:
     kv.key_value_set(key, value)
-  except RuntimeError as e:  # taken already (a step run twice in one generation), or the store is gone
+  except RuntimeError as e:  # taken already (a step run twice in a generation), or the store is gone
     raise SetupError(f"jax_overlap: could not publish {key}: {str(e).splitlines()[0]}") from e
 
 
 def agree(name: str, compute):
-  """compute() as process 0 found it, on every process; taken once per name and runtime generation.
-
-  Process 0 publishes the value (JSON) or its RuntimeError, which every process raises as SetupError, so none
-  waits for a value that will not come.
-  """
+  """compute() as process 0 found it (its RuntimeError too, so none waits), once per name and generation."""
   key = f"{prefix()}/agree/{name}"
   machine = backend.current()
   with machine.lock:
@@ -83,10 +74,7 @@ def _agreement(key: str, compute) -> dict:
 
 
 def gather(name: str, value) -> list:
-  """Every process's `value` (JSON), in process order; collective, `name` used once per runtime generation.
-
-  The barrier makes a missing process fail every process alike (SetupError), also one that arrives late.
-  """
+  """Every process's `value` in process order; collective: a missing or late process fails every one alike."""
   if jax.process_count() == 1:
     return [value]
   kv = client()
@@ -103,7 +91,7 @@ def gather(name: str, value) -> list:
 
 
 def hosts() -> dict:
-  """Global GPU id -> host name, for every process's GPUs (collective the first time in a generation)."""
+  """Global GPU id -> host name of every process's GPUs (collective the first time in a generation)."""
   machine = backend.current()
   with machine.lock:
     if machine.state.hosts is None:
@@ -113,7 +101,6 @@ def hosts() -> dict:
 
 
 def barrier(name: str) -> None:
-  """Every process reaches `name` before any leaves it."""
   if jax.process_count() == 1:
     return
   kv = client()

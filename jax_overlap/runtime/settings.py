@@ -1,8 +1,5 @@
-"""The environment settings: every name, and each runtime setting's default and check.
-
-Checked at import on every backend, and again where read, since the environment may change in between. An unknown
-JAX_OVERLAP_* name warns: a misspelled kill switch must not leave the GPU paths on in silence.
-"""
+"""The environment settings: every name, and each runtime setting's default and check, at import and again where
+read. An unknown JAX_OVERLAP_* name warns: a misspelled kill switch must not leave the GPU paths on in silence."""
 
 from __future__ import annotations
 
@@ -27,7 +24,7 @@ MAXTEXT_ALGORITHM = "JAX_OVERLAP_MAXTEXT_ALGORITHM"
 MAXTEXT_FP8 = "JAX_OVERLAP_MAXTEXT_FP8"
 MAXTEXT_FP8_CAST = "JAX_OVERLAP_MAXTEXT_FP8_CAST"
 FAULTS = "JAX_OVERLAP_FAULTS"
-# Also the variables read beside the package: the build's (pyproject.toml's cmake.define) and tools/check_isa.py's.
+# With the build's (pyproject.toml cmake.define) and tools/check_isa.py's.
 NAMES = frozenset({WORKSPACE_BYTES, WATCHDOG_SECONDS, ON_TIMEOUT, SYNC, TRACE, DISABLE, PIPELINE_STAGES, ARCH_TRAITS,
                    GEMM_SM_MARGIN, GEMM_TUNING, GEMM_CANDIDATES, GEMM_CACHE_DIR, MAXTEXT_ALGORITHM, MAXTEXT_FP8,
                    MAXTEXT_FP8_CAST, FAULTS, "JAX_OVERLAP_PLATFORM", "JAX_OVERLAP_CUDA_ARCHS",
@@ -47,7 +44,6 @@ def _text(name: str) -> str | None:
 
 
 def flag(name: str) -> bool:
-  """A switch: 1/true/yes/on or 0/false/no/off (unset: off)."""
   text = _text(name) or ""
   if text.strip().lower() in _TRUE:
     return True
@@ -98,12 +94,10 @@ def disabled() -> bool:
 
 
 def pipeline_stages() -> str | None:
-  """The pinned stage plan as written ("1,3"), or None (planning/pipelined.parse_stages reads it)."""
   return _text(PIPELINE_STAGES) or None
 
 
 def arch_traits() -> str | None:
-  """The ArchTraits whose compiled tiles the fused planner takes (debug: "amd" on a CUDA build), or None."""
   text = _text(ARCH_TRAITS)
   return choice(ARCH_TRAITS, "", ARCH_TRAITS_CHOICES) if text else None
 
@@ -113,7 +107,7 @@ def gemm_sm_margin() -> int:
 
 
 def gemm_tuning() -> bool:
-  """Whether the vendor GEMM's algorithms are chosen by timing: on unless set to a false switch."""
+  """On unless set to a false switch."""
   return _text(GEMM_TUNING) is None or flag(GEMM_TUNING)
 
 
@@ -123,17 +117,15 @@ def gemm_candidates() -> int:
 
 
 def gemm_cache_dir() -> str | None:
-  """The directory of the GEMM tuning cache (one file per GPU model and library build), or None for none."""
   return _text(GEMM_CACHE_DIR) or None
 
 
 def plan_settings() -> tuple:
-  """The settings that change a call's plan, as written: part of the name of each decision (planning/agreement)."""
+  """The settings that change a plan, as written: part of each decision's name (planning/agreement)."""
   return tuple(os.environ.get(name, "") for name in (PIPELINE_STAGES, ARCH_TRAITS))
 
 
 def check_all() -> None:
-  """ValueError naming the first bad runtime setting in the environment; warns of names that are no setting."""
   warn_unknown()
   workspace_bytes()
   watchdog_seconds(math.inf)
@@ -152,7 +144,6 @@ def check_all() -> None:
 
 
 def warn_unknown() -> None:
-  """A UserWarning for each JAX_OVERLAP_* variable that names no setting, with the nearest name."""
   for name in sorted(n for n in os.environ if n.startswith("JAX_OVERLAP_") and n not in NAMES):
     near = difflib.get_close_matches(name, sorted(NAMES), n=1, cutoff=0.6)
     hint = f"did you mean {near[0]}?" if near else f"the settings are {', '.join(sorted(NAMES))}"
