@@ -28,7 +28,7 @@ struct GemmParams {
   int chunk_rows = 0;
   int own_chunk = 0;           // the walk starts at this chunk's rows
   uint32_t* error = nullptr;   // 0, or what went wrong (gemm.h); needed with flags
-  uint32_t watchdog_ns = 0;    // how long the gate waits for one chunk's flag
+  uint32_t watchdog_ns = 0;    // how long the gate waits for one tile's flags (elapsed time)
   int raster_group = 8;        // cluster-tile rows walked together (tile_scheduler.h)
 };
 

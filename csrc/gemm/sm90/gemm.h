@@ -16,8 +16,8 @@
 // The chunk gate: with p.flags set, x's rows come in chunks of p.chunk_rows,
 // chunk c ready once flags[c] >= p.epoch. Before the first load of a (cluster)
 // tile the producer acquires the flags of every chunk the tile's rows touch
-// (mainloop.h); a flag that stays below the epoch for about p.watchdog_ns
-// records 1 + its chunk in *p.error and the wait ends (the output is then
+// (mainloop.h); flags not all released p.watchdog_ns after the tile's gate began
+// waiting record 1 + a missing chunk in *p.error and the wait ends (the output is then
 // invalid: the host reads *p.error after the launch), so no launch hangs on a
 // peer that never comes. Flags must be written by copy engines (memcpy,
 // memset), never by a kernel: one would starve behind this grid, which holds

@@ -56,27 +56,34 @@ struct Ring {
 // The chunk gate: waits until the flags of every chunk that rows [m0, m0 + rows)
 // touch are released (flags[c] >= epoch, modulo 2^32: epochs are monotonic, so
 // a later call's flags may land while this one runs). `ready` caches the
-// chunks already seen released: a flag only grows within a launch. A flag that
-// stays below the epoch for watchdog_ns records 1 + its chunk in *error and the
-// wait ends (the output is then invalid; the host reads the word); once the
+// chunks already seen released: a flag only grows within a launch. If the
+// flags are not all released watchdog_ns (globaltimer time) after the gate
+// first found one below the epoch, 1 + the chunk waited on goes to *error and
+// the wait ends (the output is then invalid; the host reads the word); once the
 // word is set, later gates stop waiting, so one missing peer costs one
-// watchdog period, not one per chunk.
+// watchdog period, not one per chunk. The bound is on the whole gate of a
+// tile, in elapsed time, because the consumers' waits for that tile's first
+// slot are bounded by watchdog_ns + 1 s of elapsed time (gemm.h): a gate that
+// outlasted them would have a missing flag reported as an mbarrier hang.
 template <class Out>
 __device__ __forceinline__ void wait_for_rows(const GemmParams<Out>& p, int m0, int rows, uint64_t& ready) {
   const int end = min(m0 + rows, p.M);
   if (m0 >= end) return;
-  bool waited = false;
+  bool waited = false, timing = false;
+  uint64_t start = 0;
   for (int c = m0 / p.chunk_rows; c <= (end - 1) / p.chunk_rows; ++c) {
     if ((ready >> c) & 1) continue;
-    uint64_t slept = 0;
     while (int32_t(load_acquire_sys(p.flags + c) - p.epoch) < 0) {
-      if (slept >= p.watchdog_ns) {
+      const uint64_t now = globaltimer_ns();
+      if (!timing) {
+        timing = true;
+        start = now;
+      } else if (now - start >= p.watchdog_ns) {
         atomicCAS(p.error, 0u, 1u + c);
         break;
       }
       if (*reinterpret_cast<volatile uint32_t*>(p.error) != 0) break;
       __nanosleep(128);
-      slept += 128;
     }
     ready |= uint64_t(1) << c;
     waited = true;
