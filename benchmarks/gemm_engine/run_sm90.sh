@@ -4,8 +4,9 @@
 # and spills and the SASS facts of every kernel, runs one hopper_bench process per dtype and cluster shape (a
 # variant that wedges its context takes only its own process down; each runs under a timeout), CUTLASS's GEMM after
 # the one-CTA variants, and prints one table last (sm90_table.py): per dtype and shape, per variant, us, TFLOP/s,
-# x cuBLASLt, x CUTLASS. The timeouts (6 x 75 s, 45 s) keep even a run whose every process hangs inside one
-# 10-minute device command; a healthy one should take some 20 s a process.
+# x cuBLASLt, x CUTLASS. The timeouts (6 x 70 s, 40 s, each followed by SIGKILL 5 s after its SIGTERM, for a process
+# that a wedged context keeps from exiting) keep even a run whose every process hangs inside one 10-minute device
+# command; a healthy one should take some 20 s a process.
 #
 #   [CUTLASS_BENCH=BIN | CUTLASS_INCLUDE=DIR] bash benchmarks/gemm_engine/run_sm90.sh [OUT]
 #   CUTLASS_INCLUDE=DIR bash benchmarks/gemm_engine/run_sm90.sh --build-cutlass BIN
@@ -94,8 +95,10 @@ run() {  # run TAG ARGS...: one hopper_bench process, bounded
   local tag=$1 rc=0
   shift
   echo "=== hopper_bench $* --tag $tag" | tee -a "$out/bench.log"
-  timeout 75 "$bench" "$@" --tag "$tag" 2>&1 | tee -a "$out/bench.log" || rc=$?
-  results+=("$tag: $([[ $rc == 0 ]] && echo PASS || echo "FAIL (rc $rc$([[ $rc == 124 ]] && echo ', timed out'))")")
+  timeout -k 5 70 "$bench" "$@" --tag "$tag" 2>&1 | tee -a "$out/bench.log" || rc=$?
+  local why=
+  [[ $rc == 124 || $rc == 137 ]] && why=', timed out'
+  results+=("$tag: $([[ $rc == 0 ]] && echo PASS || echo "FAIL (rc $rc$why)")")
   [[ $rc == 0 ]] || status=1
 }
 run bf16-c1 --dtype bf16 --only c1
@@ -106,7 +109,7 @@ fi
 if [[ -n "${CUTLASS_BENCH:-}" ]]; then
   echo "=== $CUTLASS_BENCH" | tee -a "$out/bench.log"
   rc=0
-  timeout 45 "$CUTLASS_BENCH" 2>&1 | tee -a "$out/bench.log" || rc=$?
+  timeout -k 5 40 "$CUTLASS_BENCH" 2>&1 | tee -a "$out/bench.log" || rc=$?
   results+=("cutlass: $([[ $rc == 0 ]] && echo PASS || echo "FAIL (rc $rc)")")
 else
   results+=("cutlass: not run (set CUTLASS_BENCH or CUTLASS_INCLUDE)")
